@@ -1,0 +1,73 @@
+"""The target interface: what p_{1|t} the denoiser must match (DESIGN.md, MATH.md §3).
+
+A target turns a batch of clean proposals x_1 and times t into a `TargetBatch`: the noisy input x_t the
+student sees and, for every position, the N^1 target conditional
+q^i(·) = p_{1|t}(x_1^i = · | x_1^{≠i}, x_t) — either explicitly (`log_q`, a distribution over the V clean
+tokens) or as a Monte Carlo sample (the observed token `x1`, when `log_q` is None). Objectives consume
+only `TargetBatch`, so a new target never touches an objective or the trainer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from tcsm.paths import Path
+
+
+@dataclass
+class TargetBatch:
+    xt: Tensor  # LongTensor[B, L]: the student's input
+    t: Tensor  # FloatTensor[B]
+    x1: Tensor  # LongTensor[B, L]: clean proposal; the observed token of the Monte Carlo target
+    loss_mask: Tensor  # BoolTensor[B, L]: positions whose target is not a point mass
+    log_q: Tensor | None = None  # FloatTensor[B, L, V]: explicit N^1 target conditionals
+    weight: Tensor | None = None  # FloatTensor[B]: per-sequence weights (e.g. importance weights)
+
+    @property
+    def explicit(self) -> bool:
+        return self.log_q is not None
+
+    def with_weight(self, weight: Tensor) -> "TargetBatch":
+        return replace(self, weight=weight if self.weight is None else self.weight * weight)
+
+
+class Target:
+    """Base class. Subclasses implement `__call__(x1, t, path, generator)` → TargetBatch.
+
+    Targets may hold frozen models (teachers, references); they are never trained through.
+    """
+
+    def __call__(self, x1: Tensor, t: Tensor, path: Path, generator: torch.Generator | None = None) -> TargetBatch:
+        raise NotImplementedError
+
+    def to(self, device) -> "Target":
+        return self
+
+
+class DataTarget(Target):
+    """h = p_{1|t} realised by data: x_1 ~ data, x_t ~ p_{t|1}(· | x_1); the target is the observed token
+    (Monte Carlo form, MATH.md §3.4)."""
+
+    def __call__(self, x1, t, path, generator=None):
+        xt = path.sample(x1, t, generator)
+        return TargetBatch(xt=xt, t=t, x1=x1, loss_mask=path.loss_mask(xt))
+
+
+class ConditionalTarget(Target):
+    """Explicit target from a model of clean data: `log_p1_cond(x1)` → log p_1(y | x_1^{≠i}) [B, L, V],
+    combined with the kernel: q^i ∝ p_1(· | x_1^{≠i}) k_t(x_t^i | ·) (MATH.md §1.3, §4).
+
+    Any callable works: the exact conditionals of an enumerable toy, a BERT / AR / Hollow teacher.
+    """
+
+    def __init__(self, log_p1_cond):
+        self.log_p1_cond = log_p1_cond
+
+    def __call__(self, x1, t, path, generator=None):
+        xt = path.sample(x1, t, generator)
+        with torch.no_grad():
+            log_q = path.target_conditional(self.log_p1_cond(x1).float(), xt, t)
+        return TargetBatch(xt=xt, t=t, x1=x1, loss_mask=path.loss_mask(xt), log_q=log_q)

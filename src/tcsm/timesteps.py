@@ -1,0 +1,34 @@
+"""Time sampling for training losses and likelihood estimates (MATH.md §2.4, §3.4)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def sample_times(
+    batch_size: int,
+    *,
+    antithetic: bool = True,
+    generator: torch.Generator | None = None,
+    device=None,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """t ~ U(0, 1) per sequence; antithetic (MDLM `_sample_t`): t_b = (u + b / B) mod 1 with one shared u,
+    so that the batch covers [0, 1) evenly while each t_b is still marginally uniform."""
+    if antithetic:
+        u = torch.rand((), generator=generator, device=device, dtype=torch.float64)
+        t = (u + torch.arange(batch_size, device=device, dtype=torch.float64) / batch_size) % 1.0
+    else:
+        t = torch.rand(batch_size, generator=generator, device=device, dtype=torch.float64)
+    return t.to(dtype)
+
+
+def stratified_times(
+    num: int, batch_size: int, *, generator: torch.Generator | None = None, device=None, dtype=torch.float32
+) -> Tensor:
+    """[num, B] times: stratum k holds t = (k + u_b) / num with u_b ~ U(0, 1) independent per sequence, so
+    each column is a stratified sample of U(0, 1) and every t is marginally uniform (unbiased estimates)."""
+    u = torch.rand(num, batch_size, generator=generator, device=device, dtype=torch.float64)
+    k = torch.arange(num, device=device, dtype=torch.float64).unsqueeze(1)
+    return ((k + u) / num).to(dtype)

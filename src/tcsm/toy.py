@@ -1,0 +1,93 @@
+"""Exact enumeration on tiny state spaces (V^L ≲ 10^4): the oracle behind the project's tests.
+
+`EnumerableDistribution` holds p_1 as a table over all V^L sequences and computes, exactly, the objects
+the library otherwise estimates: single-site conditionals p_1(y | x^{≠i}), the posterior p_{1|t}(· | x_t)
+and its per-token marginals (MATH.md §1.3), and an exact-posterior denoiser callable.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from torch import Tensor
+
+from tcsm.paths import Path
+
+
+class EnumerableDistribution:
+    """p_1 over {0..V−1}^L as an explicit probability table (float64)."""
+
+    def __init__(self, probs: Tensor, vocab_size: int, length: int):
+        probs = torch.as_tensor(probs, dtype=torch.float64).flatten()
+        if probs.numel() != vocab_size**length:
+            raise ValueError(f"probs has {probs.numel()} entries, expected V^L = {vocab_size**length}")
+        if (probs < 0).any():
+            raise ValueError("probs must be non-negative")
+        self.probs = probs / probs.sum()
+        self.vocab_size, self.length = int(vocab_size), int(length)
+        self.states = torch.tensor(list(itertools.product(range(vocab_size), repeat=length)), dtype=torch.long)
+        self.log_probs = torch.log(self.probs)
+        self._radix = vocab_size ** torch.arange(length - 1, -1, -1)
+
+    @classmethod
+    def random(cls, vocab_size: int, length: int, seed: int = 0, concentration: float = 1.0, support=None):
+        """A Dirichlet(concentration) draw; `support` (fraction in (0, 1]) zeroes the rest at random."""
+        g = torch.Generator().manual_seed(seed)
+        n = vocab_size**length
+        gamma = torch.distributions.Gamma(torch.full((n,), float(concentration)), 1.0)
+        torch.manual_seed(seed)  # Gamma sampling has no generator argument
+        p = gamma.sample().double() + 1e-12
+        if support is not None:
+            keep = torch.randperm(n, generator=g)[: max(1, int(round(support * n)))]
+            mask = torch.zeros(n, dtype=torch.bool)
+            mask[keep] = True
+            p = torch.where(mask, p, torch.zeros_like(p))
+        return cls(p, vocab_size, length)
+
+    def index(self, x: Tensor) -> Tensor:
+        """Row index in `states` of each sequence x [B, L]."""
+        return (x.long() * self._radix.to(x.device)).sum(-1)
+
+    def sample(self, n: int, generator: torch.Generator | None = None) -> Tensor:
+        idx = torch.multinomial(self.probs, n, replacement=True, generator=generator)
+        return self.states[idx]
+
+    def log_prob(self, x: Tensor) -> Tensor:
+        return self.log_probs[self.index(x)]
+
+    def conditionals(self, x: Tensor) -> Tensor:
+        """log p_1(y | x^{≠i}) for every position i and clean y: [B, L, V] (−inf off the support)."""
+        B, L = x.shape
+        V = self.vocab_size
+        seqs = x.unsqueeze(1).unsqueeze(1).repeat(1, L, V, 1)  # [B, L, V, L]
+        pos = torch.arange(L)
+        seqs[:, pos, :, pos] = torch.arange(V).expand(B, L, V).permute(1, 0, 2)
+        joint = self.log_probs[self.index(seqs)]  # [B, L, V]
+        return torch.log_softmax(joint, dim=-1)
+
+    def log_posterior(self, xt: Tensor, t: Tensor, path: Path) -> Tensor:
+        """log p_{1|t}(x_1 | x_t) for every x_1 in `states`: [B, V^L] (MATH.md §1.3)."""
+        lk = path.log_kernel(xt, t.double()).double()  # [B, L, V]
+        S = self.states  # [N, L]
+        per_token = lk[:, torch.arange(self.length), :][:, :, S.T]  # [B, L, L, N] -> take diagonal
+        per_token = per_token.diagonal(dim1=1, dim2=2).permute(0, 2, 1)  # [B, L, N]
+        return torch.log_softmax(self.log_probs + per_token.sum(1), dim=-1)
+
+    def marginals(self, xt: Tensor, t: Tensor, path: Path) -> Tensor:
+        """p_{1|t}(x_1^i = y | x_t): [B, L, V]."""
+        post = self.log_posterior(xt, t, path).exp()
+        onehot = torch.nn.functional.one_hot(self.states, self.vocab_size).double()  # [N, L, V]
+        return torch.einsum("bn,nlv->blv", post, onehot)
+
+    def denoiser(self, path: Path, floor: float = -700.0):
+        """Exact-posterior denoiser: (x_t, t) → logits = log marginals, floored so they stay finite."""
+
+        def fn(xt: Tensor, t: Tensor) -> Tensor:
+            return torch.log(self.marginals(xt, t, path)).clamp_min(floor)
+
+        return fn
+
+    def entropy(self) -> float:
+        p = self.probs[self.probs > 0]
+        return float(-(p * p.log()).sum())
