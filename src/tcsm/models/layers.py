@@ -1,0 +1,313 @@
+"""Transformer building blocks shared by every model family in tcsm.
+
+The bidirectional denoiser (`tcsm.models.transformer`), causal AR models, BERT-style masked LMs and Hollow
+transformers are all stacks of the same pieces, so these pieces have a small, stable API:
+
+* `RMSNorm(dim)`, `LayerNorm(dim)` (no bias), `make_norm(kind, dim)` with kind in {"layernorm", "rmsnorm"}.
+  Both normalise in float32 and return the input dtype, so bf16 autocast stays stable.
+* `RotaryEmbedding(head_dim, max_len, base=10000)`: caches cos/sin tables; `rope(seq_len, offset=0)`
+  returns `(cos, sin)` of shape [seq_len, head_dim] for positions offset..offset+seq_len−1.
+  `apply_rotary(x, cos, sin)` rotates x[..., L, head_dim] (rotate-half convention).
+* `MultiHeadAttention(d_model, n_heads, dropout=0.0)`:
+  `forward(x, rope=None, attn_mask=None, is_causal=False, kv=None, rope_kv=None)`.
+  Self-attention by default; pass `kv` [B, Lk, d] for cross-attention (queries from x, keys/values from kv —
+  the Hollow transformer's mixing layers need this). `attn_mask` follows
+  `torch.nn.functional.scaled_dot_product_attention`: a bool tensor broadcastable to [B, H, Lq, Lk] where True
+  means "may attend", or a float tensor added to the scores. `is_causal=True` restricts query i to keys ≤ i
+  (combined with `attn_mask` if both are given). `rope` = (cos, sin) for the query positions; keys use
+  `rope_kv` when given, else `rope` (so both streams share positions 0..L−1).
+* `MLP(d_model, mlp_ratio=4, dropout=0.0)`: Linear → GELU(tanh) → Linear.
+* `TimestepEmbedder(cond_dim, freq_dim=256, scale=1000)`: t ∈ [0, 1] of shape [B] → [B, cond_dim], a
+  sinusoidal embedding of scale·t followed by a two-layer MLP (as in DiT / SEDD).
+* `TransformerBlock(d_model, n_heads, mlp_ratio=4, dropout=0.0, cond_dim=None, causal=False, norm="layernorm")`:
+  pre-norm attention + MLP with residuals; `forward(x, rope=None, cond=None, attn_mask=None, kv=None)`.
+  With `cond_dim`, a conditioning vector c [B, cond_dim] produces per-sequence (shift, scale, gate) for both
+  sub-layers through SiLU → Linear (adaLN, DiT/SEDD). That linear is zero-initialised, so at initialisation
+  every gate is 0 and the block is the identity: a deep stack starts as a shallow one and trains stably.
+  Without `cond_dim` the block is a standard pre-norm block (no time pathway at all).
+* `modulate(x, shift, scale)` = x·(1 + scale) + shift with per-sequence shift/scale [B, d].
+* `init_weights(module, std=0.02)`: GPT-2-style normal init for Linear/Embedding, used via `model.apply`;
+  it skips layers marked `_zero_init = True`, so zero-initialised gates/heads survive it.
+
+Tensors are batch-first: [B, L, d_model]. Nothing here knows about paths, time direction or objectives.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "RMSNorm",
+    "LayerNorm",
+    "make_norm",
+    "RotaryEmbedding",
+    "apply_rotary",
+    "MultiHeadAttention",
+    "MLP",
+    "TimestepEmbedder",
+    "TransformerBlock",
+    "modulate",
+    "init_weights",
+    "zero_init_",
+]
+
+
+# --- normalisation ---------------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x²) + eps) · w, computed in float32 (bf16 mean-of-squares loses too many bits)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * self.weight.float()).to(x.dtype)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with a weight and no bias (the bias is redundant before a linear layer), in float32."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = F.layer_norm(x.float(), (x.shape[-1],), self.weight.float(), None, self.eps)
+        return y.to(x.dtype)
+
+
+def make_norm(kind: str, dim: int) -> nn.Module:
+    """Build a norm by name: "layernorm" (bias-free) or "rmsnorm"."""
+    kind = kind.lower()
+    if kind == "layernorm":
+        return LayerNorm(dim)
+    if kind == "rmsnorm":
+        return RMSNorm(dim)
+    raise ValueError(f"unknown norm {kind!r}; choose 'layernorm' or 'rmsnorm'")
+
+
+# --- rotary position embeddings --------------------------------------------------------------------------
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding tables, cached for positions 0..max_len−1 (grown on demand)."""
+
+    def __init__(self, head_dim: int, max_len: int, base: float = 10000.0):
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"rotary embeddings need an even head dimension, got {head_dim}")
+        self.head_dim, self.base = int(head_dim), float(base)
+        inv_freq = 1.0 / (self.base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        # Non-persistent: the tables are a pure function of (head_dim, base), so checkpoints need not hold them.
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self._build(int(max_len))
+
+    def _build(self, n: int) -> None:
+        pos = torch.arange(n, dtype=torch.float32, device=self.inv_freq.device)
+        freqs = torch.outer(pos, self.inv_freq)
+        emb = torch.cat([freqs, freqs], dim=-1)  # [n, head_dim], matches the rotate-half pairing
+        self.register_buffer("cos_cached", emb.cos(), persistent=False)
+        self.register_buffer("sin_cached", emb.sin(), persistent=False)
+
+    def forward(self, seq_len: int, offset: int = 0) -> tuple[Tensor, Tensor]:
+        """(cos, sin), each [seq_len, head_dim] in float32, for positions offset..offset+seq_len−1."""
+        end = offset + seq_len
+        if end > self.cos_cached.shape[0]:
+            self._build(end)
+        return self.cos_cached[offset:end], self.sin_cached[offset:end]
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate x[..., L, head_dim] by position: x·cos + rotate_half(x)·sin (cos/sin are [L, head_dim])."""
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return x * cos + _rotate_half(x) * sin
+
+
+# --- attention and MLP -----------------------------------------------------------------------------------
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention via `F.scaled_dot_product_attention` (flash / memory-efficient kernels when available)."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
+        self.dropout = float(dropout)
+        # One fused projection for q, k, v: a single matmul is faster for self-attention; cross-attention
+        # uses slices of the same weight, so both modes share parameter names.
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.out = nn.Linear(d_model, d_model, bias=False)
+
+    def _heads(self, x: Tensor) -> Tensor:
+        b, n, _ = x.shape
+        return x.view(b, n, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, n, Dh]
+
+    def forward(
+        self,
+        x: Tensor,
+        rope: tuple[Tensor, Tensor] | None = None,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        kv: Tensor | None = None,
+        rope_kv: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
+        if kv is None:
+            q, k, v = self.qkv(x).split(self.d_model, dim=-1)
+        else:
+            w_q, w_kv = self.qkv.weight.split([self.d_model, 2 * self.d_model], dim=0)
+            q = F.linear(x, w_q)
+            k, v = F.linear(kv, w_kv).split(self.d_model, dim=-1)
+        q, k, v = self._heads(q), self._heads(k), self._heads(v)
+        if rope is not None:
+            rk = rope_kv if rope_kv is not None else rope
+            q = apply_rotary(q, rope[0][: q.shape[2]], rope[1][: q.shape[2]])
+            k = apply_rotary(k, rk[0][: k.shape[2]], rk[1][: k.shape[2]])
+        lq, lk = q.shape[2], k.shape[2]
+        if is_causal and (attn_mask is not None or lq != lk):
+            # SDPA rejects is_causal together with a mask, and aligns its causal mask top-left when lq != lk
+            # (wrong for a KV cache), so build the bottom-right-aligned constraint explicitly.
+            if attn_mask is None:
+                attn_mask = torch.ones(lq, lk, dtype=torch.bool, device=x.device)
+            causal = torch.ones(lq, lk, dtype=torch.bool, device=x.device).tril(lk - lq)
+            if attn_mask.dtype == torch.bool:
+                attn_mask = attn_mask & causal
+            else:
+                attn_mask = attn_mask.masked_fill(~causal, float("-inf"))
+            is_causal = False
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0, is_causal=is_causal
+        )
+        b, _, n, _ = y.shape
+        return self.out(y.transpose(1, 2).reshape(b, n, self.d_model))
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward: Linear(d → r·d) → GELU(tanh) → Linear(r·d → d)."""
+
+    def __init__(self, d_model: int, mlp_ratio: float = 4, dropout: float = 0.0):
+        super().__init__()
+        hidden = int(round(mlp_ratio * d_model))
+        self.fc = nn.Linear(d_model, hidden, bias=True)
+        self.proj = nn.Linear(hidden, d_model, bias=True)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(self.drop(F.gelu(self.fc(x), approximate="tanh")))
+
+
+# --- conditioning ---------------------------------------------------------------------------------------
+
+
+class TimestepEmbedder(nn.Module):
+    """t [B] → [B, cond_dim]: sinusoidal features of scale·t, then Linear → SiLU → Linear (DiT / SEDD)."""
+
+    def __init__(self, cond_dim: int, freq_dim: int = 256, scale: float = 1000.0, max_period: float = 10000.0):
+        super().__init__()
+        if freq_dim % 2:
+            raise ValueError(f"freq_dim must be even, got {freq_dim}")
+        self.freq_dim, self.scale = freq_dim, float(scale)
+        half = freq_dim // 2
+        freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32) / half)
+        self.register_buffer("freqs", freqs, persistent=False)
+        self.mlp = nn.Sequential(nn.Linear(freq_dim, cond_dim), nn.SiLU(), nn.Linear(cond_dim, cond_dim))
+
+    def forward(self, t: Tensor) -> Tensor:
+        # t lives in [0, 1]; scaling spreads it over the frequency range the table was designed for.
+        args = (self.scale * t.float())[:, None] * self.freqs[None, :]
+        return self.mlp(torch.cat([torch.cos(args), torch.sin(args)], dim=-1))
+
+
+def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
+    """x·(1 + scale) + shift, with per-sequence shift/scale [B, d] broadcast over positions."""
+    return x * (1 + scale[:, None, :]) + shift[:, None, :]
+
+
+def zero_init_(layer: nn.Linear) -> nn.Linear:
+    """Zero a linear layer and mark it so `init_weights` leaves it at zero."""
+    nn.init.zeros_(layer.weight)
+    if layer.bias is not None:
+        nn.init.zeros_(layer.bias)
+    layer._zero_init = True
+    return layer
+
+
+def init_weights(module: nn.Module, std: float = 0.02) -> None:
+    """GPT-2-style init (normal(0, std), zero biases) for Linear/Embedding; skips `_zero_init` layers."""
+    if getattr(module, "_zero_init", False):
+        return
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, mean=0.0, std=std)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, mean=0.0, std=std)
+
+
+# --- the block ------------------------------------------------------------------------------------------
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm transformer block; optional adaLN(-Zero) conditioning and causal attention.
+
+    x ← x + g₁ · Attn(modulate(norm(x), s₁, a₁));  x ← x + g₂ · MLP(modulate(norm(x), s₂, a₂)),
+    with (s, a, g) = SiLU(c) W (zero-initialised) when `cond_dim` is set, else s = a = 0, g = 1.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        mlp_ratio: float = 4,
+        dropout: float = 0.0,
+        cond_dim: int | None = None,
+        causal: bool = False,
+        norm: str = "layernorm",
+    ):
+        super().__init__()
+        self.causal = bool(causal)
+        self.norm1 = make_norm(norm, d_model)
+        self.attn = MultiHeadAttention(d_model, n_heads, dropout)
+        self.norm2 = make_norm(norm, d_model)
+        self.mlp = MLP(d_model, mlp_ratio, dropout)
+        self.drop = nn.Dropout(dropout)
+        self.cond_dim = cond_dim
+        if cond_dim is not None:
+            self.adaLN = nn.Sequential(nn.SiLU(), zero_init_(nn.Linear(cond_dim, 6 * d_model, bias=True)))
+
+    def forward(
+        self,
+        x: Tensor,
+        rope: tuple[Tensor, Tensor] | None = None,
+        cond: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        kv: Tensor | None = None,
+    ) -> Tensor:
+        if self.cond_dim is None:
+            if cond is not None:
+                raise ValueError("this block was built without cond_dim, so it takes no conditioning vector")
+            x = x + self.drop(self.attn(self.norm1(x), rope, attn_mask, self.causal, kv))
+            return x + self.drop(self.mlp(self.norm2(x)))
+        if cond is None:
+            raise ValueError("this block was built with cond_dim, so it needs a conditioning vector `cond`")
+        shift1, scale1, gate1, shift2, scale2, gate2 = self.adaLN(cond).chunk(6, dim=-1)
+        h = self.attn(modulate(self.norm1(x), shift1, scale1), rope, attn_mask, self.causal, kv)
+        x = x + gate1[:, None, :] * self.drop(h)
+        h = self.mlp(modulate(self.norm2(x), shift2, scale2))
+        return x + gate2[:, None, :] * self.drop(h)
