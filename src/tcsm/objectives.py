@@ -1,0 +1,310 @@
+"""TCSM objectives for N^1 targets: L_distrib and L_score, time weighting, reduction (MATH.md §3, §7).
+
+One objective is composed from a path (source + schedule), a target (what p_{1|t} to match), a per-position
+loss (distrib / score, with a divergence) and a time weighting ω(t):
+
+    L = E_{t ~ U(0,1)} ω(t) E_{x_1, x_t ~ target} (1/L) Σ_{i ∈ loss positions} ℓ^i(m_θ(· | x_t), q^i)
+
+`Objective(model, x1, generator) -> (loss, metrics)` is the only entry point a trainer needs. A per-position
+loss is any callable `(logits, batch, path, **kw) -> Tensor` of shape [B, L] (per position; positions outside
+`batch.loss_mask` are ignored) or [B] (already summed per sequence); register new ones in `LOSSES`, new time
+weightings in `WEIGHTINGS`, and new targets through `tcsm.targets.TargetBatch` — none of them edits this file.
+
+Scale conventions: losses are nats per token (Σ over positions / L, mean over the batch). The score loss is
+reported at the scale of MATH.md §3.4's box, which is V times the paper's ℓ_pseudo + ℓ_entropy
+(`thm:tcsm_train_objective` is off by this factor, MATH.md §8 item 5); pass `paper_scale=True` to divide by V.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from tcsm.divergences import Generator, get_f_divergence, get_generator
+from tcsm.paths import Path
+from tcsm.targets.base import DataTarget, Target, TargetBatch
+from tcsm.timesteps import sample_times
+
+__all__ = [
+    "DEFAULT_CLAMP",
+    "distrib_loss",
+    "score_loss",
+    "LOSSES",
+    "get_loss",
+    "WEIGHTINGS",
+    "get_weighting",
+    "reduce_loss",
+    "Objective",
+]
+
+#: Floor on log-probabilities wherever a loss needs ratios of them (MATH.md §3.4: "clamp log-probs, e.g. at −30").
+DEFAULT_CLAMP = -30.0
+
+LossFn = Callable[..., Tensor]
+WeightFn = Callable[[Path, Tensor], Tensor]
+
+
+# ---------------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------------
+
+
+def _compute_dtype(x: Tensor) -> torch.dtype:
+    """Losses run in at least float32 (bf16/fp16 logits are upcast), float64 stays float64."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _model_log_probs(logits: Tensor, mask: Tensor) -> Tensor:
+    """log m_θ = log_softmax(logits) over the V clean tokens; logits outside `mask` are replaced by zeros first,
+    so whatever a model emits at carry-over positions (even inf/NaN) can neither leak into the loss nor its
+    gradient."""
+    logits = logits.to(_compute_dtype(logits))
+    logits = torch.where(mask.unsqueeze(-1), logits, torch.zeros((), dtype=logits.dtype, device=logits.device))
+    return torch.log_softmax(logits, dim=-1)
+
+
+def _target_log_probs(batch: TargetBatch, like: Tensor) -> Tensor:
+    """Explicit target log q [B, L, V], made uniform outside the loss mask (δ targets there hold −inf)."""
+    log_q = batch.log_q.to(like.dtype)
+    fill = torch.full((), -math.log(log_q.shape[-1]), dtype=like.dtype, device=like.device)
+    return torch.where(batch.loss_mask.unsqueeze(-1), log_q, fill)
+
+
+def _floor(x: Tensor, clamp: float | None) -> Tensor:
+    return x if clamp is None or clamp == -math.inf else x.clamp_min(clamp)
+
+
+def _gather(x: Tensor, index: Tensor) -> Tensor:
+    return x.gather(-1, index.unsqueeze(-1)).squeeze(-1)
+
+
+def _masked(per_pos: Tensor, mask: Tensor) -> Tensor:
+    return torch.where(mask, per_pos, torch.zeros((), dtype=per_pos.dtype, device=per_pos.device))
+
+
+def _check_logits(logits: Tensor, batch: TargetBatch, path: Path) -> None:
+    if logits.shape != batch.xt.shape + (path.vocab_size,):
+        raise ValueError(
+            f"model returned logits of shape {tuple(logits.shape)}; expected [B, L, V] = "
+            f"{tuple(batch.xt.shape) + (path.vocab_size,)} (V clean tokens, no mask logit)"
+        )
+
+
+# ---------------------------------------------------------------------------------------------------
+# per-position losses
+# ---------------------------------------------------------------------------------------------------
+
+
+def distrib_loss(
+    logits: Tensor,
+    batch: TargetBatch,
+    path: Path,
+    divergence: str | Callable[[Tensor, Tensor], Tensor] = "kl",
+    clamp: float | None = None,
+) -> Tensor:
+    """Per-position L_distrib [B, L] (MATH.md §3.2, §3.4, §4): D(q^i ‖ m^i_θ(· | x_t)) at loss positions, 0 elsewhere.
+
+    "kl" is reported as the cross-entropy −Σ_y q^i(y) log m^i_θ(y) (= KL + H(q^i)), so that the Monte Carlo
+    form −log m^i_θ(x_1^i) (target without `log_q`) is its unbiased estimate. Other divergences (`F_DIVERGENCES`)
+    need the explicit q; their log-probabilities are floored at `clamp` (default `DEFAULT_CLAMP`; −inf: none),
+    KL is exact unless `clamp` is given.
+    """
+    _check_logits(logits, batch, path)
+    mask = batch.loss_mask
+    log_m = _model_log_probs(logits, mask)
+    is_kl = isinstance(divergence, str) and divergence == "kl"
+    if not batch.explicit:
+        if not is_kl:
+            raise ValueError(
+                f"divergence {divergence!r} needs an explicit target conditional (TargetBatch.log_q); "
+                "a Monte Carlo (data) target only supports 'kl' — use a parametric target or the score loss"
+            )
+        return _masked(-_gather(_floor(log_m, clamp), batch.x1), mask)
+    log_q = _target_log_probs(batch, log_m)
+    if is_kl:
+        log_m = _floor(log_m, clamp)
+        q = log_q.exp()
+        ce = -(q * log_m).sum(-1)
+        return _masked(ce, mask)
+    if clamp is None:
+        clamp = DEFAULT_CLAMP
+    value = get_f_divergence(divergence)(_floor(log_q, clamp), _floor(log_m, clamp))
+    return _masked(value, mask)
+
+
+def score_loss(
+    logits: Tensor,
+    batch: TargetBatch,
+    path: Path,
+    generator: str | Generator = "gkl",
+    clamp: float | None = DEFAULT_CLAMP,
+    paper_scale: bool = False,
+    divergence: str | Generator | None = None,
+) -> Tensor:
+    """Per-position L_score [B, L] (MATH.md §3.2, §3.4): N^1 concrete-score matching with Bregman generator φ.
+
+    Monte Carlo target (z = x_1^i observed): ℓ_φ(z) = Σ_y[ρ_y φ'(ρ_y) − φ(ρ_y)] − Σ_y φ'(1/ρ_y), ρ_y = m_y/m_z;
+    for GKL the box ℓ = −V log m_z + 1/m_z + Σ_y log m_y. Explicit target: Σ_y D_φ(q_y/q_z, m_y/m_z).
+    Log-probabilities are floored at `clamp` (MATH.md §8 item 6); `paper_scale=True` divides by V (§8 item 5).
+    `divergence` is an alias of `generator` (so that `Objective(divergence=...)` reaches it).
+    """
+    _check_logits(logits, batch, path)
+    gen = get_generator(divergence if divergence is not None else generator)
+    mask = batch.loss_mask
+    log_m = _floor(_model_log_probs(logits, mask), clamp)
+    log_m_z = _gather(log_m, batch.x1)
+    if batch.explicit:
+        log_q = _floor(_target_log_probs(batch, log_m), clamp)
+        log_w = log_q - _gather(log_q, batch.x1).unsqueeze(-1)
+        log_w_theta = log_m - log_m_z.unsqueeze(-1)
+        value = gen.divergence_log(log_w, log_w_theta).sum(-1)
+    else:
+        value = gen.mc_score(log_m, log_m_z)
+    if paper_scale:
+        value = value / path.vocab_size
+    return _masked(value, mask)
+
+
+LOSSES: dict[str, LossFn] = {"distrib": distrib_loss, "score": score_loss}
+
+
+def get_loss(name: str | LossFn) -> LossFn:
+    """Look up a per-position loss by name (one of `LOSSES`) or pass a callable through."""
+    if callable(name):
+        return name
+    try:
+        return LOSSES[name]
+    except KeyError:
+        raise ValueError(f"unknown loss {name!r}; choose one of {sorted(LOSSES)}") from None
+
+
+# ---------------------------------------------------------------------------------------------------
+# time weighting ω(t)
+# ---------------------------------------------------------------------------------------------------
+
+
+def kappa_weight(path: Path, t: Tensor) -> Tensor:
+    """ω(t) = κ_t = α̇_t/(1 − α_t): the ELBO weight (MATH.md §3.4, §7); with masked L_distrib this is MDLM's NELBO."""
+    return path.kappa(t)
+
+
+def unit_weight(path: Path, t: Tensor) -> Tensor:
+    """ω(t) = 1: unweighted; same per-t minimiser, not a likelihood bound (MATH.md §3.4, §8 item 4)."""
+    return torch.ones_like(t)
+
+
+def alpha_dot_weight(path: Path, t: Tensor) -> Tensor:
+    """ω(t) = α̇_t = κ_t (1 − α_t): the ELBO weight without the 1/(1 − α_t) factor that diverges at t = 1 (MATH.md §0)."""
+    return path.schedule.alpha_dot(t)
+
+
+WEIGHTINGS: dict[str, WeightFn] = {
+    "kappa": kappa_weight,
+    "elbo": kappa_weight,
+    "uniform": unit_weight,
+    "none": unit_weight,
+    "alpha_dot": alpha_dot_weight,
+}
+
+
+def get_weighting(name: str | WeightFn) -> WeightFn:
+    """Look up a time weighting ω(path, t) → [B] by name (one of `WEIGHTINGS`) or pass a callable through."""
+    if callable(name):
+        return name
+    try:
+        return WEIGHTINGS[name]
+    except KeyError:
+        raise ValueError(f"unknown time weighting {name!r}; choose one of {sorted(WEIGHTINGS)}") from None
+
+
+# ---------------------------------------------------------------------------------------------------
+# reduction and the composed objective
+# ---------------------------------------------------------------------------------------------------
+
+
+def reduce_loss(per_pos: Tensor, batch: TargetBatch, time_weight: Tensor | None = None) -> Tensor:
+    """Nats per token: (1/B) Σ_b ω(t_b) w_b (1/L) Σ_{i: loss_mask} ℓ_b^i (MATH.md §2.2, §3.4).
+
+    `per_pos` is [B, L] (positions outside `batch.loss_mask` dropped) or [B] (already summed over positions);
+    `batch.weight` (e.g. importance weights) multiplies each sequence as given, without renormalisation.
+    """
+    L = batch.xt.shape[-1]
+    per_seq = _masked(per_pos, batch.loss_mask).sum(-1) if per_pos.dim() == 2 else per_pos
+    if time_weight is not None:
+        per_seq = per_seq * time_weight.to(per_seq.dtype)
+    if batch.weight is not None:
+        per_seq = per_seq * batch.weight.to(per_seq.dtype)
+    return per_seq.mean() / L
+
+
+class Objective:
+    """L = E_t ω(t) E_{target} (1/L) Σ_i ℓ^i, composed from path, target, loss, divergence and ω (MATH.md §3, §7).
+
+    `loss`: "distrib" | "score" | any `LOSSES` name | callable (logits, batch, path, **kw) → [B, L] or [B].
+    `divergence`: forwarded to the loss (an f-divergence for distrib, a Bregman generator for score).
+    `weighting`: a `WEIGHTINGS` name or callable (path, t) → [B]. Extra keyword arguments go to the loss.
+    Calling it with (model, x1, generator) draws t (antithetic by default), the target batch and the logits
+    `model(x_t, t)`, and returns (scalar loss, metrics of Python floats).
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        target: Target | None = None,
+        loss: str | LossFn = "distrib",
+        divergence: str | Callable | Generator | None = None,
+        weighting: str | WeightFn = "kappa",
+        antithetic: bool = True,
+        time_dtype: torch.dtype = torch.float32,
+        **loss_kwargs,
+    ):
+        self.path = path
+        self.target = target if target is not None else DataTarget()
+        self.loss_fn = get_loss(loss)
+        self.loss_name = loss if isinstance(loss, str) else getattr(loss, "__name__", "custom")
+        self.weighting = get_weighting(weighting)
+        self.antithetic = bool(antithetic)
+        self.time_dtype = time_dtype
+        self.loss_kwargs = dict(loss_kwargs)
+        if divergence is not None:
+            self.loss_kwargs["divergence"] = divergence
+
+    def sample_t(self, batch_size: int, device=None, generator: torch.Generator | None = None) -> Tensor:
+        """t ~ U(0, 1) per sequence, antithetic across the batch unless disabled (MATH.md §3.4)."""
+        return sample_times(
+            batch_size, antithetic=self.antithetic, generator=generator, device=device, dtype=self.time_dtype
+        )
+
+    def loss_from_batch(self, logits: Tensor, batch: TargetBatch) -> tuple[Tensor, dict[str, float]]:
+        """The reduced loss and metrics for logits already computed on `batch` (MATH.md §3.4)."""
+        per_pos = self.loss_fn(logits, batch, self.path, **self.loss_kwargs)
+        omega = self.weighting(self.path, batch.t)
+        loss = reduce_loss(per_pos, batch, omega)
+        with torch.no_grad():
+            raw = reduce_loss(per_pos.detach(), batch, None)
+            frac = batch.loss_mask.float().mean()
+            stats = torch.stack([loss.detach().float(), raw.float(), frac, batch.t.float().mean()]).tolist()
+        metrics = dict(zip(("loss", "loss_unweighted", "loss_positions", "t_mean"), stats))
+        return loss, metrics
+
+    def __call__(self, model, x1: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, dict[str, float]]:
+        """Draw t and a target batch for clean x1 [B, L], run `model(x_t, t)`, return (loss, metrics)."""
+        t = self.sample_t(x1.shape[0], device=x1.device, generator=generator)
+        batch = self.target(x1, t, self.path, generator)
+        logits = model(batch.xt, batch.t)
+        return self.loss_from_batch(logits, batch)
+
+    def to(self, device) -> "Objective":
+        self.target = self.target.to(device)
+        return self
+
+    def __repr__(self) -> str:
+        kw = ", ".join(f"{k}={v!r}" for k, v in self.loss_kwargs.items())
+        return (
+            f"Objective(path={self.path!r}, target={type(self.target).__name__}, loss={self.loss_name!r}"
+            f"{', ' + kw if kw else ''}, weighting={getattr(self.weighting, '__name__', self.weighting)!r}, "
+            f"antithetic={self.antithetic})"
+        )
