@@ -15,23 +15,23 @@ the mathematics says so (e.g. reverse KL when q has a zero that m does not), nev
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = [
-    "Generator",
     "BREGMAN",
-    "get_generator",
     "F_DIVERGENCES",
+    "Generator",
     "get_f_divergence",
-    "kl",
-    "reverse_kl",
+    "get_generator",
     "itakura_saito",
-    "squared",
+    "kl",
     "logistic",
+    "reverse_kl",
+    "squared",
 ]
 
 _LOG2 = math.log(2.0)
@@ -196,7 +196,9 @@ class Logistic(Generator):
 
     def divergence_log(self, lu, lv):
         u = lu.exp()
-        return _zero_where(u == 0, u * (F.logsigmoid(lu) - F.logsigmoid(lv))) - F.softplus(lu) + F.softplus(lv)
+        return (
+            _zero_where(u == 0, u * (F.logsigmoid(lu) - F.logsigmoid(lv))) - F.softplus(lu) + F.softplus(lv)
+        )
 
 
 BREGMAN: dict[str, Generator] = {g.name: g for g in (GKL(), Squared(), ItakuraSaito(), Logistic())}

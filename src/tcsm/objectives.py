@@ -18,7 +18,7 @@ reported at the scale of MATH.md §3.4's box, which is V times the paper's ℓ_p
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -30,14 +30,14 @@ from tcsm.timesteps import sample_times
 
 __all__ = [
     "DEFAULT_CLAMP",
-    "distrib_loss",
-    "score_loss",
     "LOSSES",
-    "get_loss",
     "WEIGHTINGS",
+    "Objective",
+    "distrib_loss",
+    "get_loss",
     "get_weighting",
     "reduce_loss",
-    "Objective",
+    "score_loss",
 ]
 
 #: Floor on log-probabilities wherever a loss needs ratios of them (MATH.md §3.4: "clamp log-probs, e.g. at −30").
@@ -62,7 +62,9 @@ def _model_log_probs(logits: Tensor, mask: Tensor) -> Tensor:
     so whatever a model emits at carry-over positions (even inf/NaN) can neither leak into the loss nor its
     gradient."""
     logits = logits.to(_compute_dtype(logits))
-    logits = torch.where(mask.unsqueeze(-1), logits, torch.zeros((), dtype=logits.dtype, device=logits.device))
+    logits = torch.where(
+        mask.unsqueeze(-1), logits, torch.zeros((), dtype=logits.dtype, device=logits.device)
+    )
     return torch.log_softmax(logits, dim=-1)
 
 
@@ -290,14 +292,16 @@ class Objective:
         metrics = dict(zip(("loss", "loss_unweighted", "loss_positions", "t_mean"), stats))
         return loss, metrics
 
-    def __call__(self, model, x1: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, dict[str, float]]:
+    def __call__(
+        self, model, x1: Tensor, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, dict[str, float]]:
         """Draw t and a target batch for clean x1 [B, L], run `model(x_t, t)`, return (loss, metrics)."""
         t = self.sample_t(x1.shape[0], device=x1.device, generator=generator)
         batch = self.target(x1, t, self.path, generator)
         logits = model(batch.xt, batch.t)
         return self.loss_from_batch(logits, batch)
 
-    def to(self, device) -> "Objective":
+    def to(self, device) -> Objective:
         self.target = self.target.to(device)
         return self
 
