@@ -14,3 +14,11 @@ from tcsm.models.layers import (  # noqa: F401
     modulate,
     zero_init_,
 )
+from tcsm.models.transformer import (  # noqa: F401
+    PRESETS,
+    Denoiser,
+    DenoiserConfig,
+    build_denoiser,
+    count_parameters,
+    flops_per_token,
+)

@@ -41,17 +41,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = [
-    "RMSNorm",
-    "LayerNorm",
-    "make_norm",
-    "RotaryEmbedding",
-    "apply_rotary",
-    "MultiHeadAttention",
     "MLP",
+    "LayerNorm",
+    "MultiHeadAttention",
+    "RMSNorm",
+    "RotaryEmbedding",
     "TimestepEmbedder",
     "TransformerBlock",
-    "modulate",
+    "apply_rotary",
     "init_weights",
+    "make_norm",
+    "modulate",
     "zero_init_",
 ]
 
@@ -192,7 +192,12 @@ class MultiHeadAttention(nn.Module):
                 attn_mask = attn_mask.masked_fill(~causal, float("-inf"))
             is_causal = False
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, dropout_p=self.dropout if self.training else 0.0, is_causal=is_causal
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=is_causal,
         )
         b, _, n, _ = y.shape
         return self.out(y.transpose(1, 2).reshape(b, n, self.d_model))
@@ -203,7 +208,7 @@ class MLP(nn.Module):
 
     def __init__(self, d_model: int, mlp_ratio: float = 4, dropout: float = 0.0):
         super().__init__()
-        hidden = int(round(mlp_ratio * d_model))
+        hidden = round(mlp_ratio * d_model)
         self.fc = nn.Linear(d_model, hidden, bias=True)
         self.proj = nn.Linear(hidden, d_model, bias=True)
         self.drop = nn.Dropout(dropout)
@@ -218,7 +223,9 @@ class MLP(nn.Module):
 class TimestepEmbedder(nn.Module):
     """t [B] → [B, cond_dim]: sinusoidal features of scale·t, then Linear → SiLU → Linear (DiT / SEDD)."""
 
-    def __init__(self, cond_dim: int, freq_dim: int = 256, scale: float = 1000.0, max_period: float = 10000.0):
+    def __init__(
+        self, cond_dim: int, freq_dim: int = 256, scale: float = 1000.0, max_period: float = 10000.0
+    ):
         super().__init__()
         if freq_dim % 2:
             raise ValueError(f"freq_dim must be even, got {freq_dim}")

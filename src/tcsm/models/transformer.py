@@ -1,0 +1,211 @@
+"""The bidirectional denoiser m_θ(· | x_t): a SEDD/MDLM-style diffusion transformer (MATH.md §0, §1.2).
+
+`Denoiser(cfg).forward(xt, t)` maps noisy tokens x_t ∈ {0..num_states−1}^L (num_states = V+1 with the mask id V
+for the masked source, V for the uniform source) and times t ∈ [0, 1] (t = 1 clean) to logits over the V clean
+tokens at every position. Architecture: token embedding → rotary positions → n_layers pre-norm blocks with
+bidirectional attention → final norm → linear head. With `time_conditioning=True` a sinusoidal embedding of t
+drives adaLN-Zero modulation of every block and of the final norm; with `time_conditioning=False` there is no
+time pathway at all (the masked posterior does not depend on t given the mask pattern, MATH.md §1.3), and t is
+ignored exactly. The head is zero-initialised, so every model starts at uniform logits (loss = log V).
+
+Helpers: `PRESETS` (architecture sizes "tiny", "small", "text8"), `build_denoiser(preset_or_cfg, **overrides)`,
+`count_parameters(model)` and `flops_per_token(cfg, seq_len)` for MFU accounting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from tcsm.models.layers import (
+    RotaryEmbedding,
+    TimestepEmbedder,
+    TransformerBlock,
+    init_weights,
+    make_norm,
+    modulate,
+    zero_init_,
+)
+
+__all__ = ["PRESETS", "Denoiser", "DenoiserConfig", "build_denoiser", "count_parameters", "flops_per_token"]
+
+
+@dataclass
+class DenoiserConfig:
+    """Architecture of a `Denoiser`. vocab_size = V clean tokens; num_states = size of the input alphabet."""
+
+    vocab_size: int
+    num_states: int
+    max_len: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    mlp_ratio: float = 4
+    dropout: float = 0.0
+    time_conditioning: bool = True
+    cond_dim: int = 128  # width of the time embedding; SEDD's choice, small so adaLN costs few parameters
+    norm: str = "layernorm"  # or "rmsnorm"
+    rope_base: float = 10000.0
+    check_inputs: bool = True  # range-check token ids (one host sync per call); turn off in tight loops
+
+    def __post_init__(self) -> None:
+        if self.vocab_size < 2:
+            raise ValueError(f"vocab_size must be >= 2, got {self.vocab_size}")
+        if self.num_states < self.vocab_size:
+            raise ValueError(
+                f"num_states={self.num_states} < vocab_size={self.vocab_size}: use V for the uniform source "
+                "and V+1 (mask id V) for the masked source"
+            )
+        for name in ("max_len", "d_model", "n_layers", "n_heads", "cond_dim"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+            raise ValueError(
+                f"d_model={self.d_model} must be a multiple of n_heads={self.n_heads} with an even head "
+                "dimension (rotary embeddings rotate pairs of channels)"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DenoiserConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown DenoiserConfig keys {unknown}; known keys: {sorted(known)}")
+        return cls(**d)
+
+
+# Architecture sizes only: vocab_size / num_states come from the data and the path.
+PRESETS: dict[str, dict[str, Any]] = {
+    # unit tests: a forward+backward pass in milliseconds
+    "tiny": dict(max_len=128, d_model=64, n_layers=2, n_heads=4, cond_dim=32),
+    # CPU benchmarks and the quickstart: ~3M parameters
+    "small": dict(max_len=256, d_model=256, n_layers=4, n_heads=4, cond_dim=128),
+    # the paper's text8 model (SEDD/MDLM "small" backbone: 12 × 768, 12 heads, length 256)
+    "text8": dict(max_len=256, d_model=768, n_layers=12, n_heads=12, cond_dim=128),
+}
+
+
+class Denoiser(nn.Module):
+    """x_t [B, L] (ids < num_states), t [B] in [0, 1] → logits [B, L, V] over clean tokens (float32)."""
+
+    def __init__(self, cfg: DenoiserConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.vocab_size, self.num_states = cfg.vocab_size, cfg.num_states
+        self.embed = nn.Embedding(cfg.num_states, cfg.d_model)
+        self.rotary = RotaryEmbedding(cfg.d_model // cfg.n_heads, cfg.max_len, cfg.rope_base)
+        cond_dim = cfg.cond_dim if cfg.time_conditioning else None
+        self.time_embed = TimestepEmbedder(cfg.cond_dim) if cfg.time_conditioning else None
+        self.blocks = nn.ModuleList(
+            TransformerBlock(cfg.d_model, cfg.n_heads, cfg.mlp_ratio, cfg.dropout, cond_dim, False, cfg.norm)
+            for _ in range(cfg.n_layers)
+        )
+        self.final_norm = make_norm(cfg.norm, cfg.d_model)
+        self.final_adaLN = (
+            nn.Sequential(nn.SiLU(), zero_init_(nn.Linear(cfg.cond_dim, 2 * cfg.d_model)))
+            if cfg.time_conditioning
+            else None
+        )
+        # Zero head: initial logits are exactly 0, i.e. uniform over V, so the first loss is log V for every
+        # objective and no early step is spent undoing a random prior.
+        self.head = zero_init_(nn.Linear(cfg.d_model, cfg.vocab_size, bias=True))
+        self.apply(init_weights)
+
+    def _check(self, xt: Tensor, t: Tensor | None) -> None:
+        if xt.dim() != 2:
+            raise ValueError(f"xt must be a [batch, length] tensor of token ids, got shape {tuple(xt.shape)}")
+        if xt.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool):
+            raise ValueError(f"xt must hold integer token ids, got dtype {xt.dtype}")
+        if xt.shape[1] > self.cfg.max_len:
+            raise ValueError(
+                f"sequence length {xt.shape[1]} exceeds the model's max_len={self.cfg.max_len}; "
+                "build the model with a larger max_len or use shorter sequences"
+            )
+        if self.cfg.check_inputs and xt.numel():
+            lo, hi = int(xt.min()), int(xt.max())
+            if lo < 0 or hi >= self.num_states:
+                raise ValueError(
+                    f"token ids must lie in [0, {self.num_states}) (num_states), got range [{lo}, {hi}]; "
+                    "check the path's num_states (V+1 for masked, V for uniform) against the data vocabulary"
+                )
+        if self.time_embed is not None:
+            if t is None:
+                raise ValueError("this denoiser is time-conditioned: pass t of shape [batch]")
+            if t.dim() > 1 or (t.dim() == 1 and t.shape[0] not in (1, xt.shape[0])):
+                raise ValueError(
+                    f"t must have shape [batch]={xt.shape[0]} or be a scalar, got {tuple(t.shape)}"
+                )
+
+    def forward(self, xt: Tensor, t: Tensor | None = None) -> Tensor:
+        self._check(xt, t)
+        x = self.embed(xt)
+        rope = self.rotary(xt.shape[1])
+        cond = None
+        if self.time_embed is not None:
+            t = torch.as_tensor(t, device=xt.device).reshape(-1).expand(xt.shape[0])
+            cond = self.time_embed(t)
+        for block in self.blocks:
+            x = block(x, rope, cond)
+        h = self.final_norm(x)
+        if self.final_adaLN is not None:
+            shift, scale = self.final_adaLN(cond).chunk(2, dim=-1)
+            h = modulate(h, shift, scale)
+        # float32 logits: losses take log-softmax over V, which bf16 would quantise badly.
+        return self.head(h).float()
+
+
+def build_denoiser(preset_or_cfg: str | DenoiserConfig | dict[str, Any], **overrides: Any) -> Denoiser:
+    """Build a `Denoiser` from a preset name, a config dict or a `DenoiserConfig`, with keyword overrides.
+
+    Presets hold sizes only, so pass at least vocab_size and num_states:
+    `build_denoiser("tiny", vocab_size=27, num_states=28)`.
+    """
+    if isinstance(preset_or_cfg, DenoiserConfig):
+        fields = preset_or_cfg.to_dict()
+    elif isinstance(preset_or_cfg, str):
+        if preset_or_cfg not in PRESETS:
+            raise ValueError(f"unknown model preset {preset_or_cfg!r}; choose one of {sorted(PRESETS)}")
+        fields = dict(PRESETS[preset_or_cfg])
+    elif isinstance(preset_or_cfg, dict):
+        fields = dict(preset_or_cfg)
+        preset = fields.pop("preset", None)
+        if preset is not None:
+            if preset not in PRESETS:
+                raise ValueError(f"unknown model preset {preset!r}; choose one of {sorted(PRESETS)}")
+            fields = {**PRESETS[preset], **fields}
+    else:
+        raise TypeError(f"expected a preset name, dict or DenoiserConfig, got {type(preset_or_cfg).__name__}")
+    fields.update(overrides)
+    missing = [k for k in ("vocab_size", "num_states") if fields.get(k) is None]
+    if missing:
+        raise ValueError(f"model config is missing {missing}: they come from the data (V) and the path")
+    return Denoiser(DenoiserConfig.from_dict(fields))
+
+
+def count_parameters(model: nn.Module, trainable_only: bool = True) -> int:
+    """Number of (trainable) parameters."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+def flops_per_token(cfg: DenoiserConfig, seq_len: int) -> float:
+    """Training (forward + backward) model FLOPs per token: 6·N_matmul + 12·n_layers·d_model·seq_len.
+
+    N_matmul counts the weights multiplied once per token (attention and MLP projections, head); the
+    embedding lookup and the per-sequence time/adaLN pathway are excluded (PaLM appendix B accounting).
+    The attention term is 2·2·L·d per layer forward (scores and weighted sum) ×3 for backward; attention is
+    bidirectional, so no causal halving.
+    """
+    d, n = cfg.d_model, cfg.n_layers
+    hidden = round(cfg.mlp_ratio * d)
+    per_layer = 4 * d * d + 2 * d * hidden
+    n_matmul = n * per_layer + d * cfg.vocab_size
+    return 6.0 * n_matmul + 12.0 * n * d * seq_len
