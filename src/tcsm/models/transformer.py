@@ -86,11 +86,11 @@ class DenoiserConfig:
 # Architecture sizes only: vocab_size / num_states come from the data and the path.
 PRESETS: dict[str, dict[str, Any]] = {
     # unit tests: a forward+backward pass in milliseconds
-    "tiny": dict(max_len=128, d_model=64, n_layers=2, n_heads=4, cond_dim=32),
+    "tiny": {"max_len": 128, "d_model": 64, "n_layers": 2, "n_heads": 4, "cond_dim": 32},
     # CPU benchmarks and the quickstart: ~3M parameters
-    "small": dict(max_len=256, d_model=256, n_layers=4, n_heads=4, cond_dim=128),
+    "small": {"max_len": 256, "d_model": 256, "n_layers": 4, "n_heads": 4, "cond_dim": 128},
     # the paper's text8 model (SEDD/MDLM "small" backbone: 12 × 768, 12 heads, length 256)
-    "text8": dict(max_len=256, d_model=768, n_layers=12, n_heads=12, cond_dim=128),
+    "text8": {"max_len": 256, "d_model": 768, "n_layers": 12, "n_heads": 12, "cond_dim": 128},
 }
 
 
