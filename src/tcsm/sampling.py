@@ -1,0 +1,406 @@
+"""Samplers for masked and uniform discrete diffusion (MATH.md §6).
+
+Every sampler runs a grid 0 = t_0 < … < t_K = 1 from the source to clean data. At each step the model's
+per-token clean-token distribution m^i(· | x_t) (softmax of the denoiser logits, optionally tempered and
+nucleus-truncated) or a jointly drawn x̂_1 drives one of three per-token transitions:
+
+* ``"euler"`` (§6.1): draw x̂^i ~ m^i and jump to it with probability λ = (α_{t'} − α_t)/(1 − α_t);
+  for the masked source only masked positions move (carry-over).
+* ``"analytic"`` (§6.2): draw x^i_{t'} from the exact forward-chain bridge Σ_a m^i(a) B(· | x^i_t, a)
+  (`Path.bridge`); the time-reversal sampler whose likelihood bound is MATH.md §2.3(B) for the uniform source.
+* ``"ancestral"``: for the masked source §6.1 and §6.2 are the same sampler; this name runs it in the sparse
+  form (reveal with probability λ, then draw only the revealed tokens) with MDLM's cache. For the uniform
+  source it is an alias of ``"analytic"``.
+* ``"joint"``: a callable draws x̂_1 jointly from p_{1|t}(· | x_t) and the per-token bridge is applied to the
+  one-hot x̂_1, which is exact for any number of steps (§6.2, oracle e.a).
+
+The last step goes to t_K = 1, where every one of these transitions reduces to x^i_1 = x̂^i at the positions
+that may still change, so the output never contains a mask id. Categorical draws use Gumbel-max in float64,
+and all randomness flows through one `torch.Generator`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+import torch
+from torch import Tensor
+
+from tcsm.paths import Path
+
+__all__ = [
+    "METHODS",
+    "GRIDS",
+    "SamplingStats",
+    "sample",
+    "time_grid",
+    "categorical",
+    "adjust_log_probs",
+    "jump_prob",
+    "prefix_condition",
+]
+
+Denoiser = Callable[[Tensor, Tensor], Tensor]
+#: (x_t LongTensor[b, L], t FloatTensor[b], generator) -> x̂_1 LongTensor[b, L] drawn jointly from p_{1|t}.
+X1Sampler = Callable[[Tensor, Tensor, "torch.Generator | None"], Tensor]
+StepCallback = Callable[[int, float, Tensor], None]
+
+METHODS = ("ancestral", "analytic", "euler", "joint")
+GRIDS = ("uniform", "cosine")
+
+
+@dataclass
+class SamplingStats:
+    """What a `sample` call did. `num_calls` counts batched denoiser (or x̂_1-sampler) invocations, `num_rows`
+    the sequences they evaluated in total, `row_calls` [B] the evaluations of each output sequence."""
+
+    method: str
+    num_steps: int
+    cached: bool
+    times: Tensor
+    num_calls: int = 0
+    num_rows: int = 0
+    row_calls: Tensor | None = None
+    #: step index k -> x_{t_k} [B, L] (mask ids allowed before the last step), for the requested steps.
+    trajectory: dict[int, Tensor] = field(default_factory=dict)
+
+
+# --- small building blocks ----------------------------------------------------------------------------
+
+
+def time_grid(num_steps: int, kind: str = "uniform", *, device=None, dtype: torch.dtype = torch.float64) -> Tensor:
+    """Grid 0 = t_0 < … < t_K = 1 (MATH.md §6): "uniform" t_k = k/K; "cosine" t_k = (1 − cos(πk/K))/2,
+    finer near both ends. The last entry is exactly 1 so that the final step resolves every token."""
+    K = int(num_steps)
+    if K < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    k = torch.arange(K + 1, dtype=torch.float64, device=device) / K
+    if kind == "uniform":
+        grid = k
+    elif kind == "cosine":
+        grid = 0.5 * (1.0 - torch.cos(math.pi * k))
+    else:
+        raise ValueError(f"unknown time grid {kind!r}; choose one of {list(GRIDS)} or pass the times")
+    grid[0], grid[-1] = 0.0, 1.0
+    return grid.to(dtype)
+
+
+def _as_grid(grid, num_steps: int, device) -> Tensor:
+    if isinstance(grid, str):
+        return time_grid(num_steps, grid, device=device)
+    g = torch.as_tensor(grid, dtype=torch.float64, device=device).flatten()
+    if g.numel() != num_steps + 1:
+        raise ValueError(f"a time grid for {num_steps} steps needs {num_steps + 1} points, got {g.numel()}")
+    if not (g[0] >= 0 and g[-1] == 1 and (g[1:] > g[:-1]).all()):
+        raise ValueError("a time grid must increase strictly from t_0 >= 0 to exactly t_K = 1")
+    return g
+
+
+def categorical(log_probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """Exact draw y = argmax_y(log p_y + G_y), G_y ~ Gumbel(0, 1) i.i.d., in float64 (low-precision Gumbel
+    noise truncates the tail and biases the draw). `log_probs` may be unnormalised and contain −inf."""
+    lp = log_probs.double()
+    u = torch.rand(lp.shape, dtype=torch.float64, device=lp.device, generator=generator)
+    gumbel = -torch.log(-torch.log(u.clamp_min(torch.finfo(torch.float64).tiny)))
+    return (lp + gumbel).argmax(-1)
+
+
+def adjust_log_probs(logits: Tensor, temperature: float = 1.0, top_p: float = 1.0) -> Tensor:
+    """log m ∝ logits / T, then nucleus truncation: keep the smallest most-likely set with mass ≥ top_p and
+    renormalise. Returns float64 log-probabilities over the last axis."""
+    lp = torch.log_softmax(logits.double() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_lp, order = lp.sort(dim=-1, descending=True)
+        p = sorted_lp.exp()
+        # A token is dropped when the tokens ranked above it already hold ≥ top_p; the top token never is.
+        drop_sorted = (p.cumsum(-1) - p) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        lp = torch.log_softmax(lp.masked_fill(drop, -torch.inf), dim=-1)
+    return lp
+
+
+def jump_prob(path: Path, t: Tensor, s: Tensor) -> Tensor:
+    """λ_{t→s} = (α_s − α_t)/(1 − α_t) for s > t (MATH.md §0): the probability that a still-unresolved token is
+    resolved by s, i.e. the exact value of 1 − exp(−∫_t^s κ)."""
+    onem = path.schedule.one_minus_alpha(t)
+    lam = (path.alpha(s) - path.alpha(t)) / onem.clamp_min(torch.finfo(onem.dtype).tiny)
+    return lam.clamp(0.0, 1.0)
+
+
+def prefix_condition(prompt: Tensor, batch_size: int, length: int) -> tuple[Tensor, Tensor]:
+    """(`fixed`, `values`) [B, L] that pin the first P positions to `prompt` ([P] or [B, P])."""
+    prompt = torch.as_tensor(prompt, dtype=torch.long)
+    if prompt.dim() == 1:
+        prompt = prompt.unsqueeze(0).expand(batch_size, -1)
+    if prompt.dim() != 2 or prompt.shape[0] != batch_size or prompt.shape[1] > length:
+        raise ValueError(f"prompt of shape {tuple(prompt.shape)} does not fit batch {batch_size} x length {length}")
+    P = prompt.shape[1]
+    values = torch.zeros(batch_size, length, dtype=torch.long, device=prompt.device)
+    values[:, :P] = prompt
+    fixed = torch.zeros(batch_size, length, dtype=torch.bool, device=prompt.device)
+    fixed[:, :P] = True
+    return fixed, values
+
+
+# --- the sampler ---------------------------------------------------------------------------------------
+
+
+def _resolve_method(method: str | None, path: Path, x1_sampler) -> str:
+    masked = path.mask_id is not None
+    if method is None:
+        method = "joint" if x1_sampler is not None else ("ancestral" if masked else "analytic")
+    if method not in METHODS:
+        raise ValueError(f"unknown sampling method {method!r}; choose one of {list(METHODS)}")
+    if method == "joint" and x1_sampler is None:
+        raise ValueError("method 'joint' needs an x1_sampler that draws x̂_1 from p_{1|t}(· | x_t)")
+    if method != "joint" and x1_sampler is not None:
+        raise ValueError(f"an x1_sampler is only used by method 'joint', not {method!r}")
+    if method == "ancestral" and not masked:
+        method = "analytic"  # §6.2: the ancestral step of the uniform source is the analytic bridge
+    return method
+
+
+def _infer_device(denoiser, values):
+    if values is not None:
+        return torch.as_tensor(values).device
+    params = getattr(denoiser, "parameters", None)
+    if callable(params):
+        for p in params():
+            return p.device
+    return torch.device("cpu")
+
+
+def _sample_chunk(
+    denoiser,
+    path: Path,
+    *,
+    fixed: Tensor,
+    values: Tensor,
+    grid: Tensor,
+    method: str,
+    generator,
+    temperature: float,
+    top_p: float,
+    final_argmax: bool,
+    use_cache: bool,
+    x1_sampler,
+    record: set[int],
+    callback,
+):
+    B, L = fixed.shape
+    V = path.vocab_size
+    device = fixed.device
+    mask_id = path.mask_id
+    K = grid.numel() - 1
+    time_dtype = torch.get_default_dtype()
+
+    x = path.prior_sample(B, L, device=device, generator=generator)
+    x = torch.where(fixed, values, x)  # conditioning: clean from t = 0 on (masked: simply unmasked tokens)
+
+    cache: Tensor | None = None  # denoiser logits [B, L, V] or joint x̂_1 [B, L] for the current x of each row
+    valid = torch.zeros(B, dtype=torch.bool, device=device)  # row's cache entry belongs to its current x
+    stats = {"calls": 0, "rows": 0, "row_calls": torch.zeros(B, dtype=torch.long, device=device)}
+    trajectory: dict[int, Tensor] = {}
+
+    def emit(k: int):
+        if k in record:
+            trajectory[k] = x.clone()
+        if callback is not None:
+            callback(k, float(grid[k]), x)
+
+    emit(0)
+    for k in range(K):
+        t, s = grid[k], grid[k + 1]
+        last = k == K - 1
+        free = ~fixed if mask_id is None else (~fixed & (x == mask_id))
+        active = free.any(-1)  # rows with nothing left to resolve need no network call
+
+        need = active & ~valid if use_cache else active
+        if need.any():
+            rows = need.nonzero().squeeze(1)
+            t_rows = torch.full((rows.numel(),), float(t), dtype=time_dtype, device=device)
+            if method == "joint":
+                out = x1_sampler(x[rows], t_rows, generator).long()
+            else:
+                out = denoiser(x[rows], t_rows)
+                if out.shape != (rows.numel(), L, V):
+                    raise ValueError(f"denoiser returned shape {tuple(out.shape)}, expected {(rows.numel(), L, V)}")
+            if cache is None:
+                cache = torch.empty((B,) + tuple(out.shape[1:]), dtype=out.dtype, device=device)
+            cache[rows] = out
+            valid[rows] = use_cache
+            stats["calls"] += 1
+            stats["rows"] += rows.numel()
+            stats["row_calls"][rows] += 1
+
+        x_prev = x
+        x = x.clone()
+        sparse = last or method in ("euler", "ancestral") or (method == "joint" and mask_id is not None)
+        if sparse:
+            # §6.1 / masked §6.2: each free token moves with probability λ to x̂^i; only moving tokens need x̂^i.
+            # At t_K = 1 every transition (Euler, bridge, joint) sets x^i = x̂^i on all free positions.
+            if last:
+                move = free
+            else:
+                lam = jump_prob(path, t.reshape(1), s.reshape(1))
+                u = torch.rand((B, L), dtype=torch.float64, device=device, generator=generator)
+                move = free & (u < lam)
+            pos = move.nonzero(as_tuple=True)
+            if pos[0].numel():
+                if method == "joint":
+                    new = cache[pos]
+                else:
+                    lp = adjust_log_probs(cache[pos], temperature, top_p)
+                    new = lp.argmax(-1) if (last and final_argmax) else categorical(lp, generator)
+                x[pos] = new
+        else:
+            # §6.2 analytic step: x^i_{t'} ~ Σ_a m^i(a) B(· | x^i_t, a) with the exact bridge of the path.
+            rows = active.nonzero().squeeze(1)
+            if rows.numel():
+                if method == "joint":
+                    probs = torch.nn.functional.one_hot(cache[rows], V).double()
+                else:
+                    probs = adjust_log_probs(cache[rows], temperature, top_p).exp()
+                b = rows.numel()
+                bridge = path.bridge(
+                    x[rows], t.expand(b).to(torch.float64), s.expand(b).to(torch.float64), probs
+                )
+                new = categorical(torch.log(bridge), generator)
+                x[rows] = torch.where(free[rows], new, x[rows])  # fixed tokens never move
+
+        if use_cache:
+            valid &= ~(x != x_prev).any(-1)
+        emit(k + 1)
+
+    if mask_id is not None and (x == mask_id).any():
+        raise RuntimeError("sampler left mask ids in the output; the time grid must end at t = 1")
+    return x, stats, trajectory
+
+
+def sample(
+    denoiser: Denoiser | None,
+    path: Path,
+    *,
+    batch_size: int,
+    length: int,
+    num_steps: int,
+    generator: torch.Generator | None = None,
+    method: str | None = None,
+    grid: str | Sequence[float] | Tensor = "uniform",
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    final_argmax: bool = False,
+    fixed: Tensor | None = None,
+    values: Tensor | None = None,
+    prompt: Tensor | None = None,
+    time_independent: bool | None = None,
+    x1_sampler: X1Sampler | None = None,
+    chunk_size: int | None = None,
+    seed: int | None = None,
+    device=None,
+    return_stats: bool = False,
+    record_steps: Iterable[int] | None = None,
+    callback: StepCallback | None = None,
+):
+    """Draw `batch_size` sequences of `length` clean tokens by running K = `num_steps` steps from t = 0 to t = 1
+    (MATH.md §6): Euler §6.1, analytic/ancestral bridge §6.2, or the joint-x̂_1 bridge (exact for any K).
+
+    Args:
+        denoiser: (x_t LongTensor[b, L], t FloatTensor[b]) -> logits [b, L, V] over clean tokens. Unused
+            (may be None) with `x1_sampler`.
+        path: `MaskedPath` or `UniformPath`; its schedule defines λ and the bridge.
+        method: "ancestral" (masked default: sparse reveal, cached when allowed), "analytic" (uniform default,
+            `path.bridge`), "euler", or "joint" (default when `x1_sampler` is given).
+        grid: "uniform", "cosine" (see `time_grid`) or K + 1 increasing times ending exactly at 1.
+        temperature, top_p: applied to the logits before every draw (`adjust_log_probs`).
+        final_argmax: take the most likely token instead of a draw at the last step.
+        fixed, values: bool mask and clean tokens ([B, L] or [L]) pinned from t = 0 on (prompts, infilling);
+            masked source: they start unmasked; uniform source: the model sees them. `prompt` ([P] or [B, P])
+            is shorthand for a prefix (see `prefix_condition`).
+        time_independent: the denoiser ignores t, so its output can be reused for every row whose x_t did
+            not change since its last evaluation (MDLM cache, §6.2): at most min(K, L) calls per sequence for
+            the masked source. Defaults to the denoiser's `time_independent` attribute, else False. With a joint
+            `x1_sampler` the flag reuses x̂_1 while x_t is unchanged, which stays a valid posterior draw (§6.3).
+        x1_sampler: (x_t, t, generator) -> x̂_1 [b, L] drawn jointly from p_{1|t}(· | x_t).
+        chunk_size: sample the batch in chunks of at most this many sequences (memory), one after another.
+        generator / seed: source of all randomness (a seed builds a generator on `device`); neither: torch's
+            global generator.
+        return_stats: also return a `SamplingStats` (network calls, rows evaluated, trajectory).
+        record_steps: step indices k in [0, K] whose states x_{t_k} are kept in `SamplingStats.trajectory`
+            (k = 0 is the source sample; intermediate masked states contain mask ids).
+        callback: called as callback(k, t_k, x) after every step (per chunk), including k = 0.
+
+    Returns:
+        LongTensor[B, L] with values in [0, V), or (tokens, SamplingStats) if `return_stats`.
+    """
+    method = _resolve_method(method, path, x1_sampler)
+    if method != "joint" and denoiser is None:
+        raise ValueError(f"method {method!r} needs a denoiser")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    B, L = int(batch_size), int(length)
+    if B < 1 or L < 1:
+        raise ValueError(f"batch_size and length must be >= 1, got {batch_size}, {length}")
+    if prompt is not None:
+        if fixed is not None or values is not None:
+            raise ValueError("pass either a prompt or fixed/values, not both")
+        fixed, values = prefix_condition(prompt, B, L)
+    if device is None:
+        device = _infer_device(denoiser, values)
+    device = torch.device(device)
+    if (fixed is None) != (values is None):
+        raise ValueError("fixed and values go together")
+    if fixed is None:
+        fixed = torch.zeros(B, L, dtype=torch.bool, device=device)
+        values = torch.zeros(B, L, dtype=torch.long, device=device)
+    fixed = torch.as_tensor(fixed, dtype=torch.bool, device=device).expand(B, L)
+    values = torch.as_tensor(values, dtype=torch.long, device=device).expand(B, L)
+    if fixed.any() and not ((values[fixed] >= 0) & (values[fixed] < path.vocab_size)).all():
+        raise ValueError(f"fixed values must be clean tokens in [0, {path.vocab_size})")
+    if time_independent is None:
+        time_independent = bool(getattr(denoiser, "time_independent", False))
+    if generator is None and seed is not None:
+        generator = torch.Generator(device=device).manual_seed(int(seed))
+    times = _as_grid(grid, int(num_steps), device)
+    K = times.numel() - 1
+    record = set() if record_steps is None else {int(k) for k in record_steps}
+    if any(not 0 <= k <= K for k in record):
+        raise ValueError(f"record_steps must lie in [0, {K}]")
+
+    chunk = B if chunk_size is None else max(1, int(chunk_size))
+    stats = SamplingStats(method=method, num_steps=K, cached=bool(time_independent), times=times)
+    outs, row_calls, trajs = [], [], []
+    with torch.no_grad():
+        for start in range(0, B, chunk):
+            sl = slice(start, min(B, start + chunk))
+            x, st, traj = _sample_chunk(
+                denoiser,
+                path,
+                fixed=fixed[sl],
+                values=values[sl],
+                grid=times,
+                method=method,
+                generator=generator,
+                temperature=float(temperature),
+                top_p=float(top_p),
+                final_argmax=final_argmax,
+                use_cache=bool(time_independent),
+                x1_sampler=x1_sampler,
+                record=record,
+                callback=callback,
+            )
+            outs.append(x)
+            row_calls.append(st["row_calls"])
+            trajs.append(traj)
+            stats.num_calls += st["calls"]
+            stats.num_rows += st["rows"]
+    tokens = torch.cat(outs)
+    if not return_stats:
+        return tokens
+    stats.row_calls = torch.cat(row_calls)
+    stats.trajectory = {k: torch.cat([tr[k] for tr in trajs]) for k in sorted(record)}
+    return tokens, stats
