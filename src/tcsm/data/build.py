@@ -1,0 +1,63 @@
+"""`build_data(cfg)`: one entry point from a data config (dict / OmegaConf) to a `DataBundle`.
+
+`cfg["kind"]` picks the source; the remaining keys are that source's keyword arguments:
+
+* `synthetic` — vocab_size=8, seq_len=32, concentration=0.3, seed=0, num_train=50000, num_valid=2000,
+  num_test=2000. A random stationary Markov chain with an exactly known entropy floor (tcsm.data.synthetic).
+* `text8` — path=None, split="standard" | "prefix", seq_len=256, cache_dir=None, url, verify=True
+  (tcsm.data.text8; downloads and verifies text8.zip when no path is given).
+* `text` — path | train_path + valid_path [+ test_path], seq_len=256, valid_frac=0.05, test_frac=0.05,
+  vocab=None, oov="error" | "drop", text_field="text", name=None (tcsm.data.text; a character corpus).
+* `bpe` — like `text` plus tokenizer="gpt2" | "train", bpe_dir / encoder_json / vocab_bpe, vocab_size=4096,
+  min_frequency=2, doc_separator=None, eos=True; seq_len defaults to 128 (tcsm.data.bpe).
+
+Unknown kinds or keys raise a DataError that lists what is accepted.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from tcsm.data.base import DataBundle, DataError
+from tcsm.data.bpe import build_bpe
+from tcsm.data.synthetic import build_synthetic
+from tcsm.data.text import build_text
+from tcsm.data.text8 import build_text8
+
+__all__ = ["DATA_KINDS", "build_data"]
+
+DATA_KINDS: dict[str, Callable[..., DataBundle]] = {
+    "synthetic": build_synthetic,
+    "text8": build_text8,
+    "text": build_text,
+    "bpe": build_bpe,
+}
+
+
+def _to_dict(cfg: Any) -> dict[str, Any]:
+    if isinstance(cfg, Mapping):
+        try:
+            from omegaconf import DictConfig, OmegaConf
+
+            if isinstance(cfg, DictConfig):
+                return dict(OmegaConf.to_container(cfg, resolve=True))
+        except ImportError:
+            pass
+        return dict(cfg)
+    raise DataError(f"data config must be a mapping with a `kind` key, got {type(cfg).__name__}")
+
+
+def build_data(cfg: Mapping[str, Any] | None = None, **overrides: Any) -> DataBundle:
+    """Build the `DataBundle` described by `cfg` (a mapping with `kind`), with keyword overrides."""
+    fields = {**(_to_dict(cfg) if cfg is not None else {}), **overrides}
+    kind = fields.pop("kind", None)
+    if kind not in DATA_KINDS:
+        raise DataError(f"data kind must be one of {sorted(DATA_KINDS)}, got {kind!r}")
+    builder = DATA_KINDS[kind]
+    accepted = list(inspect.signature(builder).parameters)
+    unknown = sorted(set(fields) - set(accepted))
+    if unknown:
+        raise DataError(f"unknown key(s) {unknown} for data kind {kind!r}; accepted: {accepted}")
+    return builder(**fields)

@@ -1,0 +1,133 @@
+"""Any text file as a character-level corpus (the `text` data kind), and the file/split plumbing it shares
+with the `bpe` kind.
+
+Files: plain text, .gz, a single-file .zip, or JSON lines (.jsonl / .jsonl.gz) whose `text_field` of every
+line is one document. Splits come either from one `path` cut by `valid_frac` / `test_frac` (first part train,
+then valid, then test — contiguous, so no text leaks across splits) or from separate `train_path`,
+`valid_path` and (optional) `test_path` files.
+
+Character vocabulary: the sorted set of characters of the training split, or `vocab` (a string) given
+explicitly. Characters outside it in valid/test (or anywhere, with an explicit vocab) raise a DataError
+(`oov="error"`, the default), or are deleted (`oov="drop"`; the number dropped is recorded in `meta`).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from tcsm.data.base import CharTokenizer, DataBundle, DataError, chunk, read_text, split_by_fractions
+
+__all__ = ["build_text", "read_documents", "resolve_splits"]
+
+
+def _is_jsonl(path: Path) -> bool:
+    return path.name.endswith(".jsonl") or path.name.endswith(".jsonl.gz")
+
+
+def read_documents(path: str | Path, text_field: str = "text", doc_separator: str | None = None) -> list[str]:
+    """Documents of a file: one per JSON line (its `text_field`), else the text split on `doc_separator`."""
+    p = Path(path).expanduser()
+    if not _is_jsonl(p):
+        text = read_text(p)
+        docs = text.split(doc_separator) if doc_separator else [text]
+        return [d for d in docs if d]
+    if not p.exists():
+        raise DataError(f"text file not found: {p}")
+    docs = []
+    opener = gzip.open if p.suffix == ".gz" else open
+    try:
+        with opener(p, "rt", encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{p}:{n}: not valid JSON ({e.msg})") from None
+                if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
+                    raise DataError(f"{p}:{n}: expected an object with a string field {text_field!r}")
+                docs.append(obj[text_field])
+    except (OSError, EOFError, UnicodeDecodeError) as e:
+        raise DataError(f"cannot read {p}: {type(e).__name__}: {e}") from None
+    if not docs:
+        raise DataError(f"no documents in {p}")
+    return docs
+
+
+def resolve_splits(
+    path, train_path, valid_path, test_path, valid_frac: float, test_frac: float, kind: str
+) -> tuple[str, dict[str, str | None]]:
+    """Validate the split options; returns ("fractions", {"path"}) or ("files", {train, valid, test})."""
+    if path is not None and (train_path or valid_path or test_path):
+        raise DataError(
+            f"{kind} data: give either `path` (split by fractions) or train/valid/test paths, not both"
+        )
+    if path is not None:
+        split_by_fractions(100, valid_frac, test_frac)  # validates the fractions early
+        return "fractions", {"path": path}
+    if train_path is None or valid_path is None:
+        raise DataError(f"{kind} data needs `path`, or at least `train_path` and `valid_path`")
+    return "files", {"train": train_path, "valid": valid_path, "test": test_path}
+
+
+def _join(path, text_field) -> str:
+    return "\n".join(read_documents(path, text_field)) if _is_jsonl(Path(path)) else read_text(path)
+
+
+def _drop_oov(text: str, vocab: set[str]) -> tuple[str, int]:
+    kept = "".join(c for c in text if c in vocab)
+    return kept, len(text) - len(kept)
+
+
+def build_text(
+    path: str | None = None,
+    train_path: str | None = None,
+    valid_path: str | None = None,
+    test_path: str | None = None,
+    seq_len: int = 256,
+    valid_frac: float = 0.05,
+    test_frac: float = 0.05,
+    vocab: str | None = None,
+    oov: str = "error",
+    text_field: str = "text",
+    name: str | None = None,
+) -> DataBundle:
+    """The `text` data kind: a character-level corpus in seq_len chunks."""
+    if oov not in ("error", "drop"):
+        raise DataError(f"oov must be 'error' or 'drop', got {oov!r}")
+    mode, files = resolve_splits(path, train_path, valid_path, test_path, valid_frac, test_frac, "text")
+    if mode == "fractions":
+        text = _join(files["path"], text_field)
+        a, b = split_by_fractions(len(text), valid_frac, test_frac)
+        texts = {"train": text[:a], "valid": text[a:b], "test": text[b:]}
+    else:
+        texts = {k: (_join(v, text_field) if v else "") for k, v in files.items()}
+    chars = vocab if vocab is not None else "".join(sorted(set(texts["train"])))
+    tok = CharTokenizer(chars)
+    dropped = {}
+    for split in ("train", "valid", "test"):
+        if oov == "drop" and (split != "train" or vocab is not None):
+            texts[split], dropped[split] = _drop_oov(texts[split], set(chars))
+    src = files.get("path") or files["train"]
+    parts = {
+        s: chunk(tok.encode_array(t, what=f"the {s} split of {src}"), seq_len, tok.vocab_size)
+        for s, t in texts.items()
+    }
+    if parts["train"].shape[0] == 0:
+        raise DataError(
+            f"the training split of {src} has {len(texts['train'])} characters, less than one chunk of {seq_len}"
+        )
+    label = name or Path(src).name.split(".")[0]
+    return DataBundle(
+        name=label,
+        vocab_size=tok.vocab_size,
+        seq_len=int(seq_len),
+        train=parts["train"],
+        valid=parts["valid"],
+        test=parts["test"],
+        tokenizer=tok,
+        label=label,
+        meta={"files": files, "chars": {s: len(t) for s, t in texts.items()}, "dropped_oov": dropped},
+    )
