@@ -17,6 +17,7 @@ reported at the scale of MATH.md §3.4's box, which is V times the paper's ℓ_p
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 
@@ -170,6 +171,12 @@ def score_loss(
     return _masked(value, mask)
 
 
+# Optional `validate(**kwargs)` hooks let `Objective` reject bad names when it is built.
+distrib_loss.validate = lambda divergence="kl", **_: get_f_divergence(divergence)
+score_loss.validate = lambda generator="gkl", divergence=None, **_: get_generator(
+    divergence if divergence is not None else generator
+)
+
 LOSSES: dict[str, LossFn] = {"distrib": distrib_loss, "score": score_loss}
 
 
@@ -273,6 +280,19 @@ class Objective:
         self.loss_kwargs = dict(loss_kwargs)
         if divergence is not None:
             self.loss_kwargs["divergence"] = divergence
+        self._validate_loss_kwargs()
+
+    def _validate_loss_kwargs(self) -> None:
+        """Fail at construction, not at the first step, on a misspelt option or divergence name."""
+        try:
+            inspect.signature(self.loss_fn).bind(None, None, None, **self.loss_kwargs)
+        except TypeError as err:
+            raise ValueError(
+                f"invalid options {sorted(self.loss_kwargs)} for loss {self.loss_name!r}: {err}"
+            ) from None
+        validate = getattr(self.loss_fn, "validate", None)
+        if validate is not None:
+            validate(**self.loss_kwargs)
 
     def sample_t(self, batch_size: int, device=None, generator: torch.Generator | None = None) -> Tensor:
         """t ~ U(0, 1) per sequence, antithetic across the batch unless disabled (MATH.md §3.4)."""
