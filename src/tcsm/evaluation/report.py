@@ -1,0 +1,94 @@
+"""JSON evaluation reports and the plots that read better than a table (gen-PPL and entropy against steps)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["plot_genppl_vs_steps", "report_meta", "write_report"]
+
+
+def report_meta() -> dict:
+    """Where a report came from: versions, command line, time (so a number can be traced to its run)."""
+    import torch
+
+    import tcsm
+
+    return {
+        "tcsm_version": getattr(tcsm, "__version__", "unknown"),
+        "torch_version": torch.__version__,
+        "python": platform.python_version(),
+        "command": " ".join(sys.argv),
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _jsonable(x):
+    # NaN/inf are not JSON; write them as null rather than emitting a file other tools refuse to read.
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if hasattr(x, "tolist"):
+        return _jsonable(x.tolist())
+    if isinstance(x, os.PathLike):
+        return os.fspath(x)
+    return x
+
+
+def write_report(path: str | os.PathLike, results: dict) -> Path:
+    """Write `results` plus a "meta" block as indented JSON; creates parent directories."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"meta": report_meta(), **_jsonable(results)}
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path
+
+
+def plot_genppl_vs_steps(rows: Sequence[dict], path: str | os.PathLike, title: str | None = None) -> Path:
+    """Two panels against the number of sampling steps: gen-PPL (log scale) and mean sample entropy.
+
+    `rows`: dicts with "steps", "gen_ppl" and "entropy_mean"; an optional "series" key draws several curves
+    (for example one per sampler). A dashed line marks a row-independent "data_entropy" if one is given.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never needs a display
+    import matplotlib.pyplot as plt
+
+    series: dict[str, list[dict]] = {}
+    for r in rows:
+        series.setdefault(str(r.get("series", "")), []).append(r)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.4))
+    for name, rs in series.items():
+        rs = sorted(rs, key=lambda r: r["steps"])
+        steps = [r["steps"] for r in rs]
+        ax1.plot(steps, [r["gen_ppl"] for r in rs], marker="o", label=name or None)
+        ax2.plot(steps, [r["entropy_mean"] for r in rs], marker="o", label=name or None)
+    ref = [r["data_entropy"] for r in rows if r.get("data_entropy") is not None]
+    if ref:
+        ax2.axhline(ref[0], color="gray", linestyle="--", label="data")
+    for ax, ylabel in ((ax1, "generative perplexity"), (ax2, "sample entropy (nats)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sampling steps K")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    ax1.set_yscale("log")
+    if len(series) > 1 or ref:
+        ax2.legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
