@@ -81,14 +81,14 @@ def fetch(url: str, dest: str | Path, sha1: str | None) -> Path:
 
 def _read_text8(path: Path) -> str:
     member = None
-    if path.suffix == ".zip":
+    if path.suffix == ".zip" and path.is_file():
         import zipfile
 
         try:
             with zipfile.ZipFile(path) as z:
                 member = "text8" if "text8" in z.namelist() else None
         except (OSError, zipfile.BadZipFile) as e:
-            raise DataError(f"cannot read text8 archive {path}: {e}; delete it to download again") from None
+            raise DataError(f"cannot read text8 archive {path}: {e}; replace or delete the file") from None
     return read_text(path, "text8 file", member=member)
 
 
