@@ -1,0 +1,254 @@
+"""Reward functions R: token sequences → scores, for reward fine-tuning toward p^R ∝ p_1 e^{R/β} (MATH.md §5.2).
+
+A reward is any callable mapping a LongTensor[B, L] of clean token ids to a FloatTensor[B] (higher is better).
+This module provides:
+
+* `GridReward` — the paper's 2-D grid task: R = 0 on the left half of the grid, −10^5 on the right half;
+* `TextReward` — wraps a scorer of decoded strings; `vader_reward` (VADER compound sentiment, in [−1, 1]) and
+  `profanity_reward` (−P(profane) from `alt-profanity-check`) are offline PyPI scorers built on it;
+* `HFClassifierReward` — a Hugging Face sequence classifier loaded from a local path (lazy `transformers`
+  import; nothing is downloaded), scoring either token ids directly or re-tokenised decoded text;
+* `make_reward(spec)` — builds any of these from a one-line spec (used by the CLI and configs).
+
+Rewards never hold gradients: they are evaluated under `torch.no_grad()` on (possibly many) candidate sequences.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "REWARDS",
+    "CallableReward",
+    "GridReward",
+    "HFClassifierReward",
+    "RewardFn",
+    "TextReward",
+    "evaluate_reward",
+    "make_reward",
+    "profanity_reward",
+    "vader_reward",
+]
+
+RewardFn = Callable[[Tensor], Tensor]
+
+
+def evaluate_reward(reward: RewardFn, x: Tensor, chunk_size: int | None = None) -> Tensor:
+    """R(x) for x [..., L] in chunks of `chunk_size` rows; returns float32 [...] on x's device.
+
+    Chunking bounds the memory of expensive rewards (classifiers) when N^1 asks for V·|M| calls per sequence.
+    """
+    lead, L = x.shape[:-1], x.shape[-1]
+    flat = x.reshape(-1, L)
+    n = flat.shape[0]
+    step = n if not chunk_size or chunk_size <= 0 else int(chunk_size)
+    outs = []
+    with torch.no_grad():
+        for s in range(0, max(n, 1), max(step, 1)):
+            part = flat[s : s + step]
+            if part.shape[0] == 0:
+                continue
+            r = torch.as_tensor(reward(part))
+            if r.shape != (part.shape[0],):
+                raise ValueError(
+                    f"reward returned shape {tuple(r.shape)} for a batch of {part.shape[0]} sequences; "
+                    "a reward must map LongTensor[B, L] to FloatTensor[B]"
+                )
+            outs.append(r.to(device=x.device, dtype=torch.float32))
+    if not outs:
+        return torch.zeros(lead, device=x.device)
+    return torch.cat(outs).reshape(lead)
+
+
+class CallableReward:
+    """Adapter for a plain Python function on sequences; `per_sequence=True` calls it once per row with a list of
+    ints (for scorers that are not batched)."""
+
+    def __init__(self, fn: Callable, per_sequence: bool = False):
+        self.fn, self.per_sequence = fn, per_sequence
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if self.per_sequence:
+            return torch.tensor([float(self.fn(row)) for row in x.tolist()], dtype=torch.float32)
+        return torch.as_tensor(self.fn(x), dtype=torch.float32)
+
+
+class GridReward:
+    """R(x) = `left` if the point's first coordinate x^0 < width/2, else `right` (paper App. E: 0 and −10^5).
+
+    A grid point is a length-2 sequence (x^0, x^1) over {0..width−1}; "left half" means small x^0.
+    """
+
+    def __init__(self, width: int = 128, left: float = 0.0, right: float = -1e5):
+        self.width, self.left, self.right = int(width), float(left), float(right)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        is_left = x[..., 0] < self.width // 2
+        return torch.where(is_left, torch.tensor(self.left), torch.tensor(self.right)).float()
+
+
+class TextReward:
+    """R(x) = score(decode(x)): a batched scorer `score(list[str]) -> sequence of floats` on decoded text."""
+
+    def __init__(self, score: Callable[[list[str]], Sequence[float]], decode: Callable[[list[int]], str]):
+        self.score, self.decode = score, decode
+
+    def __call__(self, x: Tensor) -> Tensor:
+        texts = [self.decode(row) for row in x.tolist()]
+        return torch.as_tensor([float(s) for s in self.score(texts)], dtype=torch.float32)
+
+
+def _import_optional(module: str, package: str):
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:  # the message names the extra that provides it
+        raise ImportError(
+            f"this reward needs the `{package}` package: pip install 'tcsm[reward]' ({e})"
+        ) from e
+
+
+def vader_reward(decode: Callable[[list[int]], str]) -> TextReward:
+    """R(x) = VADER compound sentiment of the decoded text, in [−1, 1] (`vaderSentiment`, offline lexicon)."""
+    analyzer = _import_optional(
+        "vaderSentiment.vaderSentiment", "vaderSentiment"
+    ).SentimentIntensityAnalyzer()
+    return TextReward(lambda texts: [analyzer.polarity_scores(s)["compound"] for s in texts], decode)
+
+
+def profanity_reward(decode: Callable[[list[int]], str]) -> TextReward:
+    """R(x) = −P(profane | decoded text), in [−1, 0] (`alt-profanity-check`, an offline linear classifier)."""
+    predict_prob = _import_optional("profanity_check", "alt-profanity-check").predict_prob
+    return TextReward(lambda texts: [-float(p) for p in predict_prob(list(texts))], decode)
+
+
+class HFClassifierReward:
+    """R(x) = a Hugging Face sequence classifier's score for class `label` (MATH.md §5.2's generic R).
+
+    `model` is a local path (loaded with `local_files_only=True`, never downloaded) or an already-built
+    `PreTrainedModel`. If `tokenizer` (path or object) and `decode` are given, sequences are decoded and
+    re-tokenised; otherwise token ids are fed to the classifier unchanged (shared vocabulary).
+    `mode`: "logit" (the class logit), "logprob" (log-softmax) or "prob".
+    """
+
+    def __init__(
+        self,
+        model,
+        label: int = 1,
+        mode: str = "logprob",
+        tokenizer=None,
+        decode: Callable[[list[int]], str] | None = None,
+        max_length: int = 512,
+        device=None,
+    ):
+        if mode not in ("logit", "logprob", "prob"):
+            raise ValueError(f"unknown classifier reward mode {mode!r}; choose logit, logprob or prob")
+        transformers = _import_optional("transformers", "transformers")
+        if isinstance(model, str):
+            model = transformers.AutoModelForSequenceClassification.from_pretrained(
+                model, local_files_only=True
+            )
+        if isinstance(tokenizer, str):
+            tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer, local_files_only=True)
+        if tokenizer is not None and decode is None:
+            raise ValueError("a classifier with its own tokenizer needs `decode` to turn token ids into text")
+        self.model = model.eval().requires_grad_(False)
+        if device is not None:
+            self.model.to(device)
+        self.label, self.mode, self.tokenizer, self.decode, self.max_length = (
+            int(label),
+            mode,
+            tokenizer,
+            decode,
+            max_length,
+        )
+
+    def __call__(self, x: Tensor) -> Tensor:
+        dev = next(self.model.parameters()).device
+        with torch.no_grad():
+            if self.tokenizer is None:
+                logits = self.model(input_ids=x.to(dev)).logits
+            else:
+                enc = self.tokenizer(
+                    [self.decode(r) for r in x.tolist()],
+                    return_tensors="pt",
+                    padding=True,
+                    truncation=True,
+                    max_length=self.max_length,
+                )
+                logits = self.model(**{k: v.to(dev) for k, v in enc.items()}).logits
+        logits = logits.float()
+        if self.mode == "logit":
+            out = logits[:, self.label]
+        elif self.mode == "logprob":
+            out = torch.log_softmax(logits, -1)[:, self.label]
+        else:
+            out = torch.softmax(logits, -1)[:, self.label]
+        return out.to(x.device)
+
+
+def _python_reward(target: str, **kwargs):
+    """`module:attr` → the callable there (called with kwargs first if it is a factory taking them)."""
+    if ":" not in target:
+        raise ValueError(f"python reward {target!r} must be 'module:function'")
+    mod, attr = target.split(":", 1)
+    fn = getattr(importlib.import_module(mod), attr)
+    return CallableReward(fn(**kwargs) if kwargs else fn)
+
+
+REWARDS: dict[str, Callable] = {
+    "grid": lambda decode=None, **kw: GridReward(**kw),
+    "vader": lambda decode=None, **kw: vader_reward(_need_decode(decode, "vader"), **kw),
+    "profanity": lambda decode=None, **kw: profanity_reward(_need_decode(decode, "profanity"), **kw),
+    "hf": lambda path, decode=None, **kw: HFClassifierReward(path, decode=decode, **kw),
+    "python": lambda target, decode=None, **kw: _python_reward(target, **kw),
+}
+
+
+def _need_decode(decode, name):
+    if decode is None:
+        raise ValueError(
+            f"the {name!r} reward scores text: the model's tokenizer must be known to decode samples"
+        )
+    return decode
+
+
+def _parse_value(v: str):
+    for cast in (int, float):
+        try:
+            return cast(v)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(v.lower(), v)
+
+
+def make_reward(spec: str | dict, decode: Callable[[list[int]], str] | None = None) -> RewardFn:
+    """Build a reward from a spec: "grid", "grid:width=64,right=-1e5", "vader", "profanity",
+    "hf:/path/to/classifier,label=1,mode=logprob", "python:pkg.mod:fn"; or a dict {"name": ..., **kwargs}.
+
+    `decode(list[int]) -> str` turns token ids into text for text scorers.
+    """
+    if isinstance(spec, dict):
+        spec = dict(spec)
+        name = spec.pop("name", None)
+        kwargs = spec
+    else:
+        name, _, rest = str(spec).partition(":")
+        kwargs = {}
+        parts = [p for p in rest.split(",") if p] if rest else []
+        if name == "hf" and parts and "=" not in parts[0]:
+            kwargs["path"] = parts.pop(0)
+        if name == "python" and rest:
+            # the target itself contains ':' — everything up to the first ',' is the import target
+            kwargs["target"] = parts.pop(0) if parts else rest
+        for p in parts:
+            if "=" not in p:
+                raise ValueError(f"bad reward option {p!r} in {spec!r}; expected key=value")
+            k, v = p.split("=", 1)
+            kwargs[k.strip()] = _parse_value(v.strip())
+    if name not in REWARDS:
+        raise ValueError(f"unknown reward {name!r}; choose one of {sorted(REWARDS)}")
+    return REWARDS[name](decode=decode, **kwargs)
