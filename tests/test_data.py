@@ -3,6 +3,7 @@
 import gzip
 import hashlib
 import itertools
+import json
 import math
 import zipfile
 from pathlib import Path
@@ -255,7 +256,7 @@ def test_trained_bpe(tmp_path):
     pytest.importorskip("tokenizers")
     p = tmp_path / "docs.jsonl"
     words = ["the cat sat on the mat", "a dog ran in the park", "the bird sang a song"]
-    p.write_text("\n".join('{"text": "%s"}' % words[i % 3] for i in range(300)))
+    p.write_text("\n".join(json.dumps({"text": words[i % 3]}) for i in range(300)))
     cfg = {"kind": "bpe", "path": str(p), "tokenizer": "train", "vocab_size": 300, "seq_len": 8}
     a, b = build_data(cfg), build_data(cfg)
     assert a.vocab_size <= 300 and torch.equal(a.train, b.train)  # deterministic
