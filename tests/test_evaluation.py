@@ -31,9 +31,9 @@ needs_bpe = pytest.mark.skipif(not (BPE / "encoder.json").is_file(), reason="GPT
 
 
 def _bpe():
-    from tokenizers import ByteLevelBPETokenizer
+    from tcsm.data import gpt2_tokenizer
 
-    return ByteLevelBPETokenizer(str(BPE / "encoder.json"), str(BPE / "vocab.bpe"))
+    return gpt2_tokenizer(str(BPE))
 
 
 # --- detokenisers --------------------------------------------------------------------------------------
@@ -113,7 +113,7 @@ def test_real_ptb_blocks_follow_the_protocol():
     p = data.protocol
     assert data.blocks.shape == (p["stream_tokens"] // 1024, 1024)
     assert p["num_blocks"] == p["stream_tokens"] // 1024 and p["dropped_tokens"] < 1024
-    first = tok.encode(ptb_detokenize(load_documents("ptb", DATA)[0])).ids
+    first = tok.encode(ptb_detokenize(load_documents("ptb", DATA)[0]))
     assert data.blocks[0, : len(first) + 1].tolist() == [*first, 50256]
     assert int(data.blocks.max()) < 50257
 
@@ -182,7 +182,7 @@ def test_genppl_retokenizes_text_with_the_reference_tokenizer():
     transformers = pytest.importorskip("transformers")
     # Built from the tokenizers object: the same call works on transformers 4.x and 5.x.
     tok = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=_bpe()._tokenizer, eos_token="<|endoftext|>", bos_token="<|endoftext|>"
+        tokenizer_object=_bpe().hf._tokenizer, eos_token="<|endoftext|>", bos_token="<|endoftext|>"
     )
     model = _tiny_gpt2(vocab_size=50257, n_positions=64)
     ref = ReferenceLM.from_hf(model, tok)
