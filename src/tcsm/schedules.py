@@ -60,10 +60,12 @@ class CosineSchedule(Schedule):
     """α_t = 1 − cos(πt/2), κ_t = (π/2) tan(πt/2): slower corruption near the clean end."""
 
     def alpha(self, t: Tensor) -> Tensor:
-        return 1.0 - torch.cos(0.5 * math.pi * t)
+        # 2 sin²(πt/4) keeps relative accuracy near t = 0; the other branch makes α_1 = 1 exactly.
+        return torch.where(t < 0.5, 2.0 * torch.sin(0.25 * math.pi * t) ** 2, 1.0 - self.one_minus_alpha(t))
 
     def one_minus_alpha(self, t: Tensor) -> Tensor:
-        return torch.cos(0.5 * math.pi * t).clamp_min(0.0)
+        # cos(πt/2) = sin(π(1 − t)/2): exactly 0 at t = 1 and accurate near it (cos(π/2) rounds to 6e-17).
+        return torch.sin(0.5 * math.pi * (1.0 - t)).clamp_min(0.0)
 
     def alpha_dot(self, t: Tensor) -> Tensor:
         return 0.5 * math.pi * torch.sin(0.5 * math.pi * t)
