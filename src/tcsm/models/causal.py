@@ -1,0 +1,137 @@
+"""Autoregressive (causal) transformer over clean tokens: a parametric model p^AR of p_1 (MATH.md §4, §5.4).
+
+log p^AR(x) = Σ_j log p(x^j | x^{<j}); the input at position j is x^{j−1}, with a BOS symbol (id V) at j = 0, so
+`forward(x)[:, j]` holds the logits of p(· | x^{<j}) over the V clean tokens. Besides the plain forward the model
+offers what the AR score estimators (`tcsm.targets.ar`) need:
+
+* `kv_cache(x)` / `extend(tokens, cache, start)`: run a prefix once and continue it for many suffixes
+  (per-layer key/value cache), so that changing x^i only recomputes positions ≥ i;
+* `forward_soft(probs)`: inputs given as relaxed one-hots (embedding = probs · W_emb), for the Taylor estimator.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tcsm.models.clean import CleanLMConfig
+from tcsm.models.layers import (
+    RotaryEmbedding,
+    TransformerBlock,
+    apply_rotary,
+    init_weights,
+    make_norm,
+    zero_init_,
+)
+
+__all__ = ["CausalLM", "KVCache"]
+
+#: One (key, value) pair per layer, each [N, H, S, head_dim] with rotary already applied to the keys.
+KVCache = list[tuple[Tensor, Tensor]]
+
+
+def _block_with_cache(block: TransformerBlock, x: Tensor, rope, past):
+    """One causal block on new positions x [N, n, d], attending to cached keys/values of earlier positions.
+
+    Same computation as `TransformerBlock.forward` (pre-norm, residuals, no conditioning) in eval mode, but it
+    also returns this layer's keys/values: the shared layers expose no cache, and a cache is what makes the
+    exact AR marginal cost Σ_i V(L−i) token evaluations instead of V·L² (MATH.md §4).
+    """
+    attn = block.attn
+    h = block.norm1(x)
+    q, k, v = attn.qkv(h).split(attn.d_model, dim=-1)
+    q, k, v = attn._heads(q), attn._heads(k), attn._heads(v)
+    q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+    if past is not None:
+        k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+    lq, lk = q.shape[2], k.shape[2]
+    # Bottom-right-aligned causal mask: new position p sees every cached position and the new ones ≤ p.
+    allowed = torch.ones(lq, lk, dtype=torch.bool, device=x.device).tril(lk - lq)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+    n_b, _, n, _ = y.shape
+    x = x + attn.out(y.transpose(1, 2).reshape(n_b, n, attn.d_model))
+    x = x + block.mlp(block.norm2(x))
+    return x, (k, v)
+
+
+class CausalLM(nn.Module):
+    """x [B, L] clean ids → next-token logits [B, L, V]: logits[:, j] = log p(· | x^{<j}) (+ const), BOS id V."""
+
+    family = "causal"
+
+    def __init__(self, cfg: CleanLMConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.vocab_size = cfg.vocab_size
+        self.bos_id = cfg.vocab_size
+        self.embed = nn.Embedding(cfg.vocab_size + 1, cfg.d_model)
+        self.rotary = RotaryEmbedding(cfg.d_model // cfg.n_heads, cfg.max_len, cfg.rope_base)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(cfg.d_model, cfg.n_heads, cfg.mlp_ratio, cfg.dropout, None, True, cfg.norm)
+            for _ in range(cfg.n_layers)
+        )
+        self.final_norm = make_norm(cfg.norm, cfg.d_model)
+        # Zero head: the untrained model is uniform over V, so the first loss is exactly log V.
+        self.head = zero_init_(nn.Linear(cfg.d_model, cfg.vocab_size, bias=True))
+        self.apply(init_weights)
+
+    # --- plain forward ----------------------------------------------------------------------------------
+    def _check(self, x: Tensor) -> None:
+        if x.dim() != 2:
+            raise ValueError(f"x must be a [batch, length] tensor of token ids, got shape {tuple(x.shape)}")
+        if x.shape[1] > self.cfg.max_len:
+            raise ValueError(f"sequence length {x.shape[1]} exceeds the model's max_len={self.cfg.max_len}")
+
+    def input_ids(self, x: Tensor) -> Tensor:
+        """[BOS, x^0, …, x^{L−2}]: the input whose output at j predicts x^j."""
+        bos = torch.full_like(x[:, :1], self.bos_id)
+        return torch.cat([bos, x[:, :-1]], dim=1)
+
+    def _trunk(self, h: Tensor) -> Tensor:
+        rope = self.rotary(h.shape[1])
+        for block in self.blocks:
+            h = block(h, rope)
+        return self.head(self.final_norm(h)).float()
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Next-token logits [B, L, V]: log p(x^j = · | x^{<j}) up to a per-position constant (MATH.md §5.4)."""
+        self._check(x)
+        return self._trunk(self.embed(self.input_ids(x)))
+
+    def forward_soft(self, probs: Tensor) -> Tensor:
+        """Next-token logits for relaxed one-hot inputs probs [B, L, V] (input j = probs[:, j−1] · W_emb); at
+        one-hot probs this equals `forward` (MATH.md §5.4, Taylor estimator)."""
+        w = self.embed.weight
+        bos = w[self.bos_id].expand(probs.shape[0], 1, -1)
+        h = torch.cat([bos, probs[:, :-1].to(w.dtype) @ w[: self.vocab_size]], dim=1)
+        return self._trunk(h)
+
+    def log_prob(self, x: Tensor) -> Tensor:
+        """log p^AR(x) = Σ_j log p(x^j | x^{<j}): [B] (MATH.md §4)."""
+        logp = torch.log_softmax(self.forward(x), dim=-1)
+        return logp.gather(-1, x.unsqueeze(-1)).squeeze(-1).sum(-1)
+
+    # --- prefix reuse -----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def kv_cache(self, x: Tensor) -> tuple[Tensor, KVCache]:
+        """(next-token logits [B, L, V], per-layer keys/values of all L input positions). Inference only."""
+        self._check(x)
+        return self._run_cached(self.input_ids(x), None, 0)
+
+    @torch.no_grad()
+    def extend(self, tokens: Tensor, cache: KVCache, start: int) -> Tensor:
+        """Logits at input positions start..start+n−1 for input ids `tokens` [N, n], given `cache` holding the
+        first `start` input positions ([N, H, start, Dh] per layer). Inference only."""
+        if start + tokens.shape[1] > self.cfg.max_len:
+            raise ValueError(f"positions up to {start + tokens.shape[1]} exceed max_len={self.cfg.max_len}")
+        return self._run_cached(tokens, cache, start)[0]
+
+    def _run_cached(self, ids: Tensor, cache: KVCache | None, start: int) -> tuple[Tensor, KVCache]:
+        h = self.embed(ids)
+        rope = self.rotary(ids.shape[1], offset=start)
+        new_cache: KVCache = []
+        for li, block in enumerate(self.blocks):
+            h, kv = _block_with_cache(block, h, rope, None if cache is None else cache[li])
+            new_cache.append(kv)
+        return self.head(self.final_norm(h)).float(), new_cache

@@ -1,0 +1,104 @@
+"""Shared configuration of the clean-data models p_1 used as parametric targets (MATH.md §4).
+
+Three families model clean sequences x ∈ {0..V−1}^L and feed `tcsm.targets.parametric`:
+
+* `MaskedLM` (models/mlm.py): BERT-style, input alphabet V+1 with [MASK] = V, logits over V everywhere;
+* `CausalLM` (models/causal.py): autoregressive with a BOS token, logits[:, j] = log p(x^j | x^{<j});
+* `HollowTransformer` (models/hollow.py): all L conditionals p(x^i | x^{≠i}) in one pass.
+
+They share one config dataclass and the size presets below; `build_clean_model(family, preset, **overrides)`
+builds any of them (the Hugging Face adapters in models/hf.py wrap external models instead).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+__all__ = ["CLEAN_PRESETS", "CleanLMConfig", "build_clean_model", "clean_model_families"]
+
+
+@dataclass
+class CleanLMConfig:
+    """Architecture of a clean-data model. `n_layers` counts blocks per stack (the Hollow transformer has
+    two stacks of n_layers plus `n_mix_layers` mixing blocks; the other families ignore `n_mix_layers`)."""
+
+    vocab_size: int
+    max_len: int = 256
+    d_model: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    mlp_ratio: float = 4
+    dropout: float = 0.0
+    norm: str = "layernorm"
+    rope_base: float = 10000.0
+    n_mix_layers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.vocab_size < 2:
+            raise ValueError(f"vocab_size must be >= 2, got {self.vocab_size}")
+        for name in ("max_len", "d_model", "n_layers", "n_heads"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.n_mix_layers < 0:
+            raise ValueError(f"n_mix_layers must be >= 0, got {self.n_mix_layers}")
+        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+            raise ValueError(
+                f"d_model={self.d_model} must be a multiple of n_heads={self.n_heads} with an even head "
+                "dimension (rotary embeddings rotate pairs of channels)"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CleanLMConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown clean-model config keys {unknown}; known keys: {sorted(known)}")
+        return cls(**d)
+
+
+# Sizes only; vocab_size comes from the data.
+CLEAN_PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {"max_len": 128, "d_model": 32, "n_layers": 1, "n_heads": 2, "n_mix_layers": 1},
+    "small": {"max_len": 256, "d_model": 128, "n_layers": 2, "n_heads": 4, "n_mix_layers": 1},
+    "base": {"max_len": 256, "d_model": 256, "n_layers": 4, "n_heads": 4, "n_mix_layers": 2},
+}
+
+
+def clean_model_families() -> dict[str, type[nn.Module]]:
+    """name → class of the built-in clean-data model families (imported lazily to avoid import cycles)."""
+    from tcsm.models.causal import CausalLM
+    from tcsm.models.hollow import HollowTransformer
+    from tcsm.models.mlm import MaskedLM
+
+    return {"mlm": MaskedLM, "causal": CausalLM, "hollow": HollowTransformer}
+
+
+def build_clean_model(
+    family: str, preset: str | dict[str, Any] | None = "small", **overrides: Any
+) -> nn.Module:
+    """Build a clean-data model: family ∈ {"mlm", "causal", "hollow"}, a size preset (or dict), overrides.
+
+    Example: `build_clean_model("hollow", "tiny", vocab_size=27)`.
+    """
+    families = clean_model_families()
+    if family not in families:
+        raise ValueError(f"unknown clean-data model family {family!r}; choose one of {sorted(families)}")
+    if isinstance(preset, str):
+        if preset not in CLEAN_PRESETS:
+            raise ValueError(f"unknown clean-model preset {preset!r}; choose one of {sorted(CLEAN_PRESETS)}")
+        fields = dict(CLEAN_PRESETS[preset])
+    else:
+        fields = dict(preset or {})
+    fields.update({k: v for k, v in overrides.items() if v is not None})
+    if fields.get("vocab_size") is None:
+        raise ValueError("clean-model config is missing vocab_size (the number of clean tokens V)")
+    return families[family](CleanLMConfig.from_dict(fields))

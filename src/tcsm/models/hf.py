@@ -1,0 +1,157 @@
+"""Hugging Face adapters: any masked LM or causal LM as a clean-data model of p_1 (MATH.md §4).
+
+The adapters map our clean ids {0..V−1} to the HF model's ids (`token_ids[y]` is the HF id of our token y), call
+the HF model and return logits restricted to those V ids, so they are drop-in replacements for `MaskedLM` and
+`CausalLM`:
+
+* `HFMaskedLM(model, token_ids, mask_token_id)`: x [B, L] with ids in {0..V} (V = [MASK]) → logits [B, L, V];
+* `HFCausalLM(model, token_ids, bos_token_id)`: x [B, L] → next-token logits [B, L, V] (BOS prepended), plus
+  `forward_soft` for the Taylor estimator.
+
+`transformers` is imported lazily, only by `from_pretrained` (install the `hf` extra); wrapping a model object
+needs no import at all. Restricting the logits to V ids renormalises the HF distribution over our alphabet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["HFCausalLM", "HFMaskedLM", "import_transformers"]
+
+
+def import_transformers():
+    """Import `transformers` or fail with a one-line fix."""
+    try:
+        import transformers
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("Hugging Face adapters need `transformers`: pip install 'tcsm[hf]'") from e
+    return transformers
+
+
+def _resolve_token_ids(token_ids, symbols, tokenizer, hf_vocab: int, vocab_size: int | None) -> list[int]:
+    if token_ids is None and symbols is not None:
+        if tokenizer is None:
+            raise ValueError("mapping `symbols` to HF ids needs a tokenizer")
+        token_ids = tokenizer.convert_tokens_to_ids(list(symbols))
+    if token_ids is None:
+        if vocab_size is None:
+            raise ValueError(
+                "pass token_ids (HF id of each clean token), symbols, or vocab_size for ids 0..V−1"
+            )
+        token_ids = list(range(vocab_size))
+    token_ids = [int(i) for i in token_ids]
+    if len(set(token_ids)) != len(token_ids) or min(token_ids) < 0 or max(token_ids) >= hf_vocab:
+        raise ValueError(f"token_ids must be distinct HF ids in [0, {hf_vocab}), got {token_ids[:8]}…")
+    return token_ids
+
+
+class _HFAdapter(nn.Module):
+    def __init__(self, model: nn.Module, token_ids: Sequence[int], special_id: int):
+        super().__init__()
+        self.hf = model
+        hf_vocab = model.get_input_embeddings().weight.shape[0]
+        ids = _resolve_token_ids(token_ids, None, None, hf_vocab, None)
+        if not 0 <= int(special_id) < hf_vocab:
+            raise ValueError(f"special token id {special_id} is outside the HF vocabulary [0, {hf_vocab})")
+        self.vocab_size = len(ids)
+        # table[y] = HF id of clean y for y < V, table[V] = the special ([MASK] / BOS) id.
+        self.register_buffer(
+            "table", torch.tensor(ids + [int(special_id)], dtype=torch.long), persistent=False
+        )
+
+    @property
+    def token_ids(self) -> Tensor:
+        return self.table[:-1]
+
+    def _logits(self, **inputs) -> Tensor:
+        out = self.hf(**inputs)
+        logits = out.logits if hasattr(out, "logits") else out[0]
+        return logits[..., self.token_ids].float()
+
+
+class HFMaskedLM(_HFAdapter):
+    """Any HF masked LM as a `MaskedLM`: ids {0..V} (V = [MASK]) → logits [B, L, V] over our clean tokens."""
+
+    family = "mlm"
+
+    def __init__(self, model: nn.Module, token_ids: Sequence[int], mask_token_id: int):
+        super().__init__(model, token_ids, mask_token_id)
+        self.mask_id = self.vocab_size
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Logits [B, L, V] of the HF MLM head restricted to our V tokens (MATH.md §4, BERT/MLM)."""
+        return self._logits(input_ids=self.table[x])
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str,
+        token_ids: Sequence[int] | None = None,
+        symbols: Sequence[str] | None = None,
+        mask_token_id: int | None = None,
+        **kwargs: Any,
+    ) -> HFMaskedLM:
+        """Load `AutoModelForMaskedLM` (and its tokenizer when `symbols` or the mask id must be looked up)."""
+        tf = import_transformers()
+        model = tf.AutoModelForMaskedLM.from_pretrained(name_or_path, **kwargs)
+        tok = None
+        if symbols is not None or mask_token_id is None:
+            tok = tf.AutoTokenizer.from_pretrained(name_or_path)
+        if mask_token_id is None:
+            mask_token_id = tok.mask_token_id
+        hf_vocab = model.get_input_embeddings().weight.shape[0]
+        return cls(model, _resolve_token_ids(token_ids, symbols, tok, hf_vocab, None), mask_token_id)
+
+
+class HFCausalLM(_HFAdapter):
+    """Any HF causal LM as a `CausalLM`: x [B, L] → next-token logits [B, L, V] with BOS prepended."""
+
+    family = "causal"
+
+    def __init__(self, model: nn.Module, token_ids: Sequence[int], bos_token_id: int | None = None):
+        if bos_token_id is None:
+            bos_token_id = getattr(getattr(model, "config", None), "bos_token_id", None)
+        if bos_token_id is None:
+            raise ValueError("pass bos_token_id: the HF config defines none")
+        super().__init__(model, token_ids, bos_token_id)
+        self.bos_id = self.vocab_size
+
+    def input_ids(self, x: Tensor) -> Tensor:
+        """[BOS, x^0, …, x^{L−2}] in our id space (BOS = V)."""
+        return torch.cat([torch.full_like(x[:, :1], self.bos_id), x[:, :-1]], dim=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Next-token logits [B, L, V]: logits[:, j] ∝ log p(x^j = · | x^{<j}) (MATH.md §5.4)."""
+        return self._logits(input_ids=self.table[self.input_ids(x)])
+
+    def forward_soft(self, probs: Tensor) -> Tensor:
+        """Next-token logits for relaxed one-hot inputs probs [B, L, V] (embedding = probs · W_emb[token_ids])."""
+        w = self.hf.get_input_embeddings().weight
+        bos = w[self.table[-1]].expand(probs.shape[0], 1, -1)
+        emb = torch.cat([bos, probs[:, :-1].to(w.dtype) @ w[self.token_ids]], dim=1)
+        return self._logits(inputs_embeds=emb)
+
+    def log_prob(self, x: Tensor) -> Tensor:
+        """log p^AR(x) = Σ_j log p(x^j | x^{<j}) over our V tokens: [B]."""
+        logp = torch.log_softmax(self.forward(x), dim=-1)
+        return logp.gather(-1, x.unsqueeze(-1)).squeeze(-1).sum(-1)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str,
+        token_ids: Sequence[int] | None = None,
+        symbols: Sequence[str] | None = None,
+        bos_token_id: int | None = None,
+        **kwargs: Any,
+    ) -> HFCausalLM:
+        """Load `AutoModelForCausalLM` (and its tokenizer when `symbols` must be mapped to ids)."""
+        tf = import_transformers()
+        model = tf.AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
+        tok = tf.AutoTokenizer.from_pretrained(name_or_path) if symbols is not None else None
+        hf_vocab = model.get_input_embeddings().weight.shape[0]
+        return cls(model, _resolve_token_ids(token_ids, symbols, tok, hf_vocab, None), bos_token_id)

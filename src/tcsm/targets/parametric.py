@@ -1,0 +1,164 @@
+"""Parametric targets: a frozen model of clean data p_1 gives the exact N^1 target (MATH.md §4).
+
+A *teacher* maps clean x_1 [B, L] to log p_1(y | x_1^{≠i}) [B, L, V]; `ParametricTarget` then forms
+q^i ∝ p_1(· | x_1^{≠i}) k_t(x_t^i | ·) with `path.target_conditional` (masked and uniform sources alike), and the
+objectives train the student against this explicit distribution instead of the single observed token.
+
+* `MLMTeacher`: BERT-style; x^i replaced by [MASK], one pass per position, batched (B·L sequences);
+* `HollowTeacher`: one pass gives all L conditionals;
+* `ARTeacher`: log_softmax of an `ARScoreEstimator`'s log concrete scores (exact / Top-K / Taylor).
+
+Teachers are frozen (eval mode, no parameter gradients) and run under no_grad. The teacher conditionals depend
+on x_1 only — not on t or x_t — so `ParametricTarget(cache_size=n)` memoises them per sequence: with a finite
+training set every sequence is scored once.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+from torch import Tensor, nn
+
+from tcsm.paths import Path
+from tcsm.targets.ar import ARScoreEstimator, make_ar_estimator
+from tcsm.targets.base import ConditionalTarget, TargetBatch
+
+__all__ = [
+    "ARTeacher",
+    "HollowTeacher",
+    "MLMTeacher",
+    "ParametricTarget",
+    "Teacher",
+    "make_teacher",
+]
+
+
+class Teacher:
+    """A frozen clean-data model: `__call__(x1)` → log p_1(y | x_1^{≠i}) [B, L, V] (MATH.md §4)."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model.eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.vocab_size)
+
+    def conditionals(self, x1: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def __call__(self, x1: Tensor) -> Tensor:
+        self.model.eval()  # a trainer's model.train() elsewhere must not switch dropout on in the teacher
+        with torch.no_grad():
+            return self.conditionals(x1).float()
+
+    def to(self, device) -> Teacher:
+        self.model.to(device)
+        return self
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({type(self.model).__name__})"
+
+
+class MLMTeacher(Teacher):
+    """p_1(· | x^{≠i}) = MLM head at i with x^i ← [MASK]: L masked copies per sequence, batched (MATH.md §4)."""
+
+    def __init__(self, model: nn.Module, max_tokens: int = 1 << 16):
+        super().__init__(model)
+        self.max_tokens = int(max_tokens)
+
+    def conditionals(self, x1):
+        L = x1.shape[1]
+        pos = torch.arange(L, device=x1.device)
+        rows = max(1, self.max_tokens // (L * L))  # sequences of the batch per chunk (each becomes L copies)
+        out = []
+        for xb in x1.split(rows):
+            copies = xb[:, None, :].repeat(1, L, 1)  # copies[b, i] = x_b with position i masked
+            copies[:, pos, pos] = self.model.mask_id
+            logits = self.model(copies.reshape(-1, L)).view(xb.shape[0], L, L, -1)
+            out.append(torch.log_softmax(logits[:, pos, pos].float(), dim=-1))
+        return torch.cat(out)
+
+
+class HollowTeacher(Teacher):
+    """All L conditionals from one pass of a Hollow transformer (MATH.md §4)."""
+
+    def conditionals(self, x1):
+        return torch.log_softmax(self.model(x1).float(), dim=-1)
+
+
+class ARTeacher(Teacher):
+    """p^AR(y | x^{≠i}) = softmax_y ℓ^i(y) with ℓ from an `ARScoreEstimator` (MATH.md §4, §5.4)."""
+
+    def __init__(self, model: nn.Module, estimator: str | ARScoreEstimator = "exact", **estimator_kwargs):
+        super().__init__(model)
+        self.estimator = make_ar_estimator(estimator, **estimator_kwargs)
+
+    def conditionals(self, x1):
+        return self.estimator.conditionals(self.model, x1)
+
+    def __repr__(self) -> str:
+        return f"ARTeacher({type(self.model).__name__}, {self.estimator!r})"
+
+
+TEACHERS = {"mlm": MLMTeacher, "hollow": HollowTeacher, "causal": ARTeacher}
+
+
+def make_teacher(model: nn.Module, family: str | None = None, **kwargs) -> Teacher:
+    """Wrap a clean-data model in the teacher of its family ("mlm" | "hollow" | "causal"; default
+    `model.family`); keyword options go to the teacher (e.g. estimator="topk", k=5 for AR)."""
+    family = family or getattr(model, "family", None)
+    if family not in TEACHERS:
+        raise ValueError(f"cannot make a teacher for family {family!r}; choose one of {sorted(TEACHERS)}")
+    return TEACHERS[family](model, **kwargs)
+
+
+class ParametricTarget(ConditionalTarget):
+    """Explicit N^1 target from a teacher: log q^i = log_softmax[log p_1(· | x_1^{≠i}) + log k_t(x_t^i | ·)]
+    (MATH.md §1.3, §4). `cache_size` > 0 memoises teacher conditionals per sequence (least recently used)."""
+
+    def __init__(self, teacher, cache_size: int = 0, cache_dtype: torch.dtype = torch.float32):
+        super().__init__(self.conditionals)
+        self.teacher = teacher
+        self.cache_size = int(cache_size)
+        self.cache_dtype = cache_dtype
+        self._cache: OrderedDict[bytes, Tensor] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def conditionals(self, x1: Tensor) -> Tensor:
+        """Teacher log p_1(y | x_1^{≠i}) [B, L, V], from the cache where possible (MATH.md §4)."""
+        if self.cache_size <= 0:
+            return self.teacher(x1)
+        keys = [row.tobytes() for row in x1.detach().cpu().numpy()]
+        missing = [b for b, k in enumerate(keys) if k not in self._cache]
+        self.hits += len(keys) - len(missing)
+        self.misses += len(missing)
+        fresh = {}
+        if missing:
+            vals = self.teacher(x1[missing])
+            for j, b in enumerate(missing):
+                fresh[keys[b]] = vals[j]
+                self._cache[keys[b]] = vals[j].detach().to("cpu", self.cache_dtype)
+        for k in keys:
+            if k in self._cache:
+                self._cache.move_to_end(k)
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        rows = [fresh[k] if k in fresh else self._cache[k].to(x1.device, torch.float32) for k in keys]
+        return torch.stack(rows)
+
+    def __call__(self, x1: Tensor, t: Tensor, path: Path, generator=None) -> TargetBatch:
+        if self.teacher.vocab_size != path.vocab_size:
+            raise ValueError(
+                f"teacher vocabulary V={self.teacher.vocab_size} differs from the path's V={path.vocab_size}"
+            )
+        return super().__call__(x1, t, path, generator)
+
+    def to(self, device) -> ParametricTarget:
+        self.teacher.to(device)
+        return self
+
+    def __repr__(self) -> str:
+        return f"ParametricTarget({self.teacher!r}, cache_size={self.cache_size})"
