@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["plot_genppl_vs_steps", "report_meta", "write_report"]
+__all__ = ["plot_genppl_vs_steps", "report_meta", "to_jsonable", "write_report"]
 
 
 def report_meta() -> dict:
@@ -29,16 +29,17 @@ def report_meta() -> dict:
     }
 
 
-def _jsonable(x):
+def to_jsonable(x):
+    """`x` with tensors/arrays as lists, paths as strings and NaN/inf as null."""
     # NaN/inf are not JSON; write them as null rather than emitting a file other tools refuse to read.
     if isinstance(x, float) and not math.isfinite(x):
         return None
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): to_jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [to_jsonable(v) for v in x]
     if hasattr(x, "tolist"):
-        return _jsonable(x.tolist())
+        return to_jsonable(x.tolist())
     if isinstance(x, os.PathLike):
         return os.fspath(x)
     return x
@@ -48,7 +49,7 @@ def write_report(path: str | os.PathLike, results: dict) -> Path:
     """Write `results` plus a "meta" block as indented JSON; creates parent directories."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"meta": report_meta(), **_jsonable(results)}
+    payload = {"meta": report_meta(), **to_jsonable(results)}
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path
 

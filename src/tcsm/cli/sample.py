@@ -1,0 +1,267 @@
+"""`tcsm sample`: draw sequences from a trained checkpoint, unconditionally, after prompts, or by infilling.
+
+Conditioning (MATH.md §6; `tcsm.sampling.sample` pins the given tokens from t = 0 on):
+
+* `--prompt TEXT` (repeatable): the prompt's tokens are fixed at the start of every sample; `--num-samples`
+  continuations are drawn per prompt.
+* `--infill TEMPLATE` (repeatable): every `--placeholder` character (default "_") is one position to fill and
+  the text between placeholders is kept; positions after the template are filled too. For a character model
+  one character is one position; for a BPE model the kept text is encoded piece by piece.
+* `--infill-json FILE`: JSON lines (or one JSON list) of token-id lists with null for the positions to fill,
+  e.g. `[464, null, null, 3332]`, or objects {"tokens": [...]}.
+
+Output: `--format text` (one sample per line, newlines inside a sample written as "\\n") or `jsonl` (one JSON
+object per sample with its text, tokens and conditioning), to `--output` or stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import types
+
+HELP = "draw samples from a trained checkpoint (prompts, infilling, temperature, top-p)"
+
+METHODS = ("ancestral", "analytic", "euler")
+
+
+def _one_line_error(self, message: str):
+    # Bad values (non-numbers, unknown choices) get the same one-line form as every other user error.
+    self.exit(2, f"tcsm sample: error: {message}\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def _float_in(lo: float, hi: float, lo_open: bool = True):
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        ok = (v > lo if lo_open else v >= lo) and v <= hi
+        if not ok:
+            raise argparse.ArgumentTypeError(f"expected a number in {'(' if lo_open else '['}{lo}, {hi}], got {text!r}")
+        return v
+
+    return parse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.error = types.MethodType(_one_line_error, p)
+    p.add_argument("checkpoint", help="run directory, checkpoints directory or step_* directory")
+    p.add_argument("-n", "--num-samples", type=_positive_int, default=4,
+                   help="samples (per prompt / template when given); default 4")
+    p.add_argument("--steps", type=_positive_int, default=128, help="sampler steps K (default 128)")
+    p.add_argument("--method", default=None,
+                   help=f"sampler: {' | '.join(METHODS)} (default: ancestral for masked, analytic for uniform)")
+    p.add_argument("--grid", default="uniform", help="time grid: uniform | cosine")
+    p.add_argument("--temperature", type=_float_in(0.0, float("inf")), default=1.0, help="softmax temperature > 0")
+    p.add_argument("--top-p", type=_float_in(0.0, 1.0), default=1.0, help="nucleus mass in (0, 1]; 1 = off")
+    p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
+    p.add_argument("--length", type=_positive_int, default=None,
+                   help="sequence length (default: the training sequence length)")
+    p.add_argument("--batch-size", type=_positive_int, default=16, help="sequences per sampler call (memory)")
+    p.add_argument("--prompt", action="append", default=[], metavar="TEXT", help="prefix prompt (repeatable)")
+    p.add_argument("--infill", action="append", default=[], metavar="TEMPLATE",
+                   help="infilling template; placeholder characters mark the positions to fill (repeatable)")
+    p.add_argument("--infill-json", default=None, metavar="FILE",
+                   help="JSON lines of token-id lists, null = position to fill")
+    p.add_argument("--placeholder", default="_", help="placeholder character of --infill (default '_')")
+    p.add_argument("--format", choices=("text", "jsonl"), default=None,
+                   help="output format (default: jsonl if --output ends in .jsonl, else text)")
+    p.add_argument("-o", "--output", default=None, help="output file (default: stdout)")
+    p.add_argument("--no-ema", action="store_true", help="use the raw weights instead of the EMA weights")
+    p.add_argument("--no-cache", action="store_true",
+                   help="call the network at every step even for a time-independent masked model")
+    p.add_argument("--final-argmax", action="store_true", help="take the most likely token at the last step")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+# --------------------------------------------------------------------------------------------------- conditioning
+
+
+def template_positions(template: str, encode, placeholder: str, length: int) -> tuple[list[bool], list[int]]:
+    """(fixed, values) of length `length` from an infilling template: placeholder characters are free
+    positions, the text between them is encoded and kept, positions after the template are free."""
+    if len(placeholder) != 1:
+        raise ValueError(f"--placeholder must be one character, got {placeholder!r}")
+    fixed: list[bool] = []
+    values: list[int] = []
+    piece = ""
+    for ch in template + "\0":
+        if ch == placeholder or ch == "\0":
+            if piece:
+                ids = list(encode(piece))
+                fixed += [True] * len(ids)
+                values += ids
+                piece = ""
+            if ch == placeholder:
+                fixed.append(False)
+                values.append(0)
+        else:
+            piece += ch
+    if len(fixed) > length:
+        raise ValueError(f"infilling template is {len(fixed)} tokens long but samples have length {length}")
+    pad = length - len(fixed)
+    return fixed + [False] * pad, values + [0] * pad
+
+
+def _read_infill_json(path: str, length: int, vocab_size: int) -> list[tuple[list[bool], list[int], list]]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, path) from None
+    try:
+        stripped = text.strip()
+        rows = json.loads(stripped) if stripped.startswith("[[") else [
+            json.loads(line) for line in text.splitlines() if line.strip()
+        ]
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON lines of token lists ({e.msg} at line {e.lineno})") from None
+    out = []
+    for i, row in enumerate(rows):
+        toks = row.get("tokens") if isinstance(row, dict) else row
+        if not isinstance(toks, list) or not all(t is None or (isinstance(t, int) and not isinstance(t, bool))
+                                                 for t in toks):
+            raise ValueError(f"{path}: template {i} must be a list of token ids and nulls")
+        if len(toks) > length:
+            raise ValueError(f"{path}: template {i} has {len(toks)} positions but samples have length {length}")
+        bad = [t for t in toks if t is not None and not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"{path}: template {i} has token id {bad[0]} outside the vocabulary [0, {vocab_size})")
+        pad = length - len(toks)
+        out.append(([t is not None for t in toks] + [False] * pad, [t or 0 for t in toks] + [0] * pad, toks))
+    if not out:
+        raise ValueError(f"{path}: no templates")
+    return out
+
+
+# --------------------------------------------------------------------------------------------------- tokenizer
+
+
+def load_tokenizer(loaded):
+    """The tokenizer of the checkpoint's training data; GPT-2 BPE is built from its two files alone, any
+    other kind by rebuilding the data bundle (deterministic, so the same tokenizer comes back)."""
+    from omegaconf import OmegaConf
+
+    data = OmegaConf.to_container(loaded.config.data, resolve=True)
+    if data.get("kind") == "bpe" and data.get("tokenizer", "gpt2") == "gpt2":
+        from tcsm.data import gpt2_tokenizer
+
+        return gpt2_tokenizer(data.get("bpe_dir"), data.get("encoder_json"), data.get("vocab_bpe"))
+    return loaded.build_data().tokenizer
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+
+
+# --------------------------------------------------------------------------------------------------- run
+
+
+def run(args) -> int:
+    import torch
+    from tqdm.auto import tqdm
+
+    from tcsm.sampling import sample
+    from tcsm.train.checkpoint import load_checkpoint
+    from tcsm.train.distributed import resolve_device
+
+    if args.method is not None and args.method not in METHODS:
+        raise ValueError(f"unknown --method {args.method!r}; choose one of {', '.join(METHODS)}")
+    if args.grid not in ("uniform", "cosine"):
+        raise ValueError(f"unknown --grid {args.grid!r}; choose uniform or cosine")
+    conditioned = bool(args.prompt) + bool(args.infill) + bool(args.infill_json)
+    if conditioned > 1:
+        raise ValueError("give prompts, infilling templates or --infill-json, not several kinds at once")
+    fmt = args.format or ("jsonl" if (args.output or "").endswith(".jsonl") else "text")
+
+    device = resolve_device(args.device)
+    loaded = load_checkpoint(args.checkpoint, device=device, ema=not args.no_ema)
+    model, path = loaded.model, loaded.build_path()
+    V = path.vocab_size
+    length = args.length or int(loaded.data_info["seq_len"])
+    max_len = getattr(getattr(model, "cfg", None), "max_len", None)
+    if max_len is not None and length > max_len:
+        raise ValueError(f"--length {length} exceeds the model's maximum length {max_len}")
+    tok = load_tokenizer(loaded)
+
+    # One group per prompt / template; every group gets num_samples samples.
+    groups: list[dict] = []
+    if args.prompt:
+        for text in args.prompt:
+            ids = list(tok.encode(text))
+            if len(ids) > length:
+                raise ValueError(f"prompt {text[:30]!r} is {len(ids)} tokens long but samples have length {length}")
+            fixed = [True] * len(ids) + [False] * (length - len(ids))
+            groups.append({"fixed": fixed, "values": ids + [0] * (length - len(ids)), "info": {"prompt": text}})
+    elif args.infill:
+        for text in args.infill:
+            fixed, values = template_positions(text, tok.encode, args.placeholder, length)
+            groups.append({"fixed": fixed, "values": values, "info": {"template": text}})
+    elif args.infill_json:
+        for fixed, values, toks in _read_infill_json(args.infill_json, length, V):
+            groups.append({"fixed": fixed, "values": values, "info": {"template_tokens": toks}})
+    else:
+        groups.append({"fixed": None, "values": None, "info": {}})
+    for g in groups:
+        if g["values"] is not None and any(v >= V for v in g["values"]):
+            raise ValueError(f"the tokenizer produced ids outside the model's {V}-token vocabulary")
+
+    time_independent = (
+        path.mask_id is not None
+        and not args.no_cache
+        and not getattr(getattr(model, "cfg", None), "time_conditioning", True)
+    )
+    generator = torch.Generator(device=device).manual_seed(int(args.seed))
+    chunks = [(g, min(args.batch_size, args.num_samples - s)) for g in groups
+              for s in range(0, args.num_samples, args.batch_size)]
+    bar = tqdm(total=len(chunks) * args.steps, desc="sampling", unit="step", disable=args.no_progress,
+               file=sys.stderr, leave=False)
+    t0 = time.perf_counter()
+    records, calls = [], 0
+    for g, b in chunks:
+        kw = {}
+        if g["fixed"] is not None:
+            kw["fixed"] = torch.tensor(g["fixed"], dtype=torch.bool, device=device).expand(b, -1)
+            kw["values"] = torch.tensor(g["values"], dtype=torch.long, device=device).expand(b, -1)
+        tokens, stats = sample(
+            model, path, batch_size=b, length=length, num_steps=args.steps, generator=generator,
+            method=args.method, grid=args.grid, temperature=args.temperature, top_p=args.top_p,
+            final_argmax=args.final_argmax, time_independent=time_independent, device=device,
+            return_stats=True, callback=lambda k, t, x: bar.update(1) if k > 0 else None, **kw,
+        )
+        calls += stats.num_calls
+        for row in tokens.cpu().tolist():
+            records.append({"index": len(records), **g["info"], "text": tok.decode(row), "tokens": row})
+    bar.close()
+    elapsed = time.perf_counter() - t0
+
+    meta = {"checkpoint": str(loaded.directory), "step": loaded.step, "weights": loaded.weights,
+            "method": stats.method, "steps": args.steps, "grid": args.grid, "temperature": args.temperature,
+            "top_p": args.top_p, "seed": args.seed, "length": length}
+    lines = [json.dumps({**r, **meta}, ensure_ascii=False) if fmt == "jsonl" else _escape(r["text"]) for r in records]
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write("".join(line + "\n" for line in lines))
+    else:
+        sys.stdout.write("".join(line + "\n" for line in lines))
+    print(
+        f"tcsm sample: {len(records)} samples of length {length} from {loaded.directory} (step {loaded.step}, "
+        f"{loaded.weights} weights), {stats.method} sampler, {args.steps} steps, {calls} network calls, "
+        f"{elapsed:.1f}s" + (f" -> {args.output}" if args.output else ""),
+        file=sys.stderr,
+    )
+    return 0
