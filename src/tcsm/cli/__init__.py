@@ -1,0 +1,98 @@
+"""`tcsm <command>`: one module per subcommand, registered by one line in `COMMANDS`.
+
+A command module defines `HELP` (one line), `add_arguments(parser)` and `run(args) -> int`; it should import
+heavy modules (torch, models) inside `run` so that `tcsm --help` stays fast. Errors a user can cause
+(`tcsm.errors.TCSMError`, `tcsm.data.DataError`, bad files) are printed as one line on stderr with exit status
+2; set TCSM_TRACEBACK=1 to see the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+__all__ = ["COMMANDS", "main", "Parser"]
+
+#: command name → module implementing it
+COMMANDS: dict[str, str] = {
+    "quickstart": "tcsm.cli.quickstart",
+    "train": "tcsm.cli.train",
+    "eval": "tcsm.cli.eval",
+}
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose epilog may be a function, computed only when help is printed."""
+
+    def __init__(self, *args, epilog_fn=None, **kwargs):
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
+        self.epilog_fn = epilog_fn
+
+    def format_help(self) -> str:
+        if self.epilog_fn is not None and self.epilog is None:
+            self.epilog = self.epilog_fn()
+        return super().format_help()
+
+    def error(self, message: str):  # argparse's usage + error, without a traceback, exit status 2
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from tcsm.errors import TCSMError
+
+    errors: list[type[BaseException]] = [TCSMError, OSError]
+    try:
+        from tcsm.data import DataError
+
+        errors.append(DataError)
+    except ImportError:
+        pass
+    # Models and the math raise ValueError for inputs that cannot work (e.g. a too-long sequence).
+    errors.append(ValueError)
+    return tuple(errors)
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    if isinstance(e, OSError) and e.filename is not None and e.strerror:
+        text = f"{e.strerror}: {e.filename}"
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `tcsm` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from tcsm import __version__
+
+    parser = Parser(prog="tcsm", description="Target Concrete Score Matching for discrete diffusion models.")
+    parser.add_argument("--version", action="version", version=f"tcsm {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="<command>", parser_class=Parser)
+    # Only the invoked command's module is imported, unless help over all commands is requested.
+    wanted = [argv[0]] if argv and argv[0] in COMMANDS else list(COMMANDS)
+    for name in COMMANDS:
+        if name in wanted:
+            module = importlib.import_module(COMMANDS[name])
+            p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+            module.add_arguments(p)
+            p.set_defaults(_run=module.run)
+        else:
+            sub.add_parser(name)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        print(f"tcsm {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except _user_errors() as e:
+        if os.environ.get("TCSM_TRACEBACK"):
+            raise
+        print(f"tcsm {args.command}: error: {_one_line(e)}", file=sys.stderr)
+        return 2

@@ -1,0 +1,83 @@
+"""`tcsm eval`: bits per token and perplexity of a checkpoint on a data split, with the likelihood bound of
+tcsm.likelihood (MATH.md §2)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+HELP = "evaluate a checkpoint: likelihood bound as bits per token (BPC) and perplexity on a data split"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoint", help="run directory, its checkpoints/ directory, or one step_* checkpoint")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (eval.*, data.*; not model.*)")
+    p.add_argument("--split", choices=("train", "valid", "test"), help="data split (default: eval.split)")
+    p.add_argument("--num-t", type=int, help="time samples per sequence (default: eval.num_t)")
+    p.add_argument("--batch-size", type=int, help="sequences per batch (default: eval.batch_size)")
+    p.add_argument("--max-examples", type=int, help="evaluate the first N sequences only")
+    p.add_argument("--bound", help="likelihood bound (default: the path's, see tcsm.likelihood)")
+    p.add_argument("--weights", choices=("ema", "model"), help="EMA or raw weights (default: EMA when saved)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="matmul precision (default fp32)")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.add_argument("--output", help="also write the JSON result to this file")
+
+
+def run(args) -> int:
+    import math
+    import sys
+
+    import torch
+
+    from tcsm.cli.common import format_bound, jsonable
+    from tcsm.errors import ConfigError
+    from tcsm.likelihood import evaluate_bound
+    from tcsm.train.checkpoint import load_checkpoint
+    from tcsm.train.components import DataInfo
+    from tcsm.train.distributed import resolve_device
+    from tcsm.train.trainer import _autocast
+
+    overrides = list(args.overrides)
+    for key, value in (("split", args.split), ("num_t", args.num_t), ("batch_size", args.batch_size),
+                       ("max_examples", args.max_examples), ("bound", args.bound)):
+        if value is not None:
+            overrides.append(f"eval.{key}={value}")
+    if args.weights is not None:
+        overrides.append(f"eval.ema={args.weights == 'ema'}")
+    device = resolve_device(args.device)
+    ckpt = load_checkpoint(args.checkpoint, device=device, overrides=overrides, ema=True)
+    e = ckpt.config.eval
+    if not e.ema and ckpt.weights == "ema":
+        ckpt = load_checkpoint(args.checkpoint, device=device, overrides=overrides, ema=False)
+    data = ckpt.build_data()
+    DataInfo(**ckpt.data_info).check_compatible(data, str(ckpt.directory))
+    max_len = getattr(getattr(ckpt.model, "cfg", None), "max_len", None)
+    if max_len is not None and data.seq_len > max_len:
+        raise ConfigError(f"data sequences have length {data.seq_len} but the model allows at most {max_len}")
+    x = data.split(e.split)
+    if e.max_examples:
+        x = x[: e.max_examples]
+    if x.shape[0] == 0:
+        raise ConfigError(f"the {e.split} split is empty")
+    generator = torch.Generator(device=device).manual_seed(e.seed)
+    with _autocast(device, args.precision):
+        result = evaluate_bound(
+            ckpt.model, x, ckpt.build_path(), batch_size=e.batch_size, num_t=e.num_t, generator=generator,
+            bound=e.bound, device=device, progress=sys.stderr.isatty() and not args.json,
+        )
+    floor = data.nats_per_token_floor
+    if floor is not None:
+        result["floor_bpc"] = floor / math.log(2)
+    result.update(checkpoint=str(ckpt.directory), step=ckpt.step, weights=ckpt.weights, split=e.split,
+                  data=data.label, precision=args.precision)
+    result = jsonable(result)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{ckpt.directory} (step {ckpt.step}, {ckpt.weights} weights) on {data.label} {e.split}:")
+        print(f"  {format_bound(result)}")
+    return 0

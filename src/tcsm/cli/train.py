@@ -1,0 +1,85 @@
+"""`tcsm train`: train a model from a preset or YAML config plus key=value overrides; --resume continues
+a run exactly. Runs under `torchrun --nproc_per_node N -m tcsm.cli train ...` with DDP unchanged."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+HELP = "train a model (from a preset or YAML config, with key=value overrides)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from tcsm.cli.common import config_help
+
+    p.epilog_fn = config_help
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.steps=2000")
+    p.add_argument("-c", "--config", help="preset name or YAML file (default: synthetic; with --resume: the run's)")
+    p.add_argument("-o", "--out", help="run directory (default: train.out_dir, else runs/<config>-<time>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest complete checkpoint")
+    p.add_argument(
+        "--resume-from", metavar="CHECKPOINT",
+        help="continue from this run, checkpoints or step_* directory (the run directory is its run's unless --out)",
+    )
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+
+
+def resolve(args) -> tuple:
+    """(config, run_dir, resume) from the arguments, without starting anything."""
+    from pathlib import Path
+
+    from tcsm.cli.common import default_run_dir, run_dir_of_checkpoint
+    from tcsm.errors import CheckpointError
+    from tcsm.train.checkpoint import read_state, resolve_checkpoint
+    from tcsm.train.config import load_config
+
+    base, resume = None, None
+    run_dir = Path(args.out) if args.out else None
+    if args.resume or args.resume_from:
+        where = args.resume_from or run_dir
+        if where is None:
+            raise CheckpointError("--resume needs the run directory: give --out DIR (or use --resume-from PATH)")
+        checkpoint = resolve_checkpoint(where)
+        run_dir = run_dir or run_dir_of_checkpoint(checkpoint)
+        base = read_state(checkpoint)[1].get("config")
+        resume = checkpoint
+    preset = args.config if args.config is not None else (None if base is not None else "synthetic")
+    cfg = load_config(preset, args.overrides, base=base)
+    if run_dir is None:
+        run_dir = Path(cfg.train.out_dir) if cfg.train.out_dir else default_run_dir(preset or "run")
+    return cfg, run_dir, resume
+
+
+def run(args) -> int:
+    from omegaconf import OmegaConf
+
+    cfg, run_dir, resume = resolve(args)
+    if args.print_config:
+        print(OmegaConf.to_yaml(cfg), end="")
+        return 0
+    return train(cfg, run_dir, resume)
+
+
+def train(cfg, run_dir, resume=None, log=None) -> int:
+    """Set up the process group (if under torchrun), train, write summary.json."""
+    import torch.distributed as dist
+
+    from tcsm.train.distributed import setup_distributed, teardown_distributed
+    from tcsm.train.trainer import Trainer
+
+    env = setup_distributed(cfg.train.device)
+    try:
+        if env.distributed:  # every rank must write to rank 0's run directory (its name holds a time)
+            box = [str(run_dir)]
+            dist.broadcast_object_list(box, src=0)
+            run_dir = box[0]
+        trainer = Trainer(cfg, run_dir, resume=resume, env=env, log=log)
+        summary = trainer.fit()
+        if env.is_main:
+            from pathlib import Path
+
+            (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+            print(f"run directory: {run_dir}", flush=True)
+    finally:
+        teardown_distributed()
+    return 0

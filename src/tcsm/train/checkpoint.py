@@ -1,0 +1,416 @@
+"""Checkpoints: one directory per save, no pickle, written atomically, verified on load.
+
+Layout of `<run>/checkpoints/step_00001000/`:
+
+    model.safetensors   trained weights          ema.safetensors   EMA weights (if EMA is on)
+    state.safetensors   every tensor of the training state (optimizer moments, RNG states, ...)
+    state.json          the rest of that state (step, optimizer hyper-parameters, data position, config)
+    config.yaml         the run config, for people
+    manifest.json       sha256 and size of every file above; written last
+
+A checkpoint is built in a hidden temporary directory, every file and the directory are fsync'ed, and only
+then is it renamed into place; the `latest` pointer file is replaced the same way. A directory without a
+manifest or whose files do not match it is never loaded: `resolve_checkpoint` falls back to the newest
+complete checkpoint of the run, and names the problem when there is none.
+
+The nested training state (optimizer state dicts with integer keys, tuples, tensors) is stored by `pack`:
+tensors go to safetensors under generated names, everything else to JSON with small tags for the types
+JSON lacks, and `unpack` inverts it exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from tcsm.errors import CheckpointError
+
+__all__ = [
+    "FORMAT",
+    "pack",
+    "unpack",
+    "save_checkpoint",
+    "validate_checkpoint",
+    "resolve_checkpoint",
+    "list_checkpoints",
+    "read_state",
+    "read_weights",
+    "LoadedCheckpoint",
+    "load_checkpoint",
+]
+
+FORMAT = "tcsm-checkpoint/1"
+PREFIX = "step_"
+LATEST = "latest"
+MANIFEST = "manifest.json"
+
+
+# --------------------------------------------------------------------------------------------------- pack
+
+
+def pack(obj: Any, tensors: dict[str, torch.Tensor], prefix: str = "t") -> Any:
+    """A JSON-serialisable mirror of `obj`; its tensors (and numpy arrays) are moved into `tensors`."""
+    if isinstance(obj, torch.Tensor):
+        name = f"{prefix}.{len(tensors)}"
+        tensors[name] = obj.detach().cpu().contiguous().clone()
+        return {"__tensor__": name}
+    if isinstance(obj, np.ndarray):
+        name = f"{prefix}.{len(tensors)}"
+        tensors[name] = torch.from_numpy(np.ascontiguousarray(obj).copy())
+        return {"__ndarray__": name}
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) and not k.startswith("__") for k in obj):
+            return {k: pack(v, tensors, prefix) for k, v in obj.items()}
+        return {"__items__": [[pack(k, tensors, prefix), pack(v, tensors, prefix)] for k, v in obj.items()]}
+    if isinstance(obj, tuple):
+        return {"__tuple__": [pack(v, tensors, prefix) for v in obj]}
+    if isinstance(obj, list):
+        return [pack(v, tensors, prefix) for v in obj]
+    if isinstance(obj, (np.integer, np.floating, np.bool_)):
+        return obj.item()
+    if isinstance(obj, float) and not np.isfinite(obj):
+        return {"__float__": repr(obj)}
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        return obj
+    raise TypeError(f"cannot store a {type(obj).__name__} in a checkpoint (no pickle): {obj!r}")
+
+
+def unpack(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """Inverse of `pack`."""
+    if isinstance(obj, dict):
+        if "__tensor__" in obj:
+            return tensors[obj["__tensor__"]]
+        if "__ndarray__" in obj:
+            return tensors[obj["__ndarray__"]].numpy()
+        if "__items__" in obj:
+            return {unpack(k, tensors): unpack(v, tensors) for k, v in obj["__items__"]}
+        if "__tuple__" in obj:
+            return tuple(unpack(v, tensors) for v in obj["__tuple__"])
+        if "__float__" in obj:
+            return float(obj["__float__"])
+        return {k: unpack(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [unpack(v, tensors) for v in obj]
+    return obj
+
+
+# --------------------------------------------------------------------------------------------------- writing
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # some platforms cannot open directories; the rename is still atomic there
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _state_dict_for_save(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A state dict safetensors accepts: contiguous CPU copies, tied weights stored once per name."""
+    return {k: v.detach().cpu().contiguous().clone() for k, v in module.state_dict().items()}
+
+
+def _write_pointer(root: Path, name: str) -> None:
+    tmp = root / f".{LATEST}.{uuid.uuid4().hex}"
+    tmp.write_text(name + "\n", encoding="utf-8")
+    _fsync_file(tmp)
+    os.replace(tmp, root / LATEST)
+    _fsync_dir(root)
+
+
+def save_checkpoint(
+    root: str | os.PathLike,
+    step: int,
+    *,
+    model: torch.nn.Module,
+    ema_model: torch.nn.Module | None = None,
+    state: dict | None = None,
+    config_yaml: str | None = None,
+    keep_last: int = 0,
+) -> Path:
+    """Write `root/step_{step:08d}` atomically, point `root/latest` at it, keep the `keep_last` newest.
+
+    `state` is any nested structure of dicts, lists, tuples, numbers, strings and tensors (see `pack`).
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"{PREFIX}{int(step):08d}"
+    tmp = root / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        save_file(_state_dict_for_save(model), str(tmp / "model.safetensors"), metadata={"format": FORMAT})
+        if ema_model is not None:
+            save_file(_state_dict_for_save(ema_model), str(tmp / "ema.safetensors"), metadata={"format": FORMAT})
+        tensors: dict[str, torch.Tensor] = {}
+        packed = pack(state or {}, tensors, prefix="state")
+        save_file(tensors, str(tmp / "state.safetensors"), metadata={"format": FORMAT})
+        (tmp / "state.json").write_text(json.dumps({"step": int(step), "state": packed}, indent=1), encoding="utf-8")
+        if config_yaml is not None:
+            (tmp / "config.yaml").write_text(config_yaml, encoding="utf-8")
+        files = {}
+        for f in sorted(tmp.iterdir()):
+            _fsync_file(f)
+            files[f.name] = {"sha256": _sha256(f), "bytes": f.stat().st_size}
+        manifest = {"format": FORMAT, "step": int(step), "files": files}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+        _fsync_file(tmp / MANIFEST)
+        _fsync_dir(tmp)
+        final = root / name
+        if final.exists():  # re-saving a step (e.g. after a resume): move the old one out of the way first
+            trash = root / f".old-{name}-{uuid.uuid4().hex[:8]}"
+            os.replace(final, trash)
+            os.replace(tmp, final)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+        _fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _write_pointer(root, name)
+    if keep_last > 0:
+        for old in list_checkpoints(root)[:-keep_last]:
+            if old.name != name:
+                shutil.rmtree(old, ignore_errors=True)
+    # Leftovers of writers killed mid-save: never loaded (hidden, no manifest), removed when a save succeeds.
+    for junk in root.glob(".tmp-*"):
+        if junk != tmp:
+            shutil.rmtree(junk, ignore_errors=True)
+    return root / name
+
+
+# --------------------------------------------------------------------------------------------------- reading
+
+
+def validate_checkpoint(directory: str | os.PathLike, verify_hashes: bool = True) -> dict:
+    """The manifest of a complete checkpoint; raises CheckpointError if anything is missing or altered."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise CheckpointError(f"checkpoint {str(d)!r} does not exist")
+    mpath = d / MANIFEST
+    if not mpath.is_file():
+        raise CheckpointError(f"checkpoint {str(d)!r} is incomplete (no {MANIFEST}; was the writer interrupted?)")
+    try:
+        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+        files = manifest["files"]
+        if manifest.get("format") != FORMAT:
+            raise CheckpointError(f"checkpoint {str(d)!r} has format {manifest.get('format')!r}, expected {FORMAT!r}")
+    except (ValueError, KeyError, TypeError):
+        raise CheckpointError(f"checkpoint {str(d)!r} has a corrupt {MANIFEST}") from None
+    for fname, meta in files.items():
+        f = d / fname
+        if not f.is_file():
+            raise CheckpointError(f"checkpoint {str(d)!r} is missing {fname}")
+        if f.stat().st_size != meta["bytes"] or (verify_hashes and _sha256(f) != meta["sha256"]):
+            raise CheckpointError(f"checkpoint {str(d)!r} is corrupt: {fname} does not match its checksum")
+    return manifest
+
+
+def _is_checkpoint_dir(p: Path) -> bool:
+    return p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit()
+
+
+def list_checkpoints(root: str | os.PathLike) -> list[Path]:
+    """Checkpoint directories under `root`, oldest first (complete or not)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.iterdir() if _is_checkpoint_dir(p)), key=lambda p: int(p.name[len(PREFIX):]))
+
+
+def _checkpoints_root(path: Path) -> Path | None:
+    """The directory holding step_* directories for a run directory or a checkpoints directory."""
+    if (path / "checkpoints").is_dir():
+        return path / "checkpoints"
+    if (path / LATEST).exists() or list_checkpoints(path):
+        return path
+    return None
+
+
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """A complete checkpoint directory from a step directory, a checkpoints directory or a run directory.
+
+    For the latter two: the one `latest` points to, else (if that one is damaged) the newest complete one,
+    with a warning naming what was skipped."""
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"checkpoint {str(p)!r} does not exist")
+    if p.is_file():
+        raise CheckpointError(f"{str(p)!r} is a file; give a checkpoint directory (step_*) or a run directory")
+    if (p / MANIFEST).exists() or _is_checkpoint_dir(p):
+        validate_checkpoint(p)
+        return p
+    root = _checkpoints_root(p)
+    if root is None:
+        raise CheckpointError(f"no checkpoint found in {str(p)!r}")
+    candidates = list(reversed(list_checkpoints(root)))
+    try:
+        pointed = (root / LATEST).read_text(encoding="utf-8").strip()
+    except OSError:
+        pointed = ""
+    if pointed and (root / pointed).is_dir():
+        candidates.remove(root / pointed) if (root / pointed) in candidates else None
+        candidates.insert(0, root / pointed)
+    problems = []
+    for c in candidates:
+        try:
+            validate_checkpoint(c)
+        except CheckpointError as e:
+            problems.append(str(e))
+            continue
+        if problems:
+            warnings.warn(f"skipped damaged checkpoint(s): {'; '.join(problems)}; using {str(c)!r}", stacklevel=2)
+        return c
+    if problems:
+        raise CheckpointError(f"no complete checkpoint in {str(root)!r}: {problems[0]}")
+    raise CheckpointError(f"no checkpoint found in {str(p)!r}")
+
+
+def read_state(directory: str | os.PathLike) -> tuple[int, dict]:
+    """(step, training state) of a validated checkpoint directory."""
+    d = Path(directory)
+    try:
+        meta = json.loads((d / "state.json").read_text(encoding="utf-8"))
+        tensors = load_file(str(d / "state.safetensors"))
+        return int(meta["step"]), unpack(meta["state"], tensors)
+    except (OSError, ValueError, KeyError, SafetensorError) as e:
+        raise CheckpointError(f"checkpoint {str(d)!r} has an unreadable state: {e}") from None
+
+
+def read_weights(directory: str | os.PathLike, ema: bool = False, device="cpu") -> dict[str, torch.Tensor]:
+    """The model (or EMA) state dict of a checkpoint directory."""
+    f = Path(directory) / ("ema.safetensors" if ema else "model.safetensors")
+    if not f.is_file():
+        raise CheckpointError(f"checkpoint {str(directory)!r} has no {'EMA ' if ema else ''}weights ({f.name})")
+    try:
+        return load_file(str(f), device=str(device))
+    except (OSError, SafetensorError) as e:
+        raise CheckpointError(f"checkpoint {str(directory)!r}: cannot read {f.name}: {e}") from None
+
+
+def load_weights_into(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: str) -> None:
+    """`model.load_state_dict(weights)` with a one-line CheckpointError when the architecture differs."""
+    own = model.state_dict()
+    missing = sorted(set(own) - set(weights))
+    unexpected = sorted(set(weights) - set(own))
+    shapes = [k for k in own if k in weights and tuple(own[k].shape) != tuple(weights[k].shape)]
+    if missing or unexpected or shapes:
+        detail = (
+            f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}" if unexpected
+            else f"{shapes[0]} is {tuple(weights[shapes[0]].shape)} in the checkpoint, {tuple(own[shapes[0]].shape)} in the model"
+        )
+        raise CheckpointError(f"checkpoint {where!r} does not match the model architecture: {detail}")
+    model.load_state_dict(weights)
+
+
+# --------------------------------------------------------------------------------------------------- public
+
+
+@dataclass
+class LoadedCheckpoint:
+    """A trained model ready to use, and what is needed to use it."""
+
+    model: torch.nn.Module  # eval mode; EMA weights when available and requested
+    config: Any  # the run's DictConfig
+    step: int
+    directory: Path
+    weights: str  # "ema" or "model"
+    data_info: dict  # name, vocab_size, seq_len of the data it was trained on
+
+    def build_path(self):
+        """The probability path the model was trained with."""
+        from tcsm.train.components import build_path
+
+        return build_path(self.config, self.data_info["vocab_size"])
+
+    def build_data(self):
+        """The run's DataBundle (reads the data files named in the config)."""
+        from tcsm.train.components import build_data
+
+        return build_data(self.config)
+
+    def __iter__(self):  # `model, config, *_ = load_checkpoint(...)`
+        return iter((self.model, self.config, self.step, self.directory))
+
+
+def load_checkpoint(
+    path: str | os.PathLike, device: str | torch.device = "cpu", *, ema: bool = True, overrides=()
+) -> LoadedCheckpoint:
+    """Load a trained model from a run directory, checkpoints directory or step directory.
+
+    `ema=True` loads the EMA weights when the run kept them. `overrides` (`key=value` strings) may change
+    anything but the model section; a model override that changes the architecture raises CheckpointError.
+    """
+    from tcsm.train.components import build_model_for_checkpoint
+
+    directory = resolve_checkpoint(path)
+    step, state = read_state(directory)
+    config, data_info = config_from_state(state, overrides, where=str(directory))
+    model = build_model_for_checkpoint(config, data_info, device)
+    use_ema = ema and (directory / "ema.safetensors").is_file()
+    load_weights_into(model, read_weights(directory, ema=use_ema, device=device), str(directory))
+    model.eval()
+    return LoadedCheckpoint(model, config, step, directory, "ema" if use_ema else "model", data_info)
+
+
+def config_from_state(state: dict, overrides=(), where: str = "checkpoint"):
+    """(config, data_info) stored in a checkpoint's state, with `overrides` applied and checked against it."""
+    from tcsm.train.config import load_config
+
+    if "config" not in state or "data_info" not in state:
+        raise CheckpointError(f"{where!r} holds no run config; it was not written by `tcsm train`")
+    saved = load_config(base=state["config"])
+    config = load_config(base=state["config"], overrides=list(overrides)) if overrides else saved
+    check_same_architecture(saved, config, where)
+    return config, dict(state["data_info"])
+
+
+def check_same_architecture(saved, requested, where: str) -> None:
+    """Raise CheckpointError if the model sections (or the path source, which sets the input alphabet) differ."""
+    from tcsm.train.config import to_dict
+
+    def flat(d, prefix=""):
+        out = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return out
+
+    a = flat({"model": to_dict(saved.model), "path": {"source": saved.path.source}})
+    b = flat({"model": to_dict(requested.model), "path": {"source": requested.path.source}})
+    diff = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    if diff:
+        k = diff[0]
+        raise CheckpointError(
+            f"checkpoint {where!r} does not match the config: {k} is {a.get(k)!r} in the checkpoint but "
+            f"{b.get(k)!r} in the config"
+        )

@@ -1,0 +1,119 @@
+"""Run logs: metrics.jsonl (always), TensorBoard scalars and text (if installed), a loss-curve PNG (if
+matplotlib is installed), samples.jsonl. Only rank 0 writes; other ranks get a disabled logger."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RunLogger", "read_metrics", "plot_curves"]
+
+
+class RunLogger:
+    def __init__(self, run_dir: str | Path | None, *, enabled: bool = True, tensorboard: bool = True):
+        self.enabled = enabled and run_dir is not None
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self._tb = None
+        if not self.enabled:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        # Appending keeps the history of a resumed run; readers keep the last row per (kind, step).
+        self._metrics = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
+        self._samples = open(self.run_dir / "samples.jsonl", "a", encoding="utf-8")
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # optional dependency (tcsm[log]); the jsonl log has everything
+                SummaryWriter = None
+            if SummaryWriter is not None:
+                self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+
+    def scalars(self, kind: str, step: int, values: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        row = {"kind": kind, "step": int(step), "time": round(time.time(), 3)}
+        row.update({k: _jsonable(v) for k, v in values.items()})
+        self._metrics.write(json.dumps(row) + "\n")
+        self._metrics.flush()
+        if self._tb is not None:
+            for k, v in values.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                    self._tb.add_scalar(f"{kind}/{k}", v, step)
+
+    def samples(self, step: int, texts: list[str]) -> None:
+        if not self.enabled:
+            return
+        self._samples.write(json.dumps({"step": int(step), "samples": texts}, ensure_ascii=False) + "\n")
+        self._samples.flush()
+        if self._tb is not None:
+            body = "\n\n".join(f"    {t}" for t in texts)  # indented: TensorBoard renders markdown
+            self._tb.add_text("samples", body, step)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self._metrics.close()
+        self._samples.close()
+        if self._tb is not None:
+            self._tb.close()
+        self.enabled = False
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return repr(v)
+    if hasattr(v, "item"):
+        return v.item()
+    return v
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """Rows of metrics.jsonl; for a resumed run only the last row of each (kind, step) is kept."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows: dict[tuple[str, int], dict] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:  # a line cut by a kill: skip it
+            continue
+        rows[(row.get("kind", ""), int(row.get("step", 0)))] = row
+    return sorted(rows.values(), key=lambda r: (r["step"], r.get("kind", "")))
+
+
+def plot_curves(run_dir: str | Path, floor_bits: float | None = None) -> Path | None:
+    """loss_curve.png: training loss and validation bits per token against the step; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = read_metrics(run_dir)
+    train = [(r["step"], r["loss"]) for r in rows if r.get("kind") == "train" and isinstance(r.get("loss"), float)]
+    valid = [(r["step"], r["bpc"]) for r in rows if r.get("kind") == "valid" and isinstance(r.get("bpc"), float)]
+    if not train and not valid:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    if train:
+        axes[0].plot(*zip(*train), lw=1)
+    axes[0].set(xlabel="step", ylabel="training loss (nats/token)", title="training loss")
+    if valid:
+        axes[1].plot(*zip(*valid), marker="o", lw=1, label="validation bound")
+    if floor_bits is not None:
+        axes[1].axhline(floor_bits, color="k", ls="--", lw=1, label="source entropy")
+    axes[1].set(xlabel="step", ylabel="bits per token", title="validation")
+    if valid or floor_bits is not None:
+        axes[1].legend()
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out = Path(run_dir) / "loss_curve.png"
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -1,0 +1,393 @@
+"""One training loop for every objective: the trainer calls `objective(model, x1, generator)` and nothing else
+method-specific (DESIGN.md). It adds AdamW with warm-up and decay, gradient clipping and accumulation, EMA,
+bf16 autocast, DDP, periodic validation with the likelihood bound, logged samples, and exact resume.
+
+Randomness is a function of (seed, step, micro-batch index) only. Each global batch (fixed by the seeded data
+order) is cut into micro-batches of `train.micro_batch` sequences; micro-batch c of step s draws its times and
+noise from a generator seeded with (seed, s, c), and rank r of W processes micro-batches r, r+W, r+2W, ….
+So one process and W processes compute the same per-example losses and — after DDP's gradient average —
+the same update (to float summation order), and a resumed run replays exactly the steps it missed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from tcsm.errors import CheckpointError, ConfigError, TrainingError
+from tcsm.train.checkpoint import (
+    check_same_architecture,
+    load_weights_into,
+    read_state,
+    read_weights,
+    resolve_checkpoint,
+    save_checkpoint,
+)
+from tcsm.train.components import Components, DataInfo, build_components
+from tcsm.train.config import load_config, to_dict
+from tcsm.train.distributed import DistEnv, all_reduce_mean, barrier, setup_distributed
+from tcsm.train.ema import EMA
+from tcsm.train.logs import RunLogger, plot_curves
+from tcsm.train.optim import build_optimizer, lr_at, set_lr
+
+__all__ = ["Trainer", "stream_seed", "resolve_precision"]
+
+
+def stream_seed(*keys: int) -> int:
+    """A 63-bit seed from integer keys (e.g. seed, step, micro-batch): independent streams per key tuple."""
+    return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """auto → bf16 on GPUs that support it and on CPUs (bf16 matmuls are ~2.5× faster there), else fp32."""
+    if precision != "auto":
+        return precision
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    return "bf16" if device.type == "cpu" else "fp32"
+
+
+def _autocast(device: torch.device, precision: str):
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+class Trainer:
+    """Train the run described by `cfg` in `run_dir`; `resume` is a checkpoint path or True (the run's latest).
+
+    >>> Trainer(load_config("synthetic"), "runs/demo").fit()
+    """
+
+    def __init__(
+        self,
+        cfg,
+        run_dir: str | Path | None,
+        *,
+        resume: str | Path | bool | None = None,
+        env: DistEnv | None = None,
+        log: Callable[[str], None] | None = None,
+    ):
+        self.cfg = cfg
+        self.env = env if env is not None else setup_distributed(cfg.train.device)
+        self.device = self.env.device
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self._print = log if log is not None else (lambda s: print(s, flush=True))
+        t = cfg.train
+        if t.threads:
+            torch.set_num_threads(int(t.threads))
+        self.precision = resolve_precision(t.precision, self.device)
+
+        # Micro-batch plan: the unit of randomness, identical for every world size when micro_batch is set.
+        W = self.env.world_size
+        self.micro = int(t.micro_batch) if t.micro_batch else t.batch_size // W
+        if t.micro_batch is None and t.batch_size % W:
+            raise ConfigError(f"train.batch_size={t.batch_size} must be a multiple of the {W} processes")
+        self.num_micro = t.batch_size // self.micro
+        if self.num_micro % W:
+            raise ConfigError(
+                f"train.batch_size / train.micro_batch = {self.num_micro} micro-batches cannot be shared by {W} "
+                "processes; choose a micro_batch that makes it a multiple of the process count"
+            )
+
+        # Initial weights depend on the seed only (DDP also broadcasts rank 0's weights).
+        torch.manual_seed(t.seed)
+        self.parts: Components = build_components(cfg, self.device)
+        self.data, self.path, self.objective = self.parts.data, self.parts.path, self.parts.objective
+        self.model = self.parts.model
+        self.data_info = DataInfo.of(self.data)
+        self.ema = EMA(self.model, t.ema) if t.ema > 0 else None
+        self.optimizer = build_optimizer(self.model, cfg.optim)
+        self.forward_model = self.model
+        if self.env.distributed:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.forward_model = DDP(self.model, device_ids=ids)
+        if t.compile:
+            self.forward_model = torch.compile(self.forward_model)
+
+        from tcsm.data import EpochBatches
+
+        # Global indices on every rank: each rank then takes its micro-batches from the same global batch.
+        self.batches = EpochBatches(self.data.train.shape[0], t.batch_size, seed=t.seed)
+        self.step = 0
+        self.elapsed = 0.0  # training wall time over all sessions of this run
+        self.last_eval: dict[str, Any] = {}
+        if resume:
+            self._restore(resume)
+        self.logger = RunLogger(self.run_dir, enabled=self.env.is_main, tensorboard=t.tensorboard)
+
+    # ----------------------------------------------------------------------------------------------- state
+
+    @property
+    def checkpoint_root(self) -> Path | None:
+        return None if self.run_dir is None else self.run_dir / "checkpoints"
+
+    def eval_model(self) -> torch.nn.Module:
+        """The model evaluation and sampling use: the EMA copy when there is one and eval.ema is set."""
+        return self.ema.model if (self.ema is not None and self.cfg.eval.ema) else self.model
+
+    def state(self) -> dict:
+        rng = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available() and self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        return {
+            "config": to_dict(self.cfg),
+            "data_info": self.data_info.to_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "lr_schedule": {"step": self.step},  # lr_at is a pure function of the step
+            "batches": self.batches.state_dict(),
+            "ema": self.ema.state() if self.ema is not None else None,
+            "rng": rng,
+            "world_size": self.env.world_size,
+            "elapsed_s": self.elapsed,
+            "last_eval": self.last_eval,
+        }
+
+    def save(self) -> Path | None:
+        """Write a checkpoint of the current step (rank 0) and wait for it on every rank."""
+        path = None
+        if self.env.is_main and self.checkpoint_root is not None:
+            path = save_checkpoint(
+                self.checkpoint_root,
+                self.step,
+                model=self.model,
+                ema_model=self.ema.model if self.ema is not None else None,
+                state=self.state(),
+                config_yaml=OmegaConf.to_yaml(self.cfg),
+                keep_last=self.cfg.train.keep_last,
+            )
+        barrier(self.env)
+        return path
+
+    def _restore(self, resume) -> None:
+        if resume is True:
+            if self.checkpoint_root is None:
+                raise CheckpointError("--resume needs a run directory")
+            where = self.run_dir
+        else:
+            where = Path(resume)
+        directory = resolve_checkpoint(where)
+        step, state = read_state(directory)
+        saved = load_config(base=state["config"])
+        check_same_architecture(saved, self.cfg, str(directory))
+        for key in ("seed", "batch_size"):
+            if saved.train[key] != self.cfg.train[key]:
+                raise CheckpointError(
+                    f"cannot resume {str(directory)!r} with train.{key}={self.cfg.train[key]}: it was trained with "
+                    f"{saved.train[key]}; an exact resume needs the same value"
+                )
+        load_weights_into(self.model, read_weights(directory, device=self.device), str(directory))
+        if self.ema is not None:
+            if (directory / "ema.safetensors").is_file():
+                load_weights_into(self.ema.model, read_weights(directory, ema=True, device=self.device), str(directory))
+                self.ema.load_state(state["ema"])
+            else:  # EMA switched on at resume: start it from the current weights
+                self.ema.model.load_state_dict(self.model.state_dict())
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (ValueError, KeyError) as e:
+            raise CheckpointError(f"checkpoint {str(directory)!r}: optimizer state does not fit: {e}") from None
+        self.batches.load_state_dict(state["batches"])
+        rng = state.get("rng", {})
+        if "torch" in rng:
+            torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and self.device.type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"], self.device)
+        self.step = step
+        self.elapsed = float(state.get("elapsed_s", 0.0))
+        self.last_eval = dict(state.get("last_eval") or {})
+        self.resumed_from = directory
+
+    # ----------------------------------------------------------------------------------------------- steps
+
+    def train_step(self) -> dict[str, float]:
+        """One optimizer update over the global batch; returns this rank-averaged step's metrics."""
+        t, env = self.cfg.train, self.env
+        lr = lr_at(self.step, t.steps, self.cfg.optim)
+        set_lr(self.optimizer, lr)
+        self.model.train()
+        indices = next(self.batches)
+        mine = list(range(env.rank, self.num_micro, env.world_size))
+        # Each micro-batch loss is a mean over its sequences; the update follows the mean over micro-batches.
+        # DDP averages over ranks, so each rank scales its share by W / num_micro.
+        scale = env.world_size / self.num_micro
+        sums: dict[str, float] = {}
+        for k, c in enumerate(mine):
+            seed = stream_seed(t.seed, self.step, c)
+            generator = torch.Generator(device=self.device).manual_seed(seed)
+            torch.manual_seed(seed)  # model-internal randomness (dropout) follows the same stream
+            x1 = self.data.get_batch("train", indices[c * self.micro : (c + 1) * self.micro], self.device)
+            last = k == len(mine) - 1
+            sync = contextlib.nullcontext() if (last or not env.distributed) else self.forward_model.no_sync()
+            with sync:
+                with _autocast(self.device, self.precision):
+                    loss, metrics = self.objective(self.forward_model, x1, generator=generator)
+                (loss * scale).backward()
+            for key, v in metrics.items():
+                sums[key] = sums.get(key, 0.0) + float(v) / len(mine)
+        clip = float(self.cfg.optim.clip) if self.cfg.optim.clip > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        if not math.isfinite(grad_norm):  # identical on every rank: the gradients are already averaged
+            raise TrainingError(
+                f"non-finite gradient at step {self.step + 1} (loss {sums.get('loss', float('nan')):.4g}); lower "
+                "optim.lr, raise optim.warmup or use train.precision=fp32"
+            )
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self.ema.update(self.model)
+        self.step += 1
+        sums.update(lr=lr, grad_norm=grad_norm)
+        return sums
+
+    # ----------------------------------------------------------------------------------------------- eval
+
+    @torch.no_grad()
+    def validate(self, max_examples: int | None = None, precision: str | None = None) -> dict:
+        """The likelihood bound of the eval model on the eval split (rank 0; MATH.md §2.4)."""
+        from tcsm.likelihood import evaluate_bound
+
+        e = self.cfg.eval
+        data = self.data.split(e.split)
+        if max_examples:
+            data = data[:max_examples]
+        if data.shape[0] == 0:
+            return {}
+        generator = torch.Generator(device=self.device).manual_seed(e.seed)
+        with _autocast(self.device, precision or self.precision):
+            result = evaluate_bound(
+                self.eval_model(), data, self.path, batch_size=e.batch_size, num_t=e.num_t, generator=generator,
+                bound=e.bound, device=self.device,
+            )
+        if self.data_info.nats_per_token_floor is not None:
+            result["floor_bpc"] = self.data_info.nats_per_token_floor / math.log(2)
+        return result
+
+    @torch.no_grad()
+    def samples(self) -> list[str]:
+        """`sample.num` decoded sequences from the eval model (rank 0)."""
+        from tcsm.sampling import sample
+
+        s = self.cfg.sample
+        if s.num == 0:
+            return []
+        generator = torch.Generator(device=self.device).manual_seed(s.seed)
+        with _autocast(self.device, self.precision):
+            tokens = sample(
+                self.eval_model(), self.path, batch_size=s.num, length=s.length or self.data_info.seq_len,
+                num_steps=s.steps, generator=generator, device=self.device,
+            )
+        return [self.data.decode(row) for row in tokens.cpu()]
+
+    def _periodic(self, every: int, final: bool) -> bool:
+        return final or (every > 0 and self.step % every == 0)
+
+    def _eval_and_log(self, final: bool) -> None:
+        if not self.env.is_main:
+            return
+        result = self.validate(max_examples=self.cfg.train.eval_examples)
+        if result:
+            self.last_eval = {k: v for k, v in result.items() if isinstance(v, (int, float, str))}
+            self.logger.scalars("valid", self.step, self.last_eval)
+            floor = f" (source entropy {result['floor_bpc']:.4f})" if "floor_bpc" in result else ""
+            self._write(
+                f"step {self.step}: {self.cfg.eval.split} bound {result['bpc']:.4f} ± {result['bpc_stderr']:.4f} "
+                f"bits/token{floor}, ppl {result['perplexity']:.3f} [{result['bound']}, "
+                f"{result['num_sequences']} seqs]"
+            )
+
+    def _sample_and_log(self) -> None:
+        if not self.env.is_main:
+            return
+        texts = self.samples()
+        if texts:
+            self.logger.samples(self.step, texts)
+            self._write(f"step {self.step}: samples\n" + "\n".join(f"  | {t}" for t in texts))
+
+    def _write(self, msg: str) -> None:
+        if self._bar is not None:
+            self._bar.write(msg, file=sys.stdout)
+        else:
+            self._print(msg)
+
+    # ----------------------------------------------------------------------------------------------- loop
+
+    _bar = None
+
+    def fit(self) -> dict:
+        """Train until train.steps, with periodic validation, samples and checkpoints; returns a summary."""
+        t, env = self.cfg.train, self.env
+        if self.env.is_main and self.run_dir is not None:
+            (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg), encoding="utf-8")
+        if self.step >= t.steps:
+            self._print(f"nothing to do: the run is at step {self.step} >= train.steps={t.steps}")
+            return self.summary()
+        if env.is_main:
+            from tcsm.models import count_parameters
+
+            self._print(
+                f"{self.data.summary()}\nmodel: {count_parameters(self.model) / 1e6:.2f}M parameters, "
+                f"{self.path.kind} path, {self.precision}, device {self.device}, {env.world_size} process(es), "
+                f"{self.num_micro} micro-batch(es) of {self.micro}; "
+                + (f"resuming at step {self.step}" if self.step else f"{t.steps} steps")
+            )
+        from tqdm.auto import tqdm
+
+        self._bar = tqdm(
+            total=t.steps, initial=self.step, disable=True if not (env.is_main and t.progress) else None, dynamic_ncols=True,
+            unit="step", file=sys.stderr, smoothing=0.05,
+        )
+        window: dict[str, float] = {}
+        window_steps, window_start = 0, time.perf_counter()
+        tokens_per_step = t.batch_size * self.data_info.seq_len
+        try:
+            while self.step < t.steps:
+                metrics = self.train_step()
+                for k, v in metrics.items():
+                    window[k] = window.get(k, 0.0) + v
+                window_steps += 1
+                self._bar.update(1)
+                final = self.step == t.steps
+                if self.step % t.log_every == 0 or final or self.step == 1:
+                    now = time.perf_counter()
+                    row = all_reduce_mean({k: v / window_steps for k, v in window.items()}, env)
+                    row["lr"], row["grad_norm"] = metrics["lr"], metrics["grad_norm"]
+                    row["tokens_per_s"] = tokens_per_step * window_steps / max(now - window_start, 1e-9)
+                    self.elapsed += now - window_start
+                    row["elapsed_s"] = self.elapsed
+                    self.logger.scalars("train", self.step, row)
+                    self._bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{row['lr']:.2e}", refresh=False)
+                    window, window_steps, window_start = {}, 0, time.perf_counter()
+                did_eval = self._periodic(t.eval_every, final)
+                if did_eval:
+                    self._eval_and_log(final)
+                if self._periodic(t.sample_every, final):
+                    self._sample_and_log()
+                if self._periodic(t.save_every, final):
+                    self.save()
+                if did_eval:
+                    barrier(env)
+                    window_start = time.perf_counter()  # evaluation time is not training throughput
+        finally:
+            self._bar.close()
+            self._bar = None
+        summary = self.summary()
+        if env.is_main:
+            plot_curves(self.run_dir, summary.get("floor_bpc")) if self.run_dir is not None else None
+            self.logger.close()
+        return summary
+
+    def summary(self) -> dict:
+        out = {"step": self.step, "elapsed_s": round(self.elapsed, 2), "data": self.data_info.label}
+        out.update(self.last_eval)
+        return out

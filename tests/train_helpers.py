@@ -1,0 +1,73 @@
+"""Shared by the trainer / checkpoint / CLI / distributed tests: a tiny run that trains in about a second."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+# 2 layers × width 32 on 16-token synthetic sequences; fp32 so that comparisons can be exact.
+TINY = [
+    "model.d_model=32",
+    "model.n_layers=2",
+    "model.n_heads=2",
+    "model.cond_dim=16",
+    "model.max_len=16",
+    "data.seq_len=16",
+    "data.num_train=256",
+    "data.num_valid=32",
+    "data.num_test=32",
+    "train.batch_size=8",
+    "train.precision=fp32",
+    "train.device=cpu",
+    "train.progress=false",
+    "train.tensorboard=false",
+    "train.log_every=1",
+    "train.eval_examples=16",
+    "eval.num_t=2",
+    "eval.batch_size=32",
+    "sample.num=2",
+    "sample.steps=4",
+    "optim.warmup=2",
+    "optim.lr=3e-3",
+]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny(*extra: str) -> list[str]:
+    return TINY + list(extra)
+
+
+def final_weights(run_dir: Path, which: str = "model") -> dict[str, torch.Tensor]:
+    ckpt_root = Path(run_dir) / "checkpoints"
+    name = (ckpt_root / "latest").read_text().strip()
+    return load_file(str(ckpt_root / name / f"{which}.safetensors"))
+
+
+def assert_same_weights(a: dict, b: dict, atol: float = 0.0) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        if atol == 0.0:
+            assert torch.equal(a[k], b[k]), f"{k} differs by {(a[k] - b[k]).abs().max().item()}"
+        else:
+            torch.testing.assert_close(a[k], b[k], atol=atol, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def cli_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.pop("TCSM_TRACEBACK", None)
+    return env
+
+
+def run_cli(*args: str, cwd=None, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tcsm.cli", *args], capture_output=True, text=True, env=cli_env(), cwd=cwd,
+        timeout=timeout,
+    )
