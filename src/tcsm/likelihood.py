@@ -58,6 +58,8 @@ BOUNDS: dict[str, tuple[str, ...]] = {"masked": ("masked",), "uniform": ("revers
 _T_HI = 1.0 - 2.0**-24
 _T_LO = torch.finfo(torch.float32).tiny
 _LN2 = math.log(2.0)
+# Tokens of x_t sampled per vectorised draw in `nelbo_terms` (bounds its memory, fixes its random stream).
+_SAMPLE_BLOCK = 1 << 20
 
 
 def default_bound(path: Path) -> str:
@@ -187,6 +189,47 @@ def _safe_times(t: Tensor) -> Tensor:
     return t.to(torch.float32).clamp(_T_LO, _T_HI)
 
 
+def _sample_xt(x1: Tensor, t: Tensor, path: Path, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    """x_t from p_{t|1}(·|x_1) split on E = {some token is corrupted (masked / changed)}, with the weight [B]
+    that keeps E_{x_t}[w(t) G] unbiased (MATH.md §2.4).
+
+    Near t = 1, E is rare while the weight κ_t (or c_t b_t) is large, so plain sampling has a heavy tail.
+    The draw picks E with probability q = max(P(E), 1/2) (q = 1 for the masked source, where G = 0 off E)
+    and returns weight P(E)/q on E, P(not E)/(1 − q) off it: the tail is capped at 2 P(E) κ_t = O(L α̇_t).
+    On E, the first corrupted position is drawn from its truncated geometric law and the later ones
+    independently; every token keeps exactly its kernel k_t (MATH.md §1.1).
+    """
+    B, L = x1.shape
+    V = path.vocab_size
+    wd = t.dtype
+    oma = path.schedule.one_minus_alpha(t).clamp(0.0, 1.0)
+    # Per-token corruption probability e: masked → 1 − α; uniform → (1 − α)(V − 1)/V (a redraw may hit x_1).
+    e = oma if path.kind == "masked" else oma * (V - 1) / V
+    log_keep = torch.log1p(-e)  # log(1 − e) ≤ 0
+    p_event = -torch.expm1(L * log_keep)  # P(E) = 1 − (1 − e)^L, accurate when e is tiny
+    if path.kind == "masked":
+        q = torch.ones_like(p_event)
+    else:
+        q = p_event.clamp_min(0.5)
+    u = torch.rand(2, B, generator=generator, device=x1.device, dtype=wd)
+    event = u[0] < q
+    # First corrupted position j: P(j) = (1 − e)^j e / P(E), by inverting its CDF (1 − (1 − e)^{j+1}) / P(E).
+    j = torch.floor(torch.log1p(-u[1] * p_event) / log_keep)
+    j = torch.nan_to_num(j, nan=0.0, posinf=L - 1.0).clamp(0, L - 1).long()
+    pos = torch.arange(L, device=x1.device)
+    later = torch.rand(B, L, generator=generator, device=x1.device, dtype=wd) < e.unsqueeze(-1)
+    corrupt = (pos == j.unsqueeze(-1)) | ((pos > j.unsqueeze(-1)) & later)
+    corrupt = corrupt & event.unsqueeze(-1)
+    if path.kind == "masked":
+        noisy = torch.full_like(x1, path.mask_id)
+    else:
+        shift = torch.randint(1, V, (B, L), generator=generator, device=x1.device)
+        noisy = (x1 + shift) % V  # uniform over the V − 1 other tokens
+    xt = torch.where(corrupt, noisy, x1)
+    weight = torch.where(event, p_event / q, (1.0 - p_event) / (1.0 - q).clamp_min(torch.finfo(wd).tiny))
+    return xt, weight
+
+
 def nelbo_terms(
     denoiser: Denoiser,
     x1: Tensor,
@@ -230,6 +273,7 @@ def nelbo_terms(
         return out.reshape(num_t, B)
 
     pending: list[Tensor] = []  # sampled x_t rows not yet sent to the denoiser, in stratum order
+    row_weight = torch.empty(num_t * B, dtype=wd, device=device)
     n_pending, done = 0, 0
 
     def flush(rows: Tensor) -> None:
@@ -243,14 +287,22 @@ def nelbo_terms(
             raise ValueError(
                 f"denoiser must return logits [N, L, V={path.vocab_size}], got shape {tuple(logits.shape)}"
             )
-        out[done : done + n] = nelbo_integrand(logits, z, rows, tt, path, bound)
+        out[done : done + n] = row_weight[done : done + n] * nelbo_integrand(logits, z, rows, tt, path, bound)
         done += n
 
-    for k in range(num_t):
-        # x_t drawn at the float32 time the denoiser will see (float64 kernel arithmetic).
-        pending.append(path.sample(x1, t32[k].to(wd), generator))
-        n_pending += B
-        while n_pending >= chunk or (k == num_t - 1 and n_pending > 0):
+    # x_t is drawn for whole blocks of strata (a fixed number of tokens, so the random stream does not depend
+    # on chunk_size), at the float32 times the denoiser will see, with float64 kernel arithmetic.
+    L = x1.shape[1]
+    per_block = max(1, _SAMPLE_BLOCK // max(1, B * L))
+    t_rows = t32.reshape(-1).to(wd)
+    for k0 in range(0, num_t, per_block):
+        k1 = min(num_t, k0 + per_block)
+        xt_blk, row_weight[k0 * B : k1 * B] = _sample_xt(
+            x1.repeat(k1 - k0, 1), t_rows[k0 * B : k1 * B], path, generator
+        )
+        pending.append(xt_blk)
+        n_pending += xt_blk.shape[0]
+        while n_pending >= chunk or (k1 == num_t and n_pending > 0):
             rows = torch.cat(pending) if len(pending) > 1 else pending[0]
             take = min(chunk, n_pending)
             flush(rows[:take])
