@@ -205,6 +205,7 @@ BREGMAN: dict[str, Generator] = {g.name: g for g in (GKL(), Squared(), ItakuraSa
 BREGMAN["kl"] = BREGMAN["gkl"]
 BREGMAN["lsif"] = BREGMAN["squared"]
 BREGMAN["bce"] = BREGMAN["logistic"]
+BREGMAN["itakura_saito"] = BREGMAN["is"]
 
 
 def get_generator(name: str | Generator) -> Generator:
@@ -273,6 +274,7 @@ F_DIVERGENCES["lsif"] = squared
 F_DIVERGENCES["pearson"] = squared
 F_DIVERGENCES["bce"] = logistic
 F_DIVERGENCES["js"] = logistic
+F_DIVERGENCES["itakura_saito"] = itakura_saito
 
 
 def get_f_divergence(name: str | Callable[[Tensor, Tensor], Tensor]) -> Callable[[Tensor, Tensor], Tensor]:
