@@ -20,7 +20,8 @@ __all__ = ["COMMANDS", "main", "Parser"]
 COMMANDS: dict[str, str] = {
     "quickstart": "tcsm.cli.quickstart",
     "train": "tcsm.cli.train",
-    "eval": "tcsm.cli.eval",
+    "eval": "tcsm.cli.eval_modes",  # tcsm.cli.eval plus --zeroshot / --genppl
+    "sample": "tcsm.cli.sample",
 }
 
 
