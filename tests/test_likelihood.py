@@ -42,6 +42,15 @@ from tcsm.toy import EnumerableDistribution
 W_MAX = 30.0  # t = 1 − e^{-30}: the bound's integrand beyond it is O(30 e^{-30})
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """These tensors are tiny: intra-op threads only add overhead (and contend on a shared 2-core machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 # --- oracles ----------------------------------------------------------------------------------------
 
 
@@ -202,7 +211,7 @@ def test_dfm_bound_is_valid_but_loose_at_exact_posterior(V, L, seed):
     assert (dfm >= nll + 1e-3).all()
     assert (dfm > rev + 1e-3).all()
     gap_bits = float((d.probs * (dfm - rev)).sum()) / (L * math.log(2))
-    assert 0.1 < gap_bits < 0.6, gap_bits
+    assert 0.15 < gap_bits < 0.5, gap_bits  # 0.21 (V=2, L=3) and 0.40 (V=3, L=2) here
 
 
 @pytest.mark.parametrize(
@@ -277,7 +286,7 @@ def test_nelbo_is_tight_within_monte_carlo_error(kind, bound, sched):
         d.denoiser(path),
         x1,
         path,
-        num_t=6000,
+        num_t=3000,
         generator=torch.Generator().manual_seed(1),
         bound=bound,
         chunk_size=8192,
@@ -294,7 +303,7 @@ def test_weighted_xt_sampler_reproduces_the_kernel(kind):
     exactly p_{t|1}(·|x_1) = Π_i k_t(x_t^i | x_1^i), also near t = 1 where corruption is rare."""
     from tcsm.likelihood import _sample_xt
 
-    V, L, n = 3, 3, 200_000
+    V, L, n = 3, 3, 100_000
     path = MaskedPath(V) if kind == "masked" else UniformPath(V)
     x1 = torch.tensor([[0, 2, 1]])
     S = _noisy_states(path, L)
@@ -502,3 +511,36 @@ def test_evaluate_bound_fields_and_consistency():
     evaluate_bound(grad_probe, data, path, batch_size=4, num_t=2)
     with pytest.raises(ValueError):
         evaluate_bound(grad_probe, data, UniformPath(3), bound="masked")
+
+
+class _TinyDenoiser(torch.nn.Module):
+    """Embedding + time feature + linear head: a model-shaped denoiser for gradient and autocast checks."""
+
+    def __init__(self, V, num_states, seed=0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.emb = torch.nn.Embedding(num_states, 16)
+        self.time = torch.nn.Linear(1, 16)
+        self.head = torch.nn.Linear(16, V)
+
+    def forward(self, xt, t):
+        h = self.emb(xt) + self.time(t.reshape(-1, 1, 1).to(self.time.weight.dtype))
+        return self.head(torch.tanh(h))
+
+
+@pytest.mark.parametrize("kind,bound", [("masked", None), ("uniform", "reversal"), ("uniform", "dfm")])
+def test_nelbo_is_differentiable_and_autocast_safe(kind, bound):
+    V = 4
+    path = MaskedPath(V) if kind == "masked" else UniformPath(V)
+    model = _TinyDenoiser(V, path.num_states)
+    x1 = torch.randint(0, V, (3, 5), generator=torch.Generator().manual_seed(0))
+    val = nelbo(model, x1, path, num_t=4, generator=torch.Generator().manual_seed(0), bound=bound)
+    val.sum().backward()
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert any(g.abs().sum() > 0 for g in grads)
+    # Under bf16 autocast the model's logits are bf16; the bound arithmetic stays in float64.
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        lo = nelbo(model, x1, path, num_t=4, generator=torch.Generator().manual_seed(0), bound=bound)
+    assert lo.dtype == torch.float64 and torch.isfinite(lo).all()
+    torch.testing.assert_close(lo, val.detach(), rtol=0.05, atol=0.05)

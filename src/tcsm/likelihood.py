@@ -18,6 +18,10 @@ float64), and sampled times are mapped into [tiny, 1 − 2^-24] (float32-represe
 exactly the t used for the weights). That moves, never drops, the samples of a set of measure ≲ 6e-8; the
 integrands are bounded there, so the change is O(1e-7) nats, far below the Monte Carlo error.
 
+Variance. Near t = 1 a corrupted token is rare (probability ~ 1 − α_t) but weighted by κ_t ~ 1/(1 − α_t),
+which gives plain sampling a heavy tail. x_t is therefore drawn split on the event "some token corrupted",
+with importance weights that keep every estimate unbiased (`_sample_xt`); stratified t does the rest.
+
 For the uniform source both bounds are finite only if the denoiser's mass on tokens other than x_t^i
 vanishes like 1 − α_t as t → 1 (as the exact posterior's does, MATH.md §1.3); a denoiser that stays
 diffuse at t → 1 has an infinite bound, and its Monte Carlo estimate then has a heavy tail.
@@ -25,6 +29,7 @@ diffuse at t → 1 has an infinite bound, and its Monte Carlo estimate then has 
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 
@@ -118,6 +123,19 @@ def nelbo_integrand(
     `logits` [B, L, V] are the denoiser's output at (x_t, t); `t` [B] must lie in (0, 1) (see `nelbo`).
     """
     bound = resolve_bound(path, bound)
+    # The denoiser may run under autocast; this arithmetic must keep its float64 / float32.
+    with _no_autocast(x1.device):
+        return _integrand(logits, x1, xt, t, path, bound)
+
+
+def _no_autocast(device: torch.device):
+    try:
+        return torch.autocast(device_type=torch.device(device).type, enabled=False)
+    except (RuntimeError, ValueError):  # a device type without autocast support
+        return contextlib.nullcontext()
+
+
+def _integrand(logits: Tensor, x1: Tensor, xt: Tensor, t: Tensor, path: Path, bound: str) -> Tensor:
     wd = _work_dtype(x1.device)
     t = t.to(wd)
     sched = path.schedule
@@ -268,9 +286,9 @@ def nelbo_terms(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
 
     t32 = _safe_times(stratified_times(num_t, B, generator=generator, device=device, dtype=torch.float64))
-    out = torch.empty(num_t * B, dtype=wd, device=device)
     if B == 0:
-        return out.reshape(num_t, B)
+        return torch.empty(num_t, 0, dtype=wd, device=device)
+    out: list[Tensor] = []
 
     pending: list[Tensor] = []  # sampled x_t rows not yet sent to the denoiser, in stratum order
     row_weight = torch.empty(num_t * B, dtype=wd, device=device)
@@ -287,7 +305,7 @@ def nelbo_terms(
             raise ValueError(
                 f"denoiser must return logits [N, L, V={path.vocab_size}], got shape {tuple(logits.shape)}"
             )
-        out[done : done + n] = row_weight[done : done + n] * nelbo_integrand(logits, z, rows, tt, path, bound)
+        out.append(row_weight[done : done + n] * nelbo_integrand(logits, z, rows, tt, path, bound))
         done += n
 
     # x_t is drawn for whole blocks of strata (a fixed number of tokens, so the random stream does not depend
@@ -309,7 +327,7 @@ def nelbo_terms(
             rest = rows[take:]
             pending = [rest] if rest.shape[0] else []
             n_pending = rest.shape[0]
-    return out.reshape(num_t, B)
+    return torch.cat(out).reshape(num_t, B)
 
 
 def prior_term(x1: Tensor, path: Path) -> Tensor:
