@@ -459,3 +459,33 @@ def test_device_follows_inputs(device, loss):
     loss_value, _ = Objective(path, loss=loss)(lambda xt, t: emb(xt), x1, g)
     assert loss_value.device.type == device
     loss_value.backward()
+
+
+@pytest.mark.parametrize("loss", ["distrib", "score"])
+def test_batch_without_loss_positions(loss):
+    """At t = 1 nothing is masked: the loss is exactly 0, and backward still runs (zero gradient)."""
+    V = 4
+    path = MaskedPath(V)
+    emb = torch.nn.Embedding(path.num_states, V)
+    x1 = torch.randint(0, V, (3, 5), generator=torch.Generator().manual_seed(0))
+    batch = DataTarget()(x1, torch.ones(3), path)
+    assert not batch.loss_mask.any()
+    value, metrics = Objective(path, loss=loss).loss_from_batch(emb(batch.xt), batch)
+    assert value.item() == 0.0 and metrics["loss_positions"] == 0.0
+    value.backward()
+    assert (emb.weight.grad == 0).all()
+
+
+@pytest.mark.parametrize("antithetic", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, F64])
+def test_times_never_round_up_to_one(monkeypatch, antithetic, dtype):
+    """A float64 draw just below 1 must not become t = 1 after the cast (κ_1 is the floored 1/tiny ≈ 1e38)."""
+    import tcsm.timesteps as ts
+
+    def rand(size, **kwargs):  # every uniform draw is 1 − 1e-12
+        return torch.full(size if isinstance(size, tuple) else (size,), 1 - 1e-12, dtype=F64)
+
+    monkeypatch.setattr(ts.torch, "rand", rand)
+    t = ts.sample_times(4 if not antithetic else 1, antithetic=antithetic, dtype=dtype)
+    assert (t < 1).all() and (t > 0.99).all()
+    assert MaskedPath(3).kappa(t).max() < 1e13

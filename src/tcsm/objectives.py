@@ -22,6 +22,7 @@ import math
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from tcsm.divergences import Generator, get_f_divergence, get_generator
@@ -58,22 +59,21 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _model_log_probs(logits: Tensor, mask: Tensor) -> Tensor:
-    """log m_θ = log_softmax(logits) over the V clean tokens; logits outside `mask` are replaced by zeros first,
-    so whatever a model emits at carry-over positions (even inf/NaN) can neither leak into the loss nor its
-    gradient."""
-    logits = logits.to(_compute_dtype(logits))
-    logits = torch.where(
-        mask.unsqueeze(-1), logits, torch.zeros((), dtype=logits.dtype, device=logits.device)
-    )
-    return torch.log_softmax(logits, dim=-1)
+def _loss_rows(logits: Tensor, batch: TargetBatch) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Logits, observed tokens and explicit target log q at loss positions only, as rows [N, V], [N], [N, V].
+
+    Selecting rows (rather than masking afterwards) skips the work at carry-over positions and means that
+    whatever a model emits there (even inf/NaN) reaches neither the loss nor its gradient.
+    """
+    mask = batch.loss_mask
+    rows = logits[mask].to(_compute_dtype(logits))
+    log_q = batch.log_q[mask].to(rows.dtype) if batch.explicit else None
+    return rows, batch.x1[mask], log_q
 
 
-def _target_log_probs(batch: TargetBatch, like: Tensor) -> Tensor:
-    """Explicit target log q [B, L, V], made uniform outside the loss mask (δ targets there hold −inf)."""
-    log_q = batch.log_q.to(like.dtype)
-    fill = torch.full((), -math.log(log_q.shape[-1]), dtype=like.dtype, device=like.device)
-    return torch.where(batch.loss_mask.unsqueeze(-1), log_q, fill)
+def _place(values: Tensor, mask: Tensor) -> Tensor:
+    """Scatter per-row values [N] back to [B, L], zeros off the loss mask (differentiable)."""
+    return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(mask, values)
 
 
 def _floor(x: Tensor, clamp: float | None) -> Tensor:
@@ -116,26 +116,23 @@ def distrib_loss(
     KL is exact unless `clamp` is given.
     """
     _check_logits(logits, batch, path)
-    mask = batch.loss_mask
-    log_m = _model_log_probs(logits, mask)
     is_kl = isinstance(divergence, str) and divergence == "kl"
-    if not batch.explicit:
-        if not is_kl:
-            raise ValueError(
-                f"divergence {divergence!r} needs an explicit target conditional (TargetBatch.log_q); "
-                "a Monte Carlo (data) target only supports 'kl' — use a parametric target or the score loss"
-            )
-        return _masked(-_gather(_floor(log_m, clamp), batch.x1), mask)
-    log_q = _target_log_probs(batch, log_m)
-    if is_kl:
-        log_m = _floor(log_m, clamp)
-        q = log_q.exp()
-        ce = -(q * log_m).sum(-1)
-        return _masked(ce, mask)
-    if clamp is None:
-        clamp = DEFAULT_CLAMP
-    value = get_f_divergence(divergence)(_floor(log_q, clamp), _floor(log_m, clamp))
-    return _masked(value, mask)
+    if not batch.explicit and not is_kl:
+        raise ValueError(
+            f"divergence {divergence!r} needs an explicit target conditional (TargetBatch.log_q); "
+            "a Monte Carlo (data) target only supports 'kl' — use a parametric target or the score loss"
+        )
+    rows, z, log_q = _loss_rows(logits, batch)
+    if not batch.explicit and clamp is None:
+        value = F.cross_entropy(rows, z, reduction="none")
+    elif not batch.explicit:
+        value = -_gather(_floor(torch.log_softmax(rows, -1), clamp), z)
+    elif is_kl:
+        value = -(log_q.exp() * _floor(torch.log_softmax(rows, -1), clamp)).sum(-1)
+    else:
+        clamp = DEFAULT_CLAMP if clamp is None else clamp
+        value = get_f_divergence(divergence)(_floor(log_q, clamp), _floor(torch.log_softmax(rows, -1), clamp))
+    return _place(value, batch.loss_mask)
 
 
 def score_loss(
@@ -150,25 +147,25 @@ def score_loss(
     """Per-position L_score [B, L] (MATH.md §3.2, §3.4): N^1 concrete-score matching with Bregman generator φ.
 
     Monte Carlo target (z = x_1^i observed): ℓ_φ(z) = Σ_y[ρ_y φ'(ρ_y) − φ(ρ_y)] − Σ_y φ'(1/ρ_y), ρ_y = m_y/m_z;
-    for GKL the box ℓ = −V log m_z + 1/m_z + Σ_y log m_y. Explicit target: Σ_y D_φ(q_y/q_z, m_y/m_z).
+    for GKL the box ℓ = −V log m_z + 1/m_z + Σ_y log m_y. Explicit target: Σ_y D_φ(q_y/q_z, m_y/m_z), which
+    assumes q^i(x_1^i) > 0 (true when x_1 is drawn from the target's own proposal).
     Log-probabilities are floored at `clamp` (MATH.md §8 item 6); `paper_scale=True` divides by V (§8 item 5).
     `divergence` is an alias of `generator` (so that `Objective(divergence=...)` reaches it).
     """
     _check_logits(logits, batch, path)
     gen = get_generator(divergence if divergence is not None else generator)
-    mask = batch.loss_mask
-    log_m = _floor(_model_log_probs(logits, mask), clamp)
-    log_m_z = _gather(log_m, batch.x1)
+    rows, z, log_q = _loss_rows(logits, batch)
+    log_m = _floor(torch.log_softmax(rows, -1), clamp)
+    log_m_z = _gather(log_m, z)
     if batch.explicit:
-        log_q = _floor(_target_log_probs(batch, log_m), clamp)
-        log_w = log_q - _gather(log_q, batch.x1).unsqueeze(-1)
-        log_w_theta = log_m - log_m_z.unsqueeze(-1)
-        value = gen.divergence_log(log_w, log_w_theta).sum(-1)
+        log_q = _floor(log_q, clamp)
+        log_w = log_q - _gather(log_q, z).unsqueeze(-1)
+        value = gen.divergence_log(log_w, log_m - log_m_z.unsqueeze(-1)).sum(-1)
     else:
         value = gen.mc_score(log_m, log_m_z)
     if paper_scale:
         value = value / path.vocab_size
-    return _masked(value, mask)
+    return _place(value, batch.loss_mask)
 
 
 # Optional `validate(**kwargs)` hooks let `Objective` reject bad names when it is built.

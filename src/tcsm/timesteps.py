@@ -21,7 +21,14 @@ def sample_times(
         t = (u + torch.arange(batch_size, device=device, dtype=torch.float64) / batch_size) % 1.0
     else:
         t = torch.rand(batch_size, generator=generator, device=device, dtype=torch.float64)
-    return t.to(dtype)
+    return _below_one(t, dtype)
+
+
+def _below_one(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """Cast to `dtype` keeping t < 1: values within half an ulp of 1 would round to t = 1 exactly, where κ_t is
+    the floored 1/tiny (~1e38 in float32) and a single such draw would swamp a κ-weighted loss."""
+    one_minus = torch.nextafter(torch.ones((), dtype=dtype), torch.zeros((), dtype=dtype))
+    return t.to(dtype).clamp_max(one_minus.to(t.device))
 
 
 def stratified_times(
@@ -31,4 +38,4 @@ def stratified_times(
     each column is a stratified sample of U(0, 1) and every t is marginally uniform (unbiased estimates)."""
     u = torch.rand(num, batch_size, generator=generator, device=device, dtype=torch.float64)
     k = torch.arange(num, device=device, dtype=torch.float64).unsqueeze(1)
-    return ((k + u) / num).to(dtype)
+    return _below_one((k + u) / num, dtype)
