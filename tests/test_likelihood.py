@@ -417,6 +417,21 @@ def test_generator_reproducibility_and_chunking():
     assert not torch.equal(run(1), a)
 
 
+def test_reversal_bound_is_sliced_without_changing_values(monkeypatch):
+    """The [rows, L, V] float64 temporaries of §2.3 B are built in row slices (memory); values are unchanged."""
+    import tcsm.likelihood as lk
+
+    V, L = 5, 4
+    path = UniformPath(V)
+    x1 = torch.randint(0, V, (6, L), generator=torch.Generator().manual_seed(0))
+    den = _random_logits_denoiser(V, 3.0)
+    full = nelbo(den, x1, path, num_t=3, generator=torch.Generator().manual_seed(0))
+    monkeypatch.setattr(lk, "_VDIM_BLOCK", 2 * L * V)
+    torch.testing.assert_close(
+        nelbo(den, x1, path, num_t=3, generator=torch.Generator().manual_seed(0)), full
+    )
+
+
 def test_bound_names_and_errors():
     assert BOUNDS == {"masked": ("masked",), "uniform": ("reversal", "dfm")}
     assert default_bound(MaskedPath(3)) == "masked" and default_bound(UniformPath(3)) == "reversal"

@@ -65,6 +65,8 @@ _T_LO = torch.finfo(torch.float32).tiny
 _LN2 = math.log(2.0)
 # Tokens of x_t sampled per vectorised draw in `nelbo_terms` (bounds its memory, fixes its random stream).
 _SAMPLE_BLOCK = 1 << 20
+# Elements per [rows, L, V] float64 temporary of the time-reversal bound (bounds its memory to ~128 MiB each).
+_VDIM_BLOCK = 1 << 24
 
 
 def default_bound(path: Path) -> str:
@@ -165,17 +167,30 @@ def _integrand(logits: Tensor, x1: Tensor, xt: Tensor, t: Tensor, path: Path, bo
         return torch.where(G > 0, kappa * G, torch.zeros_like(G))
 
     # --- time-reversal bound (§2.3 B): c_t Σ_i Σ_{y≠x} GKL(r_y ‖ ŝ_y), in closed, cancellation-free pieces ---
-    lg = logits.to(wd)
-    lse = torch.logsumexp(lg, dim=-1)
-    m = (lg - lse.unsqueeze(-1)).exp()  # [B, L, V]
     oma_c = oma.clamp_min(tiny)
     b = V * alpha / oma_c  # boost b_t
     rho = oma_c / (oma_c + V * alpha)  # 1 / (1 + b)
     omrho = V * alpha / (oma_c + V * alpha)  # b / (1 + b)
     c = adot / (V * alpha.clamp_min(tiny))
-    b3, rho3, omrho3 = _col(b, 2), _col(rho, 2), _col(omrho, 2)
+    # The [rows, L, V] float64 temporaries are built a slice of rows at a time to bound their memory.
+    n = x.shape[0]
+    step = max(1, _VDIM_BLOCK // max(1, x.shape[1] * V))
+    parts = []
+    for i in range(0, n, step):
+        sl = slice(i, i + step)
+        parts.append(_reversal_gkl(logits[sl], x[sl], z[sl], b[sl], rho[sl], omrho[sl], wd))
+    G = torch.cat(parts) if parts else torch.zeros(0, dtype=wd, device=x.device)
+    return torch.where(G > 0, c * G, torch.zeros_like(G))
 
-    m_x = m.gather(-1, x.unsqueeze(-1))  # [B, L, 1]
+
+def _reversal_gkl(logits, x, z, b, rho, omrho, wd) -> Tensor:
+    """Σ_i Σ_{y≠x^i} D_GKL(r^i_y ‖ ŝ^i_y) per row (MATH.md §2.3 B); b, rho = 1/(1+b), omrho = b/(1+b) per row."""
+    V = logits.shape[-1]
+    lg = logits.to(wd)
+    lse = torch.logsumexp(lg, dim=-1)
+    m = (lg - lse.unsqueeze(-1)).exp()  # [n, L, V]
+    b3, rho3, omrho3 = _col(b, 2), _col(rho, 2), _col(omrho, 2)
+    m_x = m.gather(-1, x.unsqueeze(-1))  # [n, L, 1]
     om_x = _log_mass_except(lg, lse, x).exp().unsqueeze(-1)  # 1 − m(x), accurately
     om_z = _log_mass_except(lg, lse, z).exp().unsqueeze(-1)
     ys = torch.arange(V, device=x.device)
@@ -198,8 +213,7 @@ def _integrand(logits: Tensor, x1: Tensor, xt: Tensor, t: Tensor, path: Path, bo
     # log(ŝ/r): log1p where ŝ ≈ r (t → 0, where GKL ~ (ŝ − r)²), a plain difference elsewhere.
     log_ratio = torch.where(d.abs() < 0.5, torch.log1p(d.clamp_min(-0.5)), torch.log(s) - torch.log(r))
     gkl = torch.where(is_x, torch.zeros((), dtype=wd, device=x.device), s_minus_r - r * log_ratio)
-    G = gkl.sum((-1, -2))
-    return torch.where(G > 0, c * G, torch.zeros_like(G))
+    return gkl.sum((-1, -2))
 
 
 def _safe_times(t: Tensor) -> Tensor:
