@@ -312,7 +312,10 @@ class Objective:
     def __call__(
         self, model, x1: Tensor, generator: torch.Generator | None = None
     ) -> tuple[Tensor, dict[str, float]]:
-        """Draw t and a target batch for clean x1 [B, L], run `model(x_t, t)`, return (loss, metrics)."""
+        """Draw t and a target batch for clean x1 [B, L], run `model(x_t, t)`, return (loss, metrics).
+
+        `generator` (None: the global RNG) must live on x1's device; it drives t, the noise and the target.
+        """
         t = self.sample_t(x1.shape[0], device=x1.device, generator=generator)
         batch = self.target(x1, t, self.path, generator)
         logits = model(batch.xt, batch.t)
