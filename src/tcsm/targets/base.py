@@ -69,5 +69,9 @@ class ConditionalTarget(Target):
     def __call__(self, x1, t, path, generator=None):
         xt = path.sample(x1, t, generator)
         with torch.no_grad():
-            log_q = path.target_conditional(self.log_p1_cond(x1).float(), xt, t)
+            log_p1 = self.log_p1_cond(x1)
+            # Half precision would blur small target probabilities; float64 oracles stay exact.
+            if log_p1.dtype in (torch.float16, torch.bfloat16):
+                log_p1 = log_p1.float()
+            log_q = path.target_conditional(log_p1, xt, t)
         return TargetBatch(xt=xt, t=t, x1=x1, loss_mask=path.loss_mask(xt), log_q=log_q)
