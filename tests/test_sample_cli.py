@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
+import torch
+
 from tcsm.cli import main
 from tcsm.cli.sample import template_positions
 
@@ -106,9 +109,9 @@ def test_template_positions_for_a_multi_character_tokenizer():
     ],
 )
 def test_bad_arguments_exit_non_zero_with_one_line(run_dir, capsys, argv, message):
-    code, out, err = None, "", ""
+    code, err = None, ""
     try:
-        code, out, err = _sample(capsys, run_dir, *argv)
+        code, _, err = _sample(capsys, run_dir, *argv)
     except SystemExit as e:  # argparse-level errors exit from inside the parser
         code = e.code
         err = capsys.readouterr().err
@@ -138,3 +141,122 @@ def test_cached_sampler_for_a_time_independent_masked_model(run_dir, capsys):
     # MDLM cache (MATH.md §6.2): a call only after a step that revealed something, so at most L + 1 = 25.
     cached, uncached = calls(), calls("--no-cache")
     assert cached <= 25 < uncached <= 64
+
+
+# --- tcsm eval --genppl / --zeroshot -------------------------------------------------------------------
+
+DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+BPE = DATA / "gpt2_bpe"
+needs_bpe = pytest.mark.skipif(not (BPE / "encoder.json").is_file(), reason="GPT-2 BPE files not present")
+
+
+def _eval_json(capsys, *argv):
+    code = main(["eval", *map(str, argv), "--json"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    return json.loads(out.out)
+
+
+@pytest.fixture(scope="module")
+def hf_reference(tmp_path_factory):
+    """A tiny random Hugging Face GPT-2 with the real GPT-2 tokenizer, saved to a directory."""
+    transformers = pytest.importorskip("transformers")
+    if not (BPE / "encoder.json").is_file():
+        pytest.skip("GPT-2 BPE files not present")
+    from tcsm.data import gpt2_tokenizer
+
+    d = tmp_path_factory.mktemp("hf_ref")
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=gpt2_tokenizer(str(BPE)).hf._tokenizer, eos_token="<|endoftext|>", bos_token="<|endoftext|>"
+    )
+    tok.save_pretrained(d)
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=50257, n_positions=64, n_embd=16, n_layer=1, n_head=2)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(d)
+    return d
+
+
+def test_eval_genppl_curve_and_samples_file(run_dir, hf_reference, capsys, tmp_path):
+    from tcsm.evaluation import ReferenceLM, generative_perplexity
+
+    png = tmp_path / "curve.png"
+    res = _eval_json(capsys, run_dir, "--genppl", "--reference", hf_reference, "--steps", "4,16",
+                     "--num-samples", 3, "--batch-size", 2, "--plot", png, "--output", tmp_path / "r.json")
+    assert [r["steps"] for r in res["genppl"]] == [4, 16]
+    assert all(r["gen_ppl"] > 1 and r["entropy_mean"] > 0 and r["num_samples"] == 3 for r in res["genppl"])
+    assert png.stat().st_size > 1000 and json.loads((tmp_path / "r.json").read_text())["genppl"]
+    # Scoring a `tcsm sample` jsonl file gives the library's number for the same texts.
+    samples = tmp_path / "s.jsonl"
+    assert main(["sample", str(run_dir), "-n", "3", "--steps", "8", "-o", str(samples), "--no-progress"]) == 0
+    res = _eval_json(capsys, run_dir, "--genppl", "--reference", hf_reference, "--samples", samples)
+    texts = [json.loads(line)["text"] for line in samples.read_text().splitlines()]
+    direct = generative_perplexity(ReferenceLM.from_pretrained(hf_reference), texts=texts)
+    assert res["genppl"][0]["gen_ppl"] == pytest.approx(direct.gen_ppl, rel=1e-6)
+
+
+def test_eval_genppl_with_a_tcsm_causal_reference(run_dir, capsys, tmp_path):
+    from tcsm.train.checkpoint import load_checkpoint, save_checkpoint
+    from tcsm.train.config import load_config, to_dict
+
+    own = load_checkpoint(run_dir)
+    cfg = load_config(base={**to_dict(own.config), "model": {"name": "causal", "preset": "small", "d_model": 16,
+                                                             "n_layers": 1, "n_heads": 2, "max_len": 32}})
+    from tcsm.train.components import build_model_for_checkpoint
+
+    causal = build_model_for_checkpoint(cfg, own.data_info, "cpu")
+    save_checkpoint(tmp_path / "ref" / "checkpoints", 1, model=causal,
+                    state={"config": to_dict(cfg), "data_info": own.data_info})
+    res = _eval_json(capsys, run_dir, "--genppl", "--reference", tmp_path / "ref", "--num-samples", 2,
+                     "--steps", 8)
+    # The causal model's zero-initialised head is uniform over V, so every scored token costs log V.
+    V = own.data_info["vocab_size"]
+    assert res["genppl"][0]["gen_ppl"] == pytest.approx(V, rel=1e-4)
+    assert res["genppl"][0]["num_tokens"] == 2 * 24
+
+
+@pytest.fixture(scope="module")
+def bpe_run(tmp_path_factory):
+    """One training step of a tiny GPT-2-BPE denoiser (V = 50,257)."""
+    if not (BPE / "encoder.json").is_file():
+        pytest.skip("GPT-2 BPE files not present")
+    from tcsm.train.config import load_config
+    from tcsm.train.trainer import Trainer
+
+    root = tmp_path_factory.mktemp("bpe_run")
+    (root / "corpus.txt").write_text("The quick brown fox jumps over the lazy dog. " * 200)
+    cfg = load_config(base={
+        "data": {"kind": "bpe", "path": str(root / "corpus.txt"), "bpe_dir": str(BPE), "seq_len": 32,
+                 "valid_frac": 0.1, "test_frac": 0.1},
+        "model": {"preset": "tiny", "d_model": 16, "n_layers": 1, "n_heads": 2, "cond_dim": 8, "max_len": 32},
+        "train": {"steps": 1, "batch_size": 2, "device": "cpu", "ema": 0, "eval_every": 0, "eval_examples": 2,
+                  "sample_every": 0, "save_every": 0, "progress": False, "tensorboard": False},
+        "eval": {"batch_size": 2, "num_t": 1},
+        "sample": {"num": 0},
+    })
+    Trainer(cfg, root / "run", log=lambda s: None).fit()
+    return root / "run"
+
+
+@needs_bpe
+def test_eval_zeroshot_on_a_tiny_gpt2_bpe_model(bpe_run, capsys):
+    from tcsm.data import gpt2_tokenizer
+    from tcsm.evaluation import prepare_zeroshot
+
+    res = _eval_json(capsys, bpe_run, "--zeroshot", "ptb,lambada", "--data-root", DATA, "--max-documents", 8,
+                     "--num-t", 1, "--batch-size", 4)
+    tok = gpt2_tokenizer(str(BPE))
+    for name in ("ptb", "lambada"):
+        r = res["zeroshot"][name]
+        expected = prepare_zeroshot(name, tok, block_size=32, eos_id=50256, data_root=DATA, max_documents=8)
+        assert r["num_blocks"] == expected.blocks.shape[0] and r["protocol"]["layout"] == "sedd"
+        # An almost untrained model: the bound is near log V per token, far above any real model.
+        assert 1e3 < r["ppl_bound"] < 1e7
+    assert "LAMBADA" in res["zeroshot"]["lambada"]["label"]
+
+
+def test_eval_zeroshot_refuses_a_non_bpe_model_in_one_line(run_dir, capsys):
+    assert main(["eval", str(run_dir), "--zeroshot", "ptb"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "GPT-2-BPE" in err[0]
+    assert main(["eval", str(run_dir), "--zeroshot", "enwik8"]) == 2
+    assert "unknown zero-shot set" in capsys.readouterr().err
