@@ -116,7 +116,7 @@ class Registry:
 
 MODELS = Registry("model", homes=("tcsm.models",))
 TARGETS = Registry("target", homes=("tcsm.targets",))
-OBJECTIVES = Registry("objective", homes=("tcsm.objectives",))
+OBJECTIVES = Registry("objective", homes=("tcsm.objectives", "tcsm.teachers"))
 
 
 def import_plugins(modules) -> None:

@@ -9,12 +9,18 @@ per token.
   one pass (Hollow transformer; MATH.md §8 item 20: consistent, not an MLE).
 
 `CLEAN_LOSSES[family]` names the default loss of each model family; `conditional_nll` scores any teacher's
-single-site conditionals on held-out data (the quantity a parametric target actually uses).
+single-site conditionals on held-out data (the quantity a parametric target actually uses). Every loss also has
+`evaluate(model, data, ...)`, the validation metric the trainer reports for a clean-data run instead of a
+diffusion bound: the exact NLL for the AR model, the pseudo-NLL −(1/L) Σ_i log p(x^i | x^{≠i}) for the others.
+The registry entries at the bottom let `tcsm train` use them (`objective.name: clean_lm | mlm | autoregressive |
+pseudo_likelihood`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -36,7 +42,54 @@ def _metrics(loss: Tensor, **extra: float) -> dict[str, float]:
     return {"loss": v, "bpc": v / _LN2, **extra}
 
 
-class MaskedLMLoss:
+def _summarise(per_seq: Tensor, length: int, bound: str) -> dict:
+    """Dataset metrics in the trainer's format from per-sequence nats [N] (nats/token, bpc, ppl, stderrs)."""
+    per_tok = per_seq.double() / length
+    n = per_tok.numel()
+    mean = float(per_tok.mean())
+    se = float(per_tok.std(unbiased=True) / math.sqrt(n)) if n > 1 else 0.0
+    return {
+        "nats_per_token": mean,
+        "nats_per_token_stderr": se,
+        "bpc": mean / _LN2,
+        "bpc_stderr": se / _LN2,
+        "perplexity": math.exp(mean),
+        "perplexity_stderr": math.exp(mean) * se,
+        "bound": bound,
+        "num_sequences": n,
+        "num_tokens": n * length,
+    }
+
+
+class CleanLoss:
+    """Base: `__call__(model, x1, generator)` → (loss, metrics); `evaluate` → dataset metrics (no gradients)."""
+
+    #: name of the reported validation quantity
+    metric = "nll"
+
+    def sequence_nll(self, model, x: Tensor) -> Tensor:
+        """Per-sequence nats [B] of the validation metric."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def evaluate(self, model, data: Tensor, *, batch_size: int = 64, device=None, **_) -> dict:
+        """Validation metric over `data` [N, L] in nats and bits per token, with standard errors (MATH.md §2.4)."""
+        was_training = model.training
+        model.eval()
+        try:
+            device = next(model.parameters()).device if device is None else device
+            per_seq = [
+                self.sequence_nll(model, data[s : s + batch_size].to(device=device, dtype=torch.long))
+                .float()
+                .cpu()
+                for s in range(0, data.shape[0], batch_size)
+            ]
+        finally:
+            model.train(was_training)
+        return _summarise(torch.cat(per_seq), data.shape[1], self.metric)
+
+
+class MaskedLMLoss(CleanLoss):
     """E[Σ_{i∈M} −log p(x^i | x^{∖M}) / |M|], M ∋ i independently with probability r (BERT; MATH.md §4).
 
     `mask_rate` is r, or a pair (lo, hi) from which r is drawn uniformly per sequence (more varied contexts).
@@ -77,9 +130,22 @@ class MaskedLMLoss:
         loss = (nll * chosen).sum() / chosen.sum().clamp_min(1)
         return loss, _metrics(loss, mask_frac=float(chosen.float().mean()))
 
+    metric = "pseudo-nll"
 
-class AutoregressiveLoss:
+    def sequence_nll(self, model, x):
+        from tcsm.targets.parametric import mlm_conditionals
+
+        return -mlm_conditionals(model, x).gather(-1, x.unsqueeze(-1)).squeeze(-1).sum(-1)
+
+
+class AutoregressiveLoss(CleanLoss):
     """−(1/(B·L)) Σ_b log p^AR(x_b) = mean next-token NLL (nats per token; MATH.md §4)."""
+
+    metric = "ar-nll"
+
+    def sequence_nll(self, model, x):
+        logp = torch.log_softmax(model(x).float(), dim=-1)
+        return -logp.gather(-1, x.unsqueeze(-1)).squeeze(-1).sum(-1)
 
     def __call__(self, model, x1: Tensor, generator: torch.Generator | None = None):
         logp = torch.log_softmax(model(x1).float(), dim=-1)
@@ -87,8 +153,14 @@ class AutoregressiveLoss:
         return loss, _metrics(loss)
 
 
-class PseudoLikelihoodLoss:
+class PseudoLikelihoodLoss(CleanLoss):
     """−(1/(B·L)) Σ_{b,i} log p(x_b^i | x_b^{≠i}) from one pass of a model that never reads x^i (MATH.md §4, §8 item 20)."""
+
+    metric = "pseudo-nll"
+
+    def sequence_nll(self, model, x):
+        logp = torch.log_softmax(model(x).float(), dim=-1)
+        return -logp.gather(-1, x.unsqueeze(-1)).squeeze(-1).sum(-1)
 
     def __call__(self, model, x1: Tensor, generator: torch.Generator | None = None):
         logp = torch.log_softmax(model(x1).float(), dim=-1)
@@ -111,3 +183,62 @@ def conditional_nll(teacher, x: Tensor) -> float:
     """−(1/(B·L)) Σ log p_1(x^i | x^{≠i}) under a teacher's conditionals (nats per token; MATH.md §4)."""
     logq = teacher(x)
     return float(-logq.gather(-1, x.unsqueeze(-1)).squeeze(-1).mean())
+
+
+# --------------------------------------------------------------------------------------------------- registry
+# `objective.name: clean_lm` picks the model family's loss; the explicit names check that they fit the model.
+
+
+@dataclass
+class CleanObjectiveConfig:
+    name: str = "clean_lm"
+    mask_rate: float = field(default=0.15, metadata={"help": "MLM: fraction of positions masked"})
+    mask_rate_max: float | None = field(
+        default=None, metadata={"help": "MLM: draw the rate per sequence from [mask_rate, mask_rate_max]"}
+    )
+    random_rate: float = field(default=0.0, metadata={"help": "MLM: chosen positions given a random token"})
+    keep_rate: float = field(default=0.0, metadata={"help": "MLM: chosen positions left unchanged"})
+
+
+_OBJECTIVE_FAMILY = {"mlm": "mlm", "autoregressive": "causal", "pseudo_likelihood": "hollow"}
+
+
+def _register() -> None:
+    from tcsm.errors import ConfigError
+    from tcsm.registry import OBJECTIVES
+
+    def make(objective: str):
+        def build(node: dict, ctx):
+            family = getattr(ctx.model, "family", None)
+            want = _OBJECTIVE_FAMILY.get(objective, family)
+            if family is None or family not in CLEAN_LOSSES or family != want:
+                raise ConfigError(
+                    f"objective {objective!r} trains a clean-data {want or 'mlm | causal | hollow'} model, but "
+                    f"model.name builds a {type(ctx.model).__name__}; use objective.name=clean_lm with model.name="
+                    "mlm | causal | hollow (or hf_mlm | hf_causal)"
+                )
+            if family != "mlm":
+                return CLEAN_LOSSES[family]()
+            hi = node["mask_rate_max"]
+            rate = node["mask_rate"] if hi is None else (node["mask_rate"], hi)
+            try:
+                return MaskedLMLoss(rate, node["random_rate"], node["keep_rate"])
+            except ValueError as e:
+                raise ConfigError(f"objective: {e}") from None
+
+        return build
+
+    helps = {
+        "clean_lm": "train a clean-data model with its family's loss (MLM / next-token NLL / pseudo-likelihood)",
+        "mlm": "BERT masked-LM loss for model.name=mlm | hf_mlm",
+        "autoregressive": "next-token NLL for model.name=causal | hf_causal",
+        "pseudo_likelihood": "Σ_i −log p(x^i | x^{≠i}) for model.name=hollow",
+    }
+    for name, text in helps.items():
+        schema = dataclasses.make_dataclass(
+            f"{name.title()}Config", [("name", str, name)], bases=(CleanObjectiveConfig,)
+        )
+        OBJECTIVES.register(name, make(name), schema=schema, help=text, overwrite=True)
+
+
+_register()

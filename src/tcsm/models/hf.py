@@ -14,7 +14,9 @@ needs no import at all. Restricting the logits to V ids renormalises the HF dist
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -93,14 +95,17 @@ class HFMaskedLM(_HFAdapter):
         token_ids: Sequence[int] | None = None,
         symbols: Sequence[str] | None = None,
         mask_token_id: int | None = None,
+        local_files_only: bool = False,
         **kwargs: Any,
     ) -> HFMaskedLM:
         """Load `AutoModelForMaskedLM` (and its tokenizer when `symbols` or the mask id must be looked up)."""
         tf = import_transformers()
-        model = tf.AutoModelForMaskedLM.from_pretrained(name_or_path, **kwargs)
+        model = tf.AutoModelForMaskedLM.from_pretrained(
+            name_or_path, local_files_only=local_files_only, **kwargs
+        )
         tok = None
         if symbols is not None or mask_token_id is None:
-            tok = tf.AutoTokenizer.from_pretrained(name_or_path)
+            tok = tf.AutoTokenizer.from_pretrained(name_or_path, local_files_only=local_files_only)
         if mask_token_id is None:
             mask_token_id = tok.mask_token_id
         hf_vocab = model.get_input_embeddings().weight.shape[0]
@@ -147,11 +152,85 @@ class HFCausalLM(_HFAdapter):
         token_ids: Sequence[int] | None = None,
         symbols: Sequence[str] | None = None,
         bos_token_id: int | None = None,
+        local_files_only: bool = False,
         **kwargs: Any,
     ) -> HFCausalLM:
         """Load `AutoModelForCausalLM` (and its tokenizer when `symbols` must be mapped to ids)."""
         tf = import_transformers()
-        model = tf.AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
-        tok = tf.AutoTokenizer.from_pretrained(name_or_path) if symbols is not None else None
+        model = tf.AutoModelForCausalLM.from_pretrained(
+            name_or_path, local_files_only=local_files_only, **kwargs
+        )
+        tok = None
+        if symbols is not None:
+            tok = tf.AutoTokenizer.from_pretrained(name_or_path, local_files_only=local_files_only)
         hf_vocab = model.get_input_embeddings().weight.shape[0]
         return cls(model, _resolve_token_ids(token_ids, symbols, tok, hf_vocab, None), bos_token_id)
+
+
+# --------------------------------------------------------------------------------------------------- registry
+# `model.name: hf_mlm | hf_causal` with `name_or_path` (a local directory or a Hub name).
+
+
+@dataclass
+class HFModelConfig:
+    name: str = "hf_mlm"
+    name_or_path: str | None = field(default=None, metadata={"help": "HF model directory or Hub name"})
+    token_ids: list[int] | None = field(default=None, metadata={"help": "HF id of each clean token"})
+    symbols: str | None = field(
+        default=None, metadata={"help": "tokens of the clean ids in order (null: the data's characters)"}
+    )
+    special_token_id: int | None = field(
+        default=None,
+        metadata={"help": "[MASK] (hf_mlm) or BOS (hf_causal) id; null: the tokenizer's / config's"},
+    )
+    local_files_only: bool = field(default=False, metadata={"help": "never contact the Hub"})
+
+
+def _register() -> None:
+    from tcsm.errors import ConfigError
+    from tcsm.registry import MODELS
+
+    def make(cls, special_key: str):
+        def build(node: dict, ctx):
+            if not node.get("name_or_path"):
+                raise ConfigError("model.name_or_path must name a Hugging Face model directory or Hub id")
+            symbols = node["symbols"]
+            if node["token_ids"] is None and symbols is None:
+                symbols = getattr(getattr(ctx.data, "tokenizer", None), "chars", None) or getattr(
+                    ctx.data, "chars", None
+                )
+            try:
+                return cls.from_pretrained(
+                    node["name_or_path"],
+                    token_ids=node["token_ids"],
+                    symbols=list(symbols) if symbols is not None else None,
+                    local_files_only=node["local_files_only"],
+                    **{special_key: node["special_token_id"]},
+                )
+            except (OSError, ValueError) as e:
+                raise ConfigError(
+                    f"model: cannot load {node['name_or_path']!r}: {str(e).splitlines()[0]}"
+                ) from None
+
+        return build
+
+    MODELS.register(
+        "hf_mlm",
+        make(HFMaskedLM, "mask_token_id"),
+        schema=HFModelConfig,
+        overwrite=True,
+        help="any Hugging Face masked LM as a clean-data model (needs `transformers`)",
+    )
+    schema = dataclasses.make_dataclass(
+        "HFCausalModelConfig", [("name", str, "hf_causal")], bases=(HFModelConfig,)
+    )
+    MODELS.register(
+        "hf_causal",
+        make(HFCausalLM, "bos_token_id"),
+        schema=schema,
+        overwrite=True,
+        help="any Hugging Face causal LM as a clean-data model (needs `transformers`)",
+    )
+
+
+_register()

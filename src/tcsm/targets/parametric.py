@@ -10,12 +10,15 @@ objectives train the student against this explicit distribution instead of the s
 
 Teachers are frozen (eval mode, no parameter gradients) and run under no_grad. The teacher conditionals depend
 on x_1 only — not on t or x_t — so `ParametricTarget(cache_size=n)` memoises them per sequence: with a finite
-training set every sequence is scored once.
+training set every sequence is scored once. `load_teacher(checkpoint)` wraps a clean-data model trained by
+`tcsm train`; importing this module registers `target.name: parametric` with `tcsm.registry.TARGETS`.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -30,15 +33,37 @@ __all__ = [
     "MLMTeacher",
     "ParametricTarget",
     "Teacher",
+    "load_teacher",
     "make_teacher",
+    "mlm_conditionals",
 ]
 
 
-class Teacher:
-    """A frozen clean-data model: `__call__(x1)` → log p_1(y | x_1^{≠i}) [B, L, V] (MATH.md §4)."""
+def mlm_conditionals(model: nn.Module, x1: Tensor, max_tokens: int = 1 << 16) -> Tensor:
+    """log p(x^i = · | x^{≠i}) [B, L, V] from a masked LM: L copies of each sequence, copy i with x^i ← [MASK],
+    one batched pass (chunked to about `max_tokens` tokens) and position i read from copy i (MATH.md §4)."""
+    L = x1.shape[1]
+    pos = torch.arange(L, device=x1.device)
+    rows = max(1, int(max_tokens) // (L * L))  # sequences of the batch per chunk (each becomes L copies)
+    out = []
+    for xb in x1.split(rows):
+        copies = xb[:, None, :].repeat(1, L, 1)
+        copies[:, pos, pos] = model.mask_id
+        logits = model(copies.reshape(-1, L)).view(xb.shape[0], L, L, -1)
+        out.append(torch.log_softmax(logits[:, pos, pos].float(), dim=-1))
+    return torch.cat(out)
 
-    def __init__(self, model: nn.Module):
+
+class Teacher:
+    """A frozen clean-data model: `__call__(x1)` → log p_1(y | x_1^{≠i}) [B, L, V] (MATH.md §4).
+
+    Teachers run in float32 even inside a trainer's bf16 autocast (`autocast=False`): the AR marginal sums L
+    log-probability differences, where bf16 rounding would add up to a visible error in the target.
+    """
+
+    def __init__(self, model: nn.Module, autocast: bool = False):
         self.model = model.eval()
+        self.autocast = bool(autocast)
         for p in self.model.parameters():
             p.requires_grad_(False)
 
@@ -51,7 +76,8 @@ class Teacher:
 
     def __call__(self, x1: Tensor) -> Tensor:
         self.model.eval()  # a trainer's model.train() elsewhere must not switch dropout on in the teacher
-        with torch.no_grad():
+        off = contextlib.nullcontext() if self.autocast else torch.autocast(x1.device.type, enabled=False)
+        with torch.no_grad(), off:
             return self.conditionals(x1).float()
 
     def to(self, device) -> Teacher:
@@ -65,21 +91,12 @@ class Teacher:
 class MLMTeacher(Teacher):
     """p_1(· | x^{≠i}) = MLM head at i with x^i ← [MASK]: L masked copies per sequence, batched (MATH.md §4)."""
 
-    def __init__(self, model: nn.Module, max_tokens: int = 1 << 16):
-        super().__init__(model)
+    def __init__(self, model: nn.Module, max_tokens: int = 1 << 16, autocast: bool = False):
+        super().__init__(model, autocast)
         self.max_tokens = int(max_tokens)
 
     def conditionals(self, x1):
-        L = x1.shape[1]
-        pos = torch.arange(L, device=x1.device)
-        rows = max(1, self.max_tokens // (L * L))  # sequences of the batch per chunk (each becomes L copies)
-        out = []
-        for xb in x1.split(rows):
-            copies = xb[:, None, :].repeat(1, L, 1)  # copies[b, i] = x_b with position i masked
-            copies[:, pos, pos] = self.model.mask_id
-            logits = self.model(copies.reshape(-1, L)).view(xb.shape[0], L, L, -1)
-            out.append(torch.log_softmax(logits[:, pos, pos].float(), dim=-1))
-        return torch.cat(out)
+        return mlm_conditionals(self.model, x1, self.max_tokens)
 
 
 class HollowTeacher(Teacher):
@@ -92,8 +109,14 @@ class HollowTeacher(Teacher):
 class ARTeacher(Teacher):
     """p^AR(y | x^{≠i}) = softmax_y ℓ^i(y) with ℓ from an `ARScoreEstimator` (MATH.md §4, §5.4)."""
 
-    def __init__(self, model: nn.Module, estimator: str | ARScoreEstimator = "exact", **estimator_kwargs):
-        super().__init__(model)
+    def __init__(
+        self,
+        model: nn.Module,
+        estimator: str | ARScoreEstimator = "exact",
+        autocast: bool = False,
+        **estimator_kwargs,
+    ):
+        super().__init__(model, autocast)
         self.estimator = make_ar_estimator(estimator, **estimator_kwargs)
 
     def conditionals(self, x1):
@@ -162,3 +185,93 @@ class ParametricTarget(ConditionalTarget):
 
     def __repr__(self) -> str:
         return f"ParametricTarget({self.teacher!r}, cache_size={self.cache_size})"
+
+
+# --------------------------------------------------------------------------------------------------- registry
+# `target.name: parametric` with `teacher: <checkpoint of a clean-data run>` (`tcsm train -c clean-...`).
+
+
+@dataclass
+class ParametricTargetConfig:
+    name: str = "parametric"
+    teacher: str | None = field(
+        default=None,
+        metadata={"help": "checkpoint (run, checkpoints or step_* directory) of a clean-data model"},
+    )
+    ema: bool = field(default=True, metadata={"help": "use the teacher's EMA weights when it has them"})
+    estimator: str = field(
+        default="exact", metadata={"help": "AR teachers: exact | topk | taylor (MATH.md §5.4)"}
+    )
+    k: int = field(default=8, metadata={"help": "topk: candidates per position"})
+    temperature: float = field(default=1.0, metadata={"help": "taylor: ℓ is divided by this"})
+    max_tokens: int = field(
+        default=1 << 16, metadata={"help": "tokens per teacher forward pass (memory bound)"}
+    )
+    cache_size: int = field(default=0, metadata={"help": "sequences whose teacher conditionals are memoised"})
+    autocast: bool = field(
+        default=False, metadata={"help": "run the teacher under the trainer's bf16 autocast"}
+    )
+
+
+def load_teacher(
+    path: str, device="cpu", *, ema: bool = True, vocab_size: int | None = None, **options
+) -> Teacher:
+    """The frozen teacher of a clean-data checkpoint written by `tcsm train` (EMA weights by default).
+    `options` go to the family's teacher (estimator / k / temperature for AR, max_tokens for MLM)."""
+    from tcsm.errors import CheckpointError
+    from tcsm.train.checkpoint import load_checkpoint
+
+    ck = load_checkpoint(path, device=device, ema=ema)
+    family = getattr(ck.model, "family", None)
+    if family not in TEACHERS:
+        raise CheckpointError(
+            f"checkpoint {str(ck.directory)!r} holds a {type(ck.model).__name__}, not a clean-data model "
+            "(train one with objective.name=clean_lm and model.name=mlm | causal | hollow)"
+        )
+    if vocab_size is not None and int(ck.data_info["vocab_size"]) != int(vocab_size):
+        raise CheckpointError(
+            f"teacher {str(ck.directory)!r} was trained on {ck.data_info['vocab_size']} tokens, the data has {vocab_size}"
+        )
+    keep = {"causal": ("estimator", "k", "temperature", "max_tokens"), "mlm": ("max_tokens",), "hollow": ()}[
+        family
+    ]
+    opts = {k: v for k, v in options.items() if k in keep or k == "autocast"}
+    if family == "causal":
+        est = opts.get("estimator", "exact")
+        drop = {"exact": ("k", "temperature"), "topk": ("temperature",), "taylor": ("k", "max_tokens")}.get(
+            est, ()
+        )
+        opts = {k: v for k, v in opts.items() if k not in drop}
+    return make_teacher(ck.model, family, **opts)
+
+
+def _register() -> None:
+    from tcsm.errors import ConfigError, TCSMError
+    from tcsm.registry import TARGETS
+
+    def build(node: dict, ctx):
+        node = dict(node)
+        path = node.pop("teacher")
+        if not path:
+            raise ConfigError(
+                "target.teacher must name the checkpoint of a clean-data run (tcsm train -c clean-mlm ...)"
+            )
+        ema, cache_size = node.pop("ema"), node.pop("cache_size")
+        try:
+            teacher = load_teacher(path, ctx.device or "cpu", ema=ema, vocab_size=ctx.vocab_size, **node)
+        except TCSMError:
+            raise
+        except ValueError as e:  # an estimator option out of range
+            raise ConfigError(f"target: {e}") from None
+        return ParametricTarget(teacher, cache_size=cache_size)
+
+    TARGETS.register(
+        "parametric",
+        build,
+        schema=ParametricTargetConfig,
+        overwrite=True,
+        help="explicit N^1 target from a frozen clean-data model (BERT / AR / Hollow; MATH.md §4)",
+    )
+
+
+_register()

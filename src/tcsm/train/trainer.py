@@ -264,11 +264,17 @@ class Trainer:
         if data.shape[0] == 0:
             return {}
         generator = torch.Generator(device=self.device).manual_seed(e.seed)
+        # An objective that trains something other than a denoiser (e.g. a clean-data LM, tcsm.teachers)
+        # brings its own validation metric in the same format; every other run reports the diffusion bound.
+        custom = getattr(self.objective, "evaluate", None)
         with _autocast(self.device, precision or self.precision):
-            result = evaluate_bound(
-                self.eval_model(), data, self.path, batch_size=e.batch_size, num_t=e.num_t, generator=generator,
-                bound=e.bound, device=self.device,
-            )
+            if custom is not None:
+                result = custom(self.eval_model(), data, batch_size=e.batch_size, generator=generator, device=self.device)
+            else:
+                result = evaluate_bound(
+                    self.eval_model(), data, self.path, batch_size=e.batch_size, num_t=e.num_t, generator=generator,
+                    bound=e.bound, device=self.device,
+                )
         if self.data_info.nats_per_token_floor is not None:
             result["floor_bpc"] = self.data_info.nats_per_token_floor / math.log(2)
         return result
