@@ -22,8 +22,8 @@ and all randomness flows through one `torch.Generator`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -31,15 +31,15 @@ from torch import Tensor
 from tcsm.paths import Path
 
 __all__ = [
-    "METHODS",
     "GRIDS",
+    "METHODS",
     "SamplingStats",
-    "sample",
-    "time_grid",
-    "categorical",
     "adjust_log_probs",
+    "categorical",
     "jump_prob",
     "prefix_condition",
+    "sample",
+    "time_grid",
 ]
 
 Denoiser = Callable[[Tensor, Tensor], Tensor]
@@ -66,11 +66,18 @@ class SamplingStats:
     #: step index k -> x_{t_k} [B, L] (mask ids allowed before the last step), for the requested steps.
     trajectory: dict[int, Tensor] = field(default_factory=dict)
 
+    @property
+    def max_row_calls(self) -> int:
+        """Most evaluations of any one sequence: ≤ min(K, L) for the cached masked sampler (MATH.md §6.2)."""
+        return int(self.row_calls.max()) if self.row_calls is not None and self.row_calls.numel() else 0
+
 
 # --- small building blocks ----------------------------------------------------------------------------
 
 
-def time_grid(num_steps: int, kind: str = "uniform", *, device=None, dtype: torch.dtype = torch.float64) -> Tensor:
+def time_grid(
+    num_steps: int, kind: str = "uniform", *, device=None, dtype: torch.dtype = torch.float64
+) -> Tensor:
     """Grid 0 = t_0 < … < t_K = 1 (MATH.md §6): "uniform" t_k = k/K; "cosine" t_k = (1 − cos(πk/K))/2,
     finer near both ends. The last entry is exactly 1 so that the final step resolves every token."""
     K = int(num_steps)
@@ -135,7 +142,9 @@ def prefix_condition(prompt: Tensor, batch_size: int, length: int) -> tuple[Tens
     if prompt.dim() == 1:
         prompt = prompt.unsqueeze(0).expand(batch_size, -1)
     if prompt.dim() != 2 or prompt.shape[0] != batch_size or prompt.shape[1] > length:
-        raise ValueError(f"prompt of shape {tuple(prompt.shape)} does not fit batch {batch_size} x length {length}")
+        raise ValueError(
+            f"prompt of shape {tuple(prompt.shape)} does not fit batch {batch_size} x length {length}"
+        )
     P = prompt.shape[1]
     values = torch.zeros(batch_size, length, dtype=torch.long, device=prompt.device)
     values[:, :P] = prompt
@@ -226,7 +235,9 @@ def _sample_chunk(
             else:
                 out = denoiser(x[rows], t_rows)
                 if out.shape != (rows.numel(), L, V):
-                    raise ValueError(f"denoiser returned shape {tuple(out.shape)}, expected {(rows.numel(), L, V)}")
+                    raise ValueError(
+                        f"denoiser returned shape {tuple(out.shape)}, expected {(rows.numel(), L, V)}"
+                    )
             if cache is None:
                 cache = torch.empty((B,) + tuple(out.shape[1:]), dtype=out.dtype, device=device)
             cache[rows] = out
@@ -370,6 +381,8 @@ def sample(
     record = set() if record_steps is None else {int(k) for k in record_steps}
     if any(not 0 <= k <= K for k in record):
         raise ValueError(f"record_steps must lie in [0, {K}]")
+    if record and not return_stats:
+        raise ValueError("record_steps fills SamplingStats.trajectory: pass return_stats=True to get it back")
 
     chunk = B if chunk_size is None else max(1, int(chunk_size))
     stats = SamplingStats(method=method, num_steps=K, cached=bool(time_independent), times=times)
