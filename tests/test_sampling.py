@@ -509,3 +509,39 @@ def test_argument_errors(dist):
             sample(den, path, **kw, **bad)
     with pytest.raises(ValueError):
         sample(lambda x, t: torch.zeros(x.shape[0], 2, dist.vocab_size + 1), path, **kw)
+
+
+@pytest.mark.parametrize("source", ["masked", "uniform"])
+def test_runs_a_real_denoiser(source):
+    """Smoke test with the library's transformer: the cache default follows `cfg.time_conditioning`."""
+    from tcsm.models.transformer import Denoiser, DenoiserConfig
+
+    V, L, B, K = 5, 8, 16, 16
+    path = PATHS[source](V)
+    torch.manual_seed(0)
+    cfg = DenoiserConfig(
+        vocab_size=V,
+        num_states=path.num_states,
+        max_len=L,
+        d_model=32,
+        n_layers=1,
+        n_heads=2,
+        time_conditioning=source == "uniform",
+    )
+    model = Denoiser(cfg).eval()
+    torch.nn.init.normal_(model.head.weight)  # the zero-initialised head would give uniform logits
+    x, st = sample(
+        model,
+        path,
+        batch_size=B,
+        length=L,
+        num_steps=K,
+        seed=0,
+        prompt=torch.tensor([1, 2]),
+        return_stats=True,
+    )
+    assert x.shape == (B, L) and x.dtype == torch.long and ((x >= 0) & (x < V)).all()
+    assert (x[:, :2] == torch.tensor([1, 2])).all()
+    assert st.cached == (source == "masked")
+    if source == "masked":
+        assert st.max_row_calls <= min(K, L - 2)

@@ -171,6 +171,14 @@ def _resolve_method(method: str | None, path: Path, x1_sampler) -> str:
     return method
 
 
+def _declares_time_independent(denoiser) -> bool:
+    """A `time_independent` attribute, else a model config with `time_conditioning=False`; otherwise False."""
+    if hasattr(denoiser, "time_independent"):
+        return bool(denoiser.time_independent)
+    cfg = getattr(denoiser, "cfg", None)
+    return cfg is not None and getattr(cfg, "time_conditioning", True) is False
+
+
 def _infer_device(denoiser, values):
     if values is not None:
         return torch.as_tensor(values).device
@@ -332,7 +340,8 @@ def sample(
             is shorthand for a prefix (see `prefix_condition`).
         time_independent: the denoiser ignores t, so its output can be reused for every row whose x_t did
             not change since its last evaluation (MDLM cache, §6.2): at most min(K, L) calls per sequence for
-            the masked source. Defaults to the denoiser's `time_independent` attribute, else False. With a joint
+            the masked source. Defaults to the denoiser's `time_independent` attribute, else to
+            `not denoiser.cfg.time_conditioning` when the model has such a config, else False. With a joint
             `x1_sampler` the flag reuses x̂_1 while x_t is unchanged, which stays a valid posterior draw (§6.3).
         x1_sampler: (x_t, t, generator) -> x̂_1 [b, L] drawn jointly from p_{1|t}(· | x_t).
         chunk_size: sample the batch in chunks of at most this many sequences (memory), one after another.
@@ -373,7 +382,7 @@ def sample(
     if fixed.any() and not ((values[fixed] >= 0) & (values[fixed] < path.vocab_size)).all():
         raise ValueError(f"fixed values must be clean tokens in [0, {path.vocab_size})")
     if time_independent is None:
-        time_independent = bool(getattr(denoiser, "time_independent", False))
+        time_independent = _declares_time_independent(denoiser)
     if generator is None and seed is not None:
         generator = torch.Generator(device=device).manual_seed(int(seed))
     times = _as_grid(grid, int(num_steps), device)
