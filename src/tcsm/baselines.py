@@ -1,0 +1,86 @@
+"""Baseline objectives: training directly on a path's likelihood bound (MATH.md §2.2, §2.3).
+
+`score_entropy_loss` is the per-sequence integrand w(t) · G(t, x_t) of `tcsm.likelihood.nelbo_integrand`, so
+
+    E_{t ~ U(0,1)} E_{x_1, x_t ~ p_{t|1}} (1/L) score_entropy_loss = NELBO(x_1) / L      (α_0 = 0: no prior term)
+
+and gradient descent on it minimises the same bound that `tcsm eval` reports. With the uniform source and the
+time-reversal bound (§2.3 B, the default there) this is **SEDD-style score entropy (mean-parameterised)**:
+SEDD's diffusion-weighted denoising score entropy c_t Σ_i Σ_{y≠x_t^i} D_GKL(r^i_y ‖ ŝ^i_y), c_t = α̇_t/(Vα_t),
+except that ŝ is computed from the denoiser's clean-token probabilities m_θ (§1.2),
+ŝ_y = 1 + b_t m_θ(y) − b_t/(1 + b_t) m_θ(x_t), whereas SEDD's network outputs log ŝ directly. Other choices:
+
+* uniform source, bound "dfm" (§2.3 A): the DFM generalized-KL loss (flow_matching's MixturePathGeneralizedKL);
+* masked source, bound "masked" (§2.2): MDLM's continuous-time NELBO, which is the same loss as TCSM masked
+  L_distrib with κ_t weighting (`objective.name=tcsm`, loss distrib) — only the schedule / time-conditioning
+  choices make an "MDLM" run differ from a TCSM one.
+
+Select it in a config with `objective.name=sedd` (keys: `bound`, `antithetic`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from torch import Tensor
+
+from tcsm.errors import ConfigError
+from tcsm.likelihood import nelbo_integrand, resolve_bound
+from tcsm.objectives import Objective
+from tcsm.paths import Path
+from tcsm.registry import OBJECTIVES, BuildContext
+from tcsm.targets.base import DataTarget, TargetBatch
+
+__all__ = ["SEDDObjectiveConfig", "ScoreEntropyObjective", "build_sedd_objective", "score_entropy_loss"]
+
+
+def score_entropy_loss(logits: Tensor, batch: TargetBatch, path: Path, bound: str | None = None) -> Tensor:
+    """Per-sequence bound integrand [B] (nats): w(t) G(t, x_t) of MATH.md §2.2 / §2.3 (B by default, uniform).
+
+    Its expectation over t ~ U(0, 1) and x_t ~ p_{t|1}(·|x_1) is the NELBO of x_1 (§2.4), so it already
+    carries its time weight (c_t or κ_t): use it with the unit weighting ω(t) = 1. Computed in float64 outside
+    autocast by `nelbo_integrand`; differentiable in `logits`.
+    """
+    return nelbo_integrand(logits, batch.x1, batch.xt, batch.t, path, bound=bound)
+
+
+# `Objective` checks loss options when it is built; a wrong bound for the path fails there, not mid-run.
+score_entropy_loss.validate = lambda bound=None, **_: None
+
+
+class ScoreEntropyObjective(Objective):
+    """L = E_t E_{x_1, x_t} (1/L) w(t) G(t, x_t): the likelihood bound itself as the training loss (MATH.md §2).
+
+    A TCSM `Objective` with `score_entropy_loss` and ω(t) = 1, so time sampling (antithetic t), targets,
+    per-sequence weights and metrics are exactly those of the TCSM objectives it is compared with.
+    """
+
+    def __init__(self, path: Path, target=None, bound: str | None = None, antithetic: bool = True, **kwargs):
+        self.bound = resolve_bound(path, bound)
+        super().__init__(
+            path, target, loss=score_entropy_loss, weighting="none", antithetic=antithetic, bound=self.bound, **kwargs
+        )
+        self.loss_name = {"reversal": "sedd_score_entropy", "dfm": "dfm_gkl", "masked": "mdlm_nelbo"}[self.bound]
+
+
+@dataclass
+class SEDDObjectiveConfig:
+    name: str = "sedd"
+    bound: Optional[str] = field(  # noqa: UP045 (OmegaConf structured configs need Optional)
+        default=None,
+        metadata={"help": "bound trained on: reversal (SEDD, uniform default) | dfm (uniform) | masked (masked)"},
+    )
+    antithetic: bool = field(default=True, metadata={"help": "antithetic t across each micro-batch"})
+
+
+@OBJECTIVES.register("sedd", schema=SEDDObjectiveConfig)
+def build_sedd_objective(node: dict, ctx: BuildContext):
+    """SEDD-style score entropy (mean-parameterised): train on the path's NELBO integrand (MATH.md §2.3 B)."""
+    if ctx.target is not None and not isinstance(ctx.target, DataTarget):
+        # The bound needs x_1 ~ data and x_t ~ p_{t|1}(·|x_1); other targets change what x_1 and x_t are.
+        raise ConfigError(f"objective sedd trains on data samples: use target.name=data, not {type(ctx.target).__name__}")
+    try:
+        return ScoreEntropyObjective(ctx.path, ctx.target, bound=node.get("bound"), antithetic=node["antithetic"])
+    except ValueError as e:
+        raise ConfigError(f"objective sedd: {e}") from None
