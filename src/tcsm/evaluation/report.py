@@ -58,7 +58,8 @@ def plot_genppl_vs_steps(rows: Sequence[dict], path: str | os.PathLike, title: s
     """Two panels against the number of sampling steps: gen-PPL (log scale) and mean sample entropy.
 
     `rows`: dicts with "steps", "gen_ppl" and "entropy_mean"; an optional "series" key draws several curves
-    (for example one per sampler). A dashed line marks a row-independent "data_entropy" if one is given.
+    (for example one per sampler). Dashed lines mark the data's own values, "data_gen_ppl" and
+    "data_entropy", when rows carry them.
     """
     import matplotlib
 
@@ -77,13 +78,20 @@ def plot_genppl_vs_steps(rows: Sequence[dict], path: str | os.PathLike, title: s
     ref = [r["data_entropy"] for r in rows if r.get("data_entropy") is not None]
     if ref:
         ax2.axhline(ref[0], color="gray", linestyle="--", label="data")
+    ref_ppl = [r["data_gen_ppl"] for r in rows if r.get("data_gen_ppl") is not None]
+    if ref_ppl:
+        ax1.axhline(ref_ppl[0], color="gray", linestyle="--", label="data")
     for ax, ylabel in ((ax1, "generative perplexity"), (ax2, "sample entropy (nats)")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("sampling steps K")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-    ax1.set_yscale("log")
-    if len(series) > 1 or ref:
+    # A log axis only when gen-PPL spans more than a decade; a narrow range reads better on a linear one.
+    ppl = [r["gen_ppl"] for r in rows] + ref_ppl
+    if max(ppl) > 10 * min(ppl) > 0:
+        ax1.set_yscale("log")
+    if len(series) > 1 or ref or ref_ppl:
+        ax1.legend(fontsize=8)
         ax2.legend(fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)
