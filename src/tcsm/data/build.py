@@ -10,6 +10,8 @@
   vocab=None, oov="error" | "drop", text_field="text", name=None (tcsm.data.text; a character corpus).
 * `bpe` — like `text` plus tokenizer="gpt2" | "train", bpe_dir / encoder_json / vocab_bpe, vocab_size=4096,
   min_frequency=2, doc_separator=None, eos=True; seq_len defaults to 128 (tcsm.data.bpe).
+* `grid` — width=128, num_modes=8, radius=0.32, std=1/40, seed=0, num_train, num_valid, num_test: points of a
+  W × W grid as length-2 sequences, a ring of Gaussian modes (tcsm.data.grid; the reward demo's data).
 
 Unknown kinds or keys raise a DataError that lists what is accepted.
 """
@@ -22,6 +24,7 @@ from typing import Any
 
 from tcsm.data.base import DataBundle, DataError
 from tcsm.data.bpe import build_bpe
+from tcsm.data.grid import build_grid
 from tcsm.data.synthetic import build_synthetic
 from tcsm.data.text import build_text
 from tcsm.data.text8 import build_text8
@@ -33,6 +36,7 @@ DATA_KINDS: dict[str, Callable[..., DataBundle]] = {
     "text8": build_text8,
     "text": build_text,
     "bpe": build_bpe,
+    "grid": build_grid,
 }
 
 

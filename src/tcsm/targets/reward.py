@@ -25,6 +25,7 @@ calls (0: drawn once), so the sampler's cost is amortised over many steps.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -394,3 +395,127 @@ class RewardFullTarget(RewardTarget):
             loss_mask=rep(mask),
             weight=(w * B).reshape(N * B).to(torch.float32),
         )
+
+
+# ---------------------------------------------------------------------------------------------------
+# registry entry: `target.name: reward`
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RewardTargetConfig:
+    name: str = "reward"
+    pretrained: str | None = field(
+        default=None,
+        metadata={"help": "checkpoint of the pre-trained diffusion model (run, checkpoints or step_*)"},
+    )
+    ema: bool = field(default=True, metadata={"help": "use the pre-trained EMA weights when it has them"})
+    init_student: bool = field(
+        default=True,
+        metadata={"help": "start the trained model from the pre-trained weights (same architecture)"},
+    )
+    reward: str = field(
+        default="grid",
+        metadata={"help": "reward spec: grid | vader | profanity | hf:PATH | python:mod:fn (tcsm.rewards)"},
+    )
+    beta: float = field(default=1.0, metadata={"help": "temperature β of p^R ∝ p_1 e^{R/β}"})
+    neighbourhood: str = field(
+        default="full", metadata={"help": "full (SNIS, MATH.md §5.2) | n1 (explicit q^{R,i})"}
+    )
+    num_proposals: int = field(default=8, metadata={"help": "N^full: proposals B per noisy state"})
+    reward_floor: float | None = field(
+        default=None,
+        metadata={"help": "N^full: skip groups whose rewards are all <= this (e.g. -1e4 for R=-1e5)"},
+    )
+    xt_source: str = field(
+        default="pretrained", metadata={"help": "x_t from noised: data | pretrained | model samples"}
+    )
+    h: str = field(default="clean", metadata={"help": "N^1: x_1 given x_t: clean | pretrained | model"})
+    sample_steps: int = field(default=64, metadata={"help": "sampler steps of the x_t sample pool"})
+    pool_size: int = field(default=1024, metadata={"help": "samples in the x_t pool"})
+    refresh_every: int = field(
+        default=0, metadata={"help": "redraw the pool every this many calls (0: once)"}
+    )
+    prompt: str | None = field(
+        default=None, metadata={"help": "text prompt pinned at the start of every sequence"}
+    )
+    reward_chunk: int = field(default=8192, metadata={"help": "sequences per reward call (memory)"})
+
+
+def load_pretrained(path: str, device="cpu", *, ema: bool = True):
+    """The frozen pre-trained denoiser of a `tcsm train` checkpoint and its `LoadedCheckpoint`."""
+    from tcsm.train.checkpoint import load_checkpoint
+
+    ck = load_checkpoint(path, device=device, ema=ema)
+    return _frozen(ck.model), ck
+
+
+def build_reward_target(node: dict, ctx) -> RewardTarget:
+    """`target.name: reward`: N^full / N^1 reward-tilted target around a frozen pre-trained checkpoint (§5.2)."""
+    from tcsm.errors import CheckpointError, ConfigError
+    from tcsm.rewards import make_reward
+    from tcsm.train.checkpoint import load_weights_into
+
+    node = dict(node)
+    if not node.get("pretrained"):
+        raise ConfigError(
+            "target.pretrained must name the pre-trained checkpoint (tcsm finetune reward --checkpoint)"
+        )
+    pre, ck = load_pretrained(node["pretrained"], ctx.device or "cpu", ema=node["ema"])
+    if int(ck.data_info["vocab_size"]) != ctx.vocab_size or ck.config.path.source != ctx.path.kind:
+        raise CheckpointError(
+            f"pre-trained checkpoint {str(ck.directory)!r} is a {ck.config.path.source} model over "
+            f"{ck.data_info['vocab_size']} tokens; this run has a {ctx.path.kind} path over {ctx.vocab_size}"
+        )
+    if node["init_student"] and ctx.model is not None:
+        load_weights_into(
+            ctx.model, pre.state_dict(), f"{ck.directory} (set target.init_student=false to start afresh)"
+        )
+    decode = getattr(ctx.data, "decode", None)
+    try:
+        reward = make_reward(node["reward"], decode=decode)
+    except (ValueError, ImportError) as e:
+        raise ConfigError(f"target.reward: {e}") from None
+    prompt = ctx.data.encode(node["prompt"]) if node.get("prompt") else None
+    common = {
+        "xt_source": node["xt_source"],
+        "sample_steps": node["sample_steps"],
+        "pool_size": node["pool_size"],
+        "refresh_every": node["refresh_every"],
+        "prompt": prompt,
+        "reward_chunk": node["reward_chunk"],
+    }
+    try:
+        if node["neighbourhood"] == "full":
+            target = RewardFullTarget(
+                pre,
+                reward,
+                node["beta"],
+                num_proposals=node["num_proposals"],
+                reward_floor=node["reward_floor"],
+                **common,
+            )
+        elif node["neighbourhood"] == "n1":
+            target = RewardN1Target(pre, reward, node["beta"], h=node["h"], **common)
+        else:
+            raise ValueError(f"neighbourhood must be full or n1, got {node['neighbourhood']!r}")
+    except ValueError as e:
+        raise ConfigError(f"target: {e}") from None
+    if ctx.model is not None:
+        target.bind_model(ctx.model)  # on-policy x_t / proposals sample the model being trained
+    return target
+
+
+def _register() -> None:
+    from tcsm.registry import TARGETS
+
+    TARGETS.register(
+        "reward",
+        build_reward_target,
+        schema=RewardTargetConfig,
+        overwrite=True,
+        help="reward-tilted target p^R ∝ p_1 e^{R/β} around a frozen pre-trained model (MATH.md §5.2)",
+    )
+
+
+_register()
