@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from train_helpers import final_weights, tiny
+from train_helpers import final_weights, restore_torch_threads, tiny  # noqa: F401
 
 from tcsm.errors import CheckpointError
 from tcsm.train.checkpoint import (
@@ -72,7 +72,9 @@ def test_optimizer_state_round_trip_continues_identically():
 def _save(root, step, value=0.0, keep_last=0):
     model = torch.nn.Linear(2, 2)
     torch.nn.init.constant_(model.weight, value)
-    return save_checkpoint(root, step, model=model, state={"step": step, "x": torch.ones(2)}, keep_last=keep_last)
+    return save_checkpoint(
+        root, step, model=model, state={"step": step, "x": torch.ones(2)}, keep_last=keep_last
+    )
 
 
 def test_layout_has_no_pickle_and_a_manifest(tmp_path):
@@ -136,7 +138,9 @@ def test_keep_last_prunes_old_checkpoints_and_resave_replaces(tmp_path):
 
 
 def test_load_checkpoint_public_api_and_architecture_check(tmp_path):
-    cfg = load_config("synthetic", tiny("train.steps=3", "train.eval_every=0", "train.sample_every=0", "sample.num=0"))
+    cfg = load_config(
+        "synthetic", tiny("train.steps=3", "train.eval_every=0", "train.sample_every=0", "sample.num=0")
+    )
     Trainer(cfg, tmp_path, log=lambda s: None).fit()
     ckpt = load_checkpoint(tmp_path, device="cpu")
     assert ckpt.step == 3 and ckpt.weights == "ema" and not ckpt.model.training

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -24,6 +25,7 @@ TINY = [
     "train.batch_size=8",
     "train.precision=fp32",
     "train.device=cpu",
+    "train.threads=1",  # tiny matmuls: extra threads only add synchronisation (and suffer on a busy machine)
     "train.progress=false",
     "train.tensorboard=false",
     "train.log_every=1",
@@ -39,8 +41,21 @@ TINY = [
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def tiny(*extra: str) -> list[str]:
-    return TINY + list(extra)
+@pytest.fixture(autouse=True)
+def restore_torch_threads():
+    """Runs set torch's process-wide thread count (train.threads); give the next test back the default."""
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+SYNTHETIC_ONLY = ("data.num_train", "data.num_valid", "data.num_test")
+
+
+def tiny(*extra: str, synthetic: bool = True) -> list[str]:
+    """TINY plus `extra`; synthetic=False leaves out the keys only the synthetic data kind has."""
+    base = TINY if synthetic else [o for o in TINY if not o.startswith(SYNTHETIC_ONLY)]
+    return base + list(extra)
 
 
 def final_weights(run_dir: Path, which: str = "model") -> dict[str, torch.Tensor]:
@@ -51,11 +66,11 @@ def final_weights(run_dir: Path, which: str = "model") -> dict[str, torch.Tensor
 
 def assert_same_weights(a: dict, b: dict, atol: float = 0.0) -> None:
     assert a.keys() == b.keys()
-    for k in a:
+    for k, x in a.items():
         if atol == 0.0:
-            assert torch.equal(a[k], b[k]), f"{k} differs by {(a[k] - b[k]).abs().max().item()}"
+            assert torch.equal(x, b[k]), f"{k} differs by {(x - b[k]).abs().max().item()}"
         else:
-            torch.testing.assert_close(a[k], b[k], atol=atol, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
+            torch.testing.assert_close(x, b[k], atol=atol, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
 
 
 def cli_env() -> dict:
@@ -68,6 +83,11 @@ def cli_env() -> dict:
 
 def run_cli(*args: str, cwd=None, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "tcsm.cli", *args], capture_output=True, text=True, env=cli_env(), cwd=cwd,
+        [sys.executable, "-m", "tcsm.cli", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        cwd=cwd,
         timeout=timeout,
     )

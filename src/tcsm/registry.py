@@ -17,12 +17,13 @@ imported and used as the builder directly, so a user's own component needs no re
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from tcsm.errors import ConfigError
 
-__all__ = ["BuildContext", "Entry", "Registry", "MODELS", "TARGETS", "OBJECTIVES", "import_plugins"]
+__all__ = ["MODELS", "OBJECTIVES", "TARGETS", "BuildContext", "Entry", "Registry", "import_plugins"]
 
 
 @dataclass
@@ -65,14 +66,21 @@ class Registry:
         self._homes_imported = False
 
     def register(
-        self, name: str, builder: Callable | None = None, *, schema: type | None = None, help: str | None = None,
+        self,
+        name: str,
+        builder: Callable | None = None,
+        *,
+        schema: type | None = None,
+        help: str | None = None,
         overwrite: bool = False,
     ):
         """Register `builder(node, ctx)` under `name`; usable as a decorator. Returns the builder."""
 
         def add(fn: Callable) -> Callable:
             if name in self._entries and not overwrite and self._entries[name].builder is not fn:
-                raise ValueError(f"{self.kind} {name!r} is already registered; pass overwrite=True to replace it")
+                raise ValueError(
+                    f"{self.kind} {name!r} is already registered; pass overwrite=True to replace it"
+                )
             doc = help if help is not None else (fn.__doc__ or "").strip().split("\n")[0]
             self._entries[name] = Entry(name, fn, schema, doc)
             return fn
@@ -97,7 +105,9 @@ class Registry:
             except (ImportError, AttributeError) as e:
                 raise ConfigError(f"cannot import {self.kind} builder {name!r}: {e}") from None
             return Entry(name, fn, getattr(fn, "schema", None), (fn.__doc__ or "").strip().split("\n")[0])
-        raise ConfigError(f"unknown {self.kind} {name!r}; choose one of {self.names()} or give 'module:function'")
+        raise ConfigError(
+            f"unknown {self.kind} {name!r}; choose one of {self.names()} or give 'module:function'"
+        )
 
     def names(self) -> list[str]:
         self._import_homes()
@@ -116,7 +126,7 @@ class Registry:
 
 MODELS = Registry("model", homes=("tcsm.models",))
 TARGETS = Registry("target", homes=("tcsm.targets",))
-OBJECTIVES = Registry("objective", homes=("tcsm.objectives", "tcsm.teachers"))
+OBJECTIVES = Registry("objective", homes=("tcsm.objectives", "tcsm.teachers", "tcsm.baselines"))
 
 
 def import_plugins(modules) -> None:

@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-__all__ = ["COMMANDS", "main", "Parser"]
+__all__ = ["COMMANDS", "Parser", "main"]
 
 #: command name → module implementing it
 COMMANDS: dict[str, str] = {
@@ -22,6 +22,8 @@ COMMANDS: dict[str, str] = {
     "train": "tcsm.cli.train",
     "eval": "tcsm.cli.eval_modes",  # tcsm.cli.eval plus --zeroshot / --genppl
     "sample": "tcsm.cli.sample",
+    "finetune": "tcsm.cli.finetune",
+    "demo": "tcsm.cli.demo",
 }
 
 
@@ -75,9 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", metavar="<command>", parser_class=Parser)
     # Only the invoked command's module is imported, unless help over all commands is requested.
     wanted = [argv[0]] if argv and argv[0] in COMMANDS else list(COMMANDS)
-    for name in COMMANDS:
+    for name, module_name in COMMANDS.items():
         if name in wanted:
-            module = importlib.import_module(COMMANDS[name])
+            module = importlib.import_module(module_name)
             p = sub.add_parser(name, help=module.HELP, description=module.HELP)
             module.add_arguments(p)
             p.set_defaults(_run=module.run)

@@ -20,7 +20,13 @@ def config_help() -> str:
         if isinstance(default, str):
             shown = default or '""'
         else:
-            shown = "null" if default is None else json.dumps(default) if isinstance(default, (list, dict, bool)) else str(default)
+            shown = (
+                "null"
+                if default is None
+                else json.dumps(default)
+                if isinstance(default, (list, dict, bool))
+                else str(default)
+            )
         lines.append(f"  {key}={shown}" + (f"    # {text}" if text else ""))
     lines += [
         "",

@@ -11,7 +11,9 @@ HELP = "evaluate a checkpoint: likelihood bound as bits per token (BPC) and perp
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="run directory, its checkpoints/ directory, or one step_* checkpoint")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (eval.*, data.*; not model.*)")
+    p.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="config overrides (eval.*, data.*; not model.*)"
+    )
     p.add_argument("--split", choices=("train", "valid", "test"), help="data split (default: eval.split)")
     p.add_argument("--num-t", type=int, help="time samples per sequence (default: eval.num_t)")
     p.add_argument("--batch-size", type=int, help="sequences per batch (default: eval.batch_size)")
@@ -19,7 +21,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bound", help="likelihood bound (default: the path's, see tcsm.likelihood)")
     p.add_argument("--weights", choices=("ema", "model"), help="EMA or raw weights (default: EMA when saved)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="matmul precision (default fp32)")
+    p.add_argument(
+        "--precision", choices=("fp32", "bf16"), default="fp32", help="matmul precision (default fp32)"
+    )
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.add_argument("--output", help="also write the JSON result to this file")
 
@@ -39,8 +43,13 @@ def run(args) -> int:
     from tcsm.train.trainer import _autocast
 
     overrides = list(args.overrides)
-    for key, value in (("split", args.split), ("num_t", args.num_t), ("batch_size", args.batch_size),
-                       ("max_examples", args.max_examples), ("bound", args.bound)):
+    for key, value in (
+        ("split", args.split),
+        ("num_t", args.num_t),
+        ("batch_size", args.batch_size),
+        ("max_examples", args.max_examples),
+        ("bound", args.bound),
+    ):
         if value is not None:
             overrides.append(f"eval.{key}={value}")
     if args.weights is not None:
@@ -63,14 +72,27 @@ def run(args) -> int:
     generator = torch.Generator(device=device).manual_seed(e.seed)
     with _autocast(device, args.precision):
         result = evaluate_bound(
-            ckpt.model, x, ckpt.build_path(), batch_size=e.batch_size, num_t=e.num_t, generator=generator,
-            bound=e.bound, device=device, progress=sys.stderr.isatty() and not args.json,
+            ckpt.model,
+            x,
+            ckpt.build_path(),
+            batch_size=e.batch_size,
+            num_t=e.num_t,
+            generator=generator,
+            bound=e.bound,
+            device=device,
+            progress=sys.stderr.isatty() and not args.json,
         )
     floor = data.nats_per_token_floor
     if floor is not None:
         result["floor_bpc"] = floor / math.log(2)
-    result.update(checkpoint=str(ckpt.directory), step=ckpt.step, weights=ckpt.weights, split=e.split,
-                  data=data.label, precision=args.precision)
+    result.update(
+        checkpoint=str(ckpt.directory),
+        step=ckpt.step,
+        weights=ckpt.weights,
+        split=e.split,
+        data=data.label,
+        precision=args.precision,
+    )
     result = jsonable(result)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:

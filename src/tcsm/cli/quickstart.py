@@ -10,7 +10,9 @@ HELP = "train, evaluate and sample a small model on the embedded synthetic sourc
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides of the synthetic preset")
+    p.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="config overrides of the synthetic preset"
+    )
     p.add_argument("-o", "--out", help="run directory (default: runs/quickstart-<time>)")
     p.add_argument("--config", default="synthetic", help="preset or YAML file (default: synthetic)")
 
@@ -32,7 +34,10 @@ def run(args) -> int:
     start = time.perf_counter()
     cfg = load_config(args.config, args.overrides)
     run_dir = Path(args.out) if args.out else default_run_dir("quickstart")
-    print(f"tcsm quickstart: training {cfg.train.steps} steps on the synthetic Markov source → {run_dir}", flush=True)
+    print(
+        f"tcsm quickstart: training {cfg.train.steps} steps on the synthetic Markov source → {run_dir}",
+        flush=True,
+    )
     train(cfg, run_dir)
 
     ckpt = load_checkpoint(run_dir, device="cpu")
@@ -41,15 +46,26 @@ def run(args) -> int:
     e = cfg.eval
     test = data.test[: e.max_examples] if e.max_examples else data.test
     result = evaluate_bound(
-        ckpt.model, test, path, batch_size=e.batch_size, num_t=e.num_t,
-        generator=torch.Generator().manual_seed(e.seed), bound=e.bound,
+        ckpt.model,
+        test,
+        path,
+        batch_size=e.batch_size,
+        num_t=e.num_t,
+        generator=torch.Generator().manual_seed(e.seed),
+        bound=e.bound,
     )
     floor_bits = data.nats_per_token_floor / math.log(2)
     result["floor_bpc"] = floor_bits
     texts, tokens = [], None
     if cfg.sample.num:
-        tokens = sample(ckpt.model, path, batch_size=max(cfg.sample.num, 64), length=data.seq_len,
-                        num_steps=cfg.sample.steps, generator=torch.Generator().manual_seed(cfg.sample.seed))
+        tokens = sample(
+            ckpt.model,
+            path,
+            batch_size=max(cfg.sample.num, 64),
+            length=data.seq_len,
+            num_steps=cfg.sample.steps,
+            generator=torch.Generator().manual_seed(cfg.sample.seed),
+        )
         texts = [data.decode(row) for row in tokens[: cfg.sample.num]]
     minutes, seconds = divmod(time.perf_counter() - start, 60)
     print(f"\n== quickstart done in {int(minutes)}m{seconds:04.1f}s: {run_dir}")
@@ -63,5 +79,7 @@ def run(args) -> int:
         print(f"  samples' NLL    {nll:.4f} bits/token under the true source ({tokens.shape[0]} samples)")
     for t in texts:
         print(f"    | {t}")
-    print(f"next: tcsm eval {run_dir} --split test   ·   tcsm train --help   ·   TensorBoard: {run_dir}/tensorboard")
+    print(
+        f"next: tcsm eval {run_dir} --split test   ·   tcsm train --help   ·   TensorBoard: {run_dir}/tensorboard"
+    )
     return 0

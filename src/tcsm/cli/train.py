@@ -13,12 +13,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from tcsm.cli.common import config_help
 
     p.epilog_fn = config_help
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.steps=2000")
-    p.add_argument("-c", "--config", help="preset name or YAML file (default: synthetic; with --resume: the run's)")
-    p.add_argument("-o", "--out", help="run directory (default: train.out_dir, else runs/<config>-<time>)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest complete checkpoint")
     p.add_argument(
-        "--resume-from", metavar="CHECKPOINT",
+        "overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.steps=2000"
+    )
+    p.add_argument(
+        "-c", "--config", help="preset name or YAML file (default: synthetic; with --resume: the run's)"
+    )
+    p.add_argument("-o", "--out", help="run directory (default: train.out_dir, else runs/<config>-<time>)")
+    p.add_argument(
+        "--resume", action="store_true", help="continue the run in --out from its latest complete checkpoint"
+    )
+    p.add_argument(
+        "--resume-from",
+        metavar="CHECKPOINT",
         help="continue from this run, checkpoints or step_* directory (the run directory is its run's unless --out)",
     )
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
@@ -38,7 +45,9 @@ def resolve(args) -> tuple:
     if args.resume or args.resume_from:
         where = args.resume_from or run_dir
         if where is None:
-            raise CheckpointError("--resume needs the run directory: give --out DIR (or use --resume-from PATH)")
+            raise CheckpointError(
+                "--resume needs the run directory: give --out DIR (or use --resume-from PATH)"
+            )
         checkpoint = resolve_checkpoint(where)
         run_dir = run_dir or run_dir_of_checkpoint(checkpoint)
         base = read_state(checkpoint)[1].get("config")
@@ -78,7 +87,9 @@ def train(cfg, run_dir, resume=None, log=None) -> int:
         if env.is_main:
             from pathlib import Path
 
-            (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+            (Path(run_dir) / "summary.json").write_text(
+                json.dumps(summary, indent=1) + "\n", encoding="utf-8"
+            )
             print(f"run directory: {run_dir}", flush=True)
     finally:
         teardown_distributed()

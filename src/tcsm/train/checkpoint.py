@@ -39,16 +39,16 @@ from tcsm.errors import CheckpointError
 
 __all__ = [
     "FORMAT",
-    "pack",
-    "unpack",
-    "save_checkpoint",
-    "validate_checkpoint",
-    "resolve_checkpoint",
+    "LoadedCheckpoint",
     "list_checkpoints",
+    "load_checkpoint",
+    "pack",
     "read_state",
     "read_weights",
-    "LoadedCheckpoint",
-    "load_checkpoint",
+    "resolve_checkpoint",
+    "save_checkpoint",
+    "unpack",
+    "validate_checkpoint",
 ]
 
 FORMAT = "tcsm-checkpoint/1"
@@ -170,11 +170,15 @@ def save_checkpoint(
     try:
         save_file(_state_dict_for_save(model), str(tmp / "model.safetensors"), metadata={"format": FORMAT})
         if ema_model is not None:
-            save_file(_state_dict_for_save(ema_model), str(tmp / "ema.safetensors"), metadata={"format": FORMAT})
+            save_file(
+                _state_dict_for_save(ema_model), str(tmp / "ema.safetensors"), metadata={"format": FORMAT}
+            )
         tensors: dict[str, torch.Tensor] = {}
         packed = pack(state or {}, tensors, prefix="state")
         save_file(tensors, str(tmp / "state.safetensors"), metadata={"format": FORMAT})
-        (tmp / "state.json").write_text(json.dumps({"step": int(step), "state": packed}, indent=1), encoding="utf-8")
+        (tmp / "state.json").write_text(
+            json.dumps({"step": int(step), "state": packed}, indent=1), encoding="utf-8"
+        )
         if config_yaml is not None:
             (tmp / "config.yaml").write_text(config_yaml, encoding="utf-8")
         files = {}
@@ -219,12 +223,16 @@ def validate_checkpoint(directory: str | os.PathLike, verify_hashes: bool = True
         raise CheckpointError(f"checkpoint {str(d)!r} does not exist")
     mpath = d / MANIFEST
     if not mpath.is_file():
-        raise CheckpointError(f"checkpoint {str(d)!r} is incomplete (no {MANIFEST}; was the writer interrupted?)")
+        raise CheckpointError(
+            f"checkpoint {str(d)!r} is incomplete (no {MANIFEST}; was the writer interrupted?)"
+        )
     try:
         manifest = json.loads(mpath.read_text(encoding="utf-8"))
         files = manifest["files"]
         if manifest.get("format") != FORMAT:
-            raise CheckpointError(f"checkpoint {str(d)!r} has format {manifest.get('format')!r}, expected {FORMAT!r}")
+            raise CheckpointError(
+                f"checkpoint {str(d)!r} has format {manifest.get('format')!r}, expected {FORMAT!r}"
+            )
     except (ValueError, KeyError, TypeError):
         raise CheckpointError(f"checkpoint {str(d)!r} has a corrupt {MANIFEST}") from None
     for fname, meta in files.items():
@@ -237,7 +245,7 @@ def validate_checkpoint(directory: str | os.PathLike, verify_hashes: bool = True
 
 
 def _is_checkpoint_dir(p: Path) -> bool:
-    return p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit()
+    return p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX) :].isdigit()
 
 
 def list_checkpoints(root: str | os.PathLike) -> list[Path]:
@@ -245,7 +253,9 @@ def list_checkpoints(root: str | os.PathLike) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         return []
-    return sorted((p for p in root.iterdir() if _is_checkpoint_dir(p)), key=lambda p: int(p.name[len(PREFIX):]))
+    return sorted(
+        (p for p in root.iterdir() if _is_checkpoint_dir(p)), key=lambda p: int(p.name[len(PREFIX) :])
+    )
 
 
 def _checkpoints_root(path: Path) -> Path | None:
@@ -266,7 +276,9 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     if not p.exists():
         raise CheckpointError(f"checkpoint {str(p)!r} does not exist")
     if p.is_file():
-        raise CheckpointError(f"{str(p)!r} is a file; give a checkpoint directory (step_*) or a run directory")
+        raise CheckpointError(
+            f"{str(p)!r} is a file; give a checkpoint directory (step_*) or a run directory"
+        )
     if (p / MANIFEST).exists() or _is_checkpoint_dir(p):
         validate_checkpoint(p)
         return p
@@ -289,7 +301,9 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
             problems.append(str(e))
             continue
         if problems:
-            warnings.warn(f"skipped damaged checkpoint(s): {'; '.join(problems)}; using {str(c)!r}", stacklevel=2)
+            warnings.warn(
+                f"skipped damaged checkpoint(s): {'; '.join(problems)}; using {str(c)!r}", stacklevel=2
+            )
         return c
     if problems:
         raise CheckpointError(f"no complete checkpoint in {str(root)!r}: {problems[0]}")
@@ -311,7 +325,9 @@ def read_weights(directory: str | os.PathLike, ema: bool = False, device="cpu") 
     """The model (or EMA) state dict of a checkpoint directory."""
     f = Path(directory) / ("ema.safetensors" if ema else "model.safetensors")
     if not f.is_file():
-        raise CheckpointError(f"checkpoint {str(directory)!r} has no {'EMA ' if ema else ''}weights ({f.name})")
+        raise CheckpointError(
+            f"checkpoint {str(directory)!r} has no {'EMA ' if ema else ''}weights ({f.name})"
+        )
     try:
         return load_file(str(f), device=str(device))
     except (OSError, SafetensorError) as e:
@@ -326,7 +342,10 @@ def load_weights_into(model: torch.nn.Module, weights: dict[str, torch.Tensor], 
     shapes = [k for k in own if k in weights and tuple(own[k].shape) != tuple(weights[k].shape)]
     if missing or unexpected or shapes:
         detail = (
-            f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}" if unexpected
+            f"missing {missing[:3]}"
+            if missing
+            else f"unexpected {unexpected[:3]}"
+            if unexpected
             else f"{shapes[0]} is {tuple(weights[shapes[0]].shape)} in the checkpoint, {tuple(own[shapes[0]].shape)} in the model"
         )
         raise CheckpointError(f"checkpoint {where!r} does not match the model architecture: {detail}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Optional
 
 import torch
 
@@ -17,12 +17,12 @@ from tcsm.errors import ConfigError
 from tcsm.registry import MODELS, OBJECTIVES, TARGETS, BuildContext
 
 __all__ = [
-    "DataInfo",
     "Components",
-    "build_data",
-    "build_path",
+    "DataInfo",
     "build_components",
+    "build_data",
     "build_model_for_checkpoint",
+    "build_path",
     "section",
 ]
 
@@ -47,12 +47,18 @@ def _denoiser_schema() -> type:
 
     fields = [
         ("name", str, "denoiser"),
-        ("preset", str, field(default="tiny", metadata={"help": f"architecture preset: {' | '.join(PRESETS)}"})),
+        (
+            "preset",
+            str,
+            field(default="tiny", metadata={"help": f"architecture preset: {' | '.join(PRESETS)}"}),
+        ),
     ]
     for f in dataclasses.fields(DenoiserConfig):
         if f.name in ("vocab_size", "num_states"):  # from the data and the path
             continue
-        fields.append((f.name, Optional[hints[f.name]], field(default=None, metadata={"help": "null: the preset's"})))
+        # A runtime type for OmegaConf, not a hint: hence Optional[...] rather than `X | None`.
+        optional = Optional[hints[f.name]]  # noqa: UP045
+        fields.append((f.name, optional, field(default=None, metadata={"help": "null: the preset's"})))
     return dataclasses.make_dataclass("DenoiserModelConfig", fields)
 
 
@@ -99,11 +105,19 @@ def build_data_target(node: dict, ctx: BuildContext):
 @dataclass
 class TCSMObjectiveConfig:
     name: str = "tcsm"
-    loss: str = field(default="distrib", metadata={"help": "per-position loss: distrib | score | a LOSSES name"})
-    divergence: Optional[str] = field(default=None, metadata={"help": "divergence of the loss (null: its default)"})
-    weighting: str = field(default="kappa", metadata={"help": "time weighting ω(t): kappa | a WEIGHTINGS name"})
+    loss: str = field(
+        default="distrib", metadata={"help": "per-position loss: distrib | score | a LOSSES name"}
+    )
+    divergence: str | None = field(
+        default=None, metadata={"help": "divergence of the loss (null: its default)"}
+    )
+    weighting: str = field(
+        default="kappa", metadata={"help": "time weighting ω(t): kappa | a WEIGHTINGS name"}
+    )
     antithetic: bool = field(default=True, metadata={"help": "antithetic t across each micro-batch"})
-    kwargs: Dict[str, Any] = field(default_factory=dict, metadata={"help": "extra loss arguments, e.g. {clamp: -30}"})
+    kwargs: dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "extra loss arguments, e.g. {clamp: -30}"}
+    )
 
 
 @OBJECTIVES.register("tcsm", schema=TCSMObjectiveConfig)
@@ -117,7 +131,12 @@ def build_tcsm_objective(node: dict, ctx: BuildContext):
         kwargs["divergence"] = divergence
     try:
         return Objective(
-            ctx.path, ctx.target, loss=node["loss"], weighting=node["weighting"], antithetic=node["antithetic"], **kwargs
+            ctx.path,
+            ctx.target,
+            loss=node["loss"],
+            weighting=node["weighting"],
+            antithetic=node["antithetic"],
+            **kwargs,
         )
     except (ValueError, KeyError) as e:
         raise ConfigError(f"objective: {e}") from None
@@ -138,11 +157,17 @@ class DataInfo:
     chars: str | None = None  # the character vocabulary, for character-level tokenizers
 
     @classmethod
-    def of(cls, bundle) -> "DataInfo":
+    def of(cls, bundle) -> DataInfo:
         floor = getattr(bundle, "nats_per_token_floor", None)
         chars = getattr(getattr(bundle, "tokenizer", None), "chars", None)
-        return cls(bundle.name, int(bundle.vocab_size), int(bundle.seq_len), getattr(bundle, "label", bundle.name),
-                   None if floor is None else float(floor), chars if isinstance(chars, str) else None)
+        return cls(
+            bundle.name,
+            int(bundle.vocab_size),
+            int(bundle.seq_len),
+            getattr(bundle, "label", bundle.name),
+            None if floor is None else float(floor),
+            chars if isinstance(chars, str) else None,
+        )
 
     def check_compatible(self, bundle, where: str) -> None:
         """Raise CheckpointError unless `bundle` uses the token ids this model was trained on."""

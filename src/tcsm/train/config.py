@@ -18,10 +18,12 @@ import importlib.resources
 import inspect
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path as FsPath
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Optional
 
+import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
@@ -29,106 +31,147 @@ from tcsm.errors import ConfigError
 from tcsm.registry import MODELS, OBJECTIVES, TARGETS, import_plugins
 
 __all__ = [
-    "PathConfig",
-    "OptimConfig",
-    "TrainConfig",
-    "EvalConfig",
-    "SampleConfig",
-    "RunConfig",
     "COMPONENTS",
-    "list_presets",
-    "preset_description",
-    "load_config",
-    "to_dict",
+    "EvalConfig",
+    "OptimConfig",
+    "PathConfig",
+    "RunConfig",
+    "SampleConfig",
+    "TrainConfig",
     "describe_keys",
+    "list_presets",
+    "load_config",
+    "preset_description",
+    "to_dict",
 ]
-
-
-def _help(default: Any, text: str, factory=None):
-    """A dataclass field whose help text `tcsm train --help` prints next to the key."""
-    if factory is not None:
-        return field(default_factory=factory, metadata={"help": text})
-    return field(default=default, metadata={"help": text})
 
 
 @dataclass
 class PathConfig:
-    source: str = _help("masked", "masked | uniform (MATH.md §1)")
-    schedule: str = _help("linear", "α_t: linear | cosine | polynomial | loglinear")
-    schedule_kwargs: Dict[str, Any] = _help(None, "schedule arguments, e.g. {exponent: 2}", dict)
+    source: str = field(default="masked", metadata={"help": "masked | uniform (MATH.md §1)"})
+    schedule: str = field(
+        default="linear", metadata={"help": "α_t: linear | cosine | polynomial | loglinear"}
+    )
+    schedule_kwargs: dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "schedule arguments, e.g. {exponent: 2}"}
+    )
 
 
 @dataclass
 class OptimConfig:
-    lr: float = _help(3e-4, "peak learning rate (AdamW)")
-    betas: List[float] = _help(None, "AdamW betas", lambda: [0.9, 0.99])
-    eps: float = _help(1e-8, "AdamW epsilon")
-    weight_decay: float = _help(0.0, "decoupled weight decay on matrices (not on norms, biases, embeddings)")
-    warmup: int = _help(100, "linear warm-up steps from 0 to lr")
-    decay: str = _help("cosine", "after warm-up: cosine | linear | constant")
-    min_lr_ratio: float = _help(0.1, "final lr as a fraction of lr (cosine / linear decay)")
-    clip: float = _help(1.0, "clip the global gradient norm at this value; 0 disables")
+    lr: float = field(default=3e-4, metadata={"help": "peak learning rate (AdamW)"})
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99], metadata={"help": "AdamW betas"})
+    eps: float = field(default=1e-8, metadata={"help": "AdamW epsilon"})
+    weight_decay: float = field(
+        default=0.0,
+        metadata={"help": "decoupled weight decay on matrices (not on norms, biases, embeddings)"},
+    )
+    warmup: int = field(default=100, metadata={"help": "linear warm-up steps from 0 to lr"})
+    decay: str = field(default="cosine", metadata={"help": "after warm-up: cosine | linear | constant"})
+    min_lr_ratio: float = field(
+        default=0.1, metadata={"help": "final lr as a fraction of lr (cosine / linear decay)"}
+    )
+    clip: float = field(
+        default=1.0, metadata={"help": "clip the global gradient norm at this value; 0 disables"}
+    )
 
 
 @dataclass
 class TrainConfig:
-    steps: int = _help(1000, "optimizer steps")
-    batch_size: int = _help(64, "global batch (sequences per optimizer step, summed over all ranks)")
-    micro_batch: Optional[int] = _help(
-        None,
-        "sequences per forward pass and per random stream; the rest is gradient accumulation. null = "
-        "batch_size / world_size. Fix it to get identical runs for any number of processes",
+    steps: int = field(default=1000, metadata={"help": "optimizer steps"})
+    batch_size: int = field(
+        default=64, metadata={"help": "global batch (sequences per optimizer step, summed over all ranks)"}
     )
-    seed: int = _help(0, "seed of the initial weights, the data order and every step's noise")
-    precision: str = _help("auto", "fp32 | bf16 (autocast) | auto (bf16 where it is faster)")
-    device: str = _help("auto", "auto | cpu | cuda | cuda:N (under torchrun: each rank's local GPU)")
-    ema: float = _help(0.999, "EMA decay of the weights used for evaluation and sampling; 0 disables")
-    log_every: int = _help(10, "steps between metrics.jsonl / TensorBoard rows")
-    eval_every: int = _help(500, "steps between validation bounds (0: only at the end)")
-    eval_examples: int = _help(256, "validation sequences per periodic evaluation")
-    sample_every: int = _help(500, "steps between logged samples (0: only at the end)")
-    save_every: int = _help(500, "steps between checkpoints (0: only at the end)")
-    keep_last: int = _help(3, "checkpoints kept on disk (older ones are deleted); 0 keeps all")
-    out_dir: Optional[str] = _help(None, "run directory; null = runs/<preset>-<time>")
-    progress: bool = _help(True, "show a tqdm progress bar")
-    tensorboard: bool = _help(True, "write TensorBoard scalars when tensorboard is installed")
-    compile: bool = _help(False, "torch.compile the model (GPU runs)")
-    threads: Optional[int] = _help(None, "CPU threads per process (torch.set_num_threads); null = torch default")
+    micro_batch: int | None = field(
+        default=None,
+        metadata={
+            "help": "sequences per forward pass and per random stream; the rest is gradient accumulation. null = "
+            "batch_size / world_size. Fix it to get identical runs for any number of processes"
+        },
+    )
+    seed: int = field(
+        default=0, metadata={"help": "seed of the initial weights, the data order and every step's noise"}
+    )
+    precision: str = field(
+        default="auto", metadata={"help": "fp32 | bf16 (autocast) | auto (bf16 where it is faster)"}
+    )
+    device: str = field(
+        default="auto",
+        metadata={"help": "auto | cpu | cuda | cuda:N (under torchrun: each rank's local GPU)"},
+    )
+    ema: float = field(
+        default=0.999,
+        metadata={"help": "EMA decay of the weights used for evaluation and sampling; 0 disables"},
+    )
+    log_every: int = field(default=10, metadata={"help": "steps between metrics.jsonl / TensorBoard rows"})
+    eval_every: int = field(
+        default=500, metadata={"help": "steps between validation bounds (0: only at the end)"}
+    )
+    eval_examples: int = field(default=256, metadata={"help": "validation sequences per periodic evaluation"})
+    sample_every: int = field(
+        default=500, metadata={"help": "steps between logged samples (0: only at the end)"}
+    )
+    save_every: int = field(default=500, metadata={"help": "steps between checkpoints (0: only at the end)"})
+    keep_last: int = field(
+        default=3, metadata={"help": "checkpoints kept on disk (older ones are deleted); 0 keeps all"}
+    )
+    out_dir: str | None = field(default=None, metadata={"help": "run directory; null = runs/<preset>-<time>"})
+    progress: bool = field(default=True, metadata={"help": "show a tqdm progress bar"})
+    tensorboard: bool = field(
+        default=True, metadata={"help": "write TensorBoard scalars when tensorboard is installed"}
+    )
+    compile: bool = field(default=False, metadata={"help": "torch.compile the model (GPU runs)"})
+    threads: int | None = field(
+        default=None,
+        metadata={"help": "CPU threads per process (torch.set_num_threads); null = torch default"},
+    )
 
 
 @dataclass
 class EvalConfig:
-    split: str = _help("valid", "data split: train | valid | test")
-    num_t: int = _help(8, "time samples per sequence in the likelihood bound (MATH.md §2.4)")
-    batch_size: int = _help(64, "sequences per evaluation batch")
-    bound: Optional[str] = _help(None, "likelihood bound (null: the path's default, MATH.md §2)")
-    max_examples: Optional[int] = _help(None, "evaluate only the first N sequences (null: the whole split)")
-    seed: int = _help(1234, "seed of the bound's Monte Carlo draws")
-    ema: bool = _help(True, "evaluate and sample with the EMA weights")
+    split: str = field(default="valid", metadata={"help": "data split: train | valid | test"})
+    num_t: int = field(
+        default=8, metadata={"help": "time samples per sequence in the likelihood bound (MATH.md §2.4)"}
+    )
+    batch_size: int = field(default=64, metadata={"help": "sequences per evaluation batch"})
+    bound: str | None = field(
+        default=None, metadata={"help": "likelihood bound (null: the path's default, MATH.md §2)"}
+    )
+    max_examples: int | None = field(
+        default=None, metadata={"help": "evaluate only the first N sequences (null: the whole split)"}
+    )
+    seed: int = field(default=1234, metadata={"help": "seed of the bound's Monte Carlo draws"})
+    ema: bool = field(default=True, metadata={"help": "evaluate and sample with the EMA weights"})
 
 
 @dataclass
 class SampleConfig:
-    num: int = _help(4, "sequences sampled and logged at each sample_every")
-    steps: int = _help(128, "sampler steps")
-    length: Optional[int] = _help(None, "sample length (null: the data's sequence length)")
-    seed: int = _help(0, "seed of the logged samples")
+    num: int = field(default=4, metadata={"help": "sequences sampled and logged at each sample_every"})
+    steps: int = field(default=128, metadata={"help": "sampler steps"})
+    length: int | None = field(
+        default=None, metadata={"help": "sample length (null: the data's sequence length)"}
+    )
+    seed: int = field(default=0, metadata={"help": "seed of the logged samples"})
 
 
 @dataclass
 class RunConfig:
-    description: str = _help("", "free text stored with the run")
-    plugins: List[str] = _help(None, "modules imported first so that their registrations run", list)
+    description: str = field(default="", metadata={"help": "free text stored with the run"})
+    plugins: list[str] = field(
+        default_factory=list, metadata={"help": "modules imported first so that their registrations run"}
+    )
     # Component sections: typed by the schema of the registry entry they name (see COMPONENTS).
-    model: Any = _help(None, "model registry entry and its keys", dict)
-    target: Any = _help(None, "target registry entry and its keys", dict)
-    objective: Any = _help(None, "objective registry entry and its keys", dict)
-    data: Any = _help(None, "data kind and its keys (tcsm.data)", dict)
-    path: PathConfig = _help(None, "probability path", PathConfig)
-    optim: OptimConfig = _help(None, "optimizer and learning-rate schedule", OptimConfig)
-    train: TrainConfig = _help(None, "training loop", TrainConfig)
-    eval: EvalConfig = _help(None, "likelihood evaluation", EvalConfig)
-    sample: SampleConfig = _help(None, "sampling", SampleConfig)
+    model: Any = field(default_factory=dict, metadata={"help": "model registry entry and its keys"})
+    target: Any = field(default_factory=dict, metadata={"help": "target registry entry and its keys"})
+    objective: Any = field(default_factory=dict, metadata={"help": "objective registry entry and its keys"})
+    data: Any = field(default_factory=dict, metadata={"help": "data kind and its keys (tcsm.data)"})
+    path: PathConfig = field(default_factory=PathConfig, metadata={"help": "probability path"})
+    optim: OptimConfig = field(
+        default_factory=OptimConfig, metadata={"help": "optimizer and learning-rate schedule"}
+    )
+    train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "training loop"})
+    eval: EvalConfig = field(default_factory=EvalConfig, metadata={"help": "likelihood evaluation"})
+    sample: SampleConfig = field(default_factory=SampleConfig, metadata={"help": "sampling"})
 
 
 def schema_from_signature(fn, key: str, name: str) -> type:
@@ -136,7 +179,7 @@ def schema_from_signature(fn, key: str, name: str) -> type:
     annotations (Any where missing) — so a builder's own signature validates its config section."""
     try:
         hints = typing.get_type_hints(fn)
-    except Exception:  # unresolvable annotations: fall back to untyped fields
+    except (NameError, TypeError):  # unresolvable annotations: fall back to untyped fields
         hints = {}
     fields = [(key, str, name)]
     for p in inspect.signature(fn).parameters.values():
@@ -158,11 +201,11 @@ def _omegaconf_type(tp):
     if origin in (typing.Union, types.UnionType):
         rest = [a for a in args if a is not type(None)]
         inner = _omegaconf_type(rest[0]) if len(rest) == 1 else Any
-        return Optional[inner] if len(rest) < len(args) else inner
+        return Optional[inner] if len(rest) < len(args) else inner  # noqa: UP045 (a runtime type, not a hint)
     if tp in (int, float, bool, str, Any):
         return tp
-    if origin in (list, List) and args and args[0] in (int, float, bool, str):
-        return List[args[0]]
+    if origin is list and args and args[0] in (int, float, bool, str):
+        return list[args[0]]
     return Any
 
 
@@ -225,9 +268,7 @@ def _load_preset(name_or_path: str, seen: tuple[str, ...] = ()) -> DictConfig:
         raise ConfigError(f"preset {label!r} extends itself (cycle {' -> '.join(seen + (label,))})")
     try:
         node = OmegaConf.create(text) if text.strip() else OmegaConf.create({})
-    except OmegaConfBaseException as e:
-        raise ConfigError(f"config {label!r} is not valid YAML: {_first_line(e)}") from None
-    except Exception as e:  # yaml.YAMLError: the config is not YAML at all
+    except (OmegaConfBaseException, yaml.YAMLError) as e:
         raise ConfigError(f"config {label!r} is not valid YAML: {_first_line(e)}") from None
     if not isinstance(node, DictConfig):
         raise ConfigError(f"config {label!r} must be a YAML mapping of sections, got a list")
@@ -267,7 +308,9 @@ def _schema_for(raw: DictConfig) -> DictConfig:
         if entry_schema is not None:
             sub = OmegaConf.structured(entry_schema)
             if key not in sub:
-                raise TypeError(f"schema {entry_schema.__name__} of {section} {name!r} must have a {key!r} field")
+                raise TypeError(
+                    f"schema {entry_schema.__name__} of {section} {name!r} must have a {key!r} field"
+                )
             sub[key] = name
         else:  # no schema: an open section, checked by the builder itself
             sub = OmegaConf.create({key: name})
@@ -281,11 +324,31 @@ def _friendly(e: OmegaConfBaseException) -> str:
     if isinstance(e, ConfigKeyError):
         hint = ""
         if "Did you mean" in str(e):
-            hint = " (did you mean " + str(e).split("Did you mean", 1)[1].strip().split("\n")[0].rstrip("?") + "?)"
+            hint = (
+                " (did you mean "
+                + str(e).split("Did you mean", 1)[1].strip().split("\n")[0].rstrip("?")
+                + "?)"
+            )
         return f"unknown config key {key!r}{hint}; `tcsm train --help` lists the keys"
     if isinstance(e, ValidationError):
         return f"config key {key!r}: {msg}"
     return f"invalid config{(' at ' + repr(key)) if key else ''}: {msg}"
+
+
+def _drop_replaced_components(raw: DictConfig, layer: DictConfig) -> DictConfig:
+    """A layer that names another component (e.g. `objective.name=x`) starts that section afresh: the keys the
+    lower layers set were meant for the previous component."""
+    for section, (key, _, _) in COMPONENTS.items():
+        new, old = layer.get(section), raw.get(section)
+        if (
+            isinstance(new, DictConfig)
+            and isinstance(old, DictConfig)
+            and key in new
+            and new[key] != old.get(key)
+        ):
+            raw = OmegaConf.merge(raw, {})  # a copy
+            del raw[section]
+    return raw
 
 
 def load_config(
@@ -299,7 +362,12 @@ def load_config(
     if preset is not None:
         layers.append(_load_preset(preset))
     layers.append(_parse_overrides(overrides))
-    raw = OmegaConf.merge(*layers) if layers else OmegaConf.create({})
+    raw = OmegaConf.create({})
+    for layer in layers:
+        raw = OmegaConf.merge(_drop_replaced_components(raw, layer), layer)
+    for section in COMPONENTS:
+        if section in raw and not isinstance(raw[section], DictConfig):
+            raise ConfigError(f"config section {section!r} must be a mapping of keys, got {raw[section]!r}")
     unknown = sorted(set(raw.keys()) - _FIXED_SECTIONS)
     if unknown:
         raise ConfigError(f"unknown config section {unknown[0]!r}; sections are {sorted(_FIXED_SECTIONS)}")
@@ -324,17 +392,25 @@ def _validate(cfg: DictConfig) -> None:
 
     t, o = cfg.train, cfg.optim
     _check(cfg.path.source in PATHS, f"path.source must be one of {sorted(PATHS)}, got {cfg.path.source!r}")
-    _check(cfg.path.schedule in SCHEDULES, f"path.schedule must be one of {sorted(SCHEDULES)}, got {cfg.path.schedule!r}")
+    _check(
+        cfg.path.schedule in SCHEDULES,
+        f"path.schedule must be one of {sorted(SCHEDULES)}, got {cfg.path.schedule!r}",
+    )
     for key in ("steps", "batch_size", "log_every"):
         _check(t[key] >= 1, f"train.{key} must be >= 1, got {t[key]}")
     for key in ("eval_every", "sample_every", "save_every", "keep_last", "eval_examples"):
         _check(t[key] >= 0, f"train.{key} must be >= 0, got {t[key]}")
-    _check(t.micro_batch is None or t.micro_batch >= 1, f"train.micro_batch must be >= 1, got {t.micro_batch}")
+    _check(
+        t.micro_batch is None or t.micro_batch >= 1, f"train.micro_batch must be >= 1, got {t.micro_batch}"
+    )
     _check(
         t.micro_batch is None or t.batch_size % t.micro_batch == 0,
         f"train.batch_size={t.batch_size} must be a multiple of train.micro_batch={t.micro_batch}",
     )
-    _check(t.precision in ("fp32", "bf16", "auto"), f"train.precision must be fp32 | bf16 | auto, got {t.precision!r}")
+    _check(
+        t.precision in ("fp32", "bf16", "auto"),
+        f"train.precision must be fp32 | bf16 | auto, got {t.precision!r}",
+    )
     dev = t.device
     _check(
         dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit()),
@@ -342,12 +418,21 @@ def _validate(cfg: DictConfig) -> None:
     )
     _check(0.0 <= t.ema < 1.0, f"train.ema must be in [0, 1), got {t.ema}")
     _check(o.lr > 0, f"optim.lr must be > 0, got {o.lr}")
-    _check(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), f"optim.betas must be two numbers in [0, 1), got {list(o.betas)}")
+    _check(
+        len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas),
+        f"optim.betas must be two numbers in [0, 1), got {list(o.betas)}",
+    )
     _check(o.warmup >= 0, f"optim.warmup must be >= 0, got {o.warmup}")
-    _check(o.decay in ("cosine", "linear", "constant"), f"optim.decay must be cosine | linear | constant, got {o.decay!r}")
+    _check(
+        o.decay in ("cosine", "linear", "constant"),
+        f"optim.decay must be cosine | linear | constant, got {o.decay!r}",
+    )
     _check(0.0 <= o.min_lr_ratio <= 1.0, f"optim.min_lr_ratio must be in [0, 1], got {o.min_lr_ratio}")
     _check(o.clip >= 0, f"optim.clip must be >= 0, got {o.clip}")
-    _check(cfg.eval.split in ("train", "valid", "test"), f"eval.split must be train | valid | test, got {cfg.eval.split!r}")
+    _check(
+        cfg.eval.split in ("train", "valid", "test"),
+        f"eval.split must be train | valid | test, got {cfg.eval.split!r}",
+    )
     _check(cfg.eval.num_t >= 1 and cfg.eval.batch_size >= 1, "eval.num_t and eval.batch_size must be >= 1")
     _check(cfg.sample.num >= 0 and cfg.sample.steps >= 1, "sample.num must be >= 0 and sample.steps >= 1")
 
@@ -361,8 +446,10 @@ def to_dict(cfg: DictConfig) -> dict:
 
 
 def _walk(node, prefix: str, schema_type, out: list) -> None:
-    fields = {f.name: f for f in dataclasses.fields(schema_type)} if dataclasses.is_dataclass(schema_type) else {}
-    for key in node.keys():
+    fields = (
+        {f.name: f for f in dataclasses.fields(schema_type)} if dataclasses.is_dataclass(schema_type) else {}
+    )
+    for key in node:
         value = node[key]
         full = f"{prefix}{key}"
         f = fields.get(key)
@@ -370,7 +457,11 @@ def _walk(node, prefix: str, schema_type, out: list) -> None:
         if isinstance(value, DictConfig) and dataclasses.is_dataclass(sub_type):
             _walk(value, full + ".", sub_type, out)
         else:
-            shown = OmegaConf.to_container(value) if isinstance(value, (DictConfig,)) or OmegaConf.is_list(value) else value
+            shown = (
+                OmegaConf.to_container(value)
+                if isinstance(value, (DictConfig,)) or OmegaConf.is_list(value)
+                else value
+            )
             out.append((full, shown, (f.metadata.get("help", "") if f is not None else "")))
 
 
@@ -378,7 +469,7 @@ def describe_keys() -> list[tuple[str, Any, str]]:
     """(dotted key, default, help) for every key of the default config (default component choices)."""
     cfg = OmegaConf.merge(_schema_for(OmegaConf.create({})), {})
     out: list = []
-    for section in cfg.keys():
+    for section in cfg:
         value = cfg[section]
         sub_type = OmegaConf.get_type(cfg, section)
         f = {f.name: f for f in dataclasses.fields(RunConfig)}[section]
@@ -386,7 +477,7 @@ def describe_keys() -> list[tuple[str, Any, str]]:
             if dataclasses.is_dataclass(sub_type):
                 _walk(value, section + ".", sub_type, out)
             else:
-                for key in value.keys():
+                for key in value:
                     out.append((f"{section}.{key}", value[key], f.metadata.get("help", "")))
         else:
             shown = OmegaConf.to_container(value) if OmegaConf.is_list(value) else value

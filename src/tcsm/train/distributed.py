@@ -7,14 +7,21 @@ each rank its local GPU, and let rank 0 alone write logs and checkpoints.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from tcsm.errors import ConfigError
 
-__all__ = ["DistEnv", "setup_distributed", "teardown_distributed", "resolve_device", "all_reduce_mean", "barrier"]
+__all__ = [
+    "DistEnv",
+    "all_reduce_mean",
+    "barrier",
+    "resolve_device",
+    "setup_distributed",
+    "teardown_distributed",
+]
 
 
 @dataclass(frozen=True)
@@ -22,7 +29,7 @@ class DistEnv:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
-    device: torch.device = torch.device("cpu")
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     @property
     def is_main(self) -> bool:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunLogger", "read_metrics", "plot_curves"]
+__all__ = ["RunLogger", "plot_curves", "read_metrics"]
 
 
 class RunLogger:
@@ -21,8 +21,8 @@ class RunLogger:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # Appending keeps the history of a resumed run; readers keep the last row per (kind, step).
-        self._metrics = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
-        self._samples = open(self.run_dir / "samples.jsonl", "a", encoding="utf-8")
+        self._metrics = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        self._samples = open(self.run_dir / "samples.jsonl", "a", encoding="utf-8")  # noqa: SIM115
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -95,8 +95,12 @@ def plot_curves(run_dir: str | Path, floor_bits: float | None = None) -> Path | 
     except ImportError:
         return None
     rows = read_metrics(run_dir)
-    train = [(r["step"], r["loss"]) for r in rows if r.get("kind") == "train" and isinstance(r.get("loss"), float)]
-    valid = [(r["step"], r["bpc"]) for r in rows if r.get("kind") == "valid" and isinstance(r.get("bpc"), float)]
+    train = [
+        (r["step"], r["loss"]) for r in rows if r.get("kind") == "train" and isinstance(r.get("loss"), float)
+    ]
+    valid = [
+        (r["step"], r["bpc"]) for r in rows if r.get("kind") == "valid" and isinstance(r.get("bpc"), float)
+    ]
     if not train and not valid:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))

@@ -10,7 +10,7 @@ import math
 import torch
 from torch import nn
 
-__all__ = ["param_groups", "build_optimizer", "lr_at", "set_lr"]
+__all__ = ["build_optimizer", "lr_at", "param_groups", "set_lr"]
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:

@@ -15,8 +15,9 @@ import contextlib
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,7 +39,7 @@ from tcsm.train.ema import EMA
 from tcsm.train.logs import RunLogger, plot_curves
 from tcsm.train.optim import build_optimizer, lr_at, set_lr
 
-__all__ = ["Trainer", "stream_seed", "resolve_precision"]
+__all__ = ["Trainer", "resolve_precision", "stream_seed"]
 
 
 def stream_seed(*keys: int) -> int:
@@ -189,14 +190,18 @@ class Trainer:
         load_weights_into(self.model, read_weights(directory, device=self.device), str(directory))
         if self.ema is not None:
             if (directory / "ema.safetensors").is_file():
-                load_weights_into(self.ema.model, read_weights(directory, ema=True, device=self.device), str(directory))
+                load_weights_into(
+                    self.ema.model, read_weights(directory, ema=True, device=self.device), str(directory)
+                )
                 self.ema.load_state(state["ema"])
             else:  # EMA switched on at resume: start it from the current weights
                 self.ema.model.load_state_dict(self.model.state_dict())
         try:
             self.optimizer.load_state_dict(state["optimizer"])
         except (ValueError, KeyError) as e:
-            raise CheckpointError(f"checkpoint {str(directory)!r}: optimizer state does not fit: {e}") from None
+            raise CheckpointError(
+                f"checkpoint {str(directory)!r}: optimizer state does not fit: {e}"
+            ) from None
         self.batches.load_state_dict(state["batches"])
         rng = state.get("rng", {})
         if "torch" in rng:
@@ -269,11 +274,19 @@ class Trainer:
         custom = getattr(self.objective, "evaluate", None)
         with _autocast(self.device, precision or self.precision):
             if custom is not None:
-                result = custom(self.eval_model(), data, batch_size=e.batch_size, generator=generator, device=self.device)
+                result = custom(
+                    self.eval_model(), data, batch_size=e.batch_size, generator=generator, device=self.device
+                )
             else:
                 result = evaluate_bound(
-                    self.eval_model(), data, self.path, batch_size=e.batch_size, num_t=e.num_t, generator=generator,
-                    bound=e.bound, device=self.device,
+                    self.eval_model(),
+                    data,
+                    self.path,
+                    batch_size=e.batch_size,
+                    num_t=e.num_t,
+                    generator=generator,
+                    bound=e.bound,
+                    device=self.device,
                 )
         if self.data_info.nats_per_token_floor is not None:
             result["floor_bpc"] = self.data_info.nats_per_token_floor / math.log(2)
@@ -290,8 +303,13 @@ class Trainer:
         generator = torch.Generator(device=self.device).manual_seed(s.seed)
         with _autocast(self.device, self.precision):
             tokens = sample(
-                self.eval_model(), self.path, batch_size=s.num, length=s.length or self.data_info.seq_len,
-                num_steps=s.steps, generator=generator, device=self.device,
+                self.eval_model(),
+                self.path,
+                batch_size=s.num,
+                length=s.length or self.data_info.seq_len,
+                num_steps=s.steps,
+                generator=generator,
+                device=self.device,
             )
         return [self.data.decode(row) for row in tokens.cpu()]
 
@@ -350,8 +368,13 @@ class Trainer:
         from tqdm.auto import tqdm
 
         self._bar = tqdm(
-            total=t.steps, initial=self.step, disable=True if not (env.is_main and t.progress) else None, dynamic_ncols=True,
-            unit="step", file=sys.stderr, smoothing=0.05,
+            total=t.steps,
+            initial=self.step,
+            disable=True if not (env.is_main and t.progress) else None,
+            dynamic_ncols=True,
+            unit="step",
+            file=sys.stderr,
+            smoothing=0.05,
         )
         window: dict[str, float] = {}
         window_steps, window_start = 0, time.perf_counter()
