@@ -303,6 +303,14 @@ def test_train_teacher_then_student_from_config(tmp_path, family):
         assert math.isfinite(summary["bpc"]) and target.hits > 0  # 6 steps × 16 over 128 sequences repeat
     with pytest.raises(ConfigError, match="teacher"):
         Trainer(load_config(None, _COMMON + _STUDENT + ["target.name=parametric"]), None)
+    if family == "causal":  # estimator options reach the AR teacher; options of other estimators are dropped
+        from tcsm.targets.parametric import load_teacher
+
+        teacher = load_teacher(teacher_dir, estimator="topk", k=2, temperature=3.0, max_tokens=512)
+        assert isinstance(teacher.estimator, TopKARScore) and teacher.estimator.k == 2
+        x = torch.randint(0, 5, (2, 8))
+        assert (torch.isfinite(teacher(x)).sum(-1) <= 3).all()
+        assert isinstance(load_teacher(teacher_dir, estimator="taylor", k=2).estimator, TaylorARScore)
     # A diffusion checkpoint is not a teacher; a clean objective needs a clean model.
     student_dir = tmp_path / f"student-{family}-masked"
     with pytest.raises(CheckpointError, match="not a clean-data model"):
