@@ -240,3 +240,36 @@ def test_hf_causal_lm_adapter():
     y[:, 2] = (x[:, 2] + 1) % V
     want = ad.log_prob(y) - ad.log_prob(x)
     assert torch.allclose(ell[torch.arange(2), 2, y[:, 2]], want, atol=1e-5)
+
+
+def test_hf_models_train_and_teach_from_config(tmp_path):
+    """model.name=hf_mlm | hf_causal from a local directory (nothing downloaded), trained by `clean_lm`, then
+    loaded back as a teacher."""
+    tf = pytest.importorskip("transformers")
+    from tcsm.targets.parametric import load_teacher
+    from tcsm.train.config import load_config
+    from tcsm.train.trainer import Trainer
+
+    torch.manual_seed(0)
+    bert = tf.BertForMaskedLM(
+        tf.BertConfig(vocab_size=12, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                      intermediate_size=32, max_position_embeddings=32)
+    )  # fmt: skip
+    gpt = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=12, n_embd=16, n_layer=1, n_head=2, n_positions=32))
+    bert.save_pretrained(tmp_path / "bert")
+    gpt.save_pretrained(tmp_path / "gpt")
+    common = [
+        "data.kind=synthetic", "data.vocab_size=5", "data.seq_len=8", "data.num_train=64", "data.num_valid=8",
+        "data.num_test=8", "train.batch_size=8", "train.precision=fp32", "train.device=cpu", "train.steps=3",
+        "train.progress=false", "train.tensorboard=false", "train.eval_examples=8", "train.eval_every=0",
+        "train.save_every=0", "sample.num=0", "objective.name=clean_lm", "model.token_ids=[3,4,5,6,7]",
+        "model.local_files_only=true", "model.special_token_id=1",
+    ]  # fmt: skip
+    for name, sub in (("hf_mlm", "bert"), ("hf_causal", "gpt")):
+        cfg = load_config(None, common + [f"model.name={name}", f"model.name_or_path={tmp_path / sub}"])
+        run = tmp_path / f"run-{name}"
+        summary = Trainer(cfg, run, log=lambda s: None).fit()
+        assert summary["bound"] == ("pseudo-nll" if name == "hf_mlm" else "ar-nll")
+        teacher = load_teacher(run, vocab_size=5)
+        out = teacher(torch.randint(0, 5, (2, 8)))
+        assert out.shape == (2, 8, 5) and torch.allclose(out.exp().sum(-1), torch.ones(2, 8), atol=1e-5)
