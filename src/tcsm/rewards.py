@@ -200,11 +200,13 @@ def _python_reward(target: str, **kwargs):
 
 
 REWARDS: dict[str, Callable] = {
-    "grid": lambda decode=None, **kw: GridReward(**kw),
-    "vader": lambda decode=None, **kw: vader_reward(_need_decode(decode, "vader"), **kw),
-    "profanity": lambda decode=None, **kw: profanity_reward(_need_decode(decode, "profanity"), **kw),
-    "hf": lambda path, decode=None, **kw: HFClassifierReward(path, decode=decode, **kw),
-    "python": lambda target, decode=None, **kw: _python_reward(target, **kw),
+    "grid": lambda decode=None, vocab_size=None, **kw: GridReward(**{"width": vocab_size or 128, **kw}),
+    "vader": lambda decode=None, vocab_size=None, **kw: vader_reward(_need_decode(decode, "vader"), **kw),
+    "profanity": lambda decode=None, vocab_size=None, **kw: profanity_reward(
+        _need_decode(decode, "profanity"), **kw
+    ),
+    "hf": lambda path, decode=None, vocab_size=None, **kw: HFClassifierReward(path, decode=decode, **kw),
+    "python": lambda target, decode=None, vocab_size=None, **kw: _python_reward(target, **kw),
 }
 
 
@@ -225,11 +227,13 @@ def _parse_value(v: str):
     return {"true": True, "false": False}.get(v.lower(), v)
 
 
-def make_reward(spec: str | dict, decode: Callable[[list[int]], str] | None = None) -> RewardFn:
+def make_reward(
+    spec: str | dict, decode: Callable[[list[int]], str] | None = None, vocab_size: int | None = None
+) -> RewardFn:
     """Build a reward from a spec: "grid", "grid:width=64,right=-1e5", "vader", "profanity",
     "hf:/path/to/classifier,label=1,mode=logprob", "python:pkg.mod:fn"; or a dict {"name": ..., **kwargs}.
 
-    `decode(list[int]) -> str` turns token ids into text for text scorers.
+    `decode(list[int]) -> str` turns token ids into text for text scorers; `vocab_size` is the default grid width.
     """
     if isinstance(spec, dict):
         spec = dict(spec)
@@ -251,4 +255,4 @@ def make_reward(spec: str | dict, decode: Callable[[list[int]], str] | None = No
             kwargs[k.strip()] = _parse_value(v.strip())
     if name not in REWARDS:
         raise ValueError(f"unknown reward {name!r}; choose one of {sorted(REWARDS)}")
-    return REWARDS[name](decode=decode, **kwargs)
+    return REWARDS[name](decode=decode, vocab_size=vocab_size, **kwargs)

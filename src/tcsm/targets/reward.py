@@ -473,7 +473,7 @@ def build_reward_target(node: dict, ctx) -> RewardTarget:
         )
     decode = getattr(ctx.data, "decode", None)
     try:
-        reward = make_reward(node["reward"], decode=decode)
+        reward = make_reward(node["reward"], decode=decode, vocab_size=ctx.vocab_size)
     except (ValueError, ImportError) as e:
         raise ConfigError(f"target.reward: {e}") from None
     prompt = ctx.data.encode(node["prompt"]) if node.get("prompt") else None

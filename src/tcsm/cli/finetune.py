@@ -1,0 +1,265 @@
+"""`tcsm finetune reward`: fine-tune a pre-trained diffusion checkpoint toward p^R ∝ p_1 e^{R/β} (MATH.md §5.2).
+
+The run is an ordinary `tcsm train` run — same Trainer, checkpoints, --resume, logs and one-line errors — whose
+config is the pre-trained run's config (data, path, model), then the `finetune-reward` preset (or `-c`), then
+key=value overrides, then the flags below. The model starts from the pre-trained (EMA) weights and the target
+is `target.name: reward` around a frozen copy of them (`tcsm.targets.reward`):
+
+    tcsm finetune reward --checkpoint runs/grid --reward grid --beta 1 --num-proposals 8 --steps 500
+    tcsm finetune reward --checkpoint runs/ts --reward vader --prompt "Once upon a time, there was a" -o runs/ft
+    tcsm finetune reward --resume -o runs/ft          # continue exactly
+
+After training, `--eval-samples N` sequences are drawn from the pre-trained and the fine-tuned model (with the
+prompt) and their mean rewards are printed and written to `reward_eval.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+HELP = "fine-tune a pre-trained checkpoint (reward: toward p^R ∝ p_1·exp(R/β), MATH.md §5.2)"
+
+#: flag → config key of the reward recipe
+REWARD_FLAGS = {
+    "reward": "target.reward",
+    "beta": "target.beta",
+    "num_proposals": "target.num_proposals",
+    "neighbourhood": "target.neighbourhood",
+    "xt_source": "target.xt_source",
+    "prompt": "target.prompt",
+    "steps": "train.steps",
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from tcsm.cli.common import config_help
+
+    sub = p.add_subparsers(dest="recipe", metavar="<recipe>", parser_class=type(p))
+    r = sub.add_parser(
+        "reward", help="reward fine-tuning (N^full SNIS or N^1 tilted conditionals)", description=__doc__
+    )
+    if hasattr(r, "epilog_fn"):
+        r.epilog_fn = config_help
+    r.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. optim.lr=1e-4")
+    r.add_argument("-k", "--checkpoint", help="pre-trained run, checkpoints or step_* directory")
+    r.add_argument(
+        "-c", "--config", help="preset or YAML file (default: finetune-reward; with --resume: the run's)"
+    )
+    r.add_argument(
+        "-o", "--out", help="run directory (default: train.out_dir, else runs/finetune-reward-<time>)"
+    )
+    r.add_argument(
+        "--reward", help="reward spec: grid | vader | profanity | hf:PATH[,label=1] | python:mod:fn"
+    )
+    r.add_argument("--beta", type=float, help="temperature β > 0 (small: maximise reward; large: stay close)")
+    r.add_argument("-B", "--num-proposals", type=int, help="N^full proposals per noisy state")
+    r.add_argument("--neighbourhood", choices=("full", "n1"), help="N^full (default) or N^1")
+    r.add_argument("--xt-source", choices=("data", "pretrained", "model"), help="where x_t comes from")
+    r.add_argument("--prompt", help="text pinned at the start of every sequence (conditioning)")
+    r.add_argument("--steps", type=int, help="optimizer steps (train.steps)")
+    r.add_argument(
+        "--resume", action="store_true", help="continue the run in --out from its latest checkpoint"
+    )
+    r.add_argument("--resume-from", metavar="CHECKPOINT", help="continue from this fine-tuning checkpoint")
+    r.add_argument(
+        "--eval-samples", type=int, default=256, help="samples per model for the reward report (0: skip)"
+    )
+    r.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+
+
+# --------------------------------------------------------------------------------------------------- config
+
+
+def _flag_values(args) -> dict:
+    return {
+        key: getattr(args, flag)
+        for flag, key in REWARD_FLAGS.items()
+        if getattr(args, flag, None) is not None
+    }
+
+
+def _apply(cfg, values: dict):
+    """The config with dotted keys set to Python values (no YAML parsing of strings such as reward specs)."""
+    from omegaconf import OmegaConf
+
+    from tcsm.train.config import load_config, to_dict
+
+    if not values:
+        return cfg
+    d = to_dict(cfg)
+    for key, v in values.items():
+        node = d
+        *parents, leaf = key.split(".")
+        for k in parents:
+            node = node.setdefault(k, {})
+        node[leaf] = v
+    return load_config(base=OmegaConf.create(d))
+
+
+def reward_config(
+    checkpoint, preset: str | None = "finetune-reward", overrides=(), values: dict | None = None
+):
+    """The fine-tuning config: pre-trained run's config < preset < overrides < `values` (dotted key → value),
+    with `target.pretrained` set to the checkpoint directory."""
+    from tcsm.errors import CheckpointError
+    from tcsm.train.checkpoint import read_state, resolve_checkpoint
+    from tcsm.train.config import load_config
+
+    directory = resolve_checkpoint(checkpoint)
+    state = read_state(directory)[1]
+    if "config" not in state:
+        raise CheckpointError(f"{str(directory)!r} holds no run config; it was not written by `tcsm train`")
+    base = dict(state["config"])
+    base["train"] = {**base.get("train", {}), "out_dir": None}  # never write into the pre-trained run
+    cfg = load_config(preset, list(overrides), base=base)
+    return _apply(cfg, {"target.pretrained": str(directory), **(values or {})})
+
+
+def resolve(args) -> tuple:
+    """(config, run_dir, resume) of `tcsm finetune reward` from its arguments."""
+    from pathlib import Path
+
+    from tcsm.cli.common import default_run_dir, run_dir_of_checkpoint
+    from tcsm.errors import CheckpointError, ConfigError
+    from tcsm.train.checkpoint import read_state, resolve_checkpoint
+    from tcsm.train.config import load_config
+
+    run_dir = Path(args.out) if args.out else None
+    if args.num_proposals is not None and args.num_proposals < 1:
+        raise ConfigError(f"--num-proposals must be >= 1, got {args.num_proposals}")
+    if args.beta is not None and not args.beta > 0:
+        raise ConfigError(f"--beta must be > 0, got {args.beta}")
+    if args.resume or args.resume_from:
+        where = args.resume_from or run_dir
+        if where is None:
+            raise CheckpointError(
+                "--resume needs the run directory: give --out DIR (or use --resume-from PATH)"
+            )
+        checkpoint = resolve_checkpoint(where)
+        run_dir = run_dir or run_dir_of_checkpoint(checkpoint)
+        cfg = load_config(args.config, args.overrides, base=read_state(checkpoint)[1].get("config"))
+        cfg = _apply(cfg, _flag_values(args))
+        return cfg, run_dir, checkpoint
+    if not args.checkpoint:
+        raise ConfigError(
+            "give the pre-trained model: tcsm finetune reward --checkpoint RUN_DIR (or --resume -o DIR)"
+        )
+    cfg = reward_config(args.checkpoint, args.config or "finetune-reward", args.overrides, _flag_values(args))
+    if run_dir is None:
+        run_dir = Path(cfg.train.out_dir) if cfg.train.out_dir else default_run_dir("finetune-reward")
+    return cfg, run_dir, None
+
+
+# --------------------------------------------------------------------------------------------------- training
+
+
+class _WithTargetStats:
+    """The run's objective, with the target's last statistics (reward mean, skipped groups, ESS) added to the
+    logged metrics; everything else (e.g. an `evaluate` hook) is the objective's own."""
+
+    def __init__(self, objective):
+        self.objective = objective
+
+    def __call__(self, model, x1, generator=None):
+        loss, metrics = self.objective(model, x1, generator=generator)
+        stats = getattr(getattr(self.objective, "target", None), "last_stats", None) or {}
+        return loss, {**metrics, **{f"target/{k}": v for k, v in stats.items()}}
+
+    def __getattr__(self, name):
+        return getattr(self.objective, name)
+
+
+def fit(cfg, run_dir, resume=None, log=None) -> dict:
+    """Train `cfg` in run_dir with the shared Trainer (as `tcsm train` does, DDP included); returns its summary."""
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    from tcsm.train.distributed import setup_distributed, teardown_distributed
+    from tcsm.train.trainer import Trainer
+
+    env = setup_distributed(cfg.train.device)
+    try:
+        if env.distributed:  # every rank writes to rank 0's run directory
+            box = [str(run_dir)]
+            dist.broadcast_object_list(box, src=0)
+            run_dir = box[0]
+        trainer = Trainer(cfg, run_dir, resume=resume, env=env, log=log)
+        trainer.objective = _WithTargetStats(trainer.objective)
+        summary = trainer.fit()
+        if env.is_main:
+            (Path(run_dir) / "summary.json").write_text(
+                json.dumps(summary, indent=1) + "\n", encoding="utf-8"
+            )
+    finally:
+        teardown_distributed()
+    return summary
+
+
+def reward_report(run_dir, num_samples: int, seed: int = 0) -> dict:
+    """Mean reward of `num_samples` samples of the pre-trained and of the fine-tuned (EMA) model, same sampler."""
+    import torch
+
+    from tcsm.rewards import evaluate_reward, make_reward
+    from tcsm.sampling import sample
+    from tcsm.train.checkpoint import load_checkpoint
+
+    post = load_checkpoint(run_dir)
+    cfg = post.config
+    pre = load_checkpoint(cfg.target.pretrained)
+    data = post.build_data()
+    path = post.build_path()
+    reward = make_reward(cfg.target.reward, decode=data.decode, vocab_size=data.vocab_size)
+    prompt = data.encode(cfg.target.prompt) if cfg.target.prompt else None
+    out = {
+        "reward": cfg.target.reward,
+        "beta": float(cfg.target.beta),
+        "num_samples": int(num_samples),
+        "sample_steps": int(cfg.sample.steps),
+    }
+    for name, ck in (("pretrained", pre), ("finetuned", post)):
+        g = torch.Generator().manual_seed(seed)
+        x = sample(
+            ck.model,
+            path,
+            batch_size=num_samples,
+            length=data.seq_len,
+            num_steps=cfg.sample.steps,
+            generator=g,
+            prompt=prompt,
+            chunk_size=256,
+        )
+        r = evaluate_reward(reward, x, 1024).double()
+        out[f"{name}_reward_mean"] = float(r.mean())
+        out[f"{name}_reward_stderr"] = float(r.std() / max(1, r.numel()) ** 0.5)
+        out[f"{name}_example"] = data.decode(x[0])
+    return out
+
+
+def run(args) -> int:
+    import os
+    import sys
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    if getattr(args, "recipe", None) is None:
+        print("tcsm finetune: error: choose a recipe: tcsm finetune reward --help", file=sys.stderr)
+        return 2
+    cfg, run_dir, resume = resolve(args)
+    if args.print_config:
+        print(OmegaConf.to_yaml(cfg), end="")
+        return 0
+    fit(cfg, run_dir, resume)
+    print(f"run directory: {run_dir}", flush=True)
+    if args.eval_samples > 0 and int(os.environ.get("RANK", "0")) == 0:
+        report = reward_report(run_dir, args.eval_samples)
+        (Path(run_dir) / "reward_eval.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        print(
+            f"mean reward over {report['num_samples']} samples: pre-trained {report['pretrained_reward_mean']:.4g} "
+            f"± {report['pretrained_reward_stderr']:.2g}, fine-tuned {report['finetuned_reward_mean']:.4g} "
+            f"± {report['finetuned_reward_stderr']:.2g}",
+            flush=True,
+        )
+    return 0

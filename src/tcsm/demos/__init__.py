@@ -1,0 +1,1 @@
+"""End-to-end demos of the library (`tcsm demo <name>`)."""
