@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One-shot set-up on a fresh machine: a virtual environment in .venv with tcsm and its test/plot extras.
+# One-shot set-up on a fresh machine: a virtual environment in .venv with tcsm and every extra (the tests use
+# tiny random Hugging Face models and the offline reward scorers, so CI needs them too).
 # torch is installed first, pinned, so that no unpinned requirement pulls a multi-GB CUDA build.
 # Set TORCH_INDEX_URL (e.g. https://download.pytorch.org/whl/cu124) to choose another torch build.
 set -euo pipefail
@@ -9,4 +10,4 @@ PY=${PYTHON:-python3}
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   .venv/bin/pip install -q "torch==${TORCH_VERSION:-2.13.0}" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 fi
-.venv/bin/pip install -q -e ".[dev,text,log]"
+.venv/bin/pip install -q -e ".[all]"
