@@ -58,6 +58,7 @@ def _float_in(lo: float, hi: float, lo_open: bool = True):
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.error = types.MethodType(_one_line_error, p)
+    p.epilog = __doc__.split("\n\n", 1)[1] + "\nExample: tcsm sample runs/my-run -n 8 --steps 256 --prompt 'the cat' -o s.jsonl"
     p.add_argument("checkpoint", help="run directory, checkpoints directory or step_* directory")
     p.add_argument("-n", "--num-samples", type=_positive_int, default=4,
                    help="samples (per prompt / template when given); default 4")
