@@ -113,6 +113,30 @@ def test_finetune_cli_config_and_errors(tmp_path, capsys):
         main(["finetune", "reward", "--resume", "-o", str(out), "--steps", "4", "--eval-samples", "0"]) == 0
     )
     assert json.loads((out / "summary.json").read_text())["step"] == 4
+    # N^1: explicit tilted conditionals through the same command (V reward calls per loss position)
+    n1 = tmp_path / "n1"
+    opts = argv[argv.index("target.pool_size=16") :]
+    n1_argv = [
+        "finetune",
+        "reward",
+        "-k",
+        str(pre),
+        "-c",
+        "finetune-grid",
+        "-o",
+        str(n1),
+        "--neighbourhood",
+        "n1",
+        "--xt-source",
+        "data",
+        "--steps",
+        "2",
+        "--eval-samples",
+        "0",
+        *opts,
+    ]
+    assert main(n1_argv) == 0
+    assert json.loads((n1 / "summary.json").read_text())["step"] == 2
 
     capsys.readouterr()
     assert main(["finetune", "reward", "-o", str(tmp_path / "x")]) == 2

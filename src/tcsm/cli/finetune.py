@@ -7,7 +7,10 @@ is `target.name: reward` around a frozen copy of them (`tcsm.targets.reward`):
 
     tcsm finetune reward --checkpoint runs/grid --reward grid --beta 1 --num-proposals 8 --steps 500
     tcsm finetune reward --checkpoint runs/ts --reward vader --prompt "Once upon a time, there was a" -o runs/ft
-    tcsm finetune reward --resume -o runs/ft          # continue exactly
+    tcsm finetune reward --resume -o runs/ft          # continue the run
+
+Resume replays the trainer's state exactly; the x_t sample pool of `xt_source: pretrained | model` is not part
+of a checkpoint and is redrawn on resume (so such runs continue statistically, not bit for bit).
 
 After training, `--eval-samples N` sequences are drawn from the pre-trained and the fine-tuned model (with the
 prompt) and their mean rewards are printed and written to `reward_eval.json`.

@@ -19,7 +19,8 @@ mean in pre-training); (3) it covers where the fine-tuned model will go: p^R_t â
 for moderate tilts (Z = E_pre e^{R/Î²} not tiny) on-policy states are well represented. On-policy is better for
 strong tilts (small Z), at the price of sampler runs while training and a moving objective.
 Samples for "pretrained"/"model" come from a pool of `pool_size` sequences, redrawn every `refresh_every`
-calls (0: drawn once), so the sampler's cost is amortised over many steps.
+calls (0: drawn once), so the sampler's cost is amortised over many steps. The pool is not checkpointed: after
+a resume it is redrawn (exact resume holds for xt_source="data").
 """
 
 from __future__ import annotations
