@@ -9,6 +9,10 @@ same marginal π and every sequence the same law. The entropy is exact:
 and H(p₁)/L is the per-token floor: the lowest NLL/ELBO any model can reach in expectation (in nats).
 Small `concentration` gives sharp rows (low entropy), large gives nearly uniform ones (entropy → log V).
 Everything is a deterministic function of `seed`.
+
+Defaults (V=8, L=32, concentration=0.3, 50k training sequences): the floor is 2.084 bits/token against
+log2 8 = 3. A 2-layer, width-64 masked denoiser trained with the plain masked NELBO (batch 128, 2,000 steps,
+one CPU thread) reached a validation bound of 2.104 bits/token, 0.02 bits above the floor.
 """
 
 from __future__ import annotations
