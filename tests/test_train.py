@@ -255,3 +255,14 @@ def test_outputs_of_a_run(tmp_path):
     assert (tmp_path / "loss_curve.png").stat().st_size > 0
     pytest.importorskip("tensorboard")
     assert any((tmp_path / "tensorboard").iterdir())
+
+
+def test_init_from_starts_at_a_checkpoints_weights(tmp_path):
+    _fit(tmp_path / "pre", "train.steps=2", "train.save_every=2")
+    trainer = Trainer(
+        _cfg("train.steps=1", f"train.init_from={tmp_path / 'pre'}"), tmp_path / "ft", log=lambda s: None
+    )
+    ema = final_weights(tmp_path / "pre", "ema")
+    assert all(torch.equal(v, ema[k]) for k, v in trainer.model.state_dict().items())
+    with pytest.raises(CheckpointError, match="does not match the model"):
+        Trainer(_cfg("model.d_model=64", f"train.init_from={tmp_path / 'pre'}"), None)

@@ -40,7 +40,7 @@ def run(args) -> int:
     from tcsm.train.checkpoint import load_checkpoint
     from tcsm.train.components import DataInfo
     from tcsm.train.distributed import resolve_device
-    from tcsm.train.trainer import _autocast
+    from tcsm.train.trainer import autocast
 
     overrides = list(args.overrides)
     for key, value in (
@@ -70,7 +70,7 @@ def run(args) -> int:
     if x.shape[0] == 0:
         raise ConfigError(f"the {e.split} split is empty")
     generator = torch.Generator(device=device).manual_seed(e.seed)
-    with _autocast(device, args.precision):
+    with autocast(device, args.precision):
         result = evaluate_bound(
             ckpt.model,
             x,

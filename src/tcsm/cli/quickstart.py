@@ -56,6 +56,8 @@ def run(args) -> int:
     )
     floor_bits = data.nats_per_token_floor / math.log(2)
     result["floor_bpc"] = floor_bits
+    # The source's exact NLL of these very sequences: the floor up to the sampling noise of the test set.
+    test_nll = -data.source.log_prob(test).mean().item() / data.seq_len / math.log(2) if data.source else None
     texts, tokens = [], None
     if cfg.sample.num:
         tokens = sample(
@@ -72,6 +74,9 @@ def run(args) -> int:
     print(f"  data            {data.label}")
     print(f"  source entropy  {floor_bits:.4f} bits/token   (the floor: no model can do better on average)")
     print(f"  model bound     {format_bound(result)}")
+    if test_nll is not None:
+        gap = 100 * (result["bpc"] / test_nll - 1)
+        print(f"  source NLL      {test_nll:.4f} bits/token on the same test sequences (model bound {gap:+.1f}%)")
     if tokens is not None and data.source is not None:
         # The exact log-likelihood of the model's samples under the true source: close to the entropy when the
         # samples look like the data (much higher if the sampler produced junk).

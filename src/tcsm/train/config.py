@@ -93,7 +93,8 @@ class TrainConfig:
         default=0, metadata={"help": "seed of the initial weights, the data order and every step's noise"}
     )
     precision: str = field(
-        default="auto", metadata={"help": "fp32 | bf16 (autocast) | auto (bf16 where it is faster)"}
+        default="auto",
+        metadata={"help": "fp32 | bf16 (autocast) | auto (bf16 on GPUs, and on CPU for models 256+ wide)"},
     )
     device: str = field(
         default="auto",
@@ -116,6 +117,11 @@ class TrainConfig:
         default=3, metadata={"help": "checkpoints kept on disk (older ones are deleted); 0 keeps all"}
     )
     out_dir: str | None = field(default=None, metadata={"help": "run directory; null = runs/<preset>-<time>"})
+    init_from: str | None = field(
+        default=None,
+        metadata={"help": "start from the weights of this checkpoint (fine-tuning); ignored when resuming"},
+    )
+    init_weights: str = field(default="ema", metadata={"help": "ema | model: which weights init_from loads"})
     progress: bool = field(default=True, metadata={"help": "show a tqdm progress bar"})
     tensorboard: bool = field(
         default=True, metadata={"help": "write TensorBoard scalars when tensorboard is installed"}
@@ -417,6 +423,9 @@ def _validate(cfg: DictConfig) -> None:
         f"train.device must be auto | cpu | cuda | cuda:N, got {dev!r}",
     )
     _check(0.0 <= t.ema < 1.0, f"train.ema must be in [0, 1), got {t.ema}")
+    _check(
+        t.init_weights in ("ema", "model"), f"train.init_weights must be ema | model, got {t.init_weights!r}"
+    )
     _check(o.lr > 0, f"optim.lr must be > 0, got {o.lr}")
     _check(
         len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas),

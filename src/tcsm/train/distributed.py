@@ -63,8 +63,7 @@ def setup_distributed(device_pref: str = "auto") -> DistEnv:
         torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
-        kwargs = {"device_id": device} if device.type == "cuda" else {}
-        dist.init_process_group(backend=backend, rank=rank, world_size=world_size, **kwargs)
+        dist.init_process_group(backend=backend, rank=rank, world_size=world_size)
     return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
 
 
