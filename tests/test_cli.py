@@ -210,3 +210,11 @@ def test_console_script_runs_as_a_subprocess(tmp_path):
     result = run_cli("train", "-o", str(tmp_path / "x"), "train.steps=oops")
     assert result.returncode == 2 and result.stderr.strip().count("\n") == 0
     assert result.stderr.startswith("tcsm train: error: config key 'train.steps'")
+
+
+def test_bad_command_line_arguments_are_one_line_errors(capsys):
+    for argv in (["train", "--bogus"], ["nope"], ["eval"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and err.count("\n") == 0 and "error:" in err

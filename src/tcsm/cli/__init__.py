@@ -40,9 +40,8 @@ class Parser(argparse.ArgumentParser):
             self.epilog = self.epilog_fn()
         return super().format_help()
 
-    def error(self, message: str):  # argparse's usage + error, without a traceback, exit status 2
-        self.print_usage(sys.stderr)
-        self.exit(2, f"{self.prog}: error: {message}\n")
+    def error(self, message: str):  # one line, no usage dump: the user asked for --help if they want it
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
