@@ -193,6 +193,13 @@ def test_parametric_target_cache():
     assert len(target._cache) == 6  # least recently used entries were evicted
     with pytest.raises(ValueError, match="vocabulary"):
         target(x, t, MaskedPath(V + 1))
+    # Precomputed conditionals (e.g. from disk) are served without calling the teacher.
+    primed = ParametricTarget(teacher, cache_size=8)
+    primed.prime(new, torch.zeros(4, L, V))
+    n_calls = len(calls)
+    assert torch.equal(primed.conditionals(new[[1, 3]]), torch.zeros(2, L, V)) and len(calls) == n_calls
+    with pytest.raises(ValueError):
+        primed.prime(new, torch.zeros(4, L, V + 1))
 
 
 @pytest.mark.parametrize("source", ["masked", "uniform"])

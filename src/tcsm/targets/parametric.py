@@ -172,6 +172,18 @@ class ParametricTarget(ConditionalTarget):
         rows = [fresh[k] if k in fresh else self._cache[k].to(x1.device, torch.float32) for k in keys]
         return torch.stack(rows)
 
+    def prime(self, x1: Tensor, log_p1_cond: Tensor) -> None:
+        """Insert precomputed teacher conditionals [N, L, V] for sequences x1 [N, L] (e.g. loaded from disk), so
+        that training never runs the teacher on them (MATH.md §4: the target depends on x_1 only)."""
+        if self.cache_size < x1.shape[0]:
+            raise ValueError(f"cache_size={self.cache_size} cannot hold {x1.shape[0]} sequences")
+        if log_p1_cond.shape != x1.shape + (self.teacher.vocab_size,):
+            raise ValueError(f"expected conditionals of shape {tuple(x1.shape) + (self.teacher.vocab_size,)}")
+        for row, val in zip(x1.detach().cpu().numpy(), log_p1_cond):
+            self._cache[row.tobytes()] = val.detach().to("cpu", self.cache_dtype)
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+
     def __call__(self, x1: Tensor, t: Tensor, path: Path, generator=None) -> TargetBatch:
         if self.teacher.vocab_size != path.vocab_size:
             raise ValueError(
