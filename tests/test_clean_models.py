@@ -232,7 +232,9 @@ def test_hf_causal_lm_adapter():
     assert torch.allclose(ad(x), ref, atol=1e-6)
     onehot = torch.nn.functional.one_hot(x, V).float()
     assert torch.allclose(ad.forward_soft(onehot), ref, atol=1e-5)
-    # Exact AR scores fall back to full-sequence scoring (no KV cache) and agree with log p differences.
+    # Exact AR scores reuse the HF key/value cache and agree with full-sequence scoring and log p differences.
+    logits, cache = ad.kv_cache(x)
+    assert torch.allclose(logits, ref, atol=1e-5) and len(cache) == 1 and cache[0][0].shape[2] == L
     ell = ExactARScore()(ad, x)
     cands = torch.arange(V).expand(2, L, V)
     assert torch.allclose(ell, score_candidates_naive(ad, x, cands), atol=1e-5)

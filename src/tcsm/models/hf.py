@@ -6,7 +6,8 @@ the HF model and return logits restricted to those V ids, so they are drop-in re
 
 * `HFMaskedLM(model, token_ids, mask_token_id)`: x [B, L] with ids in {0..V} (V = [MASK]) → logits [B, L, V];
 * `HFCausalLM(model, token_ids, bos_token_id)`: x [B, L] → next-token logits [B, L, V] (BOS prepended), plus
-  `forward_soft` for the Taylor estimator.
+  `forward_soft` for the Taylor estimator and `kv_cache` / `extend` (the HF key/value cache) for the exact AR
+  marginal's prefix reuse.
 
 `transformers` is imported lazily, only by `from_pretrained` (install the `hf` extra); wrapping a model object
 needs no import at all. Restricting the logits to V ids renormalises the HF distribution over our alphabet.
@@ -49,6 +50,20 @@ def _resolve_token_ids(token_ids, symbols, tokenizer, hf_vocab: int, vocab_size:
     if len(set(token_ids)) != len(token_ids) or min(token_ids) < 0 or max(token_ids) >= hf_vocab:
         raise ValueError(f"token_ids must be distinct HF ids in [0, {hf_vocab}), got {token_ids[:8]}…")
     return token_ids
+
+
+def _cache_to_list(cache) -> list[tuple[Tensor, Tensor]]:
+    """Per-layer (keys, values) of a Hugging Face dynamic cache ([B, H, S, Dh] each)."""
+    layers = getattr(cache, "layers", None)
+    if layers is not None:  # transformers >= 4.54: Cache.layers of key/value layers
+        if any(getattr(lay, "is_sliding", False) or getattr(lay, "keys", None) is None for lay in layers):
+            raise NotImplementedError("only a plain dynamic key/value cache can be reused")
+        return [(lay.keys, lay.values) for lay in layers]
+    if hasattr(cache, "key_cache"):  # older DynamicCache
+        return list(zip(cache.key_cache, cache.value_cache))
+    if isinstance(cache, (tuple, list)) and all(len(c) == 2 for c in cache):  # legacy tuples
+        return [tuple(c) for c in cache]
+    raise NotImplementedError(f"cannot reuse a {type(cache).__name__} as a key/value cache")
 
 
 class _HFAdapter(nn.Module):
@@ -139,6 +154,27 @@ class HFCausalLM(_HFAdapter):
         bos = w[self.table[-1]].expand(probs.shape[0], 1, -1)
         emb = torch.cat([bos, probs[:, :-1].to(w.dtype) @ w[self.token_ids]], dim=1)
         return self._logits(inputs_embeds=emb)
+
+    # --- prefix reuse for the exact AR marginal (same contract as tcsm.models.causal.CausalLM) -----------
+    @torch.no_grad()
+    def kv_cache(self, x: Tensor):
+        """(next-token logits [B, L, V], per-layer (keys, values) [B, H, L, Dh]) from the HF cache. Raises
+        NotImplementedError for cache types other than a plain dynamic key/value cache (the AR estimators then
+        score full sequences instead)."""
+        out = self.hf(input_ids=self.table[self.input_ids(x)], use_cache=True)
+        return out.logits[..., self.token_ids].float(), _cache_to_list(out.past_key_values)
+
+    @torch.no_grad()
+    def extend(self, tokens: Tensor, cache, start: int) -> Tensor:
+        """Logits for input ids `tokens` [N, n] (our ids, BOS = V) at positions start.., after cached positions."""
+        from transformers import DynamicCache
+
+        past = DynamicCache()
+        for layer, (k, v) in enumerate(cache):
+            past.update(k, v, layer)
+        pos = torch.arange(start, start + tokens.shape[1], device=tokens.device).expand(tokens.shape[0], -1)
+        out = self.hf(input_ids=self.table[tokens], past_key_values=past, position_ids=pos, use_cache=True)
+        return out.logits[..., self.token_ids].float()
 
     def log_prob(self, x: Tensor) -> Tensor:
         """log p^AR(x) = Σ_j log p(x^j | x^{<j}) over our V tokens: [B]."""

@@ -74,9 +74,12 @@ def score_candidates(model, x: Tensor, candidates: Tensor, max_tokens: int = 1 <
     every later token's log-prob, computed from the cached prefix for the C suffix variants (MATH.md §4)."""
     if not (hasattr(model, "kv_cache") and hasattr(model, "extend")):
         return score_candidates_naive(model, x, candidates, max_tokens)
+    try:
+        logits, cache = model.kv_cache(x)
+    except NotImplementedError:  # e.g. an HF model whose cache cannot be sliced
+        return score_candidates_naive(model, x, candidates, max_tokens)
     B, L = x.shape
     C = candidates.shape[-1]
-    logits, cache = model.kv_cache(x)
     logp = torch.log_softmax(logits.float(), dim=-1)  # [B, L, V]
     base_tok = logp.gather(-1, x.unsqueeze(-1)).squeeze(-1)  # [B, L]
     out = logp.gather(-1, candidates) - base_tok.unsqueeze(-1)  # the term at position i itself
