@@ -2,11 +2,13 @@
 
 What runs (CPU only, everything through the library's Trainer and CLI functions):
 
-1. Data: the TinyStories subset in ../shared/data/tinystories (first 2 MiB of the train split), character level.
-   Each story is ASCII-normalised, its newlines become spaces, and it is padded with "\n" to a multiple of L, so
-   every story starts a training chunk (the prompt is a story opening). 95% of the stories train, 5% validate.
+1. Data: the TinyStories subset in ../shared/data/tinystories (first 2 MiB of the train split), ASCII-normalised,
+   95% of the stories to train, 5% to validate. Default tokenizer: a byte-level BPE with 1024 tokens trained on
+   the training stories (stories joined with EOS, 32-token chunks), so that samples are made of real words and
+   a lexicon scorer has something to score; `--tokenizer char` uses characters (each story padded with "\n" to
+   a multiple of L so it starts a chunk) — at this compute a character model's samples are mostly non-words.
 2. Pre-training: a masked-source diffusion transformer (L_distrib, MDLM-style), `tcsm train` config.
-3. Reference LM for generative perplexity: a causal character transformer trained by the project on the same
+3. Reference LM for generative perplexity: a causal transformer trained by the project on the same tokens and
    chunks (`model.name: causal`, `objective.name: clean_lm`). No pre-trained LM is available offline, so gen-PPL
    is measured under this small model (not GPT-2 Large as in the paper), on the continuation after the prompt.
 4. Reward fine-tuning (`tcsm finetune reward` config, N^full SNIS, MATH.md §5.2) toward positive VADER sentiment
@@ -52,10 +54,8 @@ REPLACE = {
 # --------------------------------------------------------------------------------------------------- data
 
 
-def prepare_data(work: Path, seq_len: int) -> dict:
-    """Write train.txt / valid.txt of padded stories; returns the data config section."""
-    out = work / "data"
-    out.mkdir(parents=True, exist_ok=True)
+def read_stories() -> list[str]:
+    """The subset's stories, ASCII-normalised, newlines folded into spaces (the last, cut-off story dropped)."""
     with gzip.open(DATA, "rt", encoding="utf-8") as f:
         raw = f.read()
     stories = []
@@ -66,14 +66,41 @@ def prepare_data(work: Path, seq_len: int) -> dict:
         s = " ".join(s.split())  # newlines and runs of spaces → one space
         if len(s) >= 40:
             stories.append(s)
-    stories = stories[:-1]  # the file's last story is cut off
+    return stories[:-1]
+
+
+def prepare_data(work: Path, tokenizer: str, seq_len: int, vocab_size: int) -> dict:
+    """Write the splits (95% / 5% of the stories) and return the data config section.
+
+    char: every story is padded with "\n" to a multiple of L, so each story starts a chunk.
+    bpe: one story per JSON line; a byte-level BPE of `vocab_size` is trained on the training stories and the
+    stories are joined with EOS and cut into L-token chunks (tcsm.data.bpe).
+    """
+    out = work / "data"
+    out.mkdir(parents=True, exist_ok=True)
+    stories = read_stories()
     n_valid = max(1, len(stories) // 20)
+    splits = {"train": stories[n_valid:], "valid": stories[:n_valid]}
+    if tokenizer == "bpe":
+        for name, group in splits.items():
+            with open(out / f"{name}.jsonl", "w", encoding="utf-8") as f:
+                f.writelines(json.dumps({"text": s}) + "\n" for s in group)
+        return {
+            "kind": "bpe",
+            "train_path": str(out / "train.jsonl"),
+            "valid_path": str(out / "valid.jsonl"),
+            "tokenizer": "train",
+            "vocab_size": vocab_size,
+            "seq_len": seq_len,
+            "eos": True,
+            "name": f"tinystories-2MiB-bpe{vocab_size}",
+        }
 
     def padded(group):
         return "".join(s + PAD * (-len(s) % seq_len) for s in group)
 
-    (out / "train.txt").write_text(padded(stories[n_valid:]), encoding="utf-8")
-    (out / "valid.txt").write_text(padded(stories[:n_valid]), encoding="utf-8")
+    for name, group in splits.items():
+        (out / f"{name}.txt").write_text(padded(group), encoding="utf-8")
     vocab = "".join(sorted(set(padded(stories))))
     return {
         "kind": "text",
@@ -208,7 +235,7 @@ class Judge:
 
     @torch.no_grad()
     def nll(self, x: torch.Tensor) -> torch.Tensor:
-        """Per-sequence mean NLL (nats/char) of the continuation x[:, P:] given the prompt (the reference's
+        """Per-sequence mean NLL (nats/token) of the continuation x[:, P:] given the prompt (the reference's
         `model(x)[:, j]` predicts x^j from x^{<j}); padding after the story's end is scored like any token."""
         out = []
         for s in range(0, x.shape[0], 64):
@@ -281,11 +308,9 @@ def plot(results: dict, out: Path) -> None:
                 xytext=(3, 3),
                 textcoords="offset points",
             )
-    ax.set_xlabel(
-        "generative perplexity of the continuation (project's char-level causal LM; lower is better)"
-    )
+    ax.set_xlabel("gen-PPL of the continuation under the project's causal LM (same tokens; lower is better)")
     ax.set_ylabel("mean VADER compound (higher is better)")
-    ax.set_title("TinyStories-2MiB, char-level, CPU scale: reward vs gen-PPL", fontsize=10)
+    ax.set_title(f"{results['data']}, CPU scale: reward vs gen-PPL", fontsize=10)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -321,7 +346,11 @@ def main(argv=None) -> int:
     p.add_argument("--work", default="runs/reward_text", help="working directory (runs, data, results.json)")
     p.add_argument("--plot", default=str(ROOT / "docs" / "reward_vs_ppl.png"))
     p.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "reward_text.json"))
-    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--tokenizer", choices=("bpe", "char"), default="bpe")
+    p.add_argument(
+        "--bpe-vocab", type=int, default=1024, help="BPE vocabulary trained on the training stories"
+    )
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: bpe 32, char 64)")
     p.add_argument("--pretrain-steps", type=int, default=2000)
     p.add_argument("--ref-steps", type=int, default=1200)
     p.add_argument("--finetune-steps", type=int, default=120)
@@ -337,6 +366,8 @@ def main(argv=None) -> int:
     if args.quick:
         args.pretrain_steps, args.ref_steps, args.finetune_steps, args.num_eval = 60, 40, 6, 16
         args.proposals, args.betas, args.best_of, args.sample_steps = "2,4", "0.3", "4", 8
+    if args.seq_len is None:
+        args.seq_len = 32 if args.tokenizer == "bpe" else 64
     torch.set_num_threads(args.threads)
     work = Path(args.work)
     if args.quick:  # a smoke test never overwrites the reported results
@@ -345,7 +376,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     wall = {}
 
-    data_cfg = prepare_data(work, args.seq_len)
+    data_cfg = prepare_data(work, args.tokenizer, args.seq_len, args.bpe_vocab)
     wall["pretrain_s"] = train_or_resume(pretrain_config(data_cfg, args), work / "pretrain")
     wall["reference_s"] = train_or_resume(causal_config(data_cfg, args), work / "reference")
 
