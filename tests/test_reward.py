@@ -155,6 +155,13 @@ def test_nfull_grid_reward_batch_and_loss_stay_finite():
     assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in net.parameters())
 
 
+def test_pretrained_model_is_frozen():
+    net = torch.nn.Sequential(torch.nn.Embedding(5, 4), torch.nn.Linear(4, 4))
+    target = RewardFullTarget(net, GridReward(4), 1.0, xt_source="data")
+    assert target.pretrained is net and not net.training
+    assert not any(p.requires_grad for p in net.parameters())
+
+
 def test_factorized_proposals_carry_over_unmasked_tokens():
     path = MaskedPath(4)
     xt = torch.tensor([[0, 4, 2, 4], [4, 4, 4, 4]])

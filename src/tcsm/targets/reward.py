@@ -308,6 +308,8 @@ class RewardN1Target(RewardTarget):
     (5) log_q = tilted_conditionals(log m^pre(· | x_t), x_1). `pre_conditional(x_1, x_t, t)` replaces the
     factorized m^pre by a joint model's conditionals p^pre(· | x_1^{≠i}, x_t) (with which a joint student
     recovers p^R_{1|t} exactly; a factorized student converges to E_h[q^{R,i}], biased unless h is on-policy).
+    With `divergence="reverse_kl"` the per-site loss is KL(m_θ ‖ m^pre) − E_{m_θ}[R]/β + const (App. E's RL
+    form), summed exactly over the V tokens, so no score-function gradient is needed (MATH.md §8 item 17).
     """
 
     def __init__(
