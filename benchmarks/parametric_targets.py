@@ -19,6 +19,11 @@ Protocol, all on text8-prefix (the first 12.5M characters of text8, 90/5/5; neve
 
     nice -n 10 .venv/bin/python benchmarks/parametric_targets.py --work-dir runs/parametric-bench \
         --out benchmarks/results/parametric_targets.json --plot docs/parametric_bpc.png
+    # more student seeds (teachers and the pool's targets are reused from --work-dir):
+    nice -n 10 .venv/bin/python benchmarks/parametric_targets.py --work-dir runs/parametric-bench --seed 1 \
+        --out benchmarks/results/parametric_targets_seed1.json --plot ""
+    .venv/bin/python benchmarks/parametric_targets.py combine benchmarks/results/parametric_targets*.json \
+        --plot docs/parametric_bpc.png
 """
 
 from __future__ import annotations
@@ -351,5 +356,86 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def combine(files: list[str], out_plot: str | None) -> str:
+    """Seeds side by side: per-seed BPC at the end, the mean paired difference to the data (pool) student (same
+    seed) at half-way and at the end with its standard error over seeds, and (optionally) a plot of every seed's
+    curve with the mean in bold."""
+    results = [json.loads(Path(f).read_text()) for f in files]
+    names = [t for t in TARGETS if any(t in r["students"] for r in results)]
+    seeds = sorted({r["args"]["seed"] for r in results})
+    last = results[0]["students"]["data"]["curve"][-1]["step"]
+    marks = (last // 2, last)
+
+    def at(t: str, step: int) -> dict:
+        return {
+            r["args"]["seed"]: next(p["bpc"] for p in r["students"][t]["curve"] if p["step"] == step)
+            for r in results
+            if t in r["students"]
+        }
+
+    def delta(t: str, step: int) -> str:
+        vals, ref = at(t, step), at("data", step)
+        diffs = [vals[s] - ref[s] for s in vals if s in ref]
+        if t == "data" or len(diffs) < 2:
+            return "—"
+        m = sum(diffs) / len(diffs)
+        se = math.sqrt(sum((d - m) ** 2 for d in diffs) / (len(diffs) - 1) / len(diffs))
+        return f"{m:+.3f} ± {se:.3f}"
+
+    lines = [
+        "| target | " + " | ".join(f"seed {s} @ {last}" for s in seeds) + f" | mean @ {last} | "
+        + " | ".join(f"Δ vs data (pool) @ {m}" for m in marks) + " |",
+        "|" + "---|" * (len(seeds) + 2 + len(marks)),
+    ]  # fmt: skip
+    for t in names:
+        vals = at(t, last)
+        cells = [f"{vals[s]:.3f}" if s in vals else "—" for s in seeds]
+        mean = sum(vals.values()) / len(vals)
+        lines.append(
+            f"| {LABELS[t]} | "
+            + " | ".join(cells)
+            + f" | {mean:.3f} | "
+            + " | ".join(delta(t, m) for m in marks)
+            + " |"
+        )
+    if out_plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for k, t in enumerate(names):
+            curves = [r["students"][t]["curve"][1:] for r in results if t in r["students"]]
+            color = f"C{k}"
+            for c in curves:
+                ax.plot([p["step"] for p in c], [p["bpc"] for p in c], color=color, alpha=0.25, lw=0.8)
+            steps = [p["step"] for p in curves[0]]
+            mean = [sum(c[j]["bpc"] for c in curves) / len(curves) for j in range(len(steps))]
+            style = "--" if t.startswith("data") else "-"
+            ax.plot(steps, mean, style, color=color, lw=2, label=f"{LABELS[t]} (mean of {len(curves)})")
+        a = results[0]["args"]
+        ax.set_xlabel("student step")
+        ax.set_ylabel("validation BPC (masked NELBO)")
+        ax.set_title(
+            f"text8-prefix, L={a['seq_len']}, pool {a['pool']} chunks, seeds {seeds}: student vs target",
+            fontsize=10,
+        )
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out_plot, dpi=120)
+        log(f"wrote {out_plot}")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if len(sys.argv) > 1 and sys.argv[1] == "combine":  # combine RESULT.json ... [--plot PNG]
+        argv = sys.argv[2:]
+        png = argv[argv.index("--plot") + 1] if "--plot" in argv else None
+        files = [f for i, f in enumerate(argv) if f != "--plot" and (i == 0 or argv[i - 1] != "--plot")]
+        print(combine(files, png))
+    else:
+        main()
