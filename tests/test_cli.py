@@ -73,6 +73,39 @@ def test_eval_reports_the_bound_as_text_and_json(trained, capsys):
     assert json.loads(out_file.read_text())["bpc"] == result["bpc"]
 
 
+def _clean_run(run, family: str, *extra: str) -> list[str]:
+    """`tcsm train` arguments of a tiny clean-data run (no denoiser-only keys)."""
+    keys = [o for o in tiny(*QUIET, "train.steps=3") if not o.startswith(("model.cond_dim", "eval.num_t"))]
+    head = ["train", "-o", str(run), f"model.name={family}", "model.preset=tiny", "objective.name=clean_lm"]
+    return head + keys + list(extra)
+
+
+@pytest.mark.parametrize(
+    "family, metric", [("causal", "ar-nll"), ("hollow", "pseudo-nll"), ("mlm", "pseudo-nll")]
+)
+def test_clean_model_runs_sample_and_eval_with_their_own_metric(tmp_path, capsys, family, metric):
+    """sample.num > 0 on a clean-data run: the AR model logs ancestral samples, the others skip sampling with one
+    line; `tcsm eval` then reports the objective's NLL / pseudo-NLL (the trainer's validation) in the bound's keys."""
+    run = tmp_path / family
+    assert main(_clean_run(run, family, "sample.num=2")) == 0
+    out = capsys.readouterr().out
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["bound"] == metric
+    if family == "causal":
+        assert "step 3: samples" in out and "sampling skipped" not in out
+        rows = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+        assert len(rows[-1]["samples"]) == 2
+    else:
+        assert out.count("sampling skipped") == 1 and ": samples" not in out
+    assert main(["eval", str(run), "--json", "--max-examples", "16"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["bound"] == metric and "num_t" not in result
+    assert {"nats_per_token", "bpc", "bpc_stderr", "perplexity", "num_sequences"} <= set(result)
+    assert result["num_sequences"] == 16 and result["bpc"] == pytest.approx(summary["bpc"], rel=1e-5)
+    assert main(["eval", str(run), "--max-examples", "4"]) == 0
+    assert f"[{metric} bound, 4 sequences]" in capsys.readouterr().out
+
+
 def test_help_lists_presets_and_config_keys(capsys):
     with pytest.raises(SystemExit) as e:
         main(["train", "--help"])

@@ -10,14 +10,17 @@ per token.
 
 `CLEAN_LOSSES[family]` names the default loss of each model family; `conditional_nll` scores any teacher's
 single-site conditionals on held-out data (the quantity a parametric target actually uses). Every loss also has
-`evaluate(model, data, ...)`, the validation metric the trainer reports for a clean-data run instead of a
-diffusion bound: the exact NLL for the AR model, the pseudo-NLL −(1/L) Σ_i log p(x^i | x^{≠i}) for the others.
+`evaluate(model, data, ...)`, the validation metric the trainer and `tcsm eval` report for a clean-data model
+instead of a diffusion bound: the exact NLL for the AR model, the pseudo-NLL −(1/L) Σ_i log p(x^i | x^{≠i}) for
+the others; and `sample(model, num, length, ...)`, which replaces the diffusion sampler: ancestral sampling for
+the AR model, None (no sampler) for the MLM and Hollow models, whose conditionals define no direct sampler.
 The registry entries at the bottom let `tcsm train` use them (`objective.name: clean_lm | mlm | autoregressive |
 pseudo_likelihood`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass, field
@@ -61,8 +64,20 @@ def _summarise(per_seq: Tensor, length: int, bound: str) -> dict:
     }
 
 
+@contextlib.contextmanager
+def _eval_mode(model):
+    """The model in eval mode (no dropout) for the block, then back in the mode it was in."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
 class CleanLoss:
-    """Base: `__call__(model, x1, generator)` → (loss, metrics); `evaluate` → dataset metrics (no gradients)."""
+    """Base: `__call__(model, x1, generator)` → (loss, metrics); `evaluate` → dataset metrics (no gradients);
+    `sample` → sequences from the model, or None where the family has no direct sampler."""
 
     #: name of the reported validation quantity
     metric = "nll"
@@ -74,9 +89,7 @@ class CleanLoss:
     @torch.no_grad()
     def evaluate(self, model, data: Tensor, *, batch_size: int = 64, device=None, **_) -> dict:
         """Validation metric over `data` [N, L] in nats and bits per token, with standard errors (MATH.md §2.4)."""
-        was_training = model.training
-        model.eval()
-        try:
+        with _eval_mode(model):
             device = next(model.parameters()).device if device is None else device
             per_seq = [
                 self.sequence_nll(model, data[s : s + batch_size].to(device=device, dtype=torch.long))
@@ -84,9 +97,12 @@ class CleanLoss:
                 .cpu()
                 for s in range(0, data.shape[0], batch_size)
             ]
-        finally:
-            model.train(was_training)
         return _summarise(torch.cat(per_seq), data.shape[1], self.metric)
+
+    def sample(self, model, num: int, length: int, generator=None, device=None) -> Tensor | None:
+        """`num` sequences [num, length] drawn from the model, or None: single-site conditionals
+        p(x^i | x^{≠i}) (MLM, Hollow) give no direct sampler of the joint (MATH.md §4)."""
+        return None
 
 
 class MaskedLMLoss(CleanLoss):
@@ -151,6 +167,18 @@ class AutoregressiveLoss(CleanLoss):
         logp = torch.log_softmax(model(x1).float(), dim=-1)
         loss = -logp.gather(-1, x1.unsqueeze(-1)).squeeze(-1).mean()
         return loss, _metrics(loss)
+
+    @torch.no_grad()
+    def sample(self, model, num: int, length: int, generator=None, device=None) -> Tensor:
+        """Ancestral sampling x^j ~ p^AR(· | x^{<j}), j = 0..L−1 (MATH.md §4): `forward(x)[:, j]` reads only
+        x^{<j}, so each step runs the prefix x^{≤j} and samples position j. L passes; for logged samples."""
+        device = next(model.parameters()).device if device is None else device
+        x = torch.zeros(num, length, dtype=torch.long, device=device)
+        with _eval_mode(model):
+            for j in range(length):
+                probs = torch.softmax(model(x[:, : j + 1])[:, j].float(), dim=-1)
+                x[:, j] = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        return x
 
 
 class PseudoLikelihoodLoss(CleanLoss):

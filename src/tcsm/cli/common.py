@@ -56,9 +56,11 @@ def run_dir_of_checkpoint(path: str | Path) -> Path:
 def format_bound(result: dict) -> str:
     floor = result.get("floor_bpc")
     gap = f" ({100 * (result['bpc'] / floor - 1):+.1f}% vs the source entropy {floor:.4f})" if floor else ""
+    # A clean-data model's exact or pseudo-NLL (tcsm.teachers) draws no times.
+    times = f" × {result['num_t']} t" if "num_t" in result else ""
     return (
         f"{result['bpc']:.4f} ± {result['bpc_stderr']:.4f} bits/token, perplexity {result['perplexity']:.4f}"
-        f"{gap} [{result['bound']} bound, {result['num_sequences']} sequences × {result['num_t']} t]"
+        f"{gap} [{result['bound']} bound, {result['num_sequences']} sequences{times}]"
     )
 
 

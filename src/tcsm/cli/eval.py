@@ -1,12 +1,13 @@
 """`tcsm eval`: bits per token and perplexity of a checkpoint on a data split, with the likelihood bound of
-tcsm.likelihood (MATH.md §2)."""
+tcsm.likelihood (MATH.md §2), or with the checkpoint objective's own metric where it has one (the exact or
+pseudo-NLL of a clean-data model, tcsm.teachers), as in the trainer's validation."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-HELP = "evaluate a checkpoint: likelihood bound as bits per token (BPC) and perplexity on a data split"
+HELP = "evaluate a checkpoint: likelihood bound (or a clean model's NLL) as bits per token and perplexity"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,11 +37,10 @@ def run(args) -> int:
 
     from tcsm.cli.common import format_bound, jsonable
     from tcsm.errors import ConfigError
-    from tcsm.likelihood import evaluate_bound
     from tcsm.train.checkpoint import load_checkpoint
-    from tcsm.train.components import DataInfo
+    from tcsm.train.components import DataInfo, build_objective_for_checkpoint
     from tcsm.train.distributed import resolve_device
-    from tcsm.train.trainer import autocast
+    from tcsm.train.trainer import autocast, evaluate_model
 
     overrides = list(args.overrides)
     for key, value in (
@@ -69,16 +69,16 @@ def run(args) -> int:
         x = x[: e.max_examples]
     if x.shape[0] == 0:
         raise ConfigError(f"the {e.split} split is empty")
+    objective = build_objective_for_checkpoint(ckpt.config, ckpt.model, data, device)
     generator = torch.Generator(device=device).manual_seed(e.seed)
     with autocast(device, args.precision):
-        result = evaluate_bound(
+        result = evaluate_model(
+            objective,
             ckpt.model,
             x,
             ckpt.build_path(),
-            batch_size=e.batch_size,
-            num_t=e.num_t,
+            e,
             generator=generator,
-            bound=e.bound,
             device=device,
             progress=sys.stderr.isatty() and not args.json,
         )

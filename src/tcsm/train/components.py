@@ -22,6 +22,8 @@ __all__ = [
     "build_components",
     "build_data",
     "build_model_for_checkpoint",
+    "build_objective",
+    "build_objective_for_checkpoint",
     "build_path",
     "section",
 ]
@@ -224,11 +226,15 @@ def build_components(cfg, device: torch.device, data=None) -> Components:
     name, node = section(cfg, "target")
     target = TARGETS.build(name, node, ctx)
     ctx.target = target.to(device) if hasattr(target, "to") else target
+    objective = build_objective(cfg, ctx)
+    return Components(data, ctx.path, ctx.model, ctx.target, objective, ctx)
+
+
+def build_objective(cfg, ctx: BuildContext):
+    """The objective of the `objective` section for the context's path, model and target, on ctx.device."""
     name, node = section(cfg, "objective")
     objective = OBJECTIVES.build(name, node, ctx)
-    if hasattr(objective, "to"):
-        objective = objective.to(device)
-    return Components(data, ctx.path, ctx.model, ctx.target, objective, ctx)
+    return objective.to(ctx.device) if hasattr(objective, "to") else objective
 
 
 def build_model_for_checkpoint(cfg, data_info: dict, device) -> torch.nn.Module:
@@ -238,3 +244,15 @@ def build_model_for_checkpoint(cfg, data_info: dict, device) -> torch.nn.Module:
     ctx.path = build_path(cfg, info.vocab_size)
     name, node = section(cfg, "model")
     return MODELS.build(name, node, ctx).to(device)
+
+
+def build_objective_for_checkpoint(cfg, model: torch.nn.Module, data, device):
+    """The objective a checkpoint's run trained `model` with, for its model-scoring hooks (`evaluate`, `sample`).
+
+    No target is built (ctx.target is None): scoring a model needs only the model and the data, and a teacher
+    or reward model would be loaded for nothing; builders accept a missing target (the composed objective then
+    uses the data target)."""
+    device = torch.device(device)
+    ctx = BuildContext(config=cfg, device=device, data=data, model=model)
+    ctx.path = build_path(cfg, int(data.vocab_size))
+    return build_objective(cfg, ctx)

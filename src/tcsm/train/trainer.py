@@ -39,7 +39,7 @@ from tcsm.train.ema import EMA
 from tcsm.train.logs import RunLogger, plot_curves
 from tcsm.train.optim import build_optimizer, lr_at, set_lr
 
-__all__ = ["Trainer", "resolve_precision", "stream_seed"]
+__all__ = ["Trainer", "evaluate_model", "resolve_precision", "stream_seed"]
 
 
 def stream_seed(*keys: int) -> int:
@@ -70,6 +70,30 @@ def autocast(device: torch.device, precision: str):
     if precision == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def evaluate_model(objective, model, data, path, e, *, generator=None, device=None, progress=False) -> dict:
+    """The validation metric of `model` on `data` [N, L] under eval settings `e` (the `eval` config section).
+
+    An objective that trains something other than a denoiser (e.g. a clean-data LM, tcsm.teachers) brings its
+    own `evaluate` in the same format; every other model gets the diffusion likelihood bound (MATH.md §2.4).
+    """
+    custom = getattr(objective, "evaluate", None)
+    if custom is not None:
+        return custom(model, data, batch_size=e.batch_size, generator=generator, device=device)
+    from tcsm.likelihood import evaluate_bound
+
+    return evaluate_bound(
+        model,
+        data,
+        path,
+        batch_size=e.batch_size,
+        num_t=e.num_t,
+        generator=generator,
+        bound=e.bound,
+        device=device,
+        progress=progress,
+    )
 
 
 class Trainer:
@@ -279,9 +303,8 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self, max_examples: int | None = None, precision: str | None = None) -> dict:
-        """The likelihood bound of the eval model on the eval split (rank 0; MATH.md §2.4)."""
-        from tcsm.likelihood import evaluate_bound
-
+        """The objective's validation metric (by default the likelihood bound) of the eval model on the eval split
+        (rank 0; MATH.md §2.4)."""
         e = self.cfg.eval
         data = self.data.split(e.split)
         if max_examples:
@@ -289,48 +312,49 @@ class Trainer:
         if data.shape[0] == 0:
             return {}
         generator = torch.Generator(device=self.device).manual_seed(e.seed)
-        # An objective that trains something other than a denoiser (e.g. a clean-data LM, tcsm.teachers)
-        # brings its own validation metric in the same format; every other run reports the diffusion bound.
-        custom = getattr(self.objective, "evaluate", None)
         with autocast(self.device, precision or self.precision):
-            if custom is not None:
-                result = custom(
-                    self.eval_model(), data, batch_size=e.batch_size, generator=generator, device=self.device
-                )
-            else:
-                result = evaluate_bound(
-                    self.eval_model(),
-                    data,
-                    self.path,
-                    batch_size=e.batch_size,
-                    num_t=e.num_t,
-                    generator=generator,
-                    bound=e.bound,
-                    device=self.device,
-                )
+            result = evaluate_model(
+                self.objective, self.eval_model(), data, self.path, e, generator=generator, device=self.device
+            )
         if self.data_info.nats_per_token_floor is not None:
             result["floor_bpc"] = self.data_info.nats_per_token_floor / math.log(2)
         return result
 
+    _said_no_sampler = False
+
     @torch.no_grad()
     def samples(self) -> list[str]:
-        """`sample.num` decoded sequences from the eval model (rank 0)."""
+        """`sample.num` decoded sequences from the eval model (rank 0): the objective's own `sample` hook when it
+        has one (a clean-data LM), the diffusion sampler otherwise; none when the hook answers None."""
         from tcsm.sampling import sample
 
         s = self.cfg.sample
         if s.num == 0:
             return []
         generator = torch.Generator(device=self.device).manual_seed(s.seed)
+        length = s.length or self.data_info.seq_len
+        custom = getattr(self.objective, "sample", None)
         with autocast(self.device, self.precision):
-            tokens = sample(
-                self.eval_model(),
-                self.path,
-                batch_size=s.num,
-                length=s.length or self.data_info.seq_len,
-                num_steps=s.steps,
-                generator=generator,
-                device=self.device,
-            )
+            if custom is not None:
+                tokens = custom(self.eval_model(), s.num, length, generator=generator, device=self.device)
+            else:
+                tokens = sample(
+                    self.eval_model(),
+                    self.path,
+                    batch_size=s.num,
+                    length=length,
+                    num_steps=s.steps,
+                    generator=generator,
+                    device=self.device,
+                )
+        if tokens is None:
+            if not self._said_no_sampler:
+                self._said_no_sampler = True
+                self._write(
+                    f"sampling skipped: objective {self.cfg.objective.name!r} trains a model that has no sampler "
+                    "(set sample.num=0 to silence this line)"
+                )
+            return []
         return [self.data.decode(row) for row in tokens.cpu()]
 
     def _periodic(self, every: int, final: bool) -> bool:
