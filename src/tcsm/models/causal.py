@@ -13,17 +13,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from tcsm.models.clean import CleanLMConfig
-from tcsm.models.layers import (
-    RotaryEmbedding,
-    TransformerBlock,
-    apply_rotary,
-    init_weights,
-    make_norm,
-    zero_init_,
-)
+from tcsm.models.clean import CleanLMConfig, CleanTransformer
+from tcsm.models.layers import TransformerBlock, apply_rotary
 
 __all__ = ["CausalLM", "KVCache"]
 
@@ -55,44 +48,20 @@ def _block_with_cache(block: TransformerBlock, x: Tensor, rope, past):
     return x, (k, v)
 
 
-class CausalLM(nn.Module):
+class CausalLM(CleanTransformer):
     """x [B, L] clean ids → next-token logits [B, L, V]: logits[:, j] = log p(· | x^{<j}) (+ const), BOS id V."""
 
     family = "causal"
 
     def __init__(self, cfg: CleanLMConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.vocab_size = cfg.vocab_size
+        super().__init__(cfg, causal=True)
         self.bos_id = cfg.vocab_size
-        self.embed = nn.Embedding(cfg.vocab_size + 1, cfg.d_model)
-        self.rotary = RotaryEmbedding(cfg.d_model // cfg.n_heads, cfg.max_len, cfg.rope_base)
-        self.blocks = nn.ModuleList(
-            TransformerBlock(cfg.d_model, cfg.n_heads, cfg.mlp_ratio, cfg.dropout, None, True, cfg.norm)
-            for _ in range(cfg.n_layers)
-        )
-        self.final_norm = make_norm(cfg.norm, cfg.d_model)
-        # Zero head: the untrained model is uniform over V, so the first loss is exactly log V.
-        self.head = zero_init_(nn.Linear(cfg.d_model, cfg.vocab_size, bias=True))
-        self.apply(init_weights)
 
     # --- plain forward ----------------------------------------------------------------------------------
-    def _check(self, x: Tensor) -> None:
-        if x.dim() != 2:
-            raise ValueError(f"x must be a [batch, length] tensor of token ids, got shape {tuple(x.shape)}")
-        if x.shape[1] > self.cfg.max_len:
-            raise ValueError(f"sequence length {x.shape[1]} exceeds the model's max_len={self.cfg.max_len}")
-
     def input_ids(self, x: Tensor) -> Tensor:
         """[BOS, x^0, …, x^{L−2}]: the input whose output at j predicts x^j."""
         bos = torch.full_like(x[:, :1], self.bos_id)
         return torch.cat([bos, x[:, :-1]], dim=1)
-
-    def _trunk(self, h: Tensor) -> Tensor:
-        rope = self.rotary(h.shape[1])
-        for block in self.blocks:
-            h = block(h, rope)
-        return self.head(self.final_norm(h)).float()
 
     def forward(self, x: Tensor) -> Tensor:
         """Next-token logits [B, L, V]: log p(x^j = · | x^{<j}) up to a per-position constant (MATH.md §5.4)."""

@@ -6,7 +6,8 @@ Three families model clean sequences x ∈ {0..V−1}^L and feed `tcsm.targets.p
 * `CausalLM` (models/causal.py): autoregressive with a BOS token, logits[:, j] = log p(x^j | x^{<j});
 * `HollowTransformer` (models/hollow.py): all L conditionals p(x^i | x^{≠i}) in one pass.
 
-They share one config dataclass and the size presets below; `build_clean_model(family, preset, **overrides)`
+They share one config dataclass and the size presets below (the MLM and the causal LM also share their trunk,
+`CleanTransformer`); `build_clean_model(family, preset, **overrides)`
 builds any of them (the Hugging Face adapters in models/hf.py wrap external models instead). Importing this
 module registers the three families with `tcsm.registry.MODELS` (`model.name: mlm | causal | hollow`).
 """
@@ -16,15 +17,18 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from torch import nn
+from torch import Tensor, nn
 
-__all__ = ["CLEAN_PRESETS", "CleanLMConfig", "build_clean_model", "clean_model_families"]
+from tcsm.models.config import ModelConfig
+from tcsm.models.layers import RotaryEmbedding, TransformerBlock, init_weights, make_norm, zero_init_
+
+__all__ = ["CLEAN_PRESETS", "CleanLMConfig", "CleanTransformer", "build_clean_model", "clean_model_families"]
 
 
 @dataclass
-class CleanLMConfig:
+class CleanLMConfig(ModelConfig):
     """Architecture of a clean-data model. `n_layers` counts blocks per stack (the Hollow transformer has
     two stacks of n_layers plus `n_mix_layers` mixing blocks; the other families ignore `n_mix_layers`)."""
 
@@ -39,32 +43,45 @@ class CleanLMConfig:
     rope_base: float = 10000.0
     n_mix_layers: int = 1
 
+    label: ClassVar[str] = "clean-model config"
+
     def __post_init__(self) -> None:
-        if self.vocab_size < 2:
-            raise ValueError(f"vocab_size must be >= 2, got {self.vocab_size}")
-        for name in ("max_len", "d_model", "n_layers", "n_heads"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
         if self.n_mix_layers < 0:
             raise ValueError(f"n_mix_layers must be >= 0, got {self.n_mix_layers}")
-        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
-            raise ValueError(
-                f"d_model={self.d_model} must be a multiple of n_heads={self.n_heads} with an even head "
-                "dimension (rotary embeddings rotate pairs of channels)"
-            )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        self.check_sizes(("max_len", "d_model", "n_layers", "n_heads"))
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> CleanLMConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown clean-model config keys {unknown}; known keys: {sorted(known)}")
-        return cls(**d)
+class CleanTransformer(nn.Module):
+    """Input ids {0..V} (id V is [MASK] or BOS) → `n_layers` rotary pre-norm blocks, causal or bidirectional →
+    logits over the V clean tokens: the trunk of `MaskedLM` and `CausalLM` (MATH.md §4)."""
+
+    def __init__(self, cfg: CleanLMConfig, causal: bool):
+        super().__init__()
+        self.cfg = cfg
+        self.vocab_size = cfg.vocab_size
+        self.embed = nn.Embedding(cfg.vocab_size + 1, cfg.d_model)
+        self.rotary = RotaryEmbedding(cfg.d_model // cfg.n_heads, cfg.max_len, cfg.rope_base)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(cfg.d_model, cfg.n_heads, cfg.mlp_ratio, cfg.dropout, None, causal, cfg.norm)
+            for _ in range(cfg.n_layers)
+        )
+        self.final_norm = make_norm(cfg.norm, cfg.d_model)
+        # Zero head: the untrained model is uniform over V, so the first loss is exactly log V.
+        self.head = zero_init_(nn.Linear(cfg.d_model, cfg.vocab_size, bias=True))
+        self.apply(init_weights)
+
+    def _check(self, x: Tensor) -> None:
+        if x.dim() != 2:
+            raise ValueError(f"x must be a [batch, length] tensor of token ids, got shape {tuple(x.shape)}")
+        if x.shape[1] > self.cfg.max_len:
+            raise ValueError(f"sequence length {x.shape[1]} exceeds the model's max_len={self.cfg.max_len}")
+
+    def _trunk(self, h: Tensor) -> Tensor:
+        """Embedded inputs h [B, L, d] → float32 logits [B, L, V]."""
+        rope = self.rotary(h.shape[1])
+        for block in self.blocks:
+            h = block(h, rope)
+        return self.head(self.final_norm(h)).float()
 
 
 # Sizes only; vocab_size comes from the data.

@@ -14,13 +14,13 @@ Helpers: `PRESETS` (architecture sizes "tiny", "small", "text8"), `build_denoise
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from tcsm.models.config import ModelConfig
 from tcsm.models.layers import (
     RotaryEmbedding,
     TimestepEmbedder,
@@ -35,7 +35,7 @@ __all__ = ["PRESETS", "Denoiser", "DenoiserConfig", "build_denoiser", "count_par
 
 
 @dataclass
-class DenoiserConfig:
+class DenoiserConfig(ModelConfig):
     """Architecture of a `Denoiser`. vocab_size = V clean tokens; num_states = size of the input alphabet."""
 
     vocab_size: int
@@ -52,35 +52,15 @@ class DenoiserConfig:
     rope_base: float = 10000.0
     check_inputs: bool = True  # range-check token ids (one host sync per call); turn off in tight loops
 
+    label: ClassVar[str] = "DenoiserConfig"
+
     def __post_init__(self) -> None:
-        if self.vocab_size < 2:
-            raise ValueError(f"vocab_size must be >= 2, got {self.vocab_size}")
         if self.num_states < self.vocab_size:
             raise ValueError(
                 f"num_states={self.num_states} < vocab_size={self.vocab_size}: use V for the uniform source "
                 "and V+1 (mask id V) for the masked source"
             )
-        for name in ("max_len", "d_model", "n_layers", "n_heads", "cond_dim"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
-        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
-            raise ValueError(
-                f"d_model={self.d_model} must be a multiple of n_heads={self.n_heads} with an even head "
-                "dimension (rotary embeddings rotate pairs of channels)"
-            )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> DenoiserConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown DenoiserConfig keys {unknown}; known keys: {sorted(known)}")
-        return cls(**d)
+        self.check_sizes(("max_len", "d_model", "n_layers", "n_heads", "cond_dim"))
 
 
 # Architecture sizes only: vocab_size / num_states come from the data and the path.
