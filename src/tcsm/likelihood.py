@@ -52,6 +52,7 @@ __all__ = [
     "perplexity",
     "prior_term",
     "resolve_bound",
+    "summarise_nats",
 ]
 
 Denoiser = Callable[[Tensor, Tensor], Tensor]
@@ -462,7 +463,15 @@ def evaluate_bound(
                 .double()
                 .cpu()
             )
-    nats = torch.cat(per_seq) / L  # nats per token, per sequence
+    return {**summarise_nats(torch.cat(per_seq) / L, L, bound), "num_t": int(num_t)}
+
+
+def summarise_nats(nats: Tensor, length: int, bound: str) -> dict:
+    """Dataset metrics from nats per token of each of N sequences [N]: mean and standard error (NaN for N = 1)
+    as nats, bits (÷ ln 2) and perplexity exp(mean) (delta-method error), for sequences of `length` tokens,
+    labelled `bound` (MATH.md §2.4). The report format of every likelihood-type metric here."""
+    nats = nats.double()
+    N = nats.numel()
     mean = float(nats.mean())
     se = float(nats.std(unbiased=True) / math.sqrt(N)) if N > 1 else float("nan")
     return {
@@ -472,9 +481,8 @@ def evaluate_bound(
         "bpc_stderr": se / _LN2,
         "perplexity": math.exp(mean),
         "perplexity_stderr": math.exp(mean) * se,  # delta method
-        "nats_per_sequence": mean * L,
+        "nats_per_sequence": mean * length,
         "bound": bound,
         "num_sequences": N,
-        "num_tokens": N * L,
-        "num_t": int(num_t),
+        "num_tokens": N * length,
     }

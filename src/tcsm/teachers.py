@@ -45,25 +45,6 @@ def _metrics(loss: Tensor, **extra: float) -> dict[str, float]:
     return {"loss": v, "bpc": v / _LN2, **extra}
 
 
-def _summarise(per_seq: Tensor, length: int, bound: str) -> dict:
-    """Dataset metrics in the trainer's format from per-sequence nats [N] (nats/token, bpc, ppl, stderrs)."""
-    per_tok = per_seq.double() / length
-    n = per_tok.numel()
-    mean = float(per_tok.mean())
-    se = float(per_tok.std(unbiased=True) / math.sqrt(n)) if n > 1 else 0.0
-    return {
-        "nats_per_token": mean,
-        "nats_per_token_stderr": se,
-        "bpc": mean / _LN2,
-        "bpc_stderr": se / _LN2,
-        "perplexity": math.exp(mean),
-        "perplexity_stderr": math.exp(mean) * se,
-        "bound": bound,
-        "num_sequences": n,
-        "num_tokens": n * length,
-    }
-
-
 @contextlib.contextmanager
 def _eval_mode(model):
     """The model in eval mode (no dropout) for the block, then back in the mode it was in."""
@@ -97,7 +78,10 @@ class CleanLoss:
                 .cpu()
                 for s in range(0, data.shape[0], batch_size)
             ]
-        return _summarise(torch.cat(per_seq), data.shape[1], self.metric)
+        from tcsm.likelihood import summarise_nats
+
+        length = data.shape[1]
+        return summarise_nats(torch.cat(per_seq) / length, length, self.metric)
 
     def sample(self, model, num: int, length: int, generator=None, device=None) -> Tensor | None:
         """`num` sequences [num, length] drawn from the model, or None: single-site conditionals
@@ -154,19 +138,28 @@ class MaskedLMLoss(CleanLoss):
         return -mlm_conditionals(model, x).gather(-1, x.unsqueeze(-1)).squeeze(-1).sum(-1)
 
 
-class AutoregressiveLoss(CleanLoss):
+class _OnePassLoss(CleanLoss):
+    """−(1/(B·L)) Σ_{b,i} log p(x_b^i | ·) for a model whose `forward(x)[:, i]` already excludes x^i from the
+    context (next-token or hollow logits), so one pass on the clean x scores every position (MATH.md §4)."""
+
+    @staticmethod
+    def token_nll(model, x: Tensor) -> Tensor:
+        """−log p(x^i | ·) per position [B, L]."""
+        logp = torch.log_softmax(model(x).float(), dim=-1)
+        return -logp.gather(-1, x.unsqueeze(-1)).squeeze(-1)
+
+    def sequence_nll(self, model, x):
+        return self.token_nll(model, x).sum(-1)
+
+    def __call__(self, model, x1: Tensor, generator: torch.Generator | None = None):
+        loss = self.token_nll(model, x1).mean()
+        return loss, _metrics(loss)
+
+
+class AutoregressiveLoss(_OnePassLoss):
     """−(1/(B·L)) Σ_b log p^AR(x_b) = mean next-token NLL (nats per token; MATH.md §4)."""
 
     metric = "ar-nll"
-
-    def sequence_nll(self, model, x):
-        logp = torch.log_softmax(model(x).float(), dim=-1)
-        return -logp.gather(-1, x.unsqueeze(-1)).squeeze(-1).sum(-1)
-
-    def __call__(self, model, x1: Tensor, generator: torch.Generator | None = None):
-        logp = torch.log_softmax(model(x1).float(), dim=-1)
-        loss = -logp.gather(-1, x1.unsqueeze(-1)).squeeze(-1).mean()
-        return loss, _metrics(loss)
 
     @torch.no_grad()
     def sample(self, model, num: int, length: int, generator=None, device=None) -> Tensor:
@@ -181,19 +174,10 @@ class AutoregressiveLoss(CleanLoss):
         return x
 
 
-class PseudoLikelihoodLoss(CleanLoss):
+class PseudoLikelihoodLoss(_OnePassLoss):
     """−(1/(B·L)) Σ_{b,i} log p(x_b^i | x_b^{≠i}) from one pass of a model that never reads x^i (MATH.md §4, §8 item 20)."""
 
     metric = "pseudo-nll"
-
-    def sequence_nll(self, model, x):
-        logp = torch.log_softmax(model(x).float(), dim=-1)
-        return -logp.gather(-1, x.unsqueeze(-1)).squeeze(-1).sum(-1)
-
-    def __call__(self, model, x1: Tensor, generator: torch.Generator | None = None):
-        logp = torch.log_softmax(model(x1).float(), dim=-1)
-        loss = -logp.gather(-1, x1.unsqueeze(-1)).squeeze(-1).mean()
-        return loss, _metrics(loss)
 
 
 CLEAN_LOSSES = {"mlm": MaskedLMLoss, "causal": AutoregressiveLoss, "hollow": PseudoLikelihoodLoss}

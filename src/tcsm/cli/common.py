@@ -53,6 +53,21 @@ def run_dir_of_checkpoint(path: str | Path) -> Path:
     return p
 
 
+def resume_point(args, run_dir: Path | None) -> tuple[Path, Path, dict | None] | None:
+    """(checkpoint, run directory, its saved config) that `--resume` (in --out DIR) or `--resume-from PATH`
+    continues, or None when the command starts a new run. The run directory is --out's when given."""
+    if not (args.resume or args.resume_from):
+        return None
+    from tcsm.errors import CheckpointError
+    from tcsm.train.checkpoint import read_state, resolve_checkpoint
+
+    where = args.resume_from or run_dir
+    if where is None:
+        raise CheckpointError("--resume needs the run directory: give --out DIR (or use --resume-from PATH)")
+    checkpoint = resolve_checkpoint(where)
+    return checkpoint, run_dir or run_dir_of_checkpoint(checkpoint), read_state(checkpoint)[1].get("config")
+
+
 def format_bound(result: dict) -> str:
     floor = result.get("floor_bpc")
     gap = f" ({100 * (result['bpc'] / floor - 1):+.1f}% vs the source entropy {floor:.4f})" if floor else ""

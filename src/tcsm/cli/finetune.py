@@ -123,9 +123,8 @@ def resolve(args) -> tuple:
     """(config, run_dir, resume) of `tcsm finetune reward` from its arguments."""
     from pathlib import Path
 
-    from tcsm.cli.common import default_run_dir, run_dir_of_checkpoint
-    from tcsm.errors import CheckpointError, ConfigError
-    from tcsm.train.checkpoint import read_state, resolve_checkpoint
+    from tcsm.cli.common import default_run_dir, resume_point
+    from tcsm.errors import ConfigError
     from tcsm.train.config import load_config
 
     run_dir = Path(args.out) if args.out else None
@@ -133,16 +132,10 @@ def resolve(args) -> tuple:
         raise ConfigError(f"--num-proposals must be >= 1, got {args.num_proposals}")
     if args.beta is not None and not args.beta > 0:
         raise ConfigError(f"--beta must be > 0, got {args.beta}")
-    if args.resume or args.resume_from:
-        where = args.resume_from or run_dir
-        if where is None:
-            raise CheckpointError(
-                "--resume needs the run directory: give --out DIR (or use --resume-from PATH)"
-            )
-        checkpoint = resolve_checkpoint(where)
-        run_dir = run_dir or run_dir_of_checkpoint(checkpoint)
-        cfg = load_config(args.config, args.overrides, base=read_state(checkpoint)[1].get("config"))
-        cfg = _apply(cfg, _flag_values(args))
+    point = resume_point(args, run_dir)
+    if point is not None:
+        checkpoint, run_dir, base = point
+        cfg = _apply(load_config(args.config, args.overrides, base=base), _flag_values(args))
         return cfg, run_dir, checkpoint
     if not args.checkpoint:
         raise ConfigError(

@@ -35,23 +35,14 @@ def resolve(args) -> tuple:
     """(config, run_dir, resume) from the arguments, without starting anything."""
     from pathlib import Path
 
-    from tcsm.cli.common import default_run_dir, run_dir_of_checkpoint
-    from tcsm.errors import CheckpointError
-    from tcsm.train.checkpoint import read_state, resolve_checkpoint
+    from tcsm.cli.common import default_run_dir, resume_point
     from tcsm.train.config import load_config
 
     base, resume = None, None
     run_dir = Path(args.out) if args.out else None
-    if args.resume or args.resume_from:
-        where = args.resume_from or run_dir
-        if where is None:
-            raise CheckpointError(
-                "--resume needs the run directory: give --out DIR (or use --resume-from PATH)"
-            )
-        checkpoint = resolve_checkpoint(where)
-        run_dir = run_dir or run_dir_of_checkpoint(checkpoint)
-        base = read_state(checkpoint)[1].get("config")
-        resume = checkpoint
+    point = resume_point(args, run_dir)
+    if point is not None:
+        resume, run_dir, base = point
     preset = args.config if args.config is not None else (None if base is not None else "synthetic")
     cfg = load_config(preset, args.overrides, base=base)
     if run_dir is None:
