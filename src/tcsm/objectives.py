@@ -143,6 +143,7 @@ def score_loss(
     clamp: float | None = DEFAULT_CLAMP,
     paper_scale: bool = False,
     divergence: str | Generator | None = None,
+    tilt: bool = True,
 ) -> Tensor:
     """Per-position L_score [B, L] (MATH.md §3.2, §3.4): N^1 concrete-score matching with Bregman generator φ.
 
@@ -151,6 +152,19 @@ def score_loss(
     assumes q^i(x_1^i) > 0 (true when x_1 is drawn from the target's own proposal).
     Log-probabilities are floored at `clamp` (MATH.md §8 item 6); `paper_scale=True` divides by V (§8 item 5).
     `divergence` is an alias of `generator` (so that `Objective(divergence=...)` reaches it).
+
+    `tilt` (Monte Carlo target only; default on): the kernel-tilted estimator (k_min/k_z) ℓ_φ(m̃, z) with
+    m̃ ∝ m/k, k_y = k_t(x_t^i | y). Since q^i ∝ p_1(· | x_1^{≠i}) k (MATH.md §1.3), z ~ q^i reweighted by
+    k_min/k_z is z ~ r ∝ q^i/k = p_1(· | x_1^{≠i}), so by §3.4 applied to (r, m̃) its expectation is
+    R · E_{z~r} Σ_y D_φ(r_y/r_z, m̃_y/m̃_z) + C with R = Σ_z q^i_z k_min/k_z independent of θ. The loss is linear
+    in q^i, so averaging over x_1^{≠i} keeps the factorized minimiser m̃ ∝ q̄/k, i.e. m = the marginal posterior
+    (MATH.md §3.4), the same as untilted. It is a reweighting across (t, x_t, i), not the untilted value
+    (V KL + IS, §3.3). For GKL this is exact homogeneity: D(q_y/q_z, m_y/m_z) = (k_y/k_z) D(r_y/r_z, m̃_y/m̃_z),
+    and the tilt drops the factor k_y/k_min = 1 + b_t on the y = x_t^i ≠ z term. Why: for the uniform source
+    the untilted 1/m_z sees m_z ~ (1 − t)/V whenever x_t^i ≠ x_1^i, so κ_t/m_z ~ V/(1 − t)² with probability
+    ~(1 − t) — infinite variance under κ_t weighting even at the optimum; the tilted 1/m̃_z is O(1/p_1(z | ·))
+    and the weight at z = x_t^i is 1/(1 + b_t). Masked source: k is constant at masked positions, so the tilt
+    is the identity there. See docs/benchmarks.md "Pre-training: quality" for the measurement.
     """
     _check_logits(logits, batch, path)
     gen = get_generator(divergence if divergence is not None else generator)
@@ -161,11 +175,25 @@ def score_loss(
         log_q = _floor(log_q, clamp)
         log_w = log_q - _gather(log_q, z).unsqueeze(-1)
         value = gen.divergence_log(log_w, log_m - log_m_z.unsqueeze(-1)).sum(-1)
+    elif tilt:
+        value = _tilted_mc_score(gen, rows, z, batch, path, clamp)
     else:
         value = gen.mc_score(log_m, log_m_z)
     if paper_scale:
         value = value / path.vocab_size
     return _place(value, batch.loss_mask)
+
+
+def _tilted_mc_score(gen: Generator, rows: Tensor, z: Tensor, batch: TargetBatch, path: Path, clamp) -> Tensor:
+    """Kernel-tilted MC score (k_min/k_z) ℓ_φ(m̃, z), m̃ ∝ m/k, k_y = k_t(x_t^i | y) (MATH.md §1.3, §3.4; `score_loss`).
+
+    The floor applies to log m̃ (what the estimator divides by), so it bounds the loss as in the untilted form.
+    """
+    mask = batch.loss_mask
+    log_k = path.log_kernel(batch.xt, batch.t)[mask].to(rows.dtype)
+    log_k = log_k - log_k.min(-1, keepdim=True).values
+    log_mt = _floor(torch.log_softmax(rows - log_k, -1), clamp)
+    return torch.exp(-_gather(log_k, z)) * gen.mc_score(log_mt, _gather(log_mt, z))
 
 
 # Optional `validate(**kwargs)` hooks let `Objective` reject bad names when it is built.
