@@ -143,7 +143,7 @@ def score_loss(
     clamp: float | None = DEFAULT_CLAMP,
     paper_scale: bool = False,
     divergence: str | Generator | None = None,
-    tilt: bool = True,
+    tilt: bool = False,
 ) -> Tensor:
     """Per-position L_score [B, L] (MATH.md §3.2, §3.4): N^1 concrete-score matching with Bregman generator φ.
 
@@ -153,7 +153,8 @@ def score_loss(
     Log-probabilities are floored at `clamp` (MATH.md §8 item 6); `paper_scale=True` divides by V (§8 item 5).
     `divergence` is an alias of `generator` (so that `Objective(divergence=...)` reaches it).
 
-    `tilt` (Monte Carlo target only; default on): the kernel-tilted estimator (k_min/k_z) ℓ_φ(m̃, z) with
+    `tilt` (Monte Carlo target only; off by default so that L_score is the paper's estimator, MATH.md §7; turn it
+    on for the uniform source — `objective.kwargs.tilt=true`): the kernel-tilted estimator (k_min/k_z) ℓ_φ(m̃, z) with
     m̃ ∝ m/k, k_y = k_t(x_t^i | y). Since q^i ∝ p_1(· | x_1^{≠i}) k (MATH.md §1.3), z ~ q^i reweighted by
     k_min/k_z is z ~ r ∝ q^i/k = p_1(· | x_1^{≠i}), so by §3.4 applied to (r, m̃) its expectation is
     R · E_{z~r} Σ_y D_φ(r_y/r_z, m̃_y/m̃_z) + C with R = Σ_z q^i_z k_min/k_z independent of θ. The loss is linear
