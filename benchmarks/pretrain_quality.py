@@ -42,6 +42,10 @@ TEXT8_VARIANTS = {
     "tcsm-masked-score": (["path.source=masked", "objective.loss=score"], "TCSM masked L_score (GKL)"),
     "tcsm-uniform-distrib": (["path.source=uniform", "objective.loss=distrib"], "TCSM uniform L_distrib (KL)"),
     "tcsm-uniform-score": (["path.source=uniform", "objective.loss=score"], "TCSM uniform L_score (GKL)"),
+    "tcsm-uniform-score-tilt": (
+        ["path.source=uniform", "objective.loss=score", "objective.kwargs.tilt=true"],
+        "TCSM uniform L_score (GKL, kernel-tilted)",
+    ),
     "mdlm": (
         ["path.source=masked", "objective.loss=distrib", "path.schedule=loglinear", "model.time_conditioning=false"],
         "MDLM-equivalent (masked CE, κ_t, log-linear ε=0, no time cond.)",
