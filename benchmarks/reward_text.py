@@ -278,40 +278,48 @@ def draw(model, path, data, n: int, args, seed: int) -> torch.Tensor:
 
 
 def plot(results: dict, out: Path) -> None:
+    """Mean reward vs gen-PPL; error bars are ± one standard error (gen-PPL: from the per-sample NLL's)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.2, 4.2))
+    def bars(r):
+        return {"xerr": r["gen_ppl"] * r["nll_stderr"], "yerr": r["reward_stderr"]}
+
+    fig, ax = plt.subplots(figsize=(6.8, 4.6))
     pre = results["pretrained"]
-    ax.errorbar(pre["gen_ppl"], pre["reward_mean"], yerr=pre["reward_stderr"], fmt="ks", label="pre-trained")
-    for name, r in results["best_of_n"].items():
+    ax.errorbar(pre["gen_ppl"], pre["reward_mean"], fmt="ks", label="pre-trained", **bars(pre))
+    for r in results["best_of_n"].values():
         ax.errorbar(
-            r["gen_ppl"], r["reward_mean"], yerr=r["reward_stderr"], fmt="D", label=f"pre-trained, {name}"
+            r["gen_ppl"], r["reward_mean"], fmt="D", label=f"pre-trained, best-of-{r['N']}", **bars(r)
         )
-    betas = sorted({r["beta"] for r in results["finetuned"]})
-    for beta in betas:
+    for beta in sorted({r["beta"] for r in results["finetuned"]}):
         rows = sorted((r for r in results["finetuned"] if r["beta"] == beta), key=lambda r: r["B"])
-        ax.errorbar(
+        line = ax.errorbar(
             [r["gen_ppl"] for r in rows],
             [r["reward_mean"] for r in rows],
-            yerr=[r["reward_stderr"] for r in rows],
             fmt="o-",
-            label=f"TCSM N^full, β={beta:g}",
+            xerr=[r["gen_ppl"] * r["nll_stderr"] for r in rows],
+            yerr=[r["reward_stderr"] for r in rows],
+            label=f"TCSM N^full fine-tuned, β={beta:g}",
         )
         for r in rows:
             ax.annotate(
                 f"B={r['B']}",
                 (r["gen_ppl"], r["reward_mean"]),
                 fontsize=7,
-                xytext=(3, 3),
+                xytext=(4, -9),
                 textcoords="offset points",
+                color=line[0].get_color(),
             )
-    ax.set_xlabel("gen-PPL of the continuation under the project's causal LM (same tokens; lower is better)")
-    ax.set_ylabel("mean VADER compound (higher is better)")
-    ax.set_title(f"{results['data']}, CPU scale: reward vs gen-PPL", fontsize=10)
-    ax.legend(fontsize=7)
+    ax.set_xlabel("gen-PPL of the continuation (project's causal LM, same BPE; lower is better)", fontsize=9)
+    ax.set_ylabel("mean VADER compound (higher is better)", fontsize=9)
+    ax.set_title(
+        f"{results['data']}: reward vs gen-PPL (CPU scale, {results['config']['num_eval']} samples each)",
+        fontsize=9,
+    )
+    ax.legend(fontsize=7, loc="lower left")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -320,23 +328,26 @@ def plot(results: dict, out: Path) -> None:
 
 
 def table(results: dict) -> str:
+    def ppl(r):
+        return f"{r['gen_ppl']:.0f} ± {r['gen_ppl'] * r['nll_stderr']:.0f}"
+
     lines = [
-        "| model | B (proposals) / N | β | mean VADER reward ± s.e. | gen-PPL (continuation) |",
+        "| model | B (proposals) / N | β | mean VADER reward ± s.e. | gen-PPL of the continuation ± s.e. |",
         "|---|---|---|---|---|",
     ]
     pre = results["pretrained"]
     lines.append(
-        f"| pre-trained | – | – | {pre['reward_mean']:.3f} ± {pre['reward_stderr']:.3f} | {pre['gen_ppl']:.2f} |"
+        f"| pre-trained | – | – | {pre['reward_mean']:.3f} ± {pre['reward_stderr']:.3f} | {ppl(pre)} |"
     )
     for r in results["best_of_n"].values():
         lines.append(
             f"| pre-trained, best-of-N | N = {r['N']} | – | {r['reward_mean']:.3f} ± "
-            f"{r['reward_stderr']:.3f} | {r['gen_ppl']:.2f} |"
+            f"{r['reward_stderr']:.3f} | {ppl(r)} |"
         )
     for r in sorted(results["finetuned"], key=lambda r: (r["beta"], r["B"])):
         lines.append(
             f"| TCSM N^full fine-tuned | B = {r['B']} | {r['beta']:g} | {r['reward_mean']:.3f} ± "
-            f"{r['reward_stderr']:.3f} | {r['gen_ppl']:.2f} |"
+            f"{r['reward_stderr']:.3f} | {ppl(r)} |"
         )
     return "\n".join(lines)
 
@@ -362,7 +373,13 @@ def main(argv=None) -> int:
     p.add_argument("--sample-steps", type=int, default=48)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--quick", action="store_true", help="tiny smoke-test sizes (minutes): not a result")
+    p.add_argument("--replot", action="store_true", help="only redraw the plot and table from --results")
     args = p.parse_args(argv)
+    if args.replot:
+        results = json.loads(Path(args.results).read_text())
+        plot(results, Path(args.plot))
+        print(table(results))
+        return 0
     if args.quick:
         args.pretrain_steps, args.ref_steps, args.finetune_steps, args.num_eval = 60, 40, 6, 16
         args.proposals, args.betas, args.best_of, args.sample_steps = "2,4", "0.3", "4", 8
