@@ -348,7 +348,9 @@ class Objective:
         t = self.sample_t(x1.shape[0], device=x1.device, generator=generator)
         batch = self.target(x1, t, self.path, generator)
         logits = model(batch.xt, batch.t)
-        return self.loss_from_batch(logits, batch)
+        loss, metrics = self.loss_from_batch(logits, batch)
+        stats = getattr(self.target, "last_stats", None) or {}
+        return loss, {**metrics, **{f"target/{k}": v for k, v in stats.items()}}
 
     def to(self, device) -> Objective:
         self.target = self.target.to(device)

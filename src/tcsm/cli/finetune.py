@@ -150,49 +150,6 @@ def resolve(args) -> tuple:
 # --------------------------------------------------------------------------------------------------- training
 
 
-class _WithTargetStats:
-    """The run's objective, with the target's last statistics (reward mean, skipped groups, ESS) added to the
-    logged metrics; everything else (e.g. an `evaluate` hook) is the objective's own."""
-
-    def __init__(self, objective):
-        self.objective = objective
-
-    def __call__(self, model, x1, generator=None):
-        loss, metrics = self.objective(model, x1, generator=generator)
-        stats = getattr(getattr(self.objective, "target", None), "last_stats", None) or {}
-        return loss, {**metrics, **{f"target/{k}": v for k, v in stats.items()}}
-
-    def __getattr__(self, name):
-        return getattr(self.objective, name)
-
-
-def fit(cfg, run_dir, resume=None, log=None) -> dict:
-    """Train `cfg` in run_dir with the shared Trainer (as `tcsm train` does, DDP included); returns its summary."""
-    from pathlib import Path
-
-    import torch.distributed as dist
-
-    from tcsm.train.distributed import setup_distributed, teardown_distributed
-    from tcsm.train.trainer import Trainer
-
-    env = setup_distributed(cfg.train.device)
-    try:
-        if env.distributed:  # every rank writes to rank 0's run directory
-            box = [str(run_dir)]
-            dist.broadcast_object_list(box, src=0)
-            run_dir = box[0]
-        trainer = Trainer(cfg, run_dir, resume=resume, env=env, log=log)
-        trainer.objective = _WithTargetStats(trainer.objective)
-        summary = trainer.fit()
-        if env.is_main:
-            (Path(run_dir) / "summary.json").write_text(
-                json.dumps(summary, indent=1) + "\n", encoding="utf-8"
-            )
-    finally:
-        teardown_distributed()
-    return summary
-
-
 def reward_report(run_dir, num_samples: int, seed: int = 0) -> dict:
     """Mean reward of `num_samples` samples of the pre-trained and of the fine-tuned (EMA) model, same sampler."""
     import torch
@@ -247,6 +204,8 @@ def run(args) -> int:
     if args.print_config:
         print(OmegaConf.to_yaml(cfg), end="")
         return 0
+    from tcsm.cli.train import fit
+
     fit(cfg, run_dir, resume)
     print(f"run directory: {run_dir}", flush=True)
     if args.eval_samples > 0 and int(os.environ.get("RANK", "0")) == 0:

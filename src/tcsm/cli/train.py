@@ -60,8 +60,9 @@ def run(args) -> int:
     return train(cfg, run_dir, resume)
 
 
-def train(cfg, run_dir, resume=None, log=None) -> int:
-    """Set up the process group (if under torchrun), train, write summary.json."""
+def fit(cfg, run_dir, resume=None, log=None) -> dict:
+    """Set up the process group (if under torchrun), train with the shared Trainer, write summary.json;
+    returns the summary. Every subcommand that trains (train, finetune, demo) goes through here."""
     import torch.distributed as dist
 
     from tcsm.train.distributed import setup_distributed, teardown_distributed
@@ -81,7 +82,16 @@ def train(cfg, run_dir, resume=None, log=None) -> int:
             (Path(run_dir) / "summary.json").write_text(
                 json.dumps(summary, indent=1) + "\n", encoding="utf-8"
             )
-            print(f"run directory: {run_dir}", flush=True)
     finally:
         teardown_distributed()
+    return summary
+
+
+def train(cfg, run_dir, resume=None, log=None) -> int:
+    """`tcsm train`: fit, then say where the run lives."""
+    import os
+
+    fit(cfg, run_dir, resume, log)
+    if os.environ.get("RANK", "0") == "0":  # torchrun's rank; one line per run, not per process
+        print(f"run directory: {run_dir}", flush=True)
     return 0

@@ -195,7 +195,7 @@ def plot_dynamics(
 
 def _fit(cfg, run_dir: Path, log) -> float:
     """Train (or finish) the run in run_dir with the shared Trainer; returns the wall time of this call."""
-    from tcsm.cli.finetune import fit
+    from tcsm.cli.train import fit
 
     start = time.perf_counter()
     fit(cfg, run_dir, resume=True if (run_dir / "checkpoints").is_dir() else None, log=log)

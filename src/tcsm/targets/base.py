@@ -9,7 +9,9 @@ only `TargetBatch`, so a new target never touches an objective or the trainer.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 import torch
 from torch import Tensor
@@ -30,20 +32,24 @@ class TargetBatch:
     def explicit(self) -> bool:
         return self.log_q is not None
 
-    def with_weight(self, weight: Tensor) -> "TargetBatch":
+    def with_weight(self, weight: Tensor) -> TargetBatch:
         return replace(self, weight=weight if self.weight is None else self.weight * weight)
 
 
 class Target:
     """Base class. Subclasses implement `__call__(x1, t, path, generator)` → TargetBatch.
 
-    Targets may hold frozen models (teachers, references); they are never trained through.
+    Targets may hold frozen models (teachers, references); they are never trained through. A target may
+    describe its most recent call in `last_stats` (e.g. mean reward, effective sample size); the objective logs
+    them as `target/<name>` metrics.
     """
+
+    last_stats: Mapping[str, float] = MappingProxyType({})  # read-only default; targets assign a new dict
 
     def __call__(self, x1: Tensor, t: Tensor, path: Path, generator: torch.Generator | None = None) -> TargetBatch:
         raise NotImplementedError
 
-    def to(self, device) -> "Target":
+    def to(self, device) -> Target:
         return self
 
 
