@@ -21,15 +21,15 @@ from tcsm.schedules import (  # noqa: F401  (re-exported: the public API names s
 )
 
 __all__ = [
-    "Path",
+    "CosineSchedule",
+    "LinearSchedule",
+    "LogLinearSchedule",
     "MaskedPath",
+    "Path",
+    "PolynomialSchedule",
+    "Schedule",
     "UniformPath",
     "make_path",
-    "Schedule",
-    "LinearSchedule",
-    "CosineSchedule",
-    "PolynomialSchedule",
-    "LogLinearSchedule",
     "make_schedule",
 ]
 

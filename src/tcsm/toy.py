@@ -36,10 +36,11 @@ class EnumerableDistribution:
         g = torch.Generator().manual_seed(seed)
         n = vocab_size**length
         gamma = torch.distributions.Gamma(torch.full((n,), float(concentration)), 1.0)
-        torch.manual_seed(seed)  # Gamma sampling has no generator argument
-        p = gamma.sample().double() + 1e-12
+        with torch.random.fork_rng(devices=[]):  # Gamma takes no generator; leave the caller's global RNG alone
+            torch.manual_seed(seed)
+            p = gamma.sample().double() + 1e-12
         if support is not None:
-            keep = torch.randperm(n, generator=g)[: max(1, int(round(support * n)))]
+            keep = torch.randperm(n, generator=g)[: max(1, round(support * n))]
             mask = torch.zeros(n, dtype=torch.bool)
             mask[keep] = True
             p = torch.where(mask, p, torch.zeros_like(p))
