@@ -332,7 +332,7 @@ def _friendly(e: OmegaConfBaseException) -> str:
         if "Did you mean" in str(e):
             hint = (
                 " (did you mean "
-                + str(e).split("Did you mean", 1)[1].strip().split("\n")[0].rstrip("?")
+                + str(e).split("Did you mean", 1)[1].split("\n")[0].strip(" :?")
                 + "?)"
             )
         return f"unknown config key {key!r}{hint}; `tcsm train --help` lists the keys"
