@@ -86,13 +86,16 @@ def plot_genppl_vs_steps(rows: Sequence[dict], path: str | os.PathLike, title: s
         ax.set_xlabel("sampling steps K")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
+    # Entropy from 0: sampling noise of a few hundredths must not look like a trend; a collapse still shows.
+    top = max([r["entropy_mean"] for r in rows] + ref)
+    ax2.set_ylim(0, 1.15 * top if top > 0 else 1.0)
     # A log axis only when gen-PPL spans more than a decade; a narrow range reads better on a linear one.
     ppl = [r["gen_ppl"] for r in rows] + ref_ppl
     if max(ppl) > 10 * min(ppl) > 0:
         ax1.set_yscale("log")
     if len(series) > 1 or ref or ref_ppl:
         ax1.legend(fontsize=8)
-        ax2.legend(fontsize=8)
+        ax2.legend(fontsize=8, loc="lower right")
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
