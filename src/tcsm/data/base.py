@@ -210,3 +210,26 @@ def chunk(ids: np.ndarray | Tensor, seq_len: int, vocab_size: int) -> Tensor:
     ids = torch.as_tensor(np.asarray(ids) if not isinstance(ids, Tensor) else ids)
     n = ids.numel() // seq_len
     return ids[: n * seq_len].to(compact_dtype(vocab_size)).reshape(n, seq_len)
+
+
+def bundle_from_streams(
+    streams: dict[str, Any], *, seq_len: int, tokenizer, src, label: str, unit: str, **fields: Any
+) -> DataBundle:
+    """Chunk the train/valid/test id streams into rows of seq_len and wrap them in a DataBundle; a training
+    split shorter than one chunk is a DataError (the text and BPE corpora share this)."""
+    parts = {k: chunk(v, seq_len, tokenizer.vocab_size) for k, v in streams.items()}
+    if parts["train"].shape[0] == 0:
+        raise DataError(
+            f"the training split of {src} has {len(streams['train'])} {unit}, less than one chunk of {seq_len}"
+        )
+    return DataBundle(
+        name=label,
+        vocab_size=tokenizer.vocab_size,
+        seq_len=int(seq_len),
+        train=parts["train"],
+        valid=parts["valid"],
+        test=parts["test"],
+        tokenizer=tokenizer,
+        label=label,
+        **fields,
+    )

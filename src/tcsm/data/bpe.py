@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tcsm.data.base import DataBundle, DataError, chunk, split_by_fractions
+from tcsm.data.base import DataBundle, DataError, bundle_from_streams, split_by_fractions
 from tcsm.data.text import read_documents, resolve_splits
 
 __all__ = ["EOS_TOKEN", "BPETokenizer", "build_bpe", "gpt2_tokenizer", "train_bpe_tokenizer"]
@@ -164,22 +164,14 @@ def build_bpe(
         streams = {"train": stream[:a], "valid": stream[a:b], "test": stream[b:]}
     else:
         streams = {k: _stream(tok, v, eos) for k, v in docs.items()}
-    parts = {k: chunk(v, seq_len, tok.vocab_size) for k, v in streams.items()}
     src = files.get("path") or files["train"]
-    if parts["train"].shape[0] == 0:
-        raise DataError(
-            f"the training split of {src} has {len(streams['train'])} tokens, less than one chunk"
-        )
-    label = name or f"{Path(src).name.split('.')[0]}-{tok.name}"
-    return DataBundle(
-        name=label,
-        vocab_size=tok.vocab_size,
-        seq_len=int(seq_len),
-        train=parts["train"],
-        valid=parts["valid"],
-        test=parts["test"],
+    return bundle_from_streams(
+        streams,
+        seq_len=seq_len,
         tokenizer=tok,
-        label=label,
+        src=src,
+        label=name or f"{Path(src).name.split('.')[0]}-{tok.name}",
+        unit="tokens",
         eos_id=tok.eos_id if eos else None,
         meta={"files": files, "tokens": {k: len(v) for k, v in streams.items()}, "tokenizer": tok.name},
     )

@@ -17,7 +17,14 @@ import gzip
 import json
 from pathlib import Path
 
-from tcsm.data.base import CharTokenizer, DataBundle, DataError, chunk, read_text, split_by_fractions
+from tcsm.data.base import (
+    CharTokenizer,
+    DataBundle,
+    DataError,
+    bundle_from_streams,
+    read_text,
+    split_by_fractions,
+)
 
 __all__ = ["build_text", "read_documents", "resolve_splits"]
 
@@ -111,23 +118,13 @@ def build_text(
         if oov == "drop" and (split != "train" or vocab is not None):
             texts[split], dropped[split] = _drop_oov(texts[split], set(chars))
     src = files.get("path") or files["train"]
-    parts = {
-        s: chunk(tok.encode_array(t, what=f"the {s} split of {src}"), seq_len, tok.vocab_size)
-        for s, t in texts.items()
-    }
-    if parts["train"].shape[0] == 0:
-        raise DataError(
-            f"the training split of {src} has {len(texts['train'])} characters, less than one chunk of {seq_len}"
-        )
-    label = name or Path(src).name.split(".")[0]
-    return DataBundle(
-        name=label,
-        vocab_size=tok.vocab_size,
-        seq_len=int(seq_len),
-        train=parts["train"],
-        valid=parts["valid"],
-        test=parts["test"],
+    streams = {s: tok.encode_array(t, what=f"the {s} split of {src}") for s, t in texts.items()}
+    return bundle_from_streams(
+        streams,
+        seq_len=seq_len,
         tokenizer=tok,
-        label=label,
+        src=src,
+        label=name or Path(src).name.split(".")[0],
+        unit="characters",
         meta={"files": files, "chars": {s: len(t) for s, t in texts.items()}, "dropped_oov": dropped},
     )
