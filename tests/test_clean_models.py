@@ -7,7 +7,7 @@ import torch
 
 from tcsm.models.clean import CleanLMConfig, build_clean_model
 from tcsm.targets.parametric import MLMTeacher, make_teacher
-from tcsm.teachers import (
+from tcsm.clean_losses import (
     AutoregressiveLoss,
     MaskedLMLoss,
     PseudoLikelihoodLoss,

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from tcsm.divergences import BREGMAN, F_DIVERGENCES, get_f_divergence, get_generator
+from tcsm.divergences import BREGMAN, F_DIVERGENCES, get_f_divergence, get_bregman
 
 GENERATORS = ["gkl", "squared", "is", "logistic"]
 DIVERGENCES = ["kl", "reverse_kl", "is", "squared", "logistic"]
@@ -86,11 +86,11 @@ def test_bregman_zero_and_extreme_arguments_never_nan(name):
 
 def test_registry_lookup_and_unknown_names():
     """Aliases resolve to the same generator; unknown names raise a ValueError naming the choices."""
-    assert get_generator("kl") is BREGMAN["gkl"] and get_generator("lsif") is BREGMAN["squared"]
-    assert get_generator(BREGMAN["is"]) is BREGMAN["is"]
+    assert get_bregman("kl") is BREGMAN["gkl"] and get_bregman("lsif") is BREGMAN["squared"]
+    assert get_bregman(BREGMAN["is"]) is BREGMAN["is"]
     assert get_f_divergence("rkl") is F_DIVERGENCES["reverse_kl"]
     with pytest.raises(ValueError, match="unknown Bregman generator 'nope'"):
-        get_generator("nope")
+        get_bregman("nope")
     with pytest.raises(ValueError, match="unknown divergence 'nope'"):
         get_f_divergence("nope")
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from tcsm.divergences import BREGMAN, Generator
+from tcsm.divergences import BREGMAN, BregmanGenerator
 from tcsm.objectives import (
     LOSSES,
     WEIGHTINGS,
@@ -104,8 +104,8 @@ def test_mc_score_equals_exact_score_up_to_constant(kind, V, L, gen):
         mc_b, ex_b = e.data_batch(), e.explicit_batch()
         for seed in range(4):
             logits = e.random_table(seed)[e.xt_index]
-            mc = e.expect(score_loss(logits, mc_b, path, generator=gen, clamp=None, tilt=False))
-            exact = e.expect(score_loss(logits, ex_b, path, generator=gen, clamp=None))
+            mc = e.expect(score_loss(logits, mc_b, path, bregman=gen, clamp=None, tilt=False))
+            exact = e.expect(score_loss(logits, ex_b, path, bregman=gen, clamp=None))
             diffs.append((t, (mc - exact).item()))
             mc_values.append(mc.item())
     for t in (0.35, 0.8):
@@ -133,11 +133,11 @@ def test_tilted_mc_score_equals_tilted_exact_score_up_to_constant(kind, gen):
         tilted_b = replace(ex_b, log_q=torch.log_softmax(ex_b.log_q - log_k, -1))
         for seed in range(3):
             logits = e.random_table(seed)[e.xt_index]
-            mc = e.expect(score_loss(logits, mc_b, path, generator=gen, clamp=None, tilt=True))
-            exact = e.expect(w_z * score_loss(logits - log_k, tilted_b, path, generator=gen, clamp=None))
+            mc = e.expect(score_loss(logits, mc_b, path, bregman=gen, clamp=None, tilt=True))
+            exact = e.expect(w_z * score_loss(logits - log_k, tilted_b, path, bregman=gen, clamp=None))
             diffs.setdefault(t, []).append((mc - exact).item())
             if kind == "masked":
-                untilted = e.expect(score_loss(logits, mc_b, path, generator=gen, clamp=None, tilt=False))
+                untilted = e.expect(score_loss(logits, mc_b, path, bregman=gen, clamp=None, tilt=False))
                 torch.testing.assert_close(mc, untilted)
     for d in diffs.values():
         assert max(d) - min(d) < 1e-9 * max(1.0, abs(d[0]))
@@ -174,7 +174,7 @@ def test_gkl_box_is_the_generic_bregman_mc_form_plus_V(V):
     log_m_z = log_m[:, 0]
     box = BREGMAN["gkl"].mc_score(log_m, log_m_z)
     torch.testing.assert_close(box, -V * log_m_z + torch.exp(-log_m_z) + log_m.sum(-1))
-    torch.testing.assert_close(box, Generator.mc_score(BREGMAN["gkl"], log_m, log_m_z) + V)
+    torch.testing.assert_close(box, BregmanGenerator.mc_score(BREGMAN["gkl"], log_m, log_m_z) + V)
 
 
 def test_exact_score_loss_is_expected_prop_3_4():
@@ -298,14 +298,14 @@ LOSS_CASES = [
     ("distrib", {"divergence": "is"}, True),
     ("distrib", {"divergence": "squared"}, True),
     ("distrib", {"divergence": "logistic"}, True),
-    ("score", {"generator": "gkl"}, False),
-    ("score", {"generator": "squared"}, False),
-    ("score", {"generator": "is"}, False),
-    ("score", {"generator": "logistic"}, False),
-    ("score", {"generator": "gkl"}, True),
-    ("score", {"generator": "squared"}, True),
-    ("score", {"generator": "is"}, True),
-    ("score", {"generator": "logistic"}, True),
+    ("score", {"bregman": "gkl"}, False),
+    ("score", {"bregman": "squared"}, False),
+    ("score", {"bregman": "is"}, False),
+    ("score", {"bregman": "logistic"}, False),
+    ("score", {"bregman": "gkl"}, True),
+    ("score", {"bregman": "squared"}, True),
+    ("score", {"bregman": "is"}, True),
+    ("score", {"bregman": "logistic"}, True),
 ]
 
 

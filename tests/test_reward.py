@@ -10,7 +10,7 @@ import torch
 
 from tcsm.paths import MaskedPath, UniformPath
 from tcsm.rewards import CallableReward, GridReward, evaluate_reward, make_reward
-from tcsm.targets.reward import (
+from tcsm.targets.reward_tilt import (
     RewardFullTarget,
     RewardN1Target,
     factorized_proposals,

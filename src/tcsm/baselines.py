@@ -28,14 +28,14 @@ from torch import Tensor
 from tcsm.errors import ConfigError
 from tcsm.likelihood import nelbo_integrand, resolve_bound
 from tcsm.objectives import Objective
-from tcsm.paths import Path
+from tcsm.paths import ProbabilityPath
 from tcsm.registry import OBJECTIVES, BuildContext
 from tcsm.targets.base import DataTarget, TargetBatch
 
 __all__ = ["SEDDObjectiveConfig", "ScoreEntropyObjective", "build_sedd_objective", "score_entropy_loss"]
 
 
-def score_entropy_loss(logits: Tensor, batch: TargetBatch, path: Path, bound: str | None = None) -> Tensor:
+def score_entropy_loss(logits: Tensor, batch: TargetBatch, path: ProbabilityPath, bound: str | None = None) -> Tensor:
     """Per-sequence bound integrand [B] (nats): w(t) G(t, x_t) of MATH.md §2.2 / §2.3 (B by default, uniform).
 
     Its expectation over t ~ U(0, 1) and x_t ~ p_{t|1}(·|x_1) is the NELBO of x_1 (§2.4), so it already
@@ -56,7 +56,7 @@ class ScoreEntropyObjective(Objective):
     per-sequence weights and metrics are exactly those of the TCSM objectives it is compared with.
     """
 
-    def __init__(self, path: Path, target=None, bound: str | None = None, antithetic: bool = True, **kwargs):
+    def __init__(self, path: ProbabilityPath, target=None, bound: str | None = None, antithetic: bool = True, **kwargs):
         self.bound = resolve_bound(path, bound)
         super().__init__(
             path, target, loss=score_entropy_loss, weighting="none", antithetic=antithetic, bound=self.bound, **kwargs

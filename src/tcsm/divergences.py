@@ -2,7 +2,7 @@
 
 Two families, both vectorised over leading dimensions:
 
-* `BREGMAN[name]` — a `Generator` φ of a separable Bregman divergence F(u) = Σ_y φ(u_y), used to compare
+* `BREGMAN[name]` — a `BregmanGenerator` φ of a separable Bregman divergence F(u) = Σ_y φ(u_y), used to compare
   concrete scores (ratios): D_φ(u, v) = φ(u) − φ(v) − φ'(v)(u − v) elementwise (MATH.md §3.2, §3.5).
   Each generator also works on log-ratios, because ratios of probabilities span many orders of magnitude.
 * `F_DIVERGENCES[name]` — D(q ‖ m) between distributions over the last axis, given as log-probabilities
@@ -24,9 +24,9 @@ from torch import Tensor
 __all__ = [
     "BREGMAN",
     "F_DIVERGENCES",
-    "Generator",
+    "BregmanGenerator",
     "get_f_divergence",
-    "get_generator",
+    "get_bregman",
     "itakura_saito",
     "kl",
     "logistic",
@@ -46,7 +46,7 @@ def _zero_where(cond: Tensor, x: Tensor) -> Tensor:
 # ---------------------------------------------------------------------------------------------------
 
 
-class Generator:
+class BregmanGenerator:
     """A strictly convex φ on u ≥ 0 with D_φ(u, v) = φ(u) − φ(v) − φ'(v)(u − v) (MATH.md §3.5).
 
     Linear-space methods take ratios u ≥ 0; `*_log` methods take l = log u (−inf allowed for u = 0).
@@ -54,7 +54,7 @@ class Generator:
     Bregman density-ratio estimation (MATH.md §5.1).
     """
 
-    name: str = "generator"
+    name: str = "bregman"
 
     def phi(self, u: Tensor) -> Tensor:
         raise NotImplementedError
@@ -90,7 +90,7 @@ class Generator:
         return f"{type(self).__name__}()"
 
 
-class GKL(Generator):
+class GKL(BregmanGenerator):
     """φ(u) = u log u: generalized KL, D(u, v) = u log(u/v) − u + v (MATH.md §0)."""
 
     name = "gkl"
@@ -124,7 +124,7 @@ class GKL(Generator):
         return -V * log_m_z + torch.exp(-log_m_z) + log_m.sum(-1)
 
 
-class Squared(Generator):
+class Squared(BregmanGenerator):
     """φ(u) = (u − 1)²/2: least squares (LSIF / Meng et al.'s concrete score matching), D = (u − v)²/2."""
 
     name = "squared"
@@ -142,7 +142,7 @@ class Squared(Generator):
         return 0.5 * (u - v) ** 2
 
 
-class ItakuraSaito(Generator):
+class ItakuraSaito(BregmanGenerator):
     """φ(u) = −log u: Itakura–Saito, D(u, v) = u/v − log(u/v) − 1 (+inf at u = 0)."""
 
     name = "is"
@@ -169,7 +169,7 @@ class ItakuraSaito(Generator):
         return _is_terms(lu, lv)
 
 
-class Logistic(Generator):
+class Logistic(BregmanGenerator):
     """φ(u) = u log u − (1 + u) log(1 + u): logistic / BCE, D(u, v) = u log[u(1+v) / (v(1+u))] + log[(1+v)/(1+u)]."""
 
     name = "logistic"
@@ -201,16 +201,16 @@ class Logistic(Generator):
         )
 
 
-BREGMAN: dict[str, Generator] = {g.name: g for g in (GKL(), Squared(), ItakuraSaito(), Logistic())}
+BREGMAN: dict[str, BregmanGenerator] = {g.name: g for g in (GKL(), Squared(), ItakuraSaito(), Logistic())}
 BREGMAN["kl"] = BREGMAN["gkl"]
 BREGMAN["lsif"] = BREGMAN["squared"]
 BREGMAN["bce"] = BREGMAN["logistic"]
 BREGMAN["itakura_saito"] = BREGMAN["is"]
 
 
-def get_generator(name: str | Generator) -> Generator:
+def get_bregman(name: str | BregmanGenerator) -> BregmanGenerator:
     """Look up a Bregman generator by name (one of `BREGMAN`) or pass one through."""
-    if isinstance(name, Generator):
+    if isinstance(name, BregmanGenerator):
         return name
     try:
         return BREGMAN[name]

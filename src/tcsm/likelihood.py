@@ -36,7 +36,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from tcsm.paths import Path
+from tcsm.paths import ProbabilityPath
 from tcsm.timesteps import stratified_times
 
 __all__ = [
@@ -70,12 +70,12 @@ _SAMPLE_BLOCK = 1 << 20
 _VDIM_BLOCK = 1 << 24
 
 
-def default_bound(path: Path) -> str:
+def default_bound(path: ProbabilityPath) -> str:
     """The recommended bound for `path`: "masked" (§2.2) or "reversal" (§2.3 B, tight at the optimum)."""
     return resolve_bound(path, None)
 
 
-def resolve_bound(path: Path, bound: str | None) -> str:
+def resolve_bound(path: ProbabilityPath, bound: str | None) -> str:
     """Validate `bound` for `path` (None → the default) and return its name; ValueError otherwise."""
     kind = getattr(path, "kind", None)
     if kind not in BOUNDS:
@@ -119,7 +119,7 @@ def _log_mass_except(logits: Tensor, lse: Tensor, idx: Tensor) -> Tensor:
 
 
 def nelbo_integrand(
-    logits: Tensor, x1: Tensor, xt: Tensor, t: Tensor, path: Path, bound: str | None = None
+    logits: Tensor, x1: Tensor, xt: Tensor, t: Tensor, path: ProbabilityPath, bound: str | None = None
 ) -> Tensor:
     """w(t) · G(t, x_t) per sequence [B] for one (t, x_t) draw (MATH.md §2.2, §2.3); E_t E_{x_t} of it is the bound.
 
@@ -138,7 +138,7 @@ def _no_autocast(device: torch.device):
         return contextlib.nullcontext()
 
 
-def _integrand(logits: Tensor, x1: Tensor, xt: Tensor, t: Tensor, path: Path, bound: str) -> Tensor:
+def _integrand(logits: Tensor, x1: Tensor, xt: Tensor, t: Tensor, path: ProbabilityPath, bound: str) -> Tensor:
     wd = _work_dtype(x1.device)
     t = t.to(wd)
     sched = path.schedule
@@ -222,7 +222,7 @@ def _safe_times(t: Tensor) -> Tensor:
     return t.to(torch.float32).clamp(_T_LO, _T_HI)
 
 
-def _sample_xt(x1: Tensor, t: Tensor, path: Path, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+def _sample_xt(x1: Tensor, t: Tensor, path: ProbabilityPath, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
     """x_t from p_{t|1}(·|x_1) split on E = {some token is corrupted (masked / changed)}, with the weight [B]
     that keeps E_{x_t}[w(t) G] unbiased (MATH.md §2.4).
 
@@ -266,7 +266,7 @@ def _sample_xt(x1: Tensor, t: Tensor, path: Path, generator: torch.Generator | N
 def nelbo_terms(
     denoiser: Denoiser,
     x1: Tensor,
-    path: Path,
+    path: ProbabilityPath,
     *,
     num_t: int = 8,
     generator: torch.Generator | None = None,
@@ -345,7 +345,7 @@ def nelbo_terms(
     return torch.cat(out).reshape(num_t, B)
 
 
-def prior_term(x1: Tensor, path: Path) -> Tensor:
+def prior_term(x1: Tensor, path: ProbabilityPath) -> Tensor:
     """KL(p_{0|1}(·|x_1) ‖ p_0) per sequence [B], non-zero only for a clipped start α_0 > 0 (MATH.md §2.1).
 
     Uniform source: L Σ_y k_0(y|x) log(V k_0(y|x)), in closed form. Masked source: the term is infinite
@@ -379,7 +379,7 @@ def prior_term(x1: Tensor, path: Path) -> Tensor:
 def nelbo(
     denoiser: Denoiser,
     x1: Tensor,
-    path: Path,
+    path: ProbabilityPath,
     *,
     num_t: int = 8,
     generator: torch.Generator | None = None,
@@ -420,7 +420,7 @@ def perplexity(nats, length: int):
 def evaluate_bound(
     denoiser: Denoiser,
     data: Tensor,
-    path: Path,
+    path: ProbabilityPath,
     *,
     batch_size: int = 32,
     num_t: int = 8,

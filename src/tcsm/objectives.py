@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tcsm.divergences import Generator, get_f_divergence, get_generator
-from tcsm.paths import Path
+from tcsm.divergences import BregmanGenerator, get_f_divergence, get_bregman
+from tcsm.paths import ProbabilityPath
 from tcsm.targets.base import DataTarget, Target, TargetBatch
 from tcsm.timesteps import sample_times
 
@@ -46,7 +46,7 @@ __all__ = [
 DEFAULT_CLAMP = -30.0
 
 LossFn = Callable[..., Tensor]
-WeightFn = Callable[[Path, Tensor], Tensor]
+WeightFn = Callable[[ProbabilityPath, Tensor], Tensor]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -88,7 +88,7 @@ def _masked(per_pos: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, per_pos, torch.zeros((), dtype=per_pos.dtype, device=per_pos.device))
 
 
-def _check_logits(logits: Tensor, batch: TargetBatch, path: Path) -> None:
+def _check_logits(logits: Tensor, batch: TargetBatch, path: ProbabilityPath) -> None:
     if logits.shape != batch.xt.shape + (path.vocab_size,):
         raise ValueError(
             f"model returned logits of shape {tuple(logits.shape)}; expected [B, L, V] = "
@@ -104,7 +104,7 @@ def _check_logits(logits: Tensor, batch: TargetBatch, path: Path) -> None:
 def distrib_loss(
     logits: Tensor,
     batch: TargetBatch,
-    path: Path,
+    path: ProbabilityPath,
     divergence: str | Callable[[Tensor, Tensor], Tensor] = "kl",
     clamp: float | None = None,
 ) -> Tensor:
@@ -138,11 +138,11 @@ def distrib_loss(
 def score_loss(
     logits: Tensor,
     batch: TargetBatch,
-    path: Path,
-    generator: str | Generator = "gkl",
+    path: ProbabilityPath,
+    bregman: str | BregmanGenerator = "gkl",
     clamp: float | None = DEFAULT_CLAMP,
     paper_scale: bool = False,
-    divergence: str | Generator | None = None,
+    divergence: str | BregmanGenerator | None = None,
     tilt: bool = False,
 ) -> Tensor:
     """Per-position L_score [B, L] (MATH.md §3.2, §3.4): N^1 concrete-score matching with Bregman generator φ.
@@ -151,7 +151,7 @@ def score_loss(
     for GKL the box ℓ = −V log m_z + 1/m_z + Σ_y log m_y. Explicit target: Σ_y D_φ(q_y/q_z, m_y/m_z), which
     assumes q^i(x_1^i) > 0 (true when x_1 is drawn from the target's own proposal).
     Log-probabilities are floored at `clamp` (MATH.md §8 item 6); `paper_scale=True` divides by V (§8 item 5).
-    `divergence` is an alias of `generator` (so that `Objective(divergence=...)` reaches it).
+    `divergence` is an alias of `bregman` (so that `Objective(divergence=...)` reaches it).
 
     `tilt` (Monte Carlo target only; off by default so that L_score is the paper's estimator, MATH.md §7; turn it
     on for the uniform source — `objective.kwargs.tilt=true`): the kernel-tilted estimator (k_min/k_z) ℓ_φ(m̃, z) with
@@ -168,7 +168,7 @@ def score_loss(
     is the identity there. See docs/benchmarks.md "Pre-training: quality" for the measurement.
     """
     _check_logits(logits, batch, path)
-    gen = get_generator(divergence if divergence is not None else generator)
+    gen = get_bregman(divergence if divergence is not None else bregman)
     rows, z, log_q = _loss_rows(logits, batch)
     log_m = _floor(torch.log_softmax(rows, -1), clamp)
     log_m_z = _gather(log_m, z)
@@ -185,7 +185,7 @@ def score_loss(
     return _place(value, batch.loss_mask)
 
 
-def _tilted_mc_score(gen: Generator, rows: Tensor, z: Tensor, batch: TargetBatch, path: Path, clamp) -> Tensor:
+def _tilted_mc_score(gen: BregmanGenerator, rows: Tensor, z: Tensor, batch: TargetBatch, path: ProbabilityPath, clamp) -> Tensor:
     """Kernel-tilted MC score (k_min/k_z) ℓ_φ(m̃, z), m̃ ∝ m/k, k_y = k_t(x_t^i | y) (MATH.md §1.3, §3.4; `score_loss`).
 
     The floor applies to log m̃ (what the estimator divides by), so it bounds the loss as in the untilted form.
@@ -199,8 +199,8 @@ def _tilted_mc_score(gen: Generator, rows: Tensor, z: Tensor, batch: TargetBatch
 
 # Optional `validate(**kwargs)` hooks let `Objective` reject bad names when it is built.
 distrib_loss.validate = lambda divergence="kl", **_: get_f_divergence(divergence)
-score_loss.validate = lambda generator="gkl", divergence=None, **_: get_generator(
-    divergence if divergence is not None else generator
+score_loss.validate = lambda bregman="gkl", divergence=None, **_: get_bregman(
+    divergence if divergence is not None else bregman
 )
 
 LOSSES: dict[str, LossFn] = {"distrib": distrib_loss, "score": score_loss}
@@ -221,17 +221,17 @@ def get_loss(name: str | LossFn) -> LossFn:
 # ---------------------------------------------------------------------------------------------------
 
 
-def kappa_weight(path: Path, t: Tensor) -> Tensor:
+def kappa_weight(path: ProbabilityPath, t: Tensor) -> Tensor:
     """ω(t) = κ_t = α̇_t/(1 − α_t): the ELBO weight (MATH.md §3.4, §7); with masked L_distrib this is MDLM's NELBO."""
     return path.kappa(t)
 
 
-def unit_weight(path: Path, t: Tensor) -> Tensor:
+def unit_weight(path: ProbabilityPath, t: Tensor) -> Tensor:
     """ω(t) = 1: unweighted; same per-t minimiser, not a likelihood bound (MATH.md §3.4, §8 item 4)."""
     return torch.ones_like(t)
 
 
-def alpha_dot_weight(path: Path, t: Tensor) -> Tensor:
+def alpha_dot_weight(path: ProbabilityPath, t: Tensor) -> Tensor:
     """ω(t) = α̇_t = κ_t (1 − α_t): the ELBO weight without the 1/(1 − α_t) factor that diverges at t = 1 (MATH.md §0)."""
     return path.schedule.alpha_dot(t)
 
@@ -287,10 +287,10 @@ class Objective:
 
     def __init__(
         self,
-        path: Path,
+        path: ProbabilityPath,
         target: Target | None = None,
         loss: str | LossFn = "distrib",
-        divergence: str | Callable | Generator | None = None,
+        divergence: str | Callable | BregmanGenerator | None = None,
         weighting: str | WeightFn = "kappa",
         antithetic: bool = True,
         time_dtype: torch.dtype = torch.float32,

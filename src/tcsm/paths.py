@@ -25,7 +25,7 @@ __all__ = [
     "LinearSchedule",
     "LogLinearSchedule",
     "MaskedPath",
-    "Path",
+    "ProbabilityPath",
     "PolynomialSchedule",
     "Schedule",
     "UniformPath",
@@ -43,7 +43,7 @@ def _uniform01(shape, device, generator) -> Tensor:
     return torch.rand(shape, device=device, generator=generator)
 
 
-class Path:
+class ProbabilityPath:
     """Common interface of the two sources. `t` is always a per-sequence tensor of shape [B]."""
 
     kind: str
@@ -104,7 +104,7 @@ class Path:
         return f"{type(self).__name__}(vocab_size={self.vocab_size}, schedule={self.schedule!r})"
 
 
-class MaskedPath(Path):
+class MaskedPath(ProbabilityPath):
     """Absorbing source: k_t(x_t | x_1) = α_t 1[x_t = x_1] + (1 − α_t) 1[x_t = M], mask id = V."""
 
     kind = "masked"
@@ -150,7 +150,7 @@ class MaskedPath(Path):
         return torch.where((xt == self.mask_id).unsqueeze(-1), out, carried)
 
 
-class UniformPath(Path):
+class UniformPath(ProbabilityPath):
     """Uniform source: k_t(x_t | x_1) = α_t 1[x_t = x_1] + (1 − α_t) / V over the clean tokens."""
 
     kind = "uniform"
@@ -209,7 +209,7 @@ class UniformPath(Path):
 PATHS = {"masked": MaskedPath, "uniform": UniformPath}
 
 
-def make_path(kind: str, vocab_size: int, schedule: Schedule | str | None = None, **schedule_kwargs) -> Path:
+def make_path(kind: str, vocab_size: int, schedule: Schedule | str | None = None, **schedule_kwargs) -> ProbabilityPath:
     """Build a path by source name ("masked" | "uniform") and schedule (object or name)."""
     if kind not in PATHS:
         raise ValueError(f"unknown source {kind!r}; choose one of {sorted(PATHS)}")

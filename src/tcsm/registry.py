@@ -34,7 +34,7 @@ class BuildContext:
     config: Any  # the whole run config (DictConfig)
     device: Any = None  # torch.device the run trains on
     data: Any = None  # tcsm.data.DataBundle
-    path: Any = None  # tcsm.paths.Path
+    path: Any = None  # tcsm.paths.ProbabilityPath
     model: Any = None  # the trainable denoiser (unwrapped)
     target: Any = None  # tcsm.targets.Target
     extras: dict[str, Any] = field(default_factory=dict)  # free slot for components that cooperate
@@ -126,7 +126,7 @@ class Registry:
 
 MODELS = Registry("model", homes=("tcsm.models",))
 TARGETS = Registry("target", homes=("tcsm.targets",))
-OBJECTIVES = Registry("objective", homes=("tcsm.objectives", "tcsm.teachers", "tcsm.baselines"))
+OBJECTIVES = Registry("objective", homes=("tcsm.objectives", "tcsm.clean_losses", "tcsm.baselines"))
 
 
 def import_plugins(modules) -> None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from tcsm.paths import Path
+from tcsm.paths import ProbabilityPath
 
 __all__ = [
     "GRIDS",
@@ -128,7 +128,7 @@ def adjust_log_probs(logits: Tensor, temperature: float = 1.0, top_p: float = 1.
     return lp
 
 
-def jump_prob(path: Path, t: Tensor, s: Tensor) -> Tensor:
+def jump_prob(path: ProbabilityPath, t: Tensor, s: Tensor) -> Tensor:
     """λ_{t→s} = (α_s − α_t)/(1 − α_t) for s > t (MATH.md §0): the probability that a still-unresolved token is
     resolved by s, i.e. the exact value of 1 − exp(−∫_t^s κ)."""
     onem = path.schedule.one_minus_alpha(t)
@@ -156,7 +156,7 @@ def prefix_condition(prompt: Tensor, batch_size: int, length: int) -> tuple[Tens
 # --- the sampler ---------------------------------------------------------------------------------------
 
 
-def _resolve_method(method: str | None, path: Path, x1_sampler) -> str:
+def _resolve_method(method: str | None, path: ProbabilityPath, x1_sampler) -> str:
     masked = path.mask_id is not None
     if method is None:
         method = "joint" if x1_sampler is not None else ("ancestral" if masked else "analytic")
@@ -191,7 +191,7 @@ def _infer_device(denoiser, values):
 
 def _sample_chunk(
     denoiser,
-    path: Path,
+    path: ProbabilityPath,
     *,
     fixed: Tensor,
     values: Tensor,
@@ -300,7 +300,7 @@ def _sample_chunk(
 
 def sample(
     denoiser: Denoiser | None,
-    path: Path,
+    path: ProbabilityPath,
     *,
     batch_size: int,
     length: int,

@@ -12,7 +12,7 @@ import itertools
 import torch
 from torch import Tensor
 
-from tcsm.paths import Path
+from tcsm.paths import ProbabilityPath
 
 
 class EnumerableDistribution:
@@ -67,7 +67,7 @@ class EnumerableDistribution:
         joint = self.log_probs[self.index(seqs)]  # [B, L, V]
         return torch.log_softmax(joint, dim=-1)
 
-    def log_posterior(self, xt: Tensor, t: Tensor, path: Path) -> Tensor:
+    def log_posterior(self, xt: Tensor, t: Tensor, path: ProbabilityPath) -> Tensor:
         """log p_{1|t}(x_1 | x_t) for every x_1 in `states`: [B, V^L] (MATH.md §1.3)."""
         lk = path.log_kernel(xt, t.double()).double()  # [B, L, V]
         S = self.states  # [N, L]
@@ -75,13 +75,13 @@ class EnumerableDistribution:
         per_token = per_token.diagonal(dim1=1, dim2=2).permute(0, 2, 1)  # [B, L, N]
         return torch.log_softmax(self.log_probs + per_token.sum(1), dim=-1)
 
-    def marginals(self, xt: Tensor, t: Tensor, path: Path) -> Tensor:
+    def marginals(self, xt: Tensor, t: Tensor, path: ProbabilityPath) -> Tensor:
         """p_{1|t}(x_1^i = y | x_t): [B, L, V]."""
         post = self.log_posterior(xt, t, path).exp()
         onehot = torch.nn.functional.one_hot(self.states, self.vocab_size).double()  # [N, L, V]
         return torch.einsum("bn,nlv->blv", post, onehot)
 
-    def denoiser(self, path: Path, floor: float = -700.0):
+    def denoiser(self, path: ProbabilityPath, floor: float = -700.0):
         """Exact-posterior denoiser: (x_t, t) → logits = log marginals, floored so they stay finite."""
 
         def fn(xt: Tensor, t: Tensor) -> Tensor:

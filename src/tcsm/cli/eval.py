@@ -1,6 +1,6 @@
 """`tcsm eval`: bits per token and perplexity of a checkpoint on a data split, with the likelihood bound of
 tcsm.likelihood (MATH.md §2), or with the checkpoint objective's own metric where it has one (the exact or
-pseudo-NLL of a clean-data model, tcsm.teachers), as in the trainer's validation."""
+pseudo-NLL of a clean-data model, tcsm.clean_losses), as in the trainer's validation."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 The run is an ordinary `tcsm train` run — same Trainer, checkpoints, --resume, logs and one-line errors — whose
 config is the pre-trained run's config (data, path, model), then the `finetune-reward` preset (or `-c`), then
 key=value overrides, then the flags below. The model starts from the pre-trained (EMA) weights and the target
-is `target.name: reward` around a frozen copy of them (`tcsm.targets.reward`):
+is `target.name: reward` around a frozen copy of them (`tcsm.targets.reward_tilt`):
 
     tcsm finetune reward --checkpoint runs/grid --reward grid --beta 1 --num-proposals 8 --steps 500
     tcsm finetune reward --checkpoint runs/ts --reward vader --prompt "Once upon a time, there was a" -o runs/ft

@@ -16,7 +16,7 @@ from types import MappingProxyType
 import torch
 from torch import Tensor
 
-from tcsm.paths import Path
+from tcsm.paths import ProbabilityPath
 
 
 @dataclass
@@ -46,7 +46,7 @@ class Target:
 
     last_stats: Mapping[str, float] = MappingProxyType({})  # read-only default; targets assign a new dict
 
-    def __call__(self, x1: Tensor, t: Tensor, path: Path, generator: torch.Generator | None = None) -> TargetBatch:
+    def __call__(self, x1: Tensor, t: Tensor, path: ProbabilityPath, generator: torch.Generator | None = None) -> TargetBatch:
         raise NotImplementedError
 
     def to(self, device) -> Target:

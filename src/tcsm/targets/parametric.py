@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from tcsm.paths import Path
+from tcsm.paths import ProbabilityPath
 from tcsm.targets.ar import ARScoreEstimator, make_ar_estimator
 from tcsm.targets.base import ConditionalTarget, TargetBatch
 
@@ -184,7 +184,7 @@ class ParametricTarget(ConditionalTarget):
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
 
-    def __call__(self, x1: Tensor, t: Tensor, path: Path, generator=None) -> TargetBatch:
+    def __call__(self, x1: Tensor, t: Tensor, path: ProbabilityPath, generator=None) -> TargetBatch:
         if self.teacher.vocab_size != path.vocab_size:
             raise ValueError(
                 f"teacher vocabulary V={self.teacher.vocab_size} differs from the path's V={path.vocab_size}"

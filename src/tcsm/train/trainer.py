@@ -75,7 +75,7 @@ def autocast(device: torch.device, precision: str):
 def evaluate_model(objective, model, data, path, e, *, generator=None, device=None, progress=False) -> dict:
     """The validation metric of `model` on `data` [N, L] under eval settings `e` (the `eval` config section).
 
-    An objective that trains something other than a denoiser (e.g. a clean-data LM, tcsm.teachers) brings its
+    An objective that trains something other than a denoiser (e.g. a clean-data LM, tcsm.clean_losses) brings its
     own `evaluate` in the same format; every other model gets the diffusion likelihood bound (MATH.md §2.4).
     """
     custom = getattr(objective, "evaluate", None)

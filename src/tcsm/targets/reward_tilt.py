@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from tcsm.paths import Path
+from tcsm.paths import ProbabilityPath
 from tcsm.rewards import RewardFn, evaluate_reward
 from tcsm.targets.base import Target, TargetBatch
 
@@ -239,7 +239,7 @@ class RewardTarget(Target):
         pinned[:, :P] = True
         return x, pinned
 
-    def _draw_samples(self, denoiser, n: int, length: int, path: Path, generator) -> Tensor:
+    def _draw_samples(self, denoiser, n: int, length: int, path: ProbabilityPath, generator) -> Tensor:
         was_training = isinstance(denoiser, torch.nn.Module) and denoiser.training
         if was_training:
             denoiser.eval()
@@ -263,7 +263,7 @@ class RewardTarget(Target):
             if was_training:
                 denoiser.train()
 
-    def _clean_for_xt(self, x1: Tensor, path: Path, generator) -> Tensor:
+    def _clean_for_xt(self, x1: Tensor, path: ProbabilityPath, generator) -> Tensor:
         """The clean sequences that are noised into x_t (MATH.md §5.2: data, pre-trained or current samples)."""
         if self.xt_source == "data":
             return x1
@@ -286,7 +286,7 @@ class RewardTarget(Target):
         return self._pool[idx]
 
     def noisy_states(
-        self, x1: Tensor, t: Tensor, path: Path, generator=None
+        self, x1: Tensor, t: Tensor, path: ProbabilityPath, generator=None
     ) -> tuple[Tensor, Tensor, Tensor]:
         """(x'_1, x_t, loss_mask): x'_1 from the x_t source (prompt pinned), x_t ~ p_{t|1}(· | x'_1) with the
         prompt kept clean, loss positions = the path's minus the prompt."""
