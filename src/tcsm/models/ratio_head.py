@@ -1,0 +1,127 @@
+"""The strategy-(ii) log-ratio head f_θ(x_1, x_t, t) (MATH.md §5.1, §6.3, §8 item 13).
+
+p^θ_{1|t}(x_1 | x_t) ∝ p^ref_{1|t}(x_1 | x_t) e^{f_θ(x_1, x_t, t)}: one scalar per sequence pair. The trunk is the
+`Denoiser`'s (same block, rotary positions and adaLN time conditioning, bidirectional attention) run over the
+pair: per position, emb_t(x_t^i) + emb_1(x_1^i), so every token of x_1 can attend to every token of x_t. The
+hidden states are mean-pooled and a zero-initialised linear layer reads out f, so f ≡ 0 at initialisation
+and p^θ starts exactly at p^ref. `RatioHead.from_denoiser(reference)` copies the reference's trunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from tcsm.models.config import ModelConfig
+from tcsm.models.layers import (
+    RotaryEmbedding,
+    TimestepEmbedder,
+    TransformerBlock,
+    init_weights,
+    make_norm,
+    modulate,
+    zero_init_,
+)
+
+__all__ = ["RatioHead", "RatioHeadConfig"]
+
+
+@dataclass
+class RatioHeadConfig(ModelConfig):
+    """Architecture of a `RatioHead`; the fields shared with `DenoiserConfig` mean the same thing."""
+
+    vocab_size: int
+    num_states: int
+    max_len: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    mlp_ratio: float = 4
+    dropout: float = 0.0
+    time_conditioning: bool = True
+    cond_dim: int = 128
+    norm: str = "layernorm"
+    rope_base: float = 10000.0
+
+    label: ClassVar[str] = "RatioHeadConfig"
+
+    def __post_init__(self) -> None:
+        if self.num_states < self.vocab_size:
+            raise ValueError(f"num_states={self.num_states} < vocab_size={self.vocab_size}")
+        self.check_sizes(("max_len", "d_model", "n_layers", "n_heads", "cond_dim"))
+
+
+class RatioHead(nn.Module):
+    """(x_1 [B, L] clean ids < V, x_t [B, L] ids < num_states, t [B]) → f [B] (float32), f ≡ 0 at init."""
+
+    def __init__(self, cfg: RatioHeadConfig):
+        super().__init__()
+        self.cfg = cfg
+        # `embed` (x_t) and the trunk use the Denoiser's names, so `from_denoiser` can copy by name.
+        self.embed = nn.Embedding(cfg.num_states, cfg.d_model)
+        self.embed_clean = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.rotary = RotaryEmbedding(cfg.d_model // cfg.n_heads, cfg.max_len, cfg.rope_base)
+        cond_dim = cfg.cond_dim if cfg.time_conditioning else None
+        self.time_embed = TimestepEmbedder(cfg.cond_dim) if cfg.time_conditioning else None
+        self.blocks = nn.ModuleList(
+            TransformerBlock(cfg.d_model, cfg.n_heads, cfg.mlp_ratio, cfg.dropout, cond_dim, False, cfg.norm)
+            for _ in range(cfg.n_layers)
+        )
+        self.final_norm = make_norm(cfg.norm, cfg.d_model)
+        self.final_adaLN = (
+            nn.Sequential(nn.SiLU(), zero_init_(nn.Linear(cfg.cond_dim, 2 * cfg.d_model)))
+            if cfg.time_conditioning
+            else None
+        )
+        self.out = zero_init_(nn.Linear(cfg.d_model, 1, bias=True))
+        self.apply(init_weights)
+
+    @classmethod
+    def from_denoiser(cls, reference: nn.Module, **overrides: Any) -> RatioHead:
+        """A head whose trunk starts as a copy of `reference`'s (a `Denoiser`) wherever names and shapes match;
+        emb_1 starts as the reference's embedding of the clean tokens. The readout stays zero (f ≡ 0), and no
+        tensor is shared, so training the head never moves the reference."""
+        ref_cfg = reference.cfg
+        known = {f.name for f in fields(RatioHeadConfig)}
+        kw = {k: v for k, v in ref_cfg.to_dict().items() if k in known}
+        kw.update(overrides)
+        head = cls(RatioHeadConfig(**kw))
+        own = head.state_dict()
+        src = reference.state_dict()
+        copied = {
+            k: v for k, v in src.items() if k in own and own[k].shape == v.shape and not k.startswith("out.")
+        }
+        emb = src.get("embed.weight")
+        if emb is not None and emb.shape[0] >= head.cfg.vocab_size and emb.shape[1] == head.cfg.d_model:
+            copied["embed_clean.weight"] = emb[: head.cfg.vocab_size]
+        with torch.no_grad():
+            for k, v in copied.items():
+                own[k].copy_(v)
+        return head
+
+    def forward(self, x1: Tensor, xt: Tensor, t: Tensor | None = None) -> Tensor:
+        if x1.shape != xt.shape or x1.dim() != 2:
+            raise ValueError(
+                f"x1 and xt must both be [batch, length], got {tuple(x1.shape)} and {tuple(xt.shape)}"
+            )
+        if x1.shape[1] > self.cfg.max_len:
+            raise ValueError(f"sequence length {x1.shape[1]} exceeds max_len={self.cfg.max_len}")
+        h = self.embed(xt) + self.embed_clean(x1)
+        rope = self.rotary(xt.shape[1])
+        cond = None
+        if self.time_embed is not None:
+            if t is None:
+                raise ValueError("this ratio head is time-conditioned: pass t of shape [batch]")
+            t = torch.as_tensor(t, device=xt.device).reshape(-1).expand(xt.shape[0])
+            cond = self.time_embed(t)
+        for block in self.blocks:
+            h = block(h, rope, cond)
+        h = self.final_norm(h)
+        if self.final_adaLN is not None:
+            shift, scale = self.final_adaLN(cond).chunk(2, dim=-1)
+            h = modulate(h, shift, scale)
+        # Mean pooling keeps f's scale independent of L; float32 because f enters exp() in every loss.
+        return self.out(h.mean(dim=1)).squeeze(-1).float()
