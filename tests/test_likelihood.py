@@ -419,14 +419,14 @@ def test_generator_reproducibility_and_chunking():
 
 def test_reversal_bound_is_sliced_without_changing_values(monkeypatch):
     """The [rows, L, V] float64 temporaries of §2.3 B are built in row slices (memory); values are unchanged."""
-    import tcsm.likelihood as lk
+    import tcsm.paths as pt
 
     V, L = 5, 4
     path = UniformPath(V)
     x1 = torch.randint(0, V, (6, L), generator=torch.Generator().manual_seed(0))
     den = _random_logits_denoiser(V, 3.0)
     full = nelbo(den, x1, path, num_t=3, generator=torch.Generator().manual_seed(0))
-    monkeypatch.setattr(lk, "_VDIM_BLOCK", 2 * L * V)
+    monkeypatch.setattr(pt, "_VDIM_BLOCK", 2 * L * V)
     torch.testing.assert_close(
         nelbo(den, x1, path, num_t=3, generator=torch.Generator().manual_seed(0)), full
     )

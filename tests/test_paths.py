@@ -252,6 +252,34 @@ def test_uniform_helpers_and_loss_mask():
     assert path.mask_id is None and path.num_states == V
 
 
+@pytest.mark.parametrize("kind", ["masked", "uniform"])
+def test_corruption_law_matches_the_kernel(kind):
+    """§1.1: corrupt_prob(t) = 1 − k_t(x_1 | x_1), and corrupt() draws from k_t(· | x_1, x_t ≠ x_1)."""
+    V, n = 4, 40_000
+    path = make_path(kind, V, "cosine")
+    t = torch.tensor([0.2, 0.9], dtype=F64)
+    x1 = torch.tensor([[1], [3]])
+    keep = path.log_kernel(x1, t).exp().gather(-1, x1.unsqueeze(-1)).reshape(2)
+    torch.testing.assert_close(path.corrupt_prob(t), 1 - keep)
+    x = x1.expand(2, n)
+    draws = path.corrupt(x, t, torch.Generator().manual_seed(0))
+    for row in range(2):
+        k = path.log_kernel(torch.arange(path.num_states)[None], t[row : row + 1]).exp()[0, :, x1[row, 0]]
+        k[x1[row, 0]] = 0.0
+        freq = torch.bincount(draws[row], minlength=path.num_states).double() / n
+        assert ((freq - k / k.sum()).abs() < 0.015).all(), (kind, freq, k / k.sum())
+
+
+def test_source_flags():
+    """§1.3, §2.2, §6.2: only the masked posterior ignores t; it is absorbing and its bound vanishes at x_t = x_1."""
+    m, u = MaskedPath(3), UniformPath(3)
+    assert (m.posterior_depends_on_t, m.absorbing, m.integrand_zero_at_x1) == (False, True, True)
+    assert (u.posterior_depends_on_t, u.absorbing, u.integrand_zero_at_x1) == (True, False, False)
+    assert m.bounds == ("masked",) and u.bounds == ("reversal", "dfm")
+    xt = torch.tensor([[0, 3, 2]])
+    assert m.free(xt).tolist() == [[False, True, False]] and u.free(xt.clamp_max(2)).all()
+
+
 def test_make_path():
     """make_path builds by source name and schedule name; unknown sources raise ValueError."""
     p = make_path("uniform", 4, "polynomial", exponent=3.0)

@@ -18,6 +18,7 @@ from tcsm.sampling import (
     adjust_log_probs,
     categorical,
     jump_prob,
+    may_cache,
     prefix_condition,
     sample,
     time_grid,
@@ -265,6 +266,19 @@ def test_cache_flag_defaults_to_denoiser_attribute(dist3):
         time_independent=False,
     )
     assert not st.cached and st.num_calls == 32
+
+
+def test_may_cache_needs_a_t_free_posterior_and_a_declaring_denoiser():
+    """§1.3, §6.2: the cache is allowed iff the path's posterior ignores t and the denoiser declares it does."""
+    from types import SimpleNamespace
+
+    masked, uniform = MaskedPath(3), UniformPath(3)
+    declared = SimpleNamespace(time_independent=True)
+    by_config = SimpleNamespace(cfg=SimpleNamespace(time_conditioning=False))
+    assert may_cache(declared, masked) and may_cache(by_config, masked)
+    assert not may_cache(declared, uniform) and not may_cache(by_config, uniform)
+    assert not may_cache(SimpleNamespace(time_independent=False, cfg=by_config.cfg), masked)
+    assert not may_cache(lambda xt, t: xt, masked) and not may_cache(None, masked)
 
 
 def test_time_conditioned_denoiser_sees_grid_times(dist):

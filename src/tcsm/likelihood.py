@@ -1,7 +1,9 @@
 """Valid upper bounds on −log p^θ_1(x_1) (negative ELBOs), and BPC / perplexity (MATH.md §2).
 
 Every bound is KL(P^{x_1} ‖ P^θ) for one specific model CTMC (MATH.md §2.1), written as
-∫_0^1 w(t) E_{x_t ~ p_{t|1}(·|x_1)}[G(t, x_t)] dt and estimated by Monte Carlo over stratified t (§2.4):
+∫_0^1 w(t) E_{x_t ~ p_{t|1}(·|x_1)}[G(t, x_t)] dt and estimated by Monte Carlo over stratified t (§2.4).
+Each path names the bounds it admits (`path.bounds`, the first is the default) and supplies w and G
+(`path.bound_integrand`); this module only estimates the integral, so it works for any source. Built in:
 
 * masked source, bound "masked" (§2.2): w = κ_t, G = Σ_{i: x_t^i = M} −log m^i_θ(x_1^i | x_t) (carry-over);
 * uniform source, bound "reversal" (§2.3 B, default; the bound of the analytic sampler §6.2): w = c_t =
@@ -36,7 +38,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from tcsm.paths import ProbabilityPath
+from tcsm.paths import PATHS, ProbabilityPath
 from tcsm.timesteps import stratified_times
 
 __all__ = [
@@ -57,8 +59,9 @@ __all__ = [
 
 Denoiser = Callable[[Tensor, Tensor], Tensor]
 
-#: The bounds each source admits; the first is the default (MATH.md §2.2, §2.3, §7).
-BOUNDS: dict[str, tuple[str, ...]] = {"masked": ("masked",), "uniform": ("reversal", "dfm")}
+#: The bounds each built-in source admits, by `kind`; the first is the default (MATH.md §2.2, §2.3, §7).
+#: A lookup table for configs and reports; code asks the path (`path.bounds`).
+BOUNDS: dict[str, tuple[str, ...]] = {kind: cls.bounds for kind, cls in PATHS.items()}
 
 # Largest float32 below 1: sampled times are kept in [T_LO, T_HI] so that neither end is hit exactly.
 _T_HI = 1.0 - 2.0**-24
@@ -66,35 +69,30 @@ _T_LO = torch.finfo(torch.float32).tiny
 _LN2 = math.log(2.0)
 # Tokens of x_t sampled per vectorised draw in `nelbo_terms` (bounds its memory, fixes its random stream).
 _SAMPLE_BLOCK = 1 << 20
-# Elements per [rows, L, V] float64 temporary of the time-reversal bound (bounds its memory to ~128 MiB each).
-_VDIM_BLOCK = 1 << 24
 
 
 def default_bound(path: ProbabilityPath) -> str:
-    """The recommended bound for `path`: "masked" (§2.2) or "reversal" (§2.3 B, tight at the optimum)."""
+    """The recommended bound for `path`, `path.bounds[0]`: "masked" (§2.2) or "reversal" (§2.3 B)."""
     return resolve_bound(path, None)
 
 
 def resolve_bound(path: ProbabilityPath, bound: str | None) -> str:
-    """Validate `bound` for `path` (None → the default) and return its name; ValueError otherwise."""
-    kind = getattr(path, "kind", None)
-    if kind not in BOUNDS:
-        raise ValueError(f"no likelihood bound for a path of kind {kind!r}; expected one of {sorted(BOUNDS)}")
-    allowed = BOUNDS[kind]
+    """Validate `bound` against `path.bounds` (None → the default, its first) and return its name; ValueError
+    otherwise (MATH.md §2, §7)."""
+    kind = getattr(path, "kind", type(path).__name__)
+    allowed = tuple(getattr(path, "bounds", ()))
+    if not allowed:
+        raise ValueError(f"no likelihood bound for a path of kind {kind!r}: it declares no `bounds`")
     if bound is None:
         return allowed[0]
-    if not isinstance(bound, str) or bound not in {b for bs in BOUNDS.values() for b in bs}:
-        raise ValueError(f"unknown likelihood bound {bound!r}; the {kind} source admits {list(allowed)}")
-    if bound not in allowed:
-        if kind == "masked":
-            raise ValueError(
-                f"bound {bound!r} is for the uniform source; the masked source has the single bound "
-                "'masked' (MATH.md §2.2: its DFM and time-reversal bounds coincide with it)"
-            )
+    if isinstance(bound, str) and bound in allowed:
+        return bound
+    owners = [k for k, bs in BOUNDS.items() if bound in bs]
+    if owners:
         raise ValueError(
-            f"bound {bound!r} is for the masked source; the uniform source admits {list(allowed)}"
+            f"bound {bound!r} is for the {' or '.join(owners)} source; the {kind} source admits {list(allowed)}"
         )
-    return bound
+    raise ValueError(f"unknown likelihood bound {bound!r}; the {kind} source admits {list(allowed)}")
 
 
 def _work_dtype(device: torch.device) -> torch.dtype:
@@ -102,33 +100,20 @@ def _work_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if torch.device(device).type == "mps" else torch.float64
 
 
-def _col(v: Tensor, dims: int) -> Tensor:
-    return v.reshape(v.shape + (1,) * dims)
-
-
-def _log_m(logits: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """(logits, logsumexp) in at least float32 (bf16/fp16 model outputs are upcast first)."""
-    logits = logits.to(torch.promote_types(logits.dtype, dtype))
-    return logits, torch.logsumexp(logits, dim=-1)
-
-
-def _log_mass_except(logits: Tensor, lse: Tensor, idx: Tensor) -> Tensor:
-    """log Σ_{y≠idx} m(y), computed without the cancellation of log(1 − m(idx))."""
-    excl = logits.scatter(-1, idx.unsqueeze(-1), -torch.inf)
-    return torch.logsumexp(excl, dim=-1) - lse
-
-
 def nelbo_integrand(
     logits: Tensor, x1: Tensor, xt: Tensor, t: Tensor, path: ProbabilityPath, bound: str | None = None
 ) -> Tensor:
-    """w(t) · G(t, x_t) per sequence [B] for one (t, x_t) draw (MATH.md §2.2, §2.3); E_t E_{x_t} of it is the bound.
+    """w(t) · G(t, x_t) per sequence [B] for one (t, x_t) draw (MATH.md §2.1–2.3), from `path.bound_integrand`;
+    E_t E_{x_t} of it is the bound.
 
     `logits` [B, L, V] are the denoiser's output at (x_t, t); `t` [B] must lie in (0, 1) (see `nelbo`).
     """
     bound = resolve_bound(path, bound)
     # The denoiser may run under autocast; this arithmetic must keep its float64 / float32.
     with _no_autocast(x1.device):
-        return _integrand(logits, x1, xt, t, path, bound)
+        w, G = path.bound_integrand(bound, logits, x1.long(), xt.long(), t.to(_work_dtype(x1.device)))
+        # The weight may be huge where G = 0 (t → 1 and nothing corrupted); never form 0 · inf.
+        return torch.where(G > 0, w * G, torch.zeros_like(G))
 
 
 def _no_autocast(device: torch.device):
@@ -136,85 +121,6 @@ def _no_autocast(device: torch.device):
         return torch.autocast(device_type=torch.device(device).type, enabled=False)
     except (RuntimeError, ValueError):  # a device type without autocast support
         return contextlib.nullcontext()
-
-
-def _integrand(logits: Tensor, x1: Tensor, xt: Tensor, t: Tensor, path: ProbabilityPath, bound: str) -> Tensor:
-    wd = _work_dtype(x1.device)
-    t = t.to(wd)
-    sched = path.schedule
-    V = path.vocab_size
-    alpha, oma, adot = sched.alpha(t), sched.one_minus_alpha(t), sched.alpha_dot(t)
-    tiny = torch.finfo(wd).tiny
-    z = x1.long()
-    x = xt.long()
-
-    if bound in ("masked", "dfm"):
-        kappa = adot / oma.clamp_min(tiny)
-        lg, lse = _log_m(logits, torch.float32)
-        if bound == "masked":
-            # Carry-over: unmasked positions are copied by the model CTMC and contribute nothing (§2.2).
-            masked = x == path.mask_id
-            nll = lse - lg.gather(-1, z.unsqueeze(-1)).squeeze(-1)
-            g = torch.where(masked, nll.to(wd), torch.zeros((), dtype=wd, device=x.device))
-        else:
-            # g = 1 − m(x_t) if x_t = x_1, else −log m(x_1) − m(x_t)  (§2.3 A).
-            x_safe = x.clamp_max(V - 1)
-            log_mx = (lg.gather(-1, x_safe.unsqueeze(-1)).squeeze(-1) - lse).to(wd)
-            log_mz = (lg.gather(-1, z.unsqueeze(-1)).squeeze(-1) - lse).to(wd)
-            om_x = _log_mass_except(lg, lse, x_safe).to(wd).exp()
-            g = torch.where(x == z, om_x, -log_mz - log_mx.exp())
-        G = g.sum(-1)
-        # The weight may be huge where G = 0 (t → 1 and nothing masked); never form 0 · inf.
-        return torch.where(G > 0, kappa * G, torch.zeros_like(G))
-
-    # --- time-reversal bound (§2.3 B): c_t Σ_i Σ_{y≠x} GKL(r_y ‖ ŝ_y), in closed, cancellation-free pieces ---
-    oma_c = oma.clamp_min(tiny)
-    b = V * alpha / oma_c  # boost b_t
-    rho = oma_c / (oma_c + V * alpha)  # 1 / (1 + b)
-    omrho = V * alpha / (oma_c + V * alpha)  # b / (1 + b)
-    c = adot / (V * alpha.clamp_min(tiny))
-    # The [rows, L, V] float64 temporaries are built a slice of rows at a time to bound their memory.
-    n = x.shape[0]
-    step = max(1, _VDIM_BLOCK // max(1, x.shape[1] * V))
-    parts = []
-    for i in range(0, n, step):
-        sl = slice(i, i + step)
-        parts.append(_reversal_gkl(logits[sl], x[sl], z[sl], b[sl], rho[sl], omrho[sl], wd))
-    G = torch.cat(parts) if parts else torch.zeros(0, dtype=wd, device=x.device)
-    return torch.where(G > 0, c * G, torch.zeros_like(G))
-
-
-def _reversal_gkl(logits, x, z, b, rho, omrho, wd) -> Tensor:
-    """Σ_i Σ_{y≠x^i} D_GKL(r^i_y ‖ ŝ^i_y) per row (MATH.md §2.3 B); b, rho = 1/(1+b), omrho = b/(1+b) per row."""
-    V = logits.shape[-1]
-    lg = logits.to(wd)
-    lse = torch.logsumexp(lg, dim=-1)
-    m = (lg - lse.unsqueeze(-1)).exp()  # [n, L, V]
-    b3, rho3, omrho3 = _col(b, 2), _col(rho, 2), _col(omrho, 2)
-    m_x = m.gather(-1, x.unsqueeze(-1))  # [n, L, 1]
-    om_x = _log_mass_except(lg, lse, x).exp().unsqueeze(-1)  # 1 − m(x), accurately
-    om_z = _log_mass_except(lg, lse, z).exp().unsqueeze(-1)
-    ys = torch.arange(V, device=x.device)
-    is_x = ys == x.unsqueeze(-1)
-    is_z = ys == z.unsqueeze(-1)
-    eq = (x == z).unsqueeze(-1)
-
-    # ŝ_y = 1 + b m_y − b/(1+b) m_x = 1/(1+b) + b/(1+b)(1 − m_x) + b m_y: a sum of non-negative terms.
-    s = rho3 + omrho3 * om_x + b3 * m
-    one = torch.ones((), dtype=wd, device=x.device)
-    # r_y: x = x_1 → 1/(1+b) for every y ≠ x; x ≠ x_1 → 1 + b at y = x_1, 1 elsewhere.
-    r = torch.where(eq, rho3, torch.where(is_z, 1.0 + b3, one))
-    # ŝ − r, with each case's cancellation done by hand.
-    s_minus_r = torch.where(
-        eq,
-        omrho3 * om_x + b3 * m,
-        torch.where(is_z, -omrho3 * m_x - b3 * om_z, b3 * m - omrho3 * m_x),
-    )
-    d = s_minus_r / r
-    # log(ŝ/r): log1p where ŝ ≈ r (t → 0, where GKL ~ (ŝ − r)²), a plain difference elsewhere.
-    log_ratio = torch.where(d.abs() < 0.5, torch.log1p(d.clamp_min(-0.5)), torch.log(s) - torch.log(r))
-    gkl = torch.where(is_x, torch.zeros((), dtype=wd, device=x.device), s_minus_r - r * log_ratio)
-    return gkl.sum((-1, -2))
 
 
 def _safe_times(t: Tensor) -> Tensor:
@@ -227,23 +133,17 @@ def _sample_xt(x1: Tensor, t: Tensor, path: ProbabilityPath, generator: torch.Ge
     that keeps E_{x_t}[w(t) G] unbiased (MATH.md §2.4).
 
     Near t = 1, E is rare while the weight κ_t (or c_t b_t) is large, so plain sampling has a heavy tail.
-    The draw picks E with probability q = max(P(E), 1/2) (q = 1 for the masked source, where G = 0 off E)
+    The draw picks E with probability q = max(P(E), 1/2) (q = 1 where G = 0 off E: `integrand_zero_at_x1`)
     and returns weight P(E)/q on E, P(not E)/(1 − q) off it: the tail is capped at 2 P(E) κ_t = O(L α̇_t).
     On E, the first corrupted position is drawn from its truncated geometric law and the later ones
     independently; every token keeps exactly its kernel k_t (MATH.md §1.1).
     """
     B, L = x1.shape
-    V = path.vocab_size
     wd = t.dtype
-    oma = path.schedule.one_minus_alpha(t).clamp(0.0, 1.0)
-    # Per-token corruption probability e: masked → 1 − α; uniform → (1 − α)(V − 1)/V (a redraw may hit x_1).
-    e = oma if path.kind == "masked" else oma * (V - 1) / V
+    e = path.corrupt_prob(t)  # per-token P(x_t^i ≠ x_1^i)
     log_keep = torch.log1p(-e)  # log(1 − e) ≤ 0
     p_event = -torch.expm1(L * log_keep)  # P(E) = 1 − (1 − e)^L, accurate when e is tiny
-    if path.kind == "masked":
-        q = torch.ones_like(p_event)
-    else:
-        q = p_event.clamp_min(0.5)
+    q = torch.ones_like(p_event) if path.integrand_zero_at_x1 else p_event.clamp_min(0.5)
     u = torch.rand(2, B, generator=generator, device=x1.device, dtype=wd)
     event = u[0] < q
     # First corrupted position j: P(j) = (1 − e)^j e / P(E), by inverting its CDF (1 − (1 − e)^{j+1}) / P(E).
@@ -253,12 +153,7 @@ def _sample_xt(x1: Tensor, t: Tensor, path: ProbabilityPath, generator: torch.Ge
     later = torch.rand(B, L, generator=generator, device=x1.device, dtype=wd) < e.unsqueeze(-1)
     corrupt = (pos == j.unsqueeze(-1)) | ((pos > j.unsqueeze(-1)) & later)
     corrupt = corrupt & event.unsqueeze(-1)
-    if path.kind == "masked":
-        noisy = torch.full_like(x1, path.mask_id)
-    else:
-        shift = torch.randint(1, V, (B, L), generator=generator, device=x1.device)
-        noisy = (x1 + shift) % V  # uniform over the V − 1 other tokens
-    xt = torch.where(corrupt, noisy, x1)
+    xt = torch.where(corrupt, path.corrupt(x1, t, generator), x1)
     weight = torch.where(event, p_event / q, (1.0 - p_event) / (1.0 - q).clamp_min(torch.finfo(wd).tiny))
     return xt, weight
 
@@ -348,32 +243,18 @@ def nelbo_terms(
 def prior_term(x1: Tensor, path: ProbabilityPath) -> Tensor:
     """KL(p_{0|1}(·|x_1) ‖ p_0) per sequence [B], non-zero only for a clipped start α_0 > 0 (MATH.md §2.1).
 
-    Uniform source: L Σ_y k_0(y|x) log(V k_0(y|x)), in closed form. Masked source: the term is infinite
-    (p_0 is all-mask while p_{0|1} keeps tokens), so a ValueError is raised. α_1 < 1 is rejected too.
+    The path computes it (`path.prior_kl`; uniform: closed form; masked: infinite, so a ValueError).
+    α_1 < 1 is rejected for every path: its reconstruction term is not implemented.
     """
     wd = _work_dtype(x1.device)
     sched = path.schedule
-    zero = torch.zeros(1, dtype=wd, device=x1.device)
-    a0 = float(sched.alpha(zero)[0])
-    oma1 = float(sched.one_minus_alpha(zero + 1.0)[0])
+    oma1 = float(sched.one_minus_alpha(torch.ones(1, dtype=wd, device=x1.device))[0])
     if oma1 > 1e-9:
         raise ValueError(
             f"schedule {sched!r} has α_1 = {1 - oma1:.6g} < 1: its reconstruction term is not implemented "
             "(MATH.md §2.1); use a schedule with α_1 = 1"
         )
-    B, L = x1.shape
-    if a0 <= 0.0:
-        return torch.zeros(B, dtype=wd, device=x1.device)
-    if path.kind == "masked":
-        raise ValueError(
-            f"schedule {sched!r} starts at α_0 = {a0:.3g} > 0: for the masked source the prior term "
-            "KL(p_0|1 ‖ δ_mask) is infinite, so no valid bound exists (MATH.md §2.1, §8.21); use α_0 = 0 "
-            "(e.g. LogLinearSchedule(eps=0))"
-        )
-    V = path.vocab_size
-    hit = a0 + (1.0 - a0) / V
-    kl = hit * math.log(V * hit) + (V - 1) * (1.0 - a0) / V * math.log1p(-a0)
-    return torch.full((B,), L * kl, dtype=wd, device=x1.device)
+    return path.prior_kl(x1, wd)
 
 
 def nelbo(
@@ -390,7 +271,8 @@ def nelbo(
 
     −log p^θ_1(x_1) ≤ KL(p_{0|1} ‖ p_0) + ∫_0^1 w(t) E_{x_t~p_{t|1}}[G] dt (MATH.md §2.1–2.4), estimated
     unbiasedly with `num_t` stratified times per sequence and one x_t ~ p_{t|1}(·|x_1) per time. `bound`:
-    None → "masked" (masked source) or "reversal" (uniform source, §2.3 B); "dfm" selects §2.3 A.
+    one of `path.bounds`; None → its default ("masked" for the masked source, "reversal" (§2.3 B) for the
+    uniform one, whose "dfm" selects §2.3 A).
     All randomness comes from `generator`; `chunk_size` bounds the rows per denoiser call. Differentiable
     (no no_grad here).
     """

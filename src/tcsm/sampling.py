@@ -5,17 +5,18 @@ per-token clean-token distribution m^i(· | x_t) (softmax of the denoiser logits
 nucleus-truncated) or a jointly drawn x̂_1 drives one of three per-token transitions:
 
 * ``"euler"`` (§6.1): draw x̂^i ~ m^i and jump to it with probability λ = (α_{t'} − α_t)/(1 − α_t);
-  for the masked source only masked positions move (carry-over).
+  only the path's free positions move (`path.free`; masked source: the masked ones, carry-over).
 * ``"analytic"`` (§6.2): draw x^i_{t'} from the exact forward-chain bridge Σ_a m^i(a) B(· | x^i_t, a)
   (`Path.bridge`); the time-reversal sampler whose likelihood bound is MATH.md §2.3(B) for the uniform source.
-* ``"ancestral"``: for the masked source §6.1 and §6.2 are the same sampler; this name runs it in the sparse
-  form (reveal with probability λ, then draw only the revealed tokens) with MDLM's cache. For the uniform
-  source it is an alias of ``"analytic"``.
+* ``"ancestral"``: for an absorbing source (`path.absorbing`, the masked one) §6.1 and §6.2 are the same
+  sampler; this name runs it in the sparse form (reveal with probability λ, then draw only the revealed
+  tokens) with MDLM's cache. For other sources it is an alias of ``"analytic"``.
 * ``"joint"``: a callable draws x̂_1 jointly from p_{1|t}(· | x_t) and the per-token bridge is applied to the
   one-hot x̂_1, which is exact for any number of steps (§6.2, oracle e.a).
 
 The last step goes to t_K = 1, where every one of these transitions reduces to x^i_1 = x̂^i at the positions
-that may still change, so the output never contains a mask id. Categorical draws use Gumbel-max in float64,
+that may still change, so the output is clean (never a mask id). The path supplies everything that depends
+on the source; whether outputs may be cached is decided once, by `may_cache`. Categorical draws use Gumbel-max in float64,
 and all randomness flows through one `torch.Generator`.
 """
 
@@ -37,6 +38,7 @@ __all__ = [
     "adjust_log_probs",
     "categorical",
     "jump_prob",
+    "may_cache",
     "prefix_condition",
     "sample",
     "time_grid",
@@ -130,10 +132,21 @@ def adjust_log_probs(logits: Tensor, temperature: float = 1.0, top_p: float = 1.
 
 def jump_prob(path: ProbabilityPath, t: Tensor, s: Tensor) -> Tensor:
     """λ_{t→s} = (α_s − α_t)/(1 − α_t) for s > t (MATH.md §0): the probability that a still-unresolved token is
-    resolved by s, i.e. the exact value of 1 − exp(−∫_t^s κ)."""
-    onem = path.schedule.one_minus_alpha(t)
-    lam = (path.alpha(s) - path.alpha(t)) / onem.clamp_min(torch.finfo(onem.dtype).tiny)
-    return lam.clamp(0.0, 1.0)
+    resolved by s, i.e. the exact value of 1 − exp(−∫_t^s κ). Delegates to `path.jump_prob`."""
+    return path.jump_prob(t, s)
+
+
+def may_cache(denoiser, path: ProbabilityPath) -> bool:
+    """Whether a sampler may reuse the denoiser's output (or a joint x̂_1) for a row while its x_t is unchanged
+    (MDLM cache, MATH.md §1.3, §6.2, §6.3): iff p_{1|t}(·|x_t) does not depend on t on this path
+    (`path.posterior_depends_on_t` is False, the masked source) and the denoiser declares that it ignores t —
+    a `time_independent` attribute, else a model config with `time_conditioning=False`."""
+    if path.posterior_depends_on_t:
+        return False
+    if hasattr(denoiser, "time_independent"):
+        return bool(denoiser.time_independent)
+    cfg = getattr(denoiser, "cfg", None)
+    return cfg is not None and getattr(cfg, "time_conditioning", True) is False
 
 
 def prefix_condition(prompt: Tensor, batch_size: int, length: int) -> tuple[Tensor, Tensor]:
@@ -157,26 +170,17 @@ def prefix_condition(prompt: Tensor, batch_size: int, length: int) -> tuple[Tens
 
 
 def _resolve_method(method: str | None, path: ProbabilityPath, x1_sampler) -> str:
-    masked = path.mask_id is not None
     if method is None:
-        method = "joint" if x1_sampler is not None else ("ancestral" if masked else "analytic")
+        method = "joint" if x1_sampler is not None else "ancestral"
     if method not in METHODS:
         raise ValueError(f"unknown sampling method {method!r}; choose one of {list(METHODS)}")
     if method == "joint" and x1_sampler is None:
         raise ValueError("method 'joint' needs an x1_sampler that draws x̂_1 from p_{1|t}(· | x_t)")
     if method != "joint" and x1_sampler is not None:
         raise ValueError(f"an x1_sampler is only used by method 'joint', not {method!r}")
-    if method == "ancestral" and not masked:
-        method = "analytic"  # §6.2: the ancestral step of the uniform source is the analytic bridge
+    if method == "ancestral" and not path.absorbing:
+        method = "analytic"  # §6.2: without an absorbing source the ancestral step is the analytic bridge
     return method
-
-
-def _declares_time_independent(denoiser) -> bool:
-    """A `time_independent` attribute, else a model config with `time_conditioning=False`; otherwise False."""
-    if hasattr(denoiser, "time_independent"):
-        return bool(denoiser.time_independent)
-    cfg = getattr(denoiser, "cfg", None)
-    return cfg is not None and getattr(cfg, "time_conditioning", True) is False
 
 
 def _infer_device(denoiser, values):
@@ -209,7 +213,6 @@ def _sample_chunk(
     B, L = fixed.shape
     V = path.vocab_size
     device = fixed.device
-    mask_id = path.mask_id
     K = grid.numel() - 1
     time_dtype = torch.get_default_dtype()
 
@@ -231,7 +234,7 @@ def _sample_chunk(
     for k in range(K):
         t, s = grid[k], grid[k + 1]
         last = k == K - 1
-        free = ~fixed if mask_id is None else (~fixed & (x == mask_id))
+        free = ~fixed & path.free(x)
         active = free.any(-1)  # rows with nothing left to resolve need no network call
 
         need = active & ~valid if use_cache else active
@@ -256,14 +259,14 @@ def _sample_chunk(
 
         x_prev = x
         x = x.clone()
-        sparse = last or method in ("euler", "ancestral") or (method == "joint" and mask_id is not None)
+        sparse = last or method in ("euler", "ancestral") or (method == "joint" and path.absorbing)
         if sparse:
-            # §6.1 / masked §6.2: each free token moves with probability λ to x̂^i; only moving tokens need x̂^i.
+            # §6.1 / absorbing §6.2: each free token moves with probability λ to x̂^i; only moving tokens need x̂^i.
             # At t_K = 1 every transition (Euler, bridge, joint) sets x^i = x̂^i on all free positions.
             if last:
                 move = free
             else:
-                lam = jump_prob(path, t.reshape(1), s.reshape(1))
+                lam = path.jump_prob(t.reshape(1), s.reshape(1))
                 u = torch.rand((B, L), dtype=torch.float64, device=device, generator=generator)
                 move = free & (u < lam)
             pos = move.nonzero(as_tuple=True)
@@ -293,8 +296,8 @@ def _sample_chunk(
             valid &= ~(x != x_prev).any(-1)
         emit(k + 1)
 
-    if mask_id is not None and (x == mask_id).any():
-        raise RuntimeError("sampler left mask ids in the output; the time grid must end at t = 1")
+    if (x >= V).any():
+        raise RuntimeError("sampler left noise-only ids (masks) in the output; the time grid must end at t = 1")
     return x, stats, trajectory
 
 
@@ -329,9 +332,9 @@ def sample(
     Args:
         denoiser: (x_t LongTensor[b, L], t FloatTensor[b]) -> logits [b, L, V] over clean tokens. Unused
             (may be None) with `x1_sampler`.
-        path: `MaskedPath` or `UniformPath`; its schedule defines λ and the bridge.
-        method: "ancestral" (masked default: sparse reveal, cached when allowed), "analytic" (uniform default,
-            `path.bridge`), "euler", or "joint" (default when `x1_sampler` is given).
+        path: any `ProbabilityPath`: its schedule defines λ, and it supplies the bridge and free positions.
+        method: "ancestral" (default; sparse reveal for an absorbing path such as the masked one, otherwise
+            the "analytic" `path.bridge`), "analytic", "euler", or "joint" (default when `x1_sampler` is given).
         grid: "uniform", "cosine" (see `time_grid`) or K + 1 increasing times ending exactly at 1.
         temperature, top_p: applied to the logits before every draw (`adjust_log_probs`).
         final_argmax: take the most likely token instead of a draw at the last step.
@@ -340,9 +343,9 @@ def sample(
             is shorthand for a prefix (see `prefix_condition`).
         time_independent: the denoiser ignores t, so its output can be reused for every row whose x_t did
             not change since its last evaluation (MDLM cache, §6.2): at most min(K, L) calls per sequence for
-            the masked source. Defaults to the denoiser's `time_independent` attribute, else to
-            `not denoiser.cfg.time_conditioning` when the model has such a config, else False. With a joint
-            `x1_sampler` the flag reuses x̂_1 while x_t is unchanged, which stays a valid posterior draw (§6.3).
+            the masked source. Defaults to `may_cache(denoiser, path)`. With a joint `x1_sampler` the flag
+            reuses x̂_1 while x_t is unchanged, which stays a valid posterior draw (§6.3) where
+            `path.posterior_depends_on_t` is False.
         x1_sampler: (x_t, t, generator) -> x̂_1 [b, L] drawn jointly from p_{1|t}(· | x_t).
         chunk_size: sample the batch in chunks of at most this many sequences (memory), one after another.
         generator / seed: source of all randomness (a seed builds a generator on `device`); neither: torch's
@@ -382,7 +385,7 @@ def sample(
     if fixed.any() and not ((values[fixed] >= 0) & (values[fixed] < path.vocab_size)).all():
         raise ValueError(f"fixed values must be clean tokens in [0, {path.vocab_size})")
     if time_independent is None:
-        time_independent = _declares_time_independent(denoiser)
+        time_independent = may_cache(denoiser, path)
     if generator is None and seed is not None:
         generator = torch.Generator(device=device).manual_seed(int(seed))
     times = _as_grid(grid, int(num_steps), device)

@@ -2,7 +2,8 @@
 
 `EnumerableDistribution` holds p_1 as a table over all V^L sequences and computes, exactly, the objects
 the library otherwise estimates: single-site conditionals p_1(y | x^{≠i}), the posterior p_{1|t}(· | x_t)
-and its per-token marginals (MATH.md §1.3), and an exact-posterior denoiser callable.
+and its per-token marginals (MATH.md §1.3), an exact-posterior denoiser callable and a joint posterior
+sampler. Everything goes through `path.log_kernel`, so it works for any path.
 """
 
 from __future__ import annotations
@@ -86,6 +87,16 @@ class EnumerableDistribution:
 
         def fn(xt: Tensor, t: Tensor) -> Tensor:
             return torch.log(self.marginals(xt, t, path)).clamp_min(floor)
+
+        return fn
+
+    def x1_sampler(self, path: ProbabilityPath):
+        """Joint posterior draw (x_t, t, generator) → x̂_1 ~ p_{1|t}(· | x_t) [B, L], for `sample(x1_sampler=...)`
+        (MATH.md §1.3, §6.2 oracle e.a)."""
+
+        def fn(xt: Tensor, t: Tensor, generator: torch.Generator | None = None) -> Tensor:
+            post = self.log_posterior(xt, t, path).exp()
+            return self.states[torch.multinomial(post, 1, generator=generator).squeeze(-1)]
 
         return fn
 
