@@ -100,7 +100,7 @@ def main() -> None:
     from tcsm.cli.eval_modes import load_reference
     from tcsm.evaluation import generative_perplexity, sample_entropy
     from tcsm.evaluation.report import plot_genppl_vs_steps, write_report
-    from tcsm.sampling import sample
+    from tcsm.sampling import may_cache, sample
     from tcsm.train.checkpoint import load_checkpoint
 
     work = Path(args.work_dir)
@@ -119,7 +119,7 @@ def main() -> None:
     path, data = ckpt.build_path(), ckpt.build_data()
     ref = load_reference(args.reference, device)
     L = int(ckpt.data_info["seq_len"])
-    time_independent = not getattr(ckpt.model.cfg, "time_conditioning", True)
+    time_independent = may_cache(ckpt.model, path)
 
     # The data's own values: real test sequences of the same length under the same reference.
     real = data.test[: args.num_samples].long()

@@ -202,7 +202,7 @@ def _run_genppl(args) -> int:
     import torch
 
     from tcsm.cli.sample import load_tokenizer
-    from tcsm.sampling import sample
+    from tcsm.sampling import may_cache, sample
     from tcsm.train.distributed import resolve_device
 
     if not args.reference:
@@ -232,7 +232,7 @@ def _run_genppl(args) -> int:
         path = ckpt.build_path()
         tok = load_tokenizer(ckpt)
         L = int(ckpt.data_info["seq_len"])
-        time_independent = path.mask_id is not None and not getattr(ckpt.model.cfg, "time_conditioning", True)
+        time_independent = may_cache(ckpt.model, path)
         lines.append(f"{ckpt.directory} (step {ckpt.step}, {ckpt.weights} weights), reference {ref.name}:")
         for K in steps:
             generator = torch.Generator(device=device).manual_seed(args.seed)

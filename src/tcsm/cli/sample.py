@@ -176,7 +176,7 @@ def run(args) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    from tcsm.sampling import sample
+    from tcsm.sampling import may_cache, sample
     from tcsm.train.checkpoint import load_checkpoint
     from tcsm.train.distributed import resolve_device
 
@@ -221,11 +221,7 @@ def run(args) -> int:
         if g["values"] is not None and any(v >= V for v in g["values"]):
             raise ValueError(f"the tokenizer produced ids outside the model's {V}-token vocabulary")
 
-    time_independent = (
-        path.mask_id is not None
-        and not args.no_cache
-        and not getattr(getattr(model, "cfg", None), "time_conditioning", True)
-    )
+    time_independent = not args.no_cache and may_cache(model, path)
     generator = torch.Generator(device=device).manual_seed(int(args.seed))
     chunks = [(g, min(args.batch_size, args.num_samples - s)) for g in groups
               for s in range(0, args.num_samples, args.batch_size)]
