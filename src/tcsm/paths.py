@@ -64,7 +64,7 @@ class ProbabilityPath:
     #: Names of the likelihood bounds this source admits (MATH.md §2); the first is the default.
     bounds: tuple[str, ...] = ()
     #: Whether p_{1|t}(·|x_t) depends on t. If not (masked, §1.3), a denoiser that ignores t can be exact and a
-    #: sampler may reuse its output, or a joint x̂_1, while x_t does not change (§6.2 cache, §6.3).
+    #: sampler may reuse its output while x_t does not change (§6.2 cache; `tcsm.sampling.may_cache`).
     posterior_depends_on_t: bool = True
     #: Whether a free token can only jump straight to its clean value and then stays (absorbing source): the
     #: bridge from a free position is then λ δ_{x̂} + (1 − λ) δ_{x_t}, which samplers run in sparse form (§6.2).

@@ -137,10 +137,10 @@ def jump_prob(path: ProbabilityPath, t: Tensor, s: Tensor) -> Tensor:
 
 
 def may_cache(denoiser, path: ProbabilityPath) -> bool:
-    """Whether a sampler may reuse the denoiser's output (or a joint x̂_1) for a row while its x_t is unchanged
-    (MDLM cache, MATH.md §1.3, §6.2, §6.3): iff p_{1|t}(·|x_t) does not depend on t on this path
-    (`path.posterior_depends_on_t` is False, the masked source) and the denoiser declares that it ignores t —
-    a `time_independent` attribute, else a model config with `time_conditioning=False`."""
+    """Whether `sample` reuses the denoiser's output for a row while its x_t is unchanged (MDLM cache, MATH.md
+    §1.3, §6.2): iff the denoiser declares that it ignores t (a `time_independent` attribute, else a model
+    config with `time_conditioning=False`) and p_{1|t}(·|x_t) does not depend on t on this path
+    (`path.posterior_depends_on_t` False, the masked source), the only case where such a denoiser can be exact."""
     if path.posterior_depends_on_t:
         return False
     if hasattr(denoiser, "time_independent"):
@@ -344,8 +344,7 @@ def sample(
         time_independent: the denoiser ignores t, so its output can be reused for every row whose x_t did
             not change since its last evaluation (MDLM cache, §6.2): at most min(K, L) calls per sequence for
             the masked source. Defaults to `may_cache(denoiser, path)`. With a joint `x1_sampler` the flag
-            reuses x̂_1 while x_t is unchanged, which stays a valid posterior draw (§6.3) where
-            `path.posterior_depends_on_t` is False.
+            reuses x̂_1 while x_t is unchanged, which stays a valid posterior draw (§6.3).
         x1_sampler: (x_t, t, generator) -> x̂_1 [b, L] drawn jointly from p_{1|t}(· | x_t).
         chunk_size: sample the batch in chunks of at most this many sequences (memory), one after another.
         generator / seed: source of all randomness (a seed builds a generator on `device`); neither: torch's
