@@ -29,14 +29,14 @@ def _data(seq_len: int) -> dict:
 
 
 def _train(base: dict, run_dir: Path, log) -> Path:
-    from tcsm.train.config import load_config
+    from tcsm.build.config import load_config
     from tcsm.train.trainer import Trainer
 
     if (run_dir / "checkpoints").is_dir():
         log(f"reusing {run_dir}")
         return run_dir
     t0 = time.perf_counter()
-    Trainer(load_config(base=base), run_dir, log=log).fit()
+    Trainer.from_config(load_config(base=base), run_dir, log=log).fit()
     log(f"trained {run_dir} in {time.perf_counter() - t0:.0f}s")
     return run_dir
 
@@ -97,11 +97,11 @@ def main() -> None:
     def log(msg: str) -> None:
         print(msg, flush=True)
 
-    from tcsm.cli.eval_modes import load_reference
+    from tcsm.build.loading import load_reference_lm
     from tcsm.evaluation import generative_perplexity, sample_entropy
     from tcsm.evaluation.report import plot_genppl_vs_steps, write_report
     from tcsm.sampling import may_cache, sample
-    from tcsm.train.checkpoint import load_checkpoint
+    from tcsm.build.loading import load_checkpoint
 
     work = Path(args.work_dir)
     t_train = {}
@@ -117,7 +117,7 @@ def main() -> None:
     device = torch.device("cpu")
     ckpt = load_checkpoint(args.checkpoint, device=device)
     path, data = ckpt.build_path(), ckpt.build_data()
-    ref = load_reference(args.reference, device)
+    ref = load_reference_lm(args.reference, device)
     L = int(ckpt.data_info["seq_len"])
     time_independent = may_cache(ckpt.model, path)
 

@@ -75,7 +75,7 @@ def teacher_config(family: str, a) -> dict:
 
 
 def train_teacher(family: str, a, work: Path) -> dict:
-    from tcsm.train.config import load_config
+    from tcsm.build.config import load_config
     from tcsm.train.trainer import Trainer
 
     run = work / f"teacher-{family}"
@@ -84,8 +84,7 @@ def train_teacher(family: str, a, work: Path) -> dict:
         log(f"reusing teacher {run}")
         return json.loads(info_file.read_text())
     t0 = time.perf_counter()
-    summary = Trainer(
-        load_config(base=teacher_config(family, a)), run, log=lambda s: log(f"  {family}: {s}")
+    summary = Trainer.from_config(load_config(base=teacher_config(family, a)), run, log=lambda s: log(f"  {family}: {s}")
     ).fit()
     wall = time.perf_counter() - t0
     info = {"dir": str(run), "train_wall_s": wall, "train_loop_s": summary["elapsed_s"], "summary": summary}
@@ -216,7 +215,8 @@ def main() -> None:
     from tcsm.objectives import Objective
     from tcsm.paths import MaskedPath
     from tcsm.targets import DataTarget
-    from tcsm.targets.parametric import ParametricTarget, load_teacher
+    from tcsm.build.targets import load_teacher
+    from tcsm.targets.parametric import ParametricTarget
 
     work = Path(a.work_dir)
     work.mkdir(parents=True, exist_ok=True)

@@ -131,7 +131,7 @@ def run_variant(name, suite, overrides, label, args, out_root):
     from omegaconf import OmegaConf
 
     from tcsm.likelihood import BOUNDS
-    from tcsm.train.config import load_config
+    from tcsm.build.config import load_config
     from tcsm.train.trainer import Trainer
 
     preset = "text8-prefix-small" if suite == "text8" else "synthetic"
@@ -139,7 +139,7 @@ def run_variant(name, suite, overrides, label, args, out_root):
     cfg = load_config(preset, ov)
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
-    trainer = Trainer(cfg, out_root / name, log=lambda s: print(f"[{name}] {s}", flush=True))
+    trainer = Trainer.from_config(cfg, out_root / name, log=lambda s: print(f"[{name}] {s}", flush=True))
     summary = trainer.fit()
     train_wall = time.perf_counter() - t0
     test = trainer.data.split("test")

@@ -116,7 +116,7 @@ def prepare_data(work: Path, tokenizer: str, seq_len: int, vocab_size: int) -> d
 
 
 def pretrain_config(data: dict, args):
-    from tcsm.train.config import load_config
+    from tcsm.build.config import load_config
 
     L = data["seq_len"]
     over = [
@@ -155,7 +155,7 @@ def pretrain_config(data: dict, args):
 
 
 def causal_config(data: dict, args):
-    from tcsm.train.config import load_config
+    from tcsm.build.config import load_config
 
     over = [
         "model.name=causal",
@@ -184,7 +184,7 @@ def causal_config(data: dict, args):
 
 
 def finetune_config(pre_dir: Path, B: int, beta: float, args):
-    from tcsm.cli.finetune import reward_config
+    from tcsm.recipes.reward import reward_config
 
     over = [
         f"train.steps={args.finetune_steps}",
@@ -214,7 +214,7 @@ def finetune_config(pre_dir: Path, B: int, beta: float, args):
 
 
 def train_or_resume(cfg, run_dir: Path) -> float:
-    from tcsm.cli.finetune import fit
+    from tcsm.train.fit import fit
 
     start = time.perf_counter()
     fit(cfg, run_dir, resume=True if (run_dir / "checkpoints").is_dir() else None, log=lambda s: None)
@@ -397,7 +397,7 @@ def main(argv=None) -> int:
     wall["pretrain_s"] = train_or_resume(pretrain_config(data_cfg, args), work / "pretrain")
     wall["reference_s"] = train_or_resume(causal_config(data_cfg, args), work / "reference")
 
-    from tcsm.train.checkpoint import load_checkpoint
+    from tcsm.build.loading import load_checkpoint
 
     pre = load_checkpoint(work / "pretrain")
     ref = load_checkpoint(work / "reference")

@@ -12,17 +12,9 @@ import torch
 from train_helpers import final_weights, restore_torch_threads, tiny  # noqa: F401
 
 from tcsm.errors import CheckpointError
-from tcsm.train.checkpoint import (
-    list_checkpoints,
-    load_checkpoint,
-    pack,
-    read_state,
-    resolve_checkpoint,
-    save_checkpoint,
-    unpack,
-    validate_checkpoint,
-)
-from tcsm.train.config import load_config
+from tcsm.checkpoint import list_checkpoints, pack, read_state, resolve_checkpoint, save_checkpoint, unpack, validate_checkpoint
+from tcsm.build.loading import load_checkpoint
+from tcsm.build.config import load_config
 from tcsm.train.trainer import Trainer
 
 
@@ -141,7 +133,7 @@ def test_load_checkpoint_public_api_and_architecture_check(tmp_path):
     cfg = load_config(
         "synthetic", tiny("train.steps=3", "train.eval_every=0", "train.sample_every=0", "sample.num=0")
     )
-    Trainer(cfg, tmp_path, log=lambda s: None).fit()
+    Trainer.from_config(cfg, tmp_path, log=lambda s: None).fit()
     ckpt = load_checkpoint(tmp_path, device="cpu")
     assert ckpt.step == 3 and ckpt.weights == "ema" and not ckpt.model.training
     ema = final_weights(tmp_path, "ema")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tcsm.models.clean import CleanLMConfig, build_clean_model
+from tcsm.models.clean import CleanLMConfig
+from tcsm.models.clean_families import build_clean_model
 from tcsm.targets.parametric import MLMTeacher, make_teacher
 from tcsm.clean_losses import (
     AutoregressiveLoss,
@@ -248,8 +249,8 @@ def test_hf_models_train_and_teach_from_config(tmp_path):
     """model.name=hf_mlm | hf_causal from a local directory (nothing downloaded), trained by `clean_lm`, then
     loaded back as a teacher."""
     tf = pytest.importorskip("transformers")
-    from tcsm.targets.parametric import load_teacher
-    from tcsm.train.config import load_config
+    from tcsm.build.targets import load_teacher
+    from tcsm.build.config import load_config
     from tcsm.train.trainer import Trainer
 
     torch.manual_seed(0)
@@ -270,7 +271,7 @@ def test_hf_models_train_and_teach_from_config(tmp_path):
     for name, sub in (("hf_mlm", "bert"), ("hf_causal", "gpt")):
         cfg = load_config(None, common + [f"model.name={name}", f"model.name_or_path={tmp_path / sub}"])
         run = tmp_path / f"run-{name}"
-        summary = Trainer(cfg, run, log=lambda s: None).fit()
+        summary = Trainer.from_config(cfg, run, log=lambda s: None).fit()
         assert summary["bound"] == ("pseudo-nll" if name == "hf_mlm" else "ar-nll")
         teacher = load_teacher(run, vocab_size=5)
         out = teacher(torch.randint(0, 5, (2, 8)))

@@ -443,7 +443,8 @@ def test_weightings():
 
 
 def test_objective_interface_and_metrics():
-    """Objective(model, x1, generator) → (scalar loss with grad, dict of floats); the same seed gives the same loss."""
+    """Objective(model, batch, generator) → (scalar loss with grad, dict of detached 0-d tensors); the same seed
+    gives the same loss."""
     V = 6
     path = UniformPath(V)
     emb = torch.nn.Embedding(V, V)
@@ -452,8 +453,8 @@ def test_objective_interface_and_metrics():
     loss, metrics = objective(lambda xt, t: emb(xt), x1, torch.Generator().manual_seed(1))
     assert loss.dim() == 0 and loss.requires_grad
     assert set(metrics) == {"loss", "loss_unweighted", "loss_positions", "t_mean"}
-    assert all(isinstance(v, float) for v in metrics.values())
-    assert metrics["loss"] == pytest.approx(metrics["loss_unweighted"], rel=1e-6)  # ω = 1
+    assert all(torch.is_tensor(v) and v.dim() == 0 and not v.requires_grad for v in metrics.values())
+    assert float(metrics["loss"]) == pytest.approx(float(metrics["loss_unweighted"]), rel=1e-6)  # ω = 1
     again, _ = objective(lambda xt, t: emb(xt), x1, torch.Generator().manual_seed(1))
     assert again.item() == loss.item()
     loss.backward()
@@ -469,8 +470,8 @@ def test_objective_accepts_custom_losses_weightings_and_targets():
         return logits.float().logsumexp(-1).sum(-1)
 
     class HalfWeight(DataTarget):
-        def __call__(self, x1, t, path, generator=None):
-            return super().__call__(x1, t, path, generator).with_weight(torch.full_like(t, 0.5))
+        def __call__(self, batch, t, path, generator=None, **models):
+            return super().__call__(batch, t, path, generator, **models).with_weight(torch.full_like(t, 0.5))
 
     x1 = torch.randint(0, V, (4, 3), generator=torch.Generator().manual_seed(0))
     model = lambda xt, t: torch.zeros(*xt.shape, V)

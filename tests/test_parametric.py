@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from tcsm.models.clean import build_clean_model
+from tcsm.models.clean_families import build_clean_model
 from tcsm.objectives import Objective, distrib_loss, score_loss
 from tcsm.paths import MaskedPath, UniformPath
 from tcsm.targets.ar import (
@@ -287,14 +287,14 @@ _STUDENT = [
 @pytest.mark.parametrize("family", ["mlm", "causal", "hollow"])
 def test_train_teacher_then_student_from_config(tmp_path, family):
     from tcsm.errors import CheckpointError, ConfigError
-    from tcsm.train.config import load_config
+    from tcsm.build.config import load_config
     from tcsm.train.trainer import Trainer
 
     teacher_dir = tmp_path / family
     cfg = load_config(
         None, _COMMON + [f"model.name={family}", "model.preset=tiny", "objective.name=clean_lm"]
     )
-    summary = Trainer(cfg, teacher_dir, log=lambda s: None).fit()
+    summary = Trainer.from_config(cfg, teacher_dir, log=lambda s: None).fit()
     assert summary["bound"] == ("ar-nll" if family == "causal" else "pseudo-nll")
     assert 0 < summary["bpc"] < 2 * math.log2(5)
     for source in ("masked", "uniform"):
@@ -303,15 +303,15 @@ def test_train_teacher_then_student_from_config(tmp_path, family):
             _COMMON + _STUDENT + [f"path.source={source}", "target.name=parametric", f"target.teacher={teacher_dir}",
                                   "target.cache_size=64"],
         )  # fmt: skip
-        trainer = Trainer(cfg, tmp_path / f"student-{family}-{source}", log=lambda s: None)
+        trainer = Trainer.from_config(cfg, tmp_path / f"student-{family}-{source}", log=lambda s: None)
         target = trainer.objective.target
         assert isinstance(target, ParametricTarget) and not target.teacher.model.training
         summary = trainer.fit()
         assert math.isfinite(summary["bpc"]) and target.hits > 0  # 6 steps × 16 over 128 sequences repeat
     with pytest.raises(ConfigError, match="teacher"):
-        Trainer(load_config(None, _COMMON + _STUDENT + ["target.name=parametric"]), None)
+        Trainer.from_config(load_config(None, _COMMON + _STUDENT + ["target.name=parametric"]), None)
     if family == "causal":  # estimator options reach the AR teacher; options of other estimators are dropped
-        from tcsm.targets.parametric import load_teacher
+        from tcsm.build.targets import load_teacher
 
         teacher = load_teacher(teacher_dir, estimator="topk", k=2, temperature=3.0, max_tokens=512)
         assert isinstance(teacher.estimator, TopKARScore) and teacher.estimator.k == 2
@@ -321,18 +321,17 @@ def test_train_teacher_then_student_from_config(tmp_path, family):
     # A diffusion checkpoint is not a teacher; a clean objective needs a clean model.
     student_dir = tmp_path / f"student-{family}-masked"
     with pytest.raises(CheckpointError, match="not a clean-data model"):
-        Trainer(
-            load_config(
+        Trainer.from_config(load_config(
                 None, _COMMON + _STUDENT + ["target.name=parametric", f"target.teacher={student_dir}"]
             ),
             None,
         )
     with pytest.raises(ConfigError, match="clean-data"):
-        Trainer(load_config(None, _COMMON + _STUDENT + ["objective.name=clean_lm"]), None)
+        Trainer.from_config(load_config(None, _COMMON + _STUDENT + ["objective.name=clean_lm"]), None)
 
 
 def test_presets_load():
-    from tcsm.train.config import load_config
+    from tcsm.build.config import load_config
 
     for family in ("mlm", "causal", "hollow"):
         cfg = load_config(f"clean-{family}")

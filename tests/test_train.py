@@ -25,8 +25,8 @@ from train_helpers import (  # noqa: F401
 )
 
 from tcsm.errors import CheckpointError, ConfigError, TrainingError
-from tcsm.registry import OBJECTIVES
-from tcsm.train.config import load_config
+from tcsm.build.registry import OBJECTIVES
+from tcsm.build.config import load_config
 from tcsm.train.ema import EMA
 from tcsm.train.logs import read_metrics
 from tcsm.train.optim import lr_at, param_groups
@@ -40,7 +40,7 @@ def _cfg(*extra):
 
 
 def _fit(tmp, *extra, resume=None):
-    trainer = Trainer(_cfg(*extra), tmp, resume=resume, log=lambda s: None)
+    trainer = Trainer.from_config(_cfg(*extra), tmp, resume=resume, log=lambda s: None)
     return trainer, trainer.fit()
 
 
@@ -98,9 +98,9 @@ def test_in_process_resume_is_exact(tmp_path):
 def test_resume_refuses_a_different_architecture_or_seed(tmp_path):
     _fit(tmp_path, "train.steps=2", "train.save_every=2")
     with pytest.raises(CheckpointError, match="model.d_model"):
-        Trainer(_cfg("train.steps=4", "model.d_model=64"), tmp_path, resume=True)
+        Trainer.from_config(_cfg("train.steps=4", "model.d_model=64"), tmp_path, resume=True)
     with pytest.raises(CheckpointError, match="train.seed"):
-        Trainer(_cfg("train.steps=4", "train.seed=1"), tmp_path, resume=True)
+        Trainer.from_config(_cfg("train.steps=4", "train.seed=1"), tmp_path, resume=True)
 
 
 def test_sigkill_at_an_arbitrary_step_then_resume_matches_uninterrupted_run(tmp_path):
@@ -195,7 +195,7 @@ def test_model_given_as_module_function(tmp_path):
     sys.modules.setdefault("test_train", sys.modules[__name__])
     # Naming another model drops the preset's model keys (they were meant for the denoiser).
     cfg = _cfg("train.steps=2", "model.name=test_train:build_small_mlp")
-    summary = Trainer(cfg, tmp_path, log=lambda s: None).fit()
+    summary = Trainer.from_config(cfg, tmp_path, log=lambda s: None).fit()
     assert summary["step"] == 2
     with pytest.raises(ConfigError, match="unknown model 'nope'"):
         _cfg("model.name=nope")
@@ -259,10 +259,9 @@ def test_outputs_of_a_run(tmp_path):
 
 def test_init_from_starts_at_a_checkpoints_weights(tmp_path):
     _fit(tmp_path / "pre", "train.steps=2", "train.save_every=2")
-    trainer = Trainer(
-        _cfg("train.steps=1", f"train.init_from={tmp_path / 'pre'}"), tmp_path / "ft", log=lambda s: None
+    trainer = Trainer.from_config(_cfg("train.steps=1", f"train.init_from={tmp_path / 'pre'}"), tmp_path / "ft", log=lambda s: None
     )
     ema = final_weights(tmp_path / "pre", "ema")
     assert all(torch.equal(v, ema[k]) for k, v in trainer.model.state_dict().items())
     with pytest.raises(CheckpointError, match="does not match the model"):
-        Trainer(_cfg("model.d_model=64", f"train.init_from={tmp_path / 'pre'}"), None)
+        Trainer.from_config(_cfg("model.d_model=64", f"train.init_from={tmp_path / 'pre'}"), None)

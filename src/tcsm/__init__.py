@@ -1,3 +1,80 @@
-"""tcsm: Target Concrete Score Matching for discrete diffusion models."""
+"""tcsm: Target Concrete Score Matching for discrete diffusion models.
+
+The public API a notebook needs, importable from the top level (resolved on first use, so `import tcsm` stays
+cheap and no submodule is imported before it is asked for):
+
+    import tcsm
+    path = tcsm.MaskedPath(vocab_size=27, schedule=tcsm.LogLinearSchedule())
+    objective = tcsm.Objective(path, loss="distrib")                 # L_distrib, κ_t weighting, data target
+    loss, metrics = objective(model, x1, generator)                  # model: (x_t [B,L], t [B]) → logits [B,L,V]
+    bound = tcsm.evaluate_bound(model, test, path)                   # valid NLL bound, bits per token
+    x = tcsm.sample(model, path, batch_size=8, length=64, num_steps=64)
+    ckpt = tcsm.load_checkpoint("runs/demo")                         # a trained run → .model, .build_path()
+    tcsm.Trainer.from_config(tcsm.load_config("synthetic"), "runs/demo").fit()
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
+
+#: public name → the module that defines it
+_EXPORTS = {
+    # paths and schedules
+    "ProbabilityPath": "tcsm.paths",
+    "MaskedPath": "tcsm.paths",
+    "UniformPath": "tcsm.paths",
+    "make_path": "tcsm.paths",
+    "LinearSchedule": "tcsm.schedules",
+    "CosineSchedule": "tcsm.schedules",
+    "PolynomialSchedule": "tcsm.schedules",
+    "LogLinearSchedule": "tcsm.schedules",
+    "make_schedule": "tcsm.schedules",
+    # the objective contract
+    "Batch": "tcsm.batch",
+    "Objective": "tcsm.objectives",
+    "distrib_loss": "tcsm.objectives",
+    "score_loss": "tcsm.objectives",
+    "ScoreEntropyObjective": "tcsm.baselines",
+    "Target": "tcsm.targets",
+    "TargetBatch": "tcsm.targets",
+    "DataTarget": "tcsm.targets",
+    "ConditionalTarget": "tcsm.targets",
+    "ParametricTarget": "tcsm.targets",
+    "RewardN1Target": "tcsm.targets",
+    "RewardFullTarget": "tcsm.targets",
+    "BREGMAN": "tcsm.divergences",
+    "F_DIVERGENCES": "tcsm.divergences",
+    # likelihood and sampling
+    "nelbo": "tcsm.likelihood",
+    "evaluate_bound": "tcsm.likelihood",
+    "sample": "tcsm.sampling",
+    "may_cache": "tcsm.sampling",
+    # models
+    "Denoiser": "tcsm.models",
+    "DenoiserConfig": "tcsm.models",
+    "build_denoiser": "tcsm.models",
+    "build_clean_model": "tcsm.models.clean_families",
+    # configs, checkpoints, training
+    "load_config": "tcsm.build",
+    "build_components": "tcsm.build",
+    "load_checkpoint": "tcsm.build",
+    "Trainer": "tcsm.train",
+    "fit": "tcsm.train",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tcsm' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -20,19 +20,14 @@ Select it in a config with `objective.name=sedd` (keys: `bound`, `antithetic`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional
-
 from torch import Tensor
 
-from tcsm.errors import ConfigError
 from tcsm.likelihood import nelbo_integrand, resolve_bound
 from tcsm.objectives import Objective
 from tcsm.paths import ProbabilityPath
-from tcsm.registry import OBJECTIVES, BuildContext
 from tcsm.targets.base import DataTarget, TargetBatch
 
-__all__ = ["SEDDObjectiveConfig", "ScoreEntropyObjective", "build_sedd_objective", "score_entropy_loss"]
+__all__ = ["ScoreEntropyObjective", "score_entropy_loss"]
 
 
 def score_entropy_loss(logits: Tensor, batch: TargetBatch, path: ProbabilityPath, bound: str | None = None) -> Tensor:
@@ -62,25 +57,3 @@ class ScoreEntropyObjective(Objective):
             path, target, loss=score_entropy_loss, weighting="none", antithetic=antithetic, bound=self.bound, **kwargs
         )
         self.loss_name = {"reversal": "sedd_score_entropy", "dfm": "dfm_gkl", "masked": "mdlm_nelbo"}[self.bound]
-
-
-@dataclass
-class SEDDObjectiveConfig:
-    name: str = "sedd"
-    bound: Optional[str] = field(  # noqa: UP045 (OmegaConf structured configs need Optional)
-        default=None,
-        metadata={"help": "bound trained on: reversal (SEDD, uniform default) | dfm (uniform) | masked (masked)"},
-    )
-    antithetic: bool = field(default=True, metadata={"help": "antithetic t across each micro-batch"})
-
-
-@OBJECTIVES.register("sedd", schema=SEDDObjectiveConfig)
-def build_sedd_objective(node: dict, ctx: BuildContext):
-    """SEDD-style score entropy (mean-parameterised): train on the path's NELBO integrand (MATH.md §2.3 B)."""
-    if ctx.target is not None and not isinstance(ctx.target, DataTarget):
-        # The bound needs x_1 ~ data and x_t ~ p_{t|1}(·|x_1); other targets change what x_1 and x_t are.
-        raise ConfigError(f"objective sedd trains on data samples: use target.name=data, not {type(ctx.target).__name__}")
-    try:
-        return ScoreEntropyObjective(ctx.path, ctx.target, bound=node.get("bound"), antithetic=node["antithetic"])
-    except ValueError as e:
-        raise ConfigError(f"objective sedd: {e}") from None

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from tcsm.batch import as_batch
+
 __all__ = [
     "CLEAN_LOSSES",
     "AutoregressiveLoss",
@@ -40,8 +42,8 @@ __all__ = [
 _LN2 = math.log(2.0)
 
 
-def _metrics(loss: Tensor, **extra: float) -> dict[str, float]:
-    v = float(loss.detach())
+def _metrics(loss: Tensor, **extra: Tensor) -> dict[str, Tensor]:
+    v = loss.detach()
     return {"loss": v, "bpc": v / _LN2, **extra}
 
 
@@ -57,7 +59,7 @@ def _eval_mode(model):
 
 
 class CleanLoss:
-    """Base: `__call__(model, x1, generator)` → (loss, metrics); `evaluate` → dataset metrics (no gradients);
+    """Base: `__call__(model, batch, generator)` → (loss, metrics); `evaluate` → dataset metrics (no gradients);
     `sample` → sequences from the model, or None where the family has no direct sampler."""
 
     #: name of the reported validation quantity
@@ -123,12 +125,13 @@ class MaskedLMLoss(CleanLoss):
         inp = torch.where(v >= 1.0 - self.keep_rate, x1, inp)
         return torch.where(chosen, inp, x1), chosen
 
-    def __call__(self, model, x1: Tensor, generator: torch.Generator | None = None):
+    def __call__(self, model, batch, generator: torch.Generator | None = None, *, reference=None):
+        x1 = as_batch(batch).x1
         inp, chosen = self.corrupt(x1, model.mask_id, model.vocab_size, generator)
         logp = torch.log_softmax(model(inp).float(), dim=-1)
         nll = -logp.gather(-1, x1.unsqueeze(-1)).squeeze(-1)
         loss = (nll * chosen).sum() / chosen.sum().clamp_min(1)
-        return loss, _metrics(loss, mask_frac=float(chosen.float().mean()))
+        return loss, _metrics(loss, mask_frac=chosen.float().mean())
 
     metric = "pseudo-nll"
 
@@ -151,8 +154,8 @@ class _OnePassLoss(CleanLoss):
     def sequence_nll(self, model, x):
         return self.token_nll(model, x).sum(-1)
 
-    def __call__(self, model, x1: Tensor, generator: torch.Generator | None = None):
-        loss = self.token_nll(model, x1).mean()
+    def __call__(self, model, batch, generator: torch.Generator | None = None, *, reference=None):
+        loss = self.token_nll(model, as_batch(batch).x1).mean()
         return loss, _metrics(loss)
 
 
@@ -195,62 +198,3 @@ def conditional_nll(teacher, x: Tensor) -> float:
     """−(1/(B·L)) Σ log p_1(x^i | x^{≠i}) under a teacher's conditionals (nats per token; MATH.md §4)."""
     logq = teacher(x)
     return float(-logq.gather(-1, x.unsqueeze(-1)).squeeze(-1).mean())
-
-
-# --------------------------------------------------------------------------------------------------- registry
-# `objective.name: clean_lm` picks the model family's loss; the explicit names check that they fit the model.
-
-
-@dataclass
-class CleanObjectiveConfig:
-    name: str = "clean_lm"
-    mask_rate: float = field(default=0.15, metadata={"help": "MLM: fraction of positions masked"})
-    mask_rate_max: float | None = field(
-        default=None, metadata={"help": "MLM: draw the rate per sequence from [mask_rate, mask_rate_max]"}
-    )
-    random_rate: float = field(default=0.0, metadata={"help": "MLM: chosen positions given a random token"})
-    keep_rate: float = field(default=0.0, metadata={"help": "MLM: chosen positions left unchanged"})
-
-
-_OBJECTIVE_FAMILY = {"mlm": "mlm", "autoregressive": "causal", "pseudo_likelihood": "hollow"}
-
-
-def _register() -> None:
-    from tcsm.errors import ConfigError
-    from tcsm.registry import OBJECTIVES
-
-    def make(objective: str):
-        def build(node: dict, ctx):
-            family = getattr(ctx.model, "family", None)
-            want = _OBJECTIVE_FAMILY.get(objective, family)
-            if family is None or family not in CLEAN_LOSSES or family != want:
-                raise ConfigError(
-                    f"objective {objective!r} trains a clean-data {want or 'mlm | causal | hollow'} model, but "
-                    f"model.name builds a {type(ctx.model).__name__}; use objective.name=clean_lm with model.name="
-                    "mlm | causal | hollow (or hf_mlm | hf_causal)"
-                )
-            if family != "mlm":
-                return CLEAN_LOSSES[family]()
-            hi = node["mask_rate_max"]
-            rate = node["mask_rate"] if hi is None else (node["mask_rate"], hi)
-            try:
-                return MaskedLMLoss(rate, node["random_rate"], node["keep_rate"])
-            except ValueError as e:
-                raise ConfigError(f"objective: {e}") from None
-
-        return build
-
-    helps = {
-        "clean_lm": "train a clean-data model with its family's loss (MLM / next-token NLL / pseudo-likelihood)",
-        "mlm": "BERT masked-LM loss for model.name=mlm | hf_mlm",
-        "autoregressive": "next-token NLL for model.name=causal | hf_causal",
-        "pseudo_likelihood": "Σ_i −log p(x^i | x^{≠i}) for model.name=hollow",
-    }
-    for name, text in helps.items():
-        schema = dataclasses.make_dataclass(
-            f"{name.title()}Config", [("name", str, name)], bases=(CleanObjectiveConfig,)
-        )
-        OBJECTIVES.register(name, make(name), schema=schema, help=text, overwrite=True)
-
-
-_register()

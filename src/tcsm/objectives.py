@@ -5,7 +5,8 @@ loss (distrib / score, with a divergence) and a time weighting ω(t):
 
     L = E_{t ~ U(0,1)} ω(t) E_{x_1, x_t ~ target} (1/L) Σ_{i ∈ loss positions} ℓ^i(m_θ(· | x_t), q^i)
 
-`Objective(model, x1, generator) -> (loss, metrics)` is the only entry point a trainer needs. A per-position
+`Objective(model, batch, generator, reference=None) -> (loss, metrics)` is the only entry point a trainer needs
+(the `TrainingObjective` protocol of `tcsm.protocols`; `batch` is a `tcsm.batch.Batch` or clean tokens [B, L]). A per-position
 loss is any callable `(logits, batch, path, **kw) -> Tensor` of shape [B, L] (per position; positions outside
 `batch.loss_mask` are ignored) or [B] (already summed per sequence); register new ones in `LOSSES`, new time
 weightings in `WEIGHTINGS`, and new targets through `tcsm.targets.TargetBatch` — none of them edits this file.
@@ -27,6 +28,7 @@ from torch import Tensor
 
 from tcsm.divergences import BregmanGenerator, get_f_divergence, get_bregman
 from tcsm.paths import ProbabilityPath
+from tcsm.batch import Batch, as_batch
 from tcsm.targets.base import DataTarget, Target, TargetBatch
 from tcsm.timesteps import sample_times
 
@@ -326,31 +328,39 @@ class Objective:
             batch_size, antithetic=self.antithetic, generator=generator, device=device, dtype=self.time_dtype
         )
 
-    def loss_from_batch(self, logits: Tensor, batch: TargetBatch) -> tuple[Tensor, dict[str, float]]:
-        """The reduced loss and metrics for logits already computed on `batch` (MATH.md §3.4)."""
+    def loss_from_batch(self, logits: Tensor, batch: TargetBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        """The reduced loss and metrics (detached 0-d tensors) for logits computed on `batch` (MATH.md §3.4)."""
         per_pos = self.loss_fn(logits, batch, self.path, **self.loss_kwargs)
         omega = self.weighting(self.path, batch.t)
         loss = reduce_loss(per_pos, batch, omega)
         with torch.no_grad():
             raw = reduce_loss(per_pos.detach(), batch, None)
             frac = batch.loss_mask.float().mean()
-            stats = torch.stack([loss.detach().float(), raw.float(), frac, batch.t.float().mean()]).tolist()
-        metrics = dict(zip(("loss", "loss_unweighted", "loss_positions", "t_mean"), stats))
+            metrics = {
+                "loss": loss.detach().float(),
+                "loss_unweighted": raw.float(),
+                "loss_positions": frac,
+                "t_mean": batch.t.float().mean(),
+            }
         return loss, metrics
 
     def __call__(
-        self, model, x1: Tensor, generator: torch.Generator | None = None
-    ) -> tuple[Tensor, dict[str, float]]:
-        """Draw t and a target batch for clean x1 [B, L], run `model(x_t, t)`, return (loss, metrics).
+        self, model, batch: Batch | Tensor, generator: torch.Generator | None = None, *, reference=None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """Draw t and a target batch for the clean batch, run `model(x_t, t)`, return (loss, metrics).
 
-        `generator` (None: the global RNG) must live on x1's device; it drives t, the noise and the target.
+        `generator` (None: the global RNG) must live on the batch's device; it drives t, the noise and the
+        target. `model` and `reference` are handed to the target (on-policy targets sample `model`).
+        Metrics are detached 0-d tensors on the batch's device (no host sync per step).
         """
-        t = self.sample_t(x1.shape[0], device=x1.device, generator=generator)
-        batch = self.target(x1, t, self.path, generator)
-        logits = model(batch.xt, batch.t)
-        loss, metrics = self.loss_from_batch(logits, batch)
-        stats = getattr(self.target, "last_stats", None) or {}
-        return loss, {**metrics, **{f"target/{k}": v for k, v in stats.items()}}
+        batch = as_batch(batch)
+        t = self.sample_t(batch.x1.shape[0], device=batch.x1.device, generator=generator)
+        tb = self.target(batch, t, self.path, generator, model=model, reference=reference)
+        if batch.weight is not None:  # targets may expand each sequence into several rows (N^full)
+            tb = tb.with_weight(batch.weight.repeat_interleave(tb.xt.shape[0] // batch.x1.shape[0]))
+        logits = model(tb.xt, tb.t)
+        loss, metrics = self.loss_from_batch(logits, tb)
+        return loss, {**metrics, **{f"target/{k}": v for k, v in tb.stats.items()}}
 
     def to(self, device) -> Objective:
         self.target = self.target.to(device)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 def config_help() -> str:
     """Epilog of config-taking commands: the presets and every config key with its default."""
-    from tcsm.train.config import describe_keys, list_presets, preset_description
+    from tcsm.build.config import describe_keys, list_presets, preset_description
 
     lines = ["presets (--config NAME, or a YAML path):"]
     for name in list_presets():
@@ -59,7 +59,7 @@ def resume_point(args, run_dir: Path | None) -> tuple[Path, Path, dict | None] |
     if not (args.resume or args.resume_from):
         return None
     from tcsm.errors import CheckpointError
-    from tcsm.train.checkpoint import read_state, resolve_checkpoint
+    from tcsm.checkpoint import read_state, resolve_checkpoint
 
     where = args.resume_from or run_dir
     if where is None:

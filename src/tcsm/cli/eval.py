@@ -37,8 +37,8 @@ def run(args) -> int:
 
     from tcsm.cli.common import format_bound, jsonable
     from tcsm.errors import ConfigError
-    from tcsm.train.checkpoint import load_checkpoint
-    from tcsm.train.components import DataInfo, build_objective_for_checkpoint
+    from tcsm.build.loading import load_checkpoint
+    from tcsm.build.components import DataInfo, build_objective_for_checkpoint
     from tcsm.train.distributed import resolve_device
     from tcsm.train.trainer import autocast, evaluate_model
 

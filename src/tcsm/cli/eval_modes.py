@@ -68,7 +68,7 @@ def run(args) -> int:
 
 
 def _load(args, device):
-    from tcsm.train.checkpoint import load_checkpoint
+    from tcsm.build.loading import load_checkpoint
 
     return load_checkpoint(args.checkpoint, device=device, ema=args.weights != "model", overrides=list(args.overrides))
 
@@ -107,7 +107,7 @@ def _run_zeroshot(args) -> int:
         zeroshot_perplexity,
     )
     from tcsm.train.distributed import resolve_device
-    from tcsm.train.trainer import _autocast
+    from tcsm.train.trainer import autocast as _autocast
 
     names = list(ZEROSHOT_SETS) if args.zeroshot == "all" else [s.strip() for s in args.zeroshot.split(",")]
     unknown = [n for n in names if n not in ZEROSHOT_SETS]
@@ -153,24 +153,6 @@ def _run_zeroshot(args) -> int:
 # --------------------------------------------------------------------------------------------------- gen-PPL
 
 
-def load_reference(path: str, device):
-    """A `ReferenceLM` from a Hugging Face model directory or a tcsm checkpoint of a causal model."""
-    from pathlib import Path
-
-    from tcsm.evaluation.genppl import ReferenceLM
-
-    p = Path(path)
-    if (p / "config.json").is_file():
-        return ReferenceLM.from_pretrained(p, device=device)
-    from tcsm.train.checkpoint import load_checkpoint
-
-    ref = load_checkpoint(p, device=device)
-    if getattr(ref.model, "family", None) != "causal":
-        raise ValueError(f"--reference {path!r} is neither a Hugging Face model directory nor a causal-LM checkpoint")
-    data = ref.build_data()
-    return ReferenceLM.from_tcsm(ref.model, data.tokenizer, eos_id=data.eos_id, device=device, name=str(p))
-
-
 def _read_samples(path: str) -> list[dict]:
     rows = []
     try:
@@ -201,6 +183,7 @@ def _score(ref, texts: list[str], tokens, max_length, batch_size) -> dict:
 def _run_genppl(args) -> int:
     import torch
 
+    from tcsm.build.loading import load_reference_lm
     from tcsm.cli.sample import load_tokenizer
     from tcsm.sampling import may_cache, sample
     from tcsm.train.distributed import resolve_device
@@ -215,7 +198,7 @@ def _run_genppl(args) -> int:
     if not args.temperature > 0 or not 0 < args.top_p <= 1:
         raise ValueError("--temperature must be > 0 and --top-p in (0, 1]")
     device = resolve_device(args.device)
-    ref = load_reference(args.reference, device)
+    ref = load_reference_lm(args.reference, device)
     batch = args.batch_size or 8
     rows, lines = [], []
     if args.samples:

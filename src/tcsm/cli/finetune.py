@@ -82,50 +82,14 @@ def _flag_values(args) -> dict:
     }
 
 
-def _apply(cfg, values: dict):
-    """The config with dotted keys set to Python values (no YAML parsing of strings such as reward specs)."""
-    from omegaconf import OmegaConf
-
-    from tcsm.train.config import load_config, to_dict
-
-    if not values:
-        return cfg
-    d = to_dict(cfg)
-    for key, v in values.items():
-        node = d
-        *parents, leaf = key.split(".")
-        for k in parents:
-            node = node.setdefault(k, {})
-        node[leaf] = v
-    return load_config(base=OmegaConf.create(d))
-
-
-def reward_config(
-    checkpoint, preset: str | None = "finetune-reward", overrides=(), values: dict | None = None
-):
-    """The fine-tuning config: pre-trained run's config < preset < overrides < `values` (dotted key → value),
-    with `target.pretrained` set to the checkpoint directory."""
-    from tcsm.errors import CheckpointError
-    from tcsm.train.checkpoint import read_state, resolve_checkpoint
-    from tcsm.train.config import load_config
-
-    directory = resolve_checkpoint(checkpoint)
-    state = read_state(directory)[1]
-    if "config" not in state:
-        raise CheckpointError(f"{str(directory)!r} holds no run config; it was not written by `tcsm train`")
-    base = dict(state["config"])
-    base["train"] = {**base.get("train", {}), "out_dir": None}  # never write into the pre-trained run
-    cfg = load_config(preset, list(overrides), base=base)
-    return _apply(cfg, {"target.pretrained": str(directory), **(values or {})})
-
-
 def resolve(args) -> tuple:
     """(config, run_dir, resume) of `tcsm finetune reward` from its arguments."""
     from pathlib import Path
 
+    from tcsm.build.config import load_config, set_values
     from tcsm.cli.common import default_run_dir, resume_point
     from tcsm.errors import ConfigError
-    from tcsm.train.config import load_config
+    from tcsm.recipes.reward import reward_config
 
     run_dir = Path(args.out) if args.out else None
     if args.num_proposals is not None and args.num_proposals < 1:
@@ -135,7 +99,7 @@ def resolve(args) -> tuple:
     point = resume_point(args, run_dir)
     if point is not None:
         checkpoint, run_dir, base = point
-        cfg = _apply(load_config(args.config, args.overrides, base=base), _flag_values(args))
+        cfg = set_values(load_config(args.config, args.overrides, base=base), _flag_values(args))
         return cfg, run_dir, checkpoint
     if not args.checkpoint:
         raise ConfigError(
@@ -145,49 +109,6 @@ def resolve(args) -> tuple:
     if run_dir is None:
         run_dir = Path(cfg.train.out_dir) if cfg.train.out_dir else default_run_dir("finetune-reward")
     return cfg, run_dir, None
-
-
-# --------------------------------------------------------------------------------------------------- training
-
-
-def reward_report(run_dir, num_samples: int, seed: int = 0) -> dict:
-    """Mean reward of `num_samples` samples of the pre-trained and of the fine-tuned (EMA) model, same sampler."""
-    import torch
-
-    from tcsm.rewards import evaluate_reward, make_reward
-    from tcsm.sampling import sample
-    from tcsm.train.checkpoint import load_checkpoint
-
-    post = load_checkpoint(run_dir)
-    cfg = post.config
-    pre = load_checkpoint(cfg.target.pretrained)
-    data = post.build_data()
-    path = post.build_path()
-    reward = make_reward(cfg.target.reward, decode=data.decode, vocab_size=data.vocab_size)
-    prompt = data.encode(cfg.target.prompt) if cfg.target.prompt else None
-    out = {
-        "reward": cfg.target.reward,
-        "beta": float(cfg.target.beta),
-        "num_samples": int(num_samples),
-        "sample_steps": int(cfg.sample.steps),
-    }
-    for name, ck in (("pretrained", pre), ("finetuned", post)):
-        g = torch.Generator().manual_seed(seed)
-        x = sample(
-            ck.model,
-            path,
-            batch_size=num_samples,
-            length=data.seq_len,
-            num_steps=cfg.sample.steps,
-            generator=g,
-            prompt=prompt,
-            chunk_size=256,
-        )
-        r = evaluate_reward(reward, x, 1024).double()
-        out[f"{name}_reward_mean"] = float(r.mean())
-        out[f"{name}_reward_stderr"] = float(r.std() / max(1, r.numel()) ** 0.5)
-        out[f"{name}_example"] = data.decode(x[0])
-    return out
 
 
 def run(args) -> int:
@@ -204,7 +125,8 @@ def run(args) -> int:
     if args.print_config:
         print(OmegaConf.to_yaml(cfg), end="")
         return 0
-    from tcsm.cli.train import fit
+    from tcsm.recipes.reward import reward_report
+    from tcsm.train.fit import fit
 
     fit(cfg, run_dir, resume)
     print(f"run directory: {run_dir}", flush=True)

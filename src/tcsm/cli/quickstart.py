@@ -28,8 +28,8 @@ def run(args) -> int:
     from tcsm.cli.train import train
     from tcsm.likelihood import evaluate_bound
     from tcsm.sampling import sample
-    from tcsm.train.checkpoint import load_checkpoint
-    from tcsm.train.config import load_config
+    from tcsm.build.loading import load_checkpoint
+    from tcsm.build.config import load_config
 
     start = time.perf_counter()
     cfg = load_config(args.config, args.overrides)

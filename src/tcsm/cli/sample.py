@@ -177,7 +177,7 @@ def run(args) -> int:
     from tqdm.auto import tqdm
 
     from tcsm.sampling import may_cache, sample
-    from tcsm.train.checkpoint import load_checkpoint
+    from tcsm.build.loading import load_checkpoint
     from tcsm.train.distributed import resolve_device
 
     if args.method is not None and args.method not in METHODS:

@@ -4,7 +4,6 @@ a run exactly. Runs under `torchrun --nproc_per_node N -m tcsm.cli train ...` wi
 from __future__ import annotations
 
 import argparse
-import json
 
 HELP = "train a model (from a preset or YAML config, with key=value overrides)"
 
@@ -36,7 +35,7 @@ def resolve(args) -> tuple:
     from pathlib import Path
 
     from tcsm.cli.common import default_run_dir, resume_point
-    from tcsm.train.config import load_config
+    from tcsm.build.config import load_config
 
     base, resume = None, None
     run_dir = Path(args.out) if args.out else None
@@ -60,36 +59,11 @@ def run(args) -> int:
     return train(cfg, run_dir, resume)
 
 
-def fit(cfg, run_dir, resume=None, log=None) -> dict:
-    """Set up the process group (if under torchrun), train with the shared Trainer, write summary.json;
-    returns the summary. Every subcommand that trains (train, finetune, demo) goes through here."""
-    import torch.distributed as dist
-
-    from tcsm.train.distributed import setup_distributed, teardown_distributed
-    from tcsm.train.trainer import Trainer
-
-    env = setup_distributed(cfg.train.device)
-    try:
-        if env.distributed:  # every rank must write to rank 0's run directory (its name holds a time)
-            box = [str(run_dir)]
-            dist.broadcast_object_list(box, src=0)
-            run_dir = box[0]
-        trainer = Trainer(cfg, run_dir, resume=resume, env=env, log=log)
-        summary = trainer.fit()
-        if env.is_main:
-            from pathlib import Path
-
-            (Path(run_dir) / "summary.json").write_text(
-                json.dumps(summary, indent=1) + "\n", encoding="utf-8"
-            )
-    finally:
-        teardown_distributed()
-    return summary
-
-
 def train(cfg, run_dir, resume=None, log=None) -> int:
     """`tcsm train`: fit, then say where the run lives."""
     import os
+
+    from tcsm.train.fit import fit
 
     fit(cfg, run_dir, resume, log)
     if os.environ.get("RANK", "0") == "0":  # torchrun's rank; one line per run, not per process

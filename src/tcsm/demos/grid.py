@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from tcsm.registry import MODELS
+from tcsm.build.registry import MODELS
 
 __all__ = ["SIZES", "GridMLP", "evaluate_grid", "plot_dynamics", "run_grid_demo"]
 
@@ -195,7 +195,7 @@ def plot_dynamics(
 
 def _fit(cfg, run_dir: Path, log) -> float:
     """Train (or finish) the run in run_dir with the shared Trainer; returns the wall time of this call."""
-    from tcsm.cli.train import fit
+    from tcsm.train.fit import fit
 
     start = time.perf_counter()
     fit(cfg, run_dir, resume=True if (run_dir / "checkpoints").is_dir() else None, log=log)
@@ -218,10 +218,10 @@ def run_grid_demo(
 
     Runs resume: a second call with the same `out_dir` reuses finished training runs.
     """
-    from tcsm.cli.finetune import reward_config
+    from tcsm.recipes.reward import reward_config
     from tcsm.sampling import sample
-    from tcsm.train.checkpoint import load_checkpoint
-    from tcsm.train.config import load_config
+    from tcsm.build.loading import load_checkpoint
+    from tcsm.build.config import load_config
 
     if size not in SIZES:
         raise ValueError(f"unknown demo size {size!r}; choose one of {sorted(SIZES)}")

@@ -1,9 +1,7 @@
-"""Neural networks: shared transformer layers and the bidirectional denoiser."""
+"""Neural networks: shared transformer layers and the bidirectional denoiser; the clean-data models of p_1
+(`tcsm.models.clean_families`), Hugging Face adapters (`tcsm.models.hf`) and the density-ratio head live in
+their own modules. Nothing here reads configs: `tcsm.build.models` turns a config section into a model."""
 
-# Clean-data models of p_1 (parametric targets); importing them registers model.name = mlm | causal | hollow |
-# hf_mlm | hf_causal with tcsm.registry.MODELS (transformers itself is imported only when an HF model is built).
-from tcsm.models import clean as _clean  # noqa: F401
-from tcsm.models import hf as _hf  # noqa: F401
 from tcsm.models.layers import (  # noqa: F401
     MLP,
     LayerNorm,

@@ -7,9 +7,9 @@ Three families model clean sequences x ∈ {0..V−1}^L and feed `tcsm.targets.p
 * `HollowTransformer` (models/hollow.py): all L conditionals p(x^i | x^{≠i}) in one pass.
 
 They share one config dataclass and the size presets below (the MLM and the causal LM also share their trunk,
-`CleanTransformer`); `build_clean_model(family, preset, **overrides)`
-builds any of them (the Hugging Face adapters in models/hf.py wrap external models instead). Importing this
-module registers the three families with `tcsm.registry.MODELS` (`model.name: mlm | causal | hollow`).
+`CleanTransformer`); `tcsm.models.clean_families.build_clean_model(family, preset, **overrides)`
+builds any of them (the Hugging Face adapters in models/hf.py wrap external models instead); `tcsm.build.models`
+makes them `model.name: mlm | causal | hollow` of a run config.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from tcsm.models.config import ModelConfig
 from tcsm.models.layers import RotaryEmbedding, TransformerBlock, init_weights, make_norm, zero_init_
 
-__all__ = ["CLEAN_PRESETS", "CleanLMConfig", "CleanTransformer", "build_clean_model", "clean_model_families"]
+__all__ = ["CLEAN_PRESETS", "CleanLMConfig", "CleanTransformer"]
 
 
 @dataclass
@@ -90,84 +90,3 @@ CLEAN_PRESETS: dict[str, dict[str, Any]] = {
     "small": {"max_len": 256, "d_model": 128, "n_layers": 2, "n_heads": 4, "n_mix_layers": 1},
     "base": {"max_len": 256, "d_model": 256, "n_layers": 4, "n_heads": 4, "n_mix_layers": 2},
 }
-
-
-def clean_model_families() -> dict[str, type[nn.Module]]:
-    """name → class of the built-in clean-data model families (imported lazily to avoid import cycles)."""
-    from tcsm.models.causal import CausalLM
-    from tcsm.models.hollow import HollowTransformer
-    from tcsm.models.mlm import MaskedLM
-
-    return {"mlm": MaskedLM, "causal": CausalLM, "hollow": HollowTransformer}
-
-
-def build_clean_model(
-    family: str, preset: str | dict[str, Any] | None = "small", **overrides: Any
-) -> nn.Module:
-    """Build a clean-data model: family ∈ {"mlm", "causal", "hollow"}, a size preset (or dict), overrides.
-
-    Example: `build_clean_model("hollow", "tiny", vocab_size=27)`.
-    """
-    families = clean_model_families()
-    if family not in families:
-        raise ValueError(f"unknown clean-data model family {family!r}; choose one of {sorted(families)}")
-    if isinstance(preset, str):
-        if preset not in CLEAN_PRESETS:
-            raise ValueError(f"unknown clean-model preset {preset!r}; choose one of {sorted(CLEAN_PRESETS)}")
-        fields = dict(CLEAN_PRESETS[preset])
-    else:
-        fields = dict(preset or {})
-    fields.update({k: v for k, v in overrides.items() if v is not None})
-    if fields.get("vocab_size") is None:
-        raise ValueError("clean-model config is missing vocab_size (the number of clean tokens V)")
-    return families[family](CleanLMConfig.from_dict(fields))
-
-
-# --------------------------------------------------------------------------------------------------- registry
-# `tcsm train` builds these from `model.name: mlm | causal | hollow` plus a preset and overrides.
-
-
-def _clean_schema(family: str) -> type:
-    """`model` keys of a clean-data family: a size preset plus any CleanLMConfig field (null: the preset's)."""
-    hints = typing.get_type_hints(CleanLMConfig)
-    fields: list = [
-        ("name", str, family),
-        ("preset", str, dataclasses.field(default="small", metadata={"help": " | ".join(CLEAN_PRESETS)})),
-    ]
-    for f in dataclasses.fields(CleanLMConfig):
-        if f.name != "vocab_size":  # from the data
-            fields.append((f.name, hints[f.name] | None, dataclasses.field(default=None)))
-    return dataclasses.make_dataclass(f"{family.title()}CleanModelConfig", fields)
-
-
-def _register_families() -> None:
-    from tcsm.errors import ConfigError
-    from tcsm.registry import MODELS
-
-    helps = {
-        "mlm": "BERT-style masked LM of clean data (a parametric p_1 teacher; MATH.md §4)",
-        "causal": "autoregressive transformer of clean data with BOS (an AR teacher; MATH.md §4, §5.4)",
-        "hollow": "Hollow transformer: all p_1(x^i | x^{≠i}) in one pass (MATH.md §4)",
-    }
-    for family, text in helps.items():
-
-        def build(node: dict, ctx, family=family):
-            node = dict(node)
-            preset = node.pop("preset")
-            if preset not in CLEAN_PRESETS:
-                raise ConfigError(f"unknown model.preset {preset!r}; choose one of {sorted(CLEAN_PRESETS)}")
-            fields = {**CLEAN_PRESETS[preset], **{k: v for k, v in node.items() if v is not None}}
-            if ctx.seq_len > fields["max_len"]:
-                raise ConfigError(
-                    f"data sequences have length {ctx.seq_len} but the model allows at most {fields['max_len']}; "
-                    f"set model.max_len={ctx.seq_len}"
-                )
-            try:
-                return build_clean_model(family, fields, vocab_size=ctx.vocab_size)
-            except ValueError as e:
-                raise ConfigError(f"model: {e}") from None
-
-        MODELS.register(family, build, schema=_clean_schema(family), help=text, overwrite=True)
-
-
-_register_families()

@@ -1,8 +1,17 @@
-"""Targets: what p_{1|t} the denoiser must match. See `tcsm.targets.base`."""
+"""Targets: what p_{1|t} the denoiser must match. See `tcsm.targets.base` for the call contract."""
 
-# Importing the parametric targets registers target.name = parametric with tcsm.registry.TARGETS.
-from tcsm.targets import parametric as _parametric  # noqa: F401
-from tcsm.targets import reward_tilt as _reward_tilt  # noqa: F401  (registers target.name = reward)
-from tcsm.targets.base import ConditionalTarget, DataTarget, Target, TargetBatch
+from tcsm.targets.base import ConditionalTarget, DataTarget, Target, TargetBatch, freeze
+from tcsm.targets.parametric import ParametricTarget, make_teacher
+from tcsm.targets.reward_tilt import RewardFullTarget, RewardN1Target
 
-__all__ = ["Target", "TargetBatch", "DataTarget", "ConditionalTarget"]  # noqa: RUF022 (reading order)
+__all__ = [  # noqa: RUF022 (reading order)
+    "Target",
+    "TargetBatch",
+    "DataTarget",
+    "ConditionalTarget",
+    "ParametricTarget",
+    "RewardN1Target",
+    "RewardFullTarget",
+    "freeze",
+    "make_teacher",
+]

@@ -1,21 +1,26 @@
 """The target interface: what p_{1|t} the denoiser must match (DESIGN.md, MATH.md §3).
 
-A target turns a batch of clean proposals x_1 and times t into a `TargetBatch`: the noisy input x_t the
-student sees and, for every position, the N^1 target conditional
+A target turns a `Batch` of clean proposals x_1 (plus conditioning positions and weights) and times t into a
+`TargetBatch`: the noisy input x_t the student sees and, for every position, the N^1 target conditional
 q^i(·) = p_{1|t}(x_1^i = · | x_1^{≠i}, x_t) — either explicitly (`log_q`, a distribution over the V clean
 tokens) or as a Monte Carlo sample (the observed token `x1`, when `log_q` is None). Objectives consume
 only `TargetBatch`, so a new target never touches an objective or the trainer.
+
+Call contract: `target(batch, t, path, generator=None, *, model=None, reference=None)`. `model` is the model
+being trained and `reference` an optional frozen reference the trainer supplies (e.g. its EMA copy), both handed
+over explicitly by the objective on every call (on-policy targets sample `model`; others ignore both); frozen
+models a target owns (teachers, pre-trained checkpoints) are given to its constructor as objects. What a call
+wants logged travels back in `TargetBatch.stats` (detached 0-d tensors), never in target state.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from types import MappingProxyType
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
 
+from tcsm.batch import Batch, as_batch
 from tcsm.paths import ProbabilityPath
 
 
@@ -27,6 +32,7 @@ class TargetBatch:
     loss_mask: Tensor  # BoolTensor[B, L]: positions whose target is not a point mass
     log_q: Tensor | None = None  # FloatTensor[B, L, V]: explicit N^1 target conditionals
     weight: Tensor | None = None  # FloatTensor[B]: per-sequence weights (e.g. importance weights)
+    stats: dict[str, Tensor] = field(default_factory=dict)  # what the target reports about this call
 
     @property
     def explicit(self) -> bool:
@@ -36,17 +42,31 @@ class TargetBatch:
         return replace(self, weight=weight if self.weight is None else self.weight * weight)
 
 
-class Target:
-    """Base class. Subclasses implement `__call__(x1, t, path, generator)` → TargetBatch.
+def freeze(model):
+    """Eval mode and no gradients: how targets hold teachers and references (never trained through)."""
+    if isinstance(model, torch.nn.Module):
+        model.eval().requires_grad_(False)
+    return model
 
-    Targets may hold frozen models (teachers, references); they are never trained through. A target may
-    describe its most recent call in `last_stats` (e.g. mean reward, effective sample size); the objective logs
-    them as `target/<name>` metrics.
+
+class Target:
+    """Base class. Subclasses implement `__call__(batch, t, path, generator=None, *, model=None, reference=None)`.
+
+    Targets may hold frozen models (teachers, references); they are never trained through. Statistics of a call
+    (e.g. mean reward, effective sample size) go in the returned `TargetBatch.stats`; the objective logs them as
+    `target/<name>` metrics.
     """
 
-    last_stats: Mapping[str, float] = MappingProxyType({})  # read-only default; targets assign a new dict
-
-    def __call__(self, x1: Tensor, t: Tensor, path: ProbabilityPath, generator: torch.Generator | None = None) -> TargetBatch:
+    def __call__(
+        self,
+        batch: Batch | Tensor,
+        t: Tensor,
+        path: ProbabilityPath,
+        generator: torch.Generator | None = None,
+        *,
+        model=None,
+        reference=None,
+    ) -> TargetBatch:
         raise NotImplementedError
 
     def to(self, device) -> Target:
@@ -57,9 +77,10 @@ class DataTarget(Target):
     """h = p_{1|t} realised by data: x_1 ~ data, x_t ~ p_{t|1}(· | x_1); the target is the observed token
     (Monte Carlo form, MATH.md §3.4)."""
 
-    def __call__(self, x1, t, path, generator=None):
-        xt = path.sample(x1, t, generator)
-        return TargetBatch(xt=xt, t=t, x1=x1, loss_mask=path.loss_mask(xt))
+    def __call__(self, batch, t, path, generator=None, *, model=None, reference=None):
+        batch = as_batch(batch)
+        xt = batch.noised(path, batch.x1, t, generator)
+        return TargetBatch(xt=xt, t=t, x1=batch.x1, loss_mask=batch.scored(path, xt))
 
 
 class ConditionalTarget(Target):
@@ -72,12 +93,14 @@ class ConditionalTarget(Target):
     def __init__(self, log_p1_cond):
         self.log_p1_cond = log_p1_cond
 
-    def __call__(self, x1, t, path, generator=None):
-        xt = path.sample(x1, t, generator)
+    def __call__(self, batch, t, path, generator=None, *, model=None, reference=None):
+        batch = as_batch(batch)
+        x1 = batch.x1
+        xt = batch.noised(path, x1, t, generator)
         with torch.no_grad():
             log_p1 = self.log_p1_cond(x1)
             # Half precision would blur small target probabilities; float64 oracles stay exact.
             if log_p1.dtype in (torch.float16, torch.bfloat16):
                 log_p1 = log_p1.float()
             log_q = path.target_conditional(log_p1, xt, t)
-        return TargetBatch(xt=xt, t=t, x1=x1, loss_mask=path.loss_mask(xt), log_q=log_q)
+        return TargetBatch(xt=xt, t=t, x1=x1, loss_mask=batch.scored(path, xt), log_q=log_q)

@@ -11,7 +11,7 @@ objectives train the student against this explicit distribution instead of the s
 Teachers are frozen (eval mode, no parameter gradients) and run under no_grad. The teacher conditionals depend
 on x_1 only — not on t or x_t — so `ParametricTarget(cache_size=n)` memoises them per sequence: with a finite
 training set every sequence is scored once. `load_teacher(checkpoint)` wraps a clean-data model trained by
-`tcsm train`; importing this module registers `target.name: parametric` with `tcsm.registry.TARGETS`.
+`tcsm train`; importing this module registers `target.name: parametric` with `tcsm.build.registry.TARGETS`.
 """
 
 from __future__ import annotations
@@ -184,12 +184,12 @@ class ParametricTarget(ConditionalTarget):
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
 
-    def __call__(self, x1: Tensor, t: Tensor, path: ProbabilityPath, generator=None) -> TargetBatch:
+    def __call__(self, batch, t: Tensor, path: ProbabilityPath, generator=None, *, model=None, reference=None) -> TargetBatch:
         if self.teacher.vocab_size != path.vocab_size:
             raise ValueError(
                 f"teacher vocabulary V={self.teacher.vocab_size} differs from the path's V={path.vocab_size}"
             )
-        return super().__call__(x1, t, path, generator)
+        return super().__call__(batch, t, path, generator, model=model)
 
     def to(self, device) -> ParametricTarget:
         self.teacher.to(device)
@@ -197,93 +197,3 @@ class ParametricTarget(ConditionalTarget):
 
     def __repr__(self) -> str:
         return f"ParametricTarget({self.teacher!r}, cache_size={self.cache_size})"
-
-
-# --------------------------------------------------------------------------------------------------- registry
-# `target.name: parametric` with `teacher: <checkpoint of a clean-data run>` (`tcsm train -c clean-...`).
-
-
-@dataclass
-class ParametricTargetConfig:
-    name: str = "parametric"
-    teacher: str | None = field(
-        default=None,
-        metadata={"help": "checkpoint (run, checkpoints or step_* directory) of a clean-data model"},
-    )
-    ema: bool = field(default=True, metadata={"help": "use the teacher's EMA weights when it has them"})
-    estimator: str = field(
-        default="exact", metadata={"help": "AR teachers: exact | topk | taylor (MATH.md §5.4)"}
-    )
-    k: int = field(default=8, metadata={"help": "topk: candidates per position"})
-    temperature: float = field(default=1.0, metadata={"help": "taylor: ℓ is divided by this"})
-    max_tokens: int = field(
-        default=1 << 16, metadata={"help": "tokens per teacher forward pass (memory bound)"}
-    )
-    cache_size: int = field(default=0, metadata={"help": "sequences whose teacher conditionals are memoised"})
-    autocast: bool = field(
-        default=False, metadata={"help": "run the teacher under the trainer's bf16 autocast"}
-    )
-
-
-def load_teacher(
-    path: str, device="cpu", *, ema: bool = True, vocab_size: int | None = None, **options
-) -> Teacher:
-    """The frozen teacher of a clean-data checkpoint written by `tcsm train` (EMA weights by default).
-    `options` go to the family's teacher (estimator / k / temperature for AR, max_tokens for MLM)."""
-    from tcsm.errors import CheckpointError
-    from tcsm.train.checkpoint import load_checkpoint
-
-    ck = load_checkpoint(path, device=device, ema=ema)
-    family = getattr(ck.model, "family", None)
-    if family not in TEACHERS:
-        raise CheckpointError(
-            f"checkpoint {str(ck.directory)!r} holds a {type(ck.model).__name__}, not a clean-data model "
-            "(train one with objective.name=clean_lm and model.name=mlm | causal | hollow)"
-        )
-    if vocab_size is not None and int(ck.data_info["vocab_size"]) != int(vocab_size):
-        raise CheckpointError(
-            f"teacher {str(ck.directory)!r} was trained on {ck.data_info['vocab_size']} tokens, the data has {vocab_size}"
-        )
-    keep = {"causal": ("estimator", "k", "temperature", "max_tokens"), "mlm": ("max_tokens",), "hollow": ()}[
-        family
-    ]
-    opts = {k: v for k, v in options.items() if k in keep or k == "autocast"}
-    if family == "causal":
-        est = opts.get("estimator", "exact")
-        drop = {"exact": ("k", "temperature"), "topk": ("temperature",), "taylor": ("k", "max_tokens")}.get(
-            est, ()
-        )
-        opts = {k: v for k, v in opts.items() if k not in drop}
-    return make_teacher(ck.model, family, **opts)
-
-
-def _register() -> None:
-    from tcsm.errors import ConfigError, TCSMError
-    from tcsm.registry import TARGETS
-
-    def build(node: dict, ctx):
-        node = dict(node)
-        path = node.pop("teacher")
-        if not path:
-            raise ConfigError(
-                "target.teacher must name the checkpoint of a clean-data run (tcsm train -c clean-mlm ...)"
-            )
-        ema, cache_size = node.pop("ema"), node.pop("cache_size")
-        try:
-            teacher = load_teacher(path, ctx.device or "cpu", ema=ema, vocab_size=ctx.vocab_size, **node)
-        except TCSMError:
-            raise
-        except ValueError as e:  # an estimator option out of range
-            raise ConfigError(f"target: {e}") from None
-        return ParametricTarget(teacher, cache_size=cache_size)
-
-    TARGETS.register(
-        "parametric",
-        build,
-        schema=ParametricTargetConfig,
-        overwrite=True,
-        help="explicit N^1 target from a frozen clean-data model (BERT / AR / Hollow; MATH.md §4)",
-    )
-
-
-_register()

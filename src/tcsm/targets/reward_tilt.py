@@ -12,7 +12,7 @@ Two neighbourhoods, both plain `Target`s, so the objectives and the trainer are 
 
 Where x_t comes from (`xt_source`; MATH.md §5.2: every full-support choice has the same pointwise minimiser):
 "data" noises the batch; "pretrained" (the default) noises samples of the frozen pre-trained model;
-"model" noises samples of the model being trained (on-policy; call `bind_model`). The default is "pretrained"
+"model" noises samples of the model being trained (on-policy; the objective hands it over on every call). The default is "pretrained"
 because (1) it needs no dataset — a fine-tune is "checkpoint + reward"; (2) it is a fixed distribution, so the
 fine-tuning loss is an ordinary stationary objective (resume, LR schedules and loss curves mean what they
 mean in pre-training); (3) it covers where the fine-tuned model will go: p^R_t ≤ p^pre_t · max e^{R/β} / Z, so
@@ -33,7 +33,8 @@ from torch import Tensor
 
 from tcsm.paths import ProbabilityPath
 from tcsm.rewards import RewardFn, evaluate_reward
-from tcsm.targets.base import Target, TargetBatch
+from tcsm.batch import Batch, as_batch
+from tcsm.targets.base import Target, TargetBatch, freeze
 
 __all__ = [
     "XT_SOURCES",
@@ -141,12 +142,6 @@ def factorized_proposals(
 # ---------------------------------------------------------------------------------------------------
 
 
-def _frozen(model):
-    if isinstance(model, torch.nn.Module):
-        model.eval().requires_grad_(False)
-    return model
-
-
 class RewardTarget(Target):
     """Common part of the reward targets: the frozen pre-trained denoiser, R, β, where x_t comes from, prompts.
 
@@ -174,7 +169,7 @@ class RewardTarget(Target):
             raise ValueError(f"beta must be > 0, got {beta}")
         if xt_source not in XT_SOURCES:
             raise ValueError(f"unknown xt_source {xt_source!r}; choose one of {list(XT_SOURCES)}")
-        self.pretrained = _frozen(pretrained)
+        self.pretrained = freeze(pretrained)
         self.reward, self.beta = reward, float(beta)
         self.xt_source = xt_source
         self.sampler = sampler
@@ -185,18 +180,10 @@ class RewardTarget(Target):
         )
         self.prompt = None if prompt is None else torch.as_tensor(prompt, dtype=torch.long)
         self.reward_chunk = reward_chunk
-        self.model = None
         self._pool: Tensor | None = None
         self._pool_calls = 0
-        #: statistics of the last call (Python floats), for logging.
-        self.last_stats: dict[str, float] = {}
 
     # --- plumbing -----------------------------------------------------------------------------------
-    def bind_model(self, model) -> RewardTarget:
-        """Give the target the model being trained (needed by on-policy x_t or proposals)."""
-        self.model = model
-        return self
-
     def to(self, device) -> RewardTarget:
         if isinstance(self.pretrained, torch.nn.Module):
             self.pretrained.to(device)
@@ -217,13 +204,11 @@ class RewardTarget(Target):
             if was_training:
                 denoiser.train()
 
-    def _source_model(self, which: str):
+    def _source_model(self, which: str, model):
         if which == "model":
-            if self.model is None:
-                raise ValueError(
-                    "on-policy sampling needs the model being trained: call target.bind_model(model)"
-                )
-            return self.model
+            if model is None:
+                raise ValueError("on-policy sampling needs the model being trained: pass model= to the target")
+            return model
         return self.pretrained
 
     def _pin(self, x: Tensor) -> tuple[Tensor, Tensor]:
@@ -263,7 +248,7 @@ class RewardTarget(Target):
             if was_training:
                 denoiser.train()
 
-    def _clean_for_xt(self, x1: Tensor, path: ProbabilityPath, generator) -> Tensor:
+    def _clean_for_xt(self, x1: Tensor, path: ProbabilityPath, generator, model) -> Tensor:
         """The clean sequences that are noised into x_t (MATH.md §5.2: data, pre-trained or current samples)."""
         if self.xt_source == "data":
             return x1
@@ -271,7 +256,7 @@ class RewardTarget(Target):
         if self._pool is None or expired or self._pool.shape[1] != x1.shape[1]:
             size = max(self.pool_size, x1.shape[0])
             self._pool = self._draw_samples(
-                self._source_model(self.xt_source), size, x1.shape[1], path, generator
+                self._source_model(self.xt_source, model), size, x1.shape[1], path, generator
             )
             self._pool = self._pool.to(x1.device)
             self._pool_calls = 0
@@ -286,11 +271,14 @@ class RewardTarget(Target):
         return self._pool[idx]
 
     def noisy_states(
-        self, x1: Tensor, t: Tensor, path: ProbabilityPath, generator=None
+        self, batch: Batch | Tensor, t: Tensor, path: ProbabilityPath, generator=None, model=None
     ) -> tuple[Tensor, Tensor, Tensor]:
         """(x'_1, x_t, loss_mask): x'_1 from the x_t source (prompt pinned), x_t ~ p_{t|1}(· | x'_1) with the
-        prompt kept clean, loss positions = the path's minus the prompt."""
-        clean, pinned = self._pin(self._clean_for_xt(x1, path, generator))
+        prompt and the batch's conditioning positions kept clean, loss positions = the path's minus those."""
+        batch = as_batch(batch)
+        clean, pinned = self._pin(self._clean_for_xt(batch.x1, path, generator, model))
+        if batch.cond_mask is not None and self.xt_source == "data":
+            pinned = pinned | batch.cond_mask
         xt = path.sample(clean, t, generator)
         xt = torch.where(pinned, clean, xt)
         return clean, xt, path.loss_mask(xt) & ~pinned
@@ -327,18 +315,18 @@ class RewardN1Target(RewardTarget):
             raise ValueError(f"unknown N^1 proposal h {h!r}; choose clean, pretrained or model")
         self.h, self.pre_conditional = h, pre_conditional
 
-    def __call__(self, x1, t, path, generator=None):
-        clean, xt, mask = self.noisy_states(x1, t, path, generator)
+    def __call__(self, batch, t, path, generator=None, *, model=None, reference=None):
+        clean, xt, mask = self.noisy_states(batch, t, path, generator, model)
         if self.h != "clean":
-            clean = self.proposals(self._source_model(self.h), xt, t, mask, 1, generator)[:, 0]
+            clean = self.proposals(self._source_model(self.h, model), xt, t, mask, 1, generator)[:, 0]
         if self.pre_conditional is not None:
             with torch.no_grad():
                 log_pre = self.pre_conditional(clean, xt, t).float()
         else:
             log_pre = torch.log_softmax(self._denoise(self.pretrained, xt, t), -1)
         log_q, mask = tilted_conditionals(log_pre, clean, mask, self.reward, self.beta, self.reward_chunk)
-        self.last_stats = {"reward_positions": float(mask.float().mean())}
-        return TargetBatch(xt=xt, t=t, x1=clean, loss_mask=mask, log_q=log_q)
+        stats = {"reward_positions": mask.float().mean()}
+        return TargetBatch(xt=xt, t=t, x1=clean, loss_mask=mask, log_q=log_q, stats=stats)
 
 
 class RewardFullTarget(RewardTarget):
@@ -366,8 +354,8 @@ class RewardFullTarget(RewardTarget):
             raise ValueError(f"num_proposals must be >= 1, got {num_proposals}")
         self.num_proposals, self.reward_floor, self.proposal = int(num_proposals), reward_floor, proposal
 
-    def __call__(self, x1, t, path, generator=None):
-        _, xt, mask = self.noisy_states(x1, t, path, generator)
+    def __call__(self, batch, t, path, generator=None, *, model=None, reference=None):
+        _, xt, mask = self.noisy_states(batch, t, path, generator, model)
         N, L = xt.shape
         B = self.num_proposals
         if self.proposal is not None:
@@ -380,15 +368,12 @@ class RewardFullTarget(RewardTarget):
         with torch.no_grad():
             ess = torch.where(valid, 1.0 / (w**2).sum(-1).clamp_min(1e-300), torch.zeros_like(w[:, 0]))
             finite = torch.isfinite(rewards)
-            self.last_stats = {
-                "reward_mean": float(rewards[finite].mean()) if finite.any() else float("nan"),
-                "reward_weighted": float(
-                    (w * torch.nan_to_num(rewards.double(), neginf=0.0)).sum(-1)[valid].mean()
-                )
-                if valid.any()
-                else float("nan"),
-                "groups_skipped": float(1.0 - valid.double().mean()),
-                "ess_fraction": float(ess[valid].mean() / B) if valid.any() else 0.0,
+            # Means over possibly empty selections are NaN by design (no finite reward / no usable group).
+            stats = {
+                "reward_mean": rewards[finite].mean(),
+                "reward_weighted": (w * torch.nan_to_num(rewards.double(), neginf=0.0)).sum(-1)[valid].mean(),
+                "groups_skipped": 1.0 - valid.double().mean(),
+                "ess_fraction": torch.nan_to_num(ess[valid].mean() / B, nan=0.0),
             }
         rep = lambda v: v.repeat_interleave(B, dim=0)
         return TargetBatch(
@@ -397,128 +382,5 @@ class RewardFullTarget(RewardTarget):
             x1=props.reshape(N * B, L),
             loss_mask=rep(mask),
             weight=(w * B).reshape(N * B).to(torch.float32),
+            stats=stats,
         )
-
-
-# ---------------------------------------------------------------------------------------------------
-# registry entry: `target.name: reward`
-# ---------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class RewardTargetConfig:
-    name: str = "reward"
-    pretrained: str | None = field(
-        default=None,
-        metadata={"help": "checkpoint of the pre-trained diffusion model (run, checkpoints or step_*)"},
-    )
-    ema: bool = field(default=True, metadata={"help": "use the pre-trained EMA weights when it has them"})
-    init_student: bool = field(
-        default=True,
-        metadata={"help": "start the trained model from the pre-trained weights (same architecture)"},
-    )
-    reward: str = field(
-        default="grid",
-        metadata={"help": "reward spec: grid | vader | profanity | hf:PATH | python:mod:fn (tcsm.rewards)"},
-    )
-    beta: float = field(default=1.0, metadata={"help": "temperature β of p^R ∝ p_1 e^{R/β}"})
-    neighbourhood: str = field(
-        default="full", metadata={"help": "full (SNIS, MATH.md §5.2) | n1 (explicit q^{R,i})"}
-    )
-    num_proposals: int = field(default=8, metadata={"help": "N^full: proposals B per noisy state"})
-    reward_floor: float | None = field(
-        default=None,
-        metadata={"help": "N^full: skip groups whose rewards are all <= this (e.g. -1e4 for R=-1e5)"},
-    )
-    xt_source: str = field(
-        default="pretrained", metadata={"help": "x_t from noised: data | pretrained | model samples"}
-    )
-    h: str = field(default="clean", metadata={"help": "N^1: x_1 given x_t: clean | pretrained | model"})
-    sample_steps: int = field(default=64, metadata={"help": "sampler steps of the x_t sample pool"})
-    pool_size: int = field(default=1024, metadata={"help": "samples in the x_t pool"})
-    refresh_every: int = field(
-        default=0, metadata={"help": "redraw the pool every this many calls (0: once)"}
-    )
-    prompt: str | None = field(
-        default=None, metadata={"help": "text prompt pinned at the start of every sequence"}
-    )
-    reward_chunk: int = field(default=8192, metadata={"help": "sequences per reward call (memory)"})
-
-
-def load_pretrained(path: str, device="cpu", *, ema: bool = True):
-    """The frozen pre-trained denoiser of a `tcsm train` checkpoint and its `LoadedCheckpoint`."""
-    from tcsm.train.checkpoint import load_checkpoint
-
-    ck = load_checkpoint(path, device=device, ema=ema)
-    return _frozen(ck.model), ck
-
-
-def build_reward_target(node: dict, ctx) -> RewardTarget:
-    """`target.name: reward`: N^full / N^1 reward-tilted target around a frozen pre-trained checkpoint (§5.2)."""
-    from tcsm.errors import CheckpointError, ConfigError
-    from tcsm.rewards import make_reward
-    from tcsm.train.checkpoint import load_weights_into
-
-    node = dict(node)
-    if not node.get("pretrained"):
-        raise ConfigError(
-            "target.pretrained must name the pre-trained checkpoint (tcsm finetune reward --checkpoint)"
-        )
-    pre, ck = load_pretrained(node["pretrained"], ctx.device or "cpu", ema=node["ema"])
-    if int(ck.data_info["vocab_size"]) != ctx.vocab_size or ck.config.path.source != ctx.path.kind:
-        raise CheckpointError(
-            f"pre-trained checkpoint {str(ck.directory)!r} is a {ck.config.path.source} model over "
-            f"{ck.data_info['vocab_size']} tokens; this run has a {ctx.path.kind} path over {ctx.vocab_size}"
-        )
-    if node["init_student"] and ctx.model is not None:
-        load_weights_into(
-            ctx.model, pre.state_dict(), f"{ck.directory} (set target.init_student=false to start afresh)"
-        )
-    decode = getattr(ctx.data, "decode", None)
-    try:
-        reward = make_reward(node["reward"], decode=decode, vocab_size=ctx.vocab_size)
-    except (ValueError, ImportError) as e:
-        raise ConfigError(f"target.reward: {e}") from None
-    prompt = ctx.data.encode(node["prompt"]) if node.get("prompt") else None
-    common = {
-        "xt_source": node["xt_source"],
-        "sample_steps": node["sample_steps"],
-        "pool_size": node["pool_size"],
-        "refresh_every": node["refresh_every"],
-        "prompt": prompt,
-        "reward_chunk": node["reward_chunk"],
-    }
-    try:
-        if node["neighbourhood"] == "full":
-            target = RewardFullTarget(
-                pre,
-                reward,
-                node["beta"],
-                num_proposals=node["num_proposals"],
-                reward_floor=node["reward_floor"],
-                **common,
-            )
-        elif node["neighbourhood"] == "n1":
-            target = RewardN1Target(pre, reward, node["beta"], h=node["h"], **common)
-        else:
-            raise ValueError(f"neighbourhood must be full or n1, got {node['neighbourhood']!r}")
-    except ValueError as e:
-        raise ConfigError(f"target: {e}") from None
-    if ctx.model is not None:
-        target.bind_model(ctx.model)  # on-policy x_t / proposals sample the model being trained
-    return target
-
-
-def _register() -> None:
-    from tcsm.registry import TARGETS
-
-    TARGETS.register(
-        "reward",
-        build_reward_target,
-        schema=RewardTargetConfig,
-        overwrite=True,
-        help="reward-tilted target p^R ∝ p_1 e^{R/β} around a frozen pre-trained model (MATH.md §5.2)",
-    )
-
-
-_register()

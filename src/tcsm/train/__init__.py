@@ -1,12 +1,11 @@
-"""Training: one Trainer for every objective, pickle-free checkpoints, run configs, DDP.
+"""Training: one Trainer for every objective (AdamW, EMA, bf16, DDP, exact resume) and `fit`.
 
-cfg = load_config("synthetic", ["train.steps=500"])   # preset + key=value overrides, validated
-Trainer(cfg, "runs/demo").fit()
-ckpt = load_checkpoint("runs/demo")                    # .model (EMA weights), .config, .build_path()
+cfg = load_config("synthetic", ["train.steps=500"])        # tcsm.build: preset + key=value overrides
+Trainer.from_config(cfg, "runs/demo").fit()                # or Trainer(components, cfg, run_dir)
+fit(cfg, "runs/demo")                                      # the same, under torchrun too, + summary.json
 """
 
-from tcsm.train.checkpoint import LoadedCheckpoint, load_checkpoint, save_checkpoint
-from tcsm.train.config import RunConfig, load_config
-from tcsm.train.trainer import Trainer
+from tcsm.train.fit import fit
+from tcsm.train.trainer import Trainer, evaluate_model
 
-__all__ = ["LoadedCheckpoint", "RunConfig", "Trainer", "load_checkpoint", "load_config", "save_checkpoint"]
+__all__ = ["Trainer", "evaluate_model", "fit"]

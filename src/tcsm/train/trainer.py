@@ -1,5 +1,5 @@
-"""One training loop for every objective: the trainer calls `objective(model, x1, generator)` and nothing else
-method-specific (DESIGN.md). It adds AdamW with warm-up and decay, gradient clipping and accumulation, EMA,
+"""One training loop for every objective: the trainer calls `objective(model, batch, generator, reference=...)`
+and nothing else method-specific (DESIGN.md; the contract is `tcsm.protocols`). It adds AdamW with warm-up and decay, gradient clipping and accumulation, EMA,
 bf16 autocast, DDP, periodic validation with the likelihood bound, logged samples, and exact resume.
 
 Randomness is a function of (seed, step, micro-batch index) only. Each global batch (fixed by the seeded data
@@ -24,16 +24,11 @@ import torch
 from omegaconf import OmegaConf
 
 from tcsm.errors import CheckpointError, ConfigError, TrainingError
-from tcsm.train.checkpoint import (
-    check_same_architecture,
-    load_weights_into,
-    read_state,
-    read_weights,
-    resolve_checkpoint,
-    save_checkpoint,
-)
-from tcsm.train.components import Components, DataInfo, build_components
-from tcsm.train.config import load_config, to_dict
+from tcsm.checkpoint import load_weights_into, read_state, read_weights, resolve_checkpoint, save_checkpoint
+from tcsm.build.loading import check_same_architecture
+from tcsm.build.components import Components, DataInfo, build_components
+from tcsm.build.config import load_config, to_dict
+from tcsm.protocols import Evaluates, Samples, StepInfo, TrainerCallback
 from tcsm.train.distributed import DistEnv, all_reduce_mean, barrier, setup_distributed
 from tcsm.train.ema import EMA
 from tcsm.train.logs import RunLogger, plot_curves
@@ -78,9 +73,8 @@ def evaluate_model(objective, model, data, path, e, *, generator=None, device=No
     An objective that trains something other than a denoiser (e.g. a clean-data LM, tcsm.clean_losses) brings its
     own `evaluate` in the same format; every other model gets the diffusion likelihood bound (MATH.md §2.4).
     """
-    custom = getattr(objective, "evaluate", None)
-    if custom is not None:
-        return custom(model, data, batch_size=e.batch_size, generator=generator, device=device)
+    if isinstance(objective, Evaluates):
+        return objective.evaluate(model, data, batch_size=e.batch_size, generator=generator, device=device)
     from tcsm.likelihood import evaluate_bound
 
     return evaluate_bound(
@@ -96,20 +90,43 @@ def evaluate_model(objective, model, data, path, e, *, generator=None, device=No
     )
 
 
-class Trainer:
-    """Train the run described by `cfg` in `run_dir`; `resume` is a checkpoint path or True (the run's latest).
+def micro_batch_plan(t, world_size: int) -> tuple[int, int]:
+    """(sequences per micro-batch, micro-batches per step): the unit of randomness, identical for every world
+    size when train.micro_batch is set; ConfigError if the processes cannot share it."""
+    W = world_size
+    micro = int(t.micro_batch) if t.micro_batch else t.batch_size // W
+    if t.micro_batch is None and t.batch_size % W:
+        raise ConfigError(f"train.batch_size={t.batch_size} must be a multiple of the {W} processes")
+    num_micro = t.batch_size // micro
+    if num_micro % W:
+        raise ConfigError(
+            f"train.batch_size / train.micro_batch = {num_micro} micro-batches cannot be shared by {W} "
+            "processes; choose a micro_batch that makes it a multiple of the process count"
+        )
+    return micro, num_micro
 
-    >>> Trainer(load_config("synthetic"), "runs/demo").fit()
+
+class Trainer:
+    """Train `components` (data, path, model, target, objective) under the `optim` / `train` / `eval` / `sample`
+    settings of `cfg` in `run_dir`; `resume` is a checkpoint path or True (the run's latest).
+
+    >>> Trainer.from_config(load_config("synthetic"), "runs/demo").fit()     # built from a run config
+    >>> Trainer(components, cfg, None).fit()                                 # objects built by hand
+
+    `cfg` is still the whole run config: it is what checkpoints store so that a run can be resumed and its model
+    rebuilt. `callbacks` (`tcsm.protocols.TrainerCallback`) are added to `components.callbacks`.
     """
 
     def __init__(
         self,
+        components: Components,
         cfg,
         run_dir: str | Path | None,
         *,
         resume: str | Path | bool | None = None,
         env: DistEnv | None = None,
         log: Callable[[str], None] | None = None,
+        callbacks=(),
     ):
         self.cfg = cfg
         self.env = env if env is not None else setup_distributed(cfg.train.device)
@@ -119,24 +136,16 @@ class Trainer:
         t = cfg.train
         if t.threads:
             torch.set_num_threads(int(t.threads))
+        self.micro, self.num_micro = micro_batch_plan(t, self.env.world_size)
 
-        # Micro-batch plan: the unit of randomness, identical for every world size when micro_batch is set.
-        W = self.env.world_size
-        self.micro = int(t.micro_batch) if t.micro_batch else t.batch_size // W
-        if t.micro_batch is None and t.batch_size % W:
-            raise ConfigError(f"train.batch_size={t.batch_size} must be a multiple of the {W} processes")
-        self.num_micro = t.batch_size // self.micro
-        if self.num_micro % W:
-            raise ConfigError(
-                f"train.batch_size / train.micro_batch = {self.num_micro} micro-batches cannot be shared by {W} "
-                "processes; choose a micro_batch that makes it a multiple of the process count"
-            )
-
-        # Initial weights depend on the seed only (DDP also broadcasts rank 0's weights).
-        torch.manual_seed(t.seed)
-        self.parts: Components = build_components(cfg, self.device)
-        self.data, self.path, self.objective = self.parts.data, self.parts.path, self.parts.objective
-        self.model = self.parts.model
+        self.parts = components
+        self.data, self.path, self.objective = components.data, components.path, components.objective
+        self.model = components.model
+        self.reference = components.reference
+        self.callbacks = [*components.callbacks, *callbacks]
+        for cb in self.callbacks:
+            if not isinstance(cb, TrainerCallback):
+                raise TypeError(f"{cb!r} is not a TrainerCallback (on_fit_start, on_step_end)")
         if t.init_from and not resume:
             self._init_weights(t.init_from, ema=t.init_weights == "ema")
         self.precision = resolve_precision(t.precision, self.device, self.model)
@@ -162,6 +171,27 @@ class Trainer:
         if resume:
             self._restore(resume)
         self.logger = RunLogger(self.run_dir, enabled=self.env.is_main, tensorboard=t.tensorboard)
+
+    @classmethod
+    def from_config(
+        cls,
+        cfg,
+        run_dir: str | Path | None,
+        *,
+        resume: str | Path | bool | None = None,
+        env: DistEnv | None = None,
+        log: Callable[[str], None] | None = None,
+        callbacks=(),
+    ) -> Trainer:
+        """Build the run's components from `cfg` (seeded: initial weights depend on train.seed only; DDP also
+        broadcasts rank 0's weights) and wrap them in a Trainer."""
+        env = env if env is not None else setup_distributed(cfg.train.device)
+        if cfg.train.threads:
+            torch.set_num_threads(int(cfg.train.threads))
+        micro_batch_plan(cfg.train, env.world_size)  # a bad plan fails before data and models are built
+        torch.manual_seed(cfg.train.seed)
+        components = build_components(cfg, env.device)
+        return cls(components, cfg, run_dir, resume=resume, env=env, log=log, callbacks=callbacks)
 
     # ----------------------------------------------------------------------------------------------- state
 
@@ -260,7 +290,8 @@ class Trainer:
     # ----------------------------------------------------------------------------------------------- steps
 
     def train_step(self) -> dict[str, float]:
-        """One optimizer update over the global batch; returns this rank-averaged step's metrics."""
+        """One optimizer update over the global batch; returns this rank's step metrics (objective metrics as
+        0-d tensors on the device, summed without a host sync; lr and grad_norm as floats)."""
         t, env = self.cfg.train, self.env
         lr = lr_at(self.step, t.steps, self.cfg.optim)
         set_lr(self.optimizer, lr)
@@ -270,25 +301,28 @@ class Trainer:
         # Each micro-batch loss is a mean over its sequences; the update follows the mean over micro-batches.
         # DDP averages over ranks, so each rank scales its share by W / num_micro.
         scale = env.world_size / self.num_micro
-        sums: dict[str, float] = {}
+        sums: dict[str, Any] = {}
         for k, c in enumerate(mine):
             seed = stream_seed(t.seed, self.step, c)
             generator = torch.Generator(device=self.device).manual_seed(seed)
             torch.manual_seed(seed)  # model-internal randomness (dropout) follows the same stream
-            x1 = self.data.get_batch("train", indices[c * self.micro : (c + 1) * self.micro], self.device)
+            batch = self.data.get_batch("train", indices[c * self.micro : (c + 1) * self.micro], self.device)
             last = k == len(mine) - 1
             sync = contextlib.nullcontext() if (last or not env.distributed) else self.forward_model.no_sync()
             with sync:
                 with autocast(self.device, self.precision):
-                    loss, metrics = self.objective(self.forward_model, x1, generator=generator)
+                    # A reference is passed only when the run has one, so a plain objective(model, batch,
+                    # generator) satisfies the contract (tcsm.protocols.TrainingObjective).
+                    extra = {} if self.reference is None else {"reference": self.reference}
+                    loss, metrics = self.objective(self.forward_model, batch, generator=generator, **extra)
                 (loss * scale).backward()
-            for key, v in metrics.items():
-                sums[key] = sums.get(key, 0.0) + float(v) / len(mine)
+            for key, v in metrics.items():  # summed where they live: no host sync per micro-batch
+                sums[key] = sums.get(key, 0.0) + v / len(mine)
         clip = float(self.cfg.optim.clip) if self.cfg.optim.clip > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
         if not math.isfinite(grad_norm):  # identical on every rank: the gradients are already averaged
             raise TrainingError(
-                f"non-finite gradient at step {self.step + 1} (loss {sums.get('loss', float('nan')):.4g}); lower "
+                f"non-finite gradient at step {self.step + 1} (loss {float(sums.get('loss', math.nan)):.4g}); lower "
                 "optim.lr, raise optim.warmup or use train.precision=fp32"
             )
         self.optimizer.step()
@@ -297,7 +331,12 @@ class Trainer:
             self.ema.update(self.model)
         self.step += 1
         sums.update(lr=lr, grad_norm=grad_norm)
+        for cb in self.callbacks:
+            cb.on_step_end(self._info())
         return sums
+
+    def _info(self) -> StepInfo:
+        return StepInfo(self.step, self.model, self.ema.model if self.ema is not None else None, self.run_dir)
 
     # ----------------------------------------------------------------------------------------------- eval
 
@@ -333,10 +372,11 @@ class Trainer:
             return []
         generator = torch.Generator(device=self.device).manual_seed(s.seed)
         length = s.length or self.data_info.seq_len
-        custom = getattr(self.objective, "sample", None)
         with autocast(self.device, self.precision):
-            if custom is not None:
-                tokens = custom(self.eval_model(), s.num, length, generator=generator, device=self.device)
+            if isinstance(self.objective, Samples):
+                tokens = self.objective.sample(
+                    self.eval_model(), s.num, length, generator=generator, device=self.device
+                )
             else:
                 tokens = sample(
                     self.eval_model(),
@@ -420,8 +460,10 @@ class Trainer:
             file=sys.stderr,
             smoothing=0.05,
         )
-        window: dict[str, float] = {}
+        window: dict[str, Any] = {}
         window_steps, window_start = 0, time.perf_counter()
+        for cb in self.callbacks:
+            cb.on_fit_start(self._info())
         tokens_per_step = t.batch_size * self.data_info.seq_len
         try:
             while self.step < t.steps:
@@ -433,7 +475,8 @@ class Trainer:
                 final = self.step == t.steps
                 if self.step % t.log_every == 0 or final or self.step == 1:
                     now = time.perf_counter()
-                    row = all_reduce_mean({k: v / window_steps for k, v in window.items()}, env)
+                    # The one host sync of a logging window: device metrics become floats here.
+                    row = all_reduce_mean({k: float(v) / window_steps for k, v in window.items()}, env)
                     row["lr"], row["grad_norm"] = metrics["lr"], metrics["grad_norm"]
                     row["tokens_per_s"] = tokens_per_step * window_steps / max(now - window_start, 1e-9)
                     self.elapsed += now - window_start
@@ -465,5 +508,3 @@ class Trainer:
         out.update(self.last_eval)
         return out
 
-
-_autocast = autocast  # the name tcsm.cli.eval_modes imported first

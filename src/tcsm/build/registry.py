@@ -2,15 +2,15 @@
 
 A component registers itself in its own module, so adding one never edits the trainer or the CLI:
 
-    from tcsm.registry import TARGETS
+    from tcsm.build.registry import TARGETS
 
     @TARGETS.register("bert", schema=BertTargetConfig)   # schema: an optional dataclass of its config keys
     def build_bert_target(node: dict, ctx: BuildContext) -> Target: ...
 
 The config section that selects it (`target.name=bert`) is then validated against `schema` (unknown keys and
 wrong types become one-line errors) and `node` holds that section's keys without `name`. Built-in entries live
-in `tcsm.train.components`; a registry imports its `homes` (the packages whose `__init__` imports their
-component modules) before it reports a name as unknown. A name of the form `package.module:function` is
+in `tcsm.build.models`, `tcsm.build.targets` and `tcsm.build.objectives`, a registry's `homes`, which it imports
+before it reports a name as unknown. A name of the form `package.module:function` is
 imported and used as the builder directly, so a user's own component needs no registration at all.
 """
 
@@ -37,6 +37,7 @@ class BuildContext:
     path: Any = None  # tcsm.paths.ProbabilityPath
     model: Any = None  # the trainable denoiser (unwrapped)
     target: Any = None  # tcsm.targets.Target
+    reference: Any = None  # a frozen reference model a target builder loaded for the objective (or None)
     extras: dict[str, Any] = field(default_factory=dict)  # free slot for components that cooperate
 
     @property
@@ -61,7 +62,7 @@ class Registry:
 
     def __init__(self, kind: str, homes: tuple[str, ...] = ()):
         self.kind = kind
-        self.homes = ("tcsm.train.components",) + tuple(homes)
+        self.homes = tuple(homes)
         self._entries: dict[str, Entry] = {}
         self._homes_imported = False
 
@@ -124,9 +125,9 @@ class Registry:
         return f"Registry({self.kind!r}, {sorted(self._entries)})"
 
 
-MODELS = Registry("model", homes=("tcsm.models",))
-TARGETS = Registry("target", homes=("tcsm.targets",))
-OBJECTIVES = Registry("objective", homes=("tcsm.objectives", "tcsm.clean_losses", "tcsm.baselines"))
+MODELS = Registry("model", homes=("tcsm.build.models",))
+TARGETS = Registry("target", homes=("tcsm.build.targets",))
+OBJECTIVES = Registry("objective", homes=("tcsm.build.objectives",))
 
 
 def import_plugins(modules) -> None:

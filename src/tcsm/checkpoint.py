@@ -26,7 +26,6 @@ import os
 import shutil
 import uuid
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +38,7 @@ from tcsm.errors import CheckpointError
 
 __all__ = [
     "FORMAT",
-    "LoadedCheckpoint",
     "list_checkpoints",
-    "load_checkpoint",
     "pack",
     "read_state",
     "read_weights",
@@ -353,83 +350,3 @@ def load_weights_into(model: torch.nn.Module, weights: dict[str, torch.Tensor], 
 
 
 # --------------------------------------------------------------------------------------------------- public
-
-
-@dataclass
-class LoadedCheckpoint:
-    """A trained model ready to use, and what is needed to use it."""
-
-    model: torch.nn.Module  # eval mode; EMA weights when available and requested
-    config: Any  # the run's DictConfig
-    step: int
-    directory: Path
-    weights: str  # "ema" or "model"
-    data_info: dict  # name, vocab_size, seq_len of the data it was trained on
-
-    def build_path(self):
-        """The probability path the model was trained with."""
-        from tcsm.train.components import build_path
-
-        return build_path(self.config, self.data_info["vocab_size"])
-
-    def build_data(self):
-        """The run's DataBundle (reads the data files named in the config)."""
-        from tcsm.train.components import build_data
-
-        return build_data(self.config)
-
-    def __iter__(self):  # `model, config, *_ = load_checkpoint(...)`
-        return iter((self.model, self.config, self.step, self.directory))
-
-
-def load_checkpoint(
-    path: str | os.PathLike, device: str | torch.device = "cpu", *, ema: bool = True, overrides=()
-) -> LoadedCheckpoint:
-    """Load a trained model from a run directory, checkpoints directory or step directory.
-
-    `ema=True` loads the EMA weights when the run kept them. `overrides` (`key=value` strings) may change
-    anything but the model section; a model override that changes the architecture raises CheckpointError.
-    """
-    from tcsm.train.components import build_model_for_checkpoint
-
-    directory = resolve_checkpoint(path)
-    step, state = read_state(directory)
-    config, data_info = config_from_state(state, overrides, where=str(directory))
-    model = build_model_for_checkpoint(config, data_info, device)
-    use_ema = ema and (directory / "ema.safetensors").is_file()
-    load_weights_into(model, read_weights(directory, ema=use_ema, device=device), str(directory))
-    model.eval()
-    return LoadedCheckpoint(model, config, step, directory, "ema" if use_ema else "model", data_info)
-
-
-def config_from_state(state: dict, overrides=(), where: str = "checkpoint"):
-    """(config, data_info) stored in a checkpoint's state, with `overrides` applied and checked against it."""
-    from tcsm.train.config import load_config
-
-    if "config" not in state or "data_info" not in state:
-        raise CheckpointError(f"{where!r} holds no run config; it was not written by `tcsm train`")
-    saved = load_config(base=state["config"])
-    config = load_config(base=state["config"], overrides=list(overrides)) if overrides else saved
-    check_same_architecture(saved, config, where)
-    return config, dict(state["data_info"])
-
-
-def check_same_architecture(saved, requested, where: str) -> None:
-    """Raise CheckpointError if the model sections (or the path source, which sets the input alphabet) differ."""
-    from tcsm.train.config import to_dict
-
-    def flat(d, prefix=""):
-        out = {}
-        for k, v in d.items():
-            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-        return out
-
-    a = flat({"model": to_dict(saved.model), "path": {"source": saved.path.source}})
-    b = flat({"model": to_dict(requested.model), "path": {"source": requested.path.source}})
-    diff = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-    if diff:
-        k = diff[0]
-        raise CheckpointError(
-            f"checkpoint {where!r} does not match the config: {k} is {a.get(k)!r} in the checkpoint but "
-            f"{b.get(k)!r} in the config"
-        )

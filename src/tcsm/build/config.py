@@ -28,7 +28,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from tcsm.errors import ConfigError
-from tcsm.registry import MODELS, OBJECTIVES, TARGETS, import_plugins
+from tcsm.build.registry import MODELS, OBJECTIVES, TARGETS, import_plugins
 
 __all__ = [
     "COMPONENTS",
@@ -492,3 +492,17 @@ def describe_keys() -> list[tuple[str, Any, str]]:
             shown = OmegaConf.to_container(value) if OmegaConf.is_list(value) else value
             out.append((section, shown, f.metadata.get("help", "")))
     return out
+
+
+def set_values(cfg, values: dict):
+    """The config with dotted keys set to Python values (no YAML parsing of strings such as reward specs)."""
+    if not values:
+        return cfg
+    d = to_dict(cfg)
+    for key, v in values.items():
+        node = d
+        *parents, leaf = key.split(".")
+        for k in parents:
+            node = node.setdefault(k, {})
+        node[leaf] = v
+    return load_config(base=OmegaConf.create(d))

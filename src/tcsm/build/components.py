@@ -13,8 +13,9 @@ from typing import Any, Optional
 
 import torch
 
+from tcsm.build.registry import MODELS, OBJECTIVES, TARGETS, BuildContext
 from tcsm.errors import ConfigError
-from tcsm.registry import MODELS, OBJECTIVES, TARGETS, BuildContext
+from tcsm.protocols import TrainerCallback
 
 __all__ = [
     "Components",
@@ -35,113 +36,6 @@ def section(cfg, name: str, key: str = "name") -> tuple[str, dict]:
 
     node = OmegaConf.to_container(cfg[name], resolve=True)
     return node.pop(key), node
-
-
-# --------------------------------------------------------------------------------------------------- model
-
-
-def _denoiser_schema() -> type:
-    """`model` keys for the denoiser: a preset plus any DenoiserConfig field as an override (null: preset)."""
-    from tcsm.models import DenoiserConfig
-
-    hints = typing.get_type_hints(DenoiserConfig)
-    from tcsm.models import PRESETS
-
-    fields = [
-        ("name", str, "denoiser"),
-        (
-            "preset",
-            str,
-            field(default="tiny", metadata={"help": f"architecture preset: {' | '.join(PRESETS)}"}),
-        ),
-    ]
-    for f in dataclasses.fields(DenoiserConfig):
-        if f.name in ("vocab_size", "num_states"):  # from the data and the path
-            continue
-        # A runtime type for OmegaConf, not a hint: hence Optional[...] rather than `X | None`.
-        optional = Optional[hints[f.name]]  # noqa: UP045
-        fields.append((f.name, optional, field(default=None, metadata={"help": "null: the preset's"})))
-    return dataclasses.make_dataclass("DenoiserModelConfig", fields)
-
-
-@MODELS.register("denoiser", schema=_denoiser_schema())
-def build_denoiser_model(node: dict, ctx: BuildContext):
-    """Bidirectional diffusion transformer (tcsm.models.Denoiser): a preset plus overrides."""
-    from tcsm.models import PRESETS, build_denoiser
-
-    preset = node.pop("preset")
-    if preset not in PRESETS:
-        raise ConfigError(f"unknown model.preset {preset!r}; choose one of {sorted(PRESETS)}")
-    overrides = {k: v for k, v in node.items() if v is not None}
-    max_len = overrides.get("max_len", PRESETS[preset].get("max_len"))
-    if max_len is not None and ctx.seq_len > max_len:
-        raise ConfigError(
-            f"data sequences have length {ctx.seq_len} but the model allows at most {max_len}; "
-            f"set model.max_len={ctx.seq_len} or shorten the data's sequence length"
-        )
-    try:
-        return build_denoiser(preset, vocab_size=ctx.vocab_size, num_states=ctx.path.num_states, **overrides)
-    except ValueError as e:
-        raise ConfigError(f"model: {e}") from None
-
-
-# --------------------------------------------------------------------------------------------------- target
-
-
-@dataclass
-class DataTargetConfig:
-    name: str = "data"
-
-
-@TARGETS.register("data", schema=DataTargetConfig)
-def build_data_target(node: dict, ctx: BuildContext):
-    """Monte Carlo target from data samples: x_1 ~ data, x_t ~ p_{t|1} (MATH.md §3.4)."""
-    from tcsm.targets import DataTarget
-
-    return DataTarget()
-
-
-# --------------------------------------------------------------------------------------------------- objective
-
-
-@dataclass
-class TCSMObjectiveConfig:
-    name: str = "tcsm"
-    loss: str = field(
-        default="distrib", metadata={"help": "per-position loss: distrib | score | a LOSSES name"}
-    )
-    divergence: str | None = field(
-        default=None, metadata={"help": "divergence of the loss (null: its default)"}
-    )
-    weighting: str = field(
-        default="kappa", metadata={"help": "time weighting ω(t): kappa | a WEIGHTINGS name"}
-    )
-    antithetic: bool = field(default=True, metadata={"help": "antithetic t across each micro-batch"})
-    kwargs: dict[str, Any] = field(
-        default_factory=dict, metadata={"help": "extra loss arguments, e.g. {clamp: -30}"}
-    )
-
-
-@OBJECTIVES.register("tcsm", schema=TCSMObjectiveConfig)
-def build_tcsm_objective(node: dict, ctx: BuildContext):
-    """The composed N^1 TCSM objective: path × target × loss × divergence × ω(t) (MATH.md §3, §7)."""
-    from tcsm.objectives import Objective
-
-    kwargs = dict(node.pop("kwargs") or {})
-    divergence = node.pop("divergence")
-    if divergence is not None:
-        kwargs["divergence"] = divergence
-    try:
-        return Objective(
-            ctx.path,
-            ctx.target,
-            loss=node["loss"],
-            weighting=node["weighting"],
-            antithetic=node["antithetic"],
-            **kwargs,
-        )
-    except (ValueError, KeyError) as e:
-        raise ConfigError(f"objective: {e}") from None
 
 
 # --------------------------------------------------------------------------------------------------- assembly
@@ -208,12 +102,17 @@ def build_path(cfg, vocab_size: int):
 
 @dataclass
 class Components:
+    """What a Trainer trains: data, path, model, target and objective, plus the optional frozen `reference` the
+    trainer hands to the objective on every step and the `callbacks` it calls (`tcsm.protocols`)."""
+
     data: Any
     path: Any
     model: torch.nn.Module
     target: Any
     objective: Any
-    context: BuildContext
+    context: BuildContext | None = None
+    reference: torch.nn.Module | None = None
+    callbacks: list = field(default_factory=list)
 
 
 def build_components(cfg, device: torch.device, data=None) -> Components:
@@ -227,7 +126,10 @@ def build_components(cfg, device: torch.device, data=None) -> Components:
     target = TARGETS.build(name, node, ctx)
     ctx.target = target.to(device) if hasattr(target, "to") else target
     objective = build_objective(cfg, ctx)
-    return Components(data, ctx.path, ctx.model, ctx.target, objective, ctx)
+    callbacks = [c for c in (ctx.target, objective) if isinstance(c, TrainerCallback)]
+    return Components(
+        data, ctx.path, ctx.model, ctx.target, objective, ctx, ctx.reference, callbacks
+    )
 
 
 def build_objective(cfg, ctx: BuildContext):

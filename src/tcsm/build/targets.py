@@ -1,0 +1,223 @@
+"""Target builders: `target.name` → a Target (data, parametric teacher, reward-tilted), loading the frozen
+models they need from checkpoints here, so that the target classes take model objects only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tcsm.build.loading import load_checkpoint
+from tcsm.build.registry import TARGETS, BuildContext
+from tcsm.errors import CheckpointError, ConfigError, TCSMError
+from tcsm.targets.parametric import TEACHERS, ParametricTarget, Teacher, make_teacher
+from tcsm.rewards import make_reward
+from tcsm.targets.base import freeze
+from tcsm.targets.reward_tilt import RewardFullTarget, RewardN1Target, RewardTarget
+
+__all__ = ["ParametricTargetConfig", "RewardTargetConfig", "load_pretrained", "load_teacher"]
+
+
+# --------------------------------------------------------------------------------------------------- target
+
+
+@dataclass
+class DataTargetConfig:
+    name: str = "data"
+
+
+@TARGETS.register("data", schema=DataTargetConfig)
+def build_data_target(node: dict, ctx: BuildContext):
+    """Monte Carlo target from data samples: x_1 ~ data, x_t ~ p_{t|1} (MATH.md §3.4)."""
+    from tcsm.targets import DataTarget
+
+    return DataTarget()
+
+
+# --------------------------------------------------------------------------------------------------- registry
+# `target.name: parametric` with `teacher: <checkpoint of a clean-data run>` (`tcsm train -c clean-...`).
+
+
+@dataclass
+class ParametricTargetConfig:
+    name: str = "parametric"
+    teacher: str | None = field(
+        default=None,
+        metadata={"help": "checkpoint (run, checkpoints or step_* directory) of a clean-data model"},
+    )
+    ema: bool = field(default=True, metadata={"help": "use the teacher's EMA weights when it has them"})
+    estimator: str = field(
+        default="exact", metadata={"help": "AR teachers: exact | topk | taylor (MATH.md §5.4)"}
+    )
+    k: int = field(default=8, metadata={"help": "topk: candidates per position"})
+    temperature: float = field(default=1.0, metadata={"help": "taylor: ℓ is divided by this"})
+    max_tokens: int = field(
+        default=1 << 16, metadata={"help": "tokens per teacher forward pass (memory bound)"}
+    )
+    cache_size: int = field(default=0, metadata={"help": "sequences whose teacher conditionals are memoised"})
+    autocast: bool = field(
+        default=False, metadata={"help": "run the teacher under the trainer's bf16 autocast"}
+    )
+
+
+def load_teacher(
+    path: str, device="cpu", *, ema: bool = True, vocab_size: int | None = None, **options
+) -> Teacher:
+    """The frozen teacher of a clean-data checkpoint written by `tcsm train` (EMA weights by default).
+    `options` go to the family's teacher (estimator / k / temperature for AR, max_tokens for MLM)."""
+    ck = load_checkpoint(path, device=device, ema=ema)
+    family = getattr(ck.model, "family", None)
+    if family not in TEACHERS:
+        raise CheckpointError(
+            f"checkpoint {str(ck.directory)!r} holds a {type(ck.model).__name__}, not a clean-data model "
+            "(train one with objective.name=clean_lm and model.name=mlm | causal | hollow)"
+        )
+    if vocab_size is not None and int(ck.data_info["vocab_size"]) != int(vocab_size):
+        raise CheckpointError(
+            f"teacher {str(ck.directory)!r} was trained on {ck.data_info['vocab_size']} tokens, the data has {vocab_size}"
+        )
+    keep = {"causal": ("estimator", "k", "temperature", "max_tokens"), "mlm": ("max_tokens",), "hollow": ()}[
+        family
+    ]
+    opts = {k: v for k, v in options.items() if k in keep or k == "autocast"}
+    if family == "causal":
+        est = opts.get("estimator", "exact")
+        drop = {"exact": ("k", "temperature"), "topk": ("temperature",), "taylor": ("k", "max_tokens")}.get(
+            est, ()
+        )
+        opts = {k: v for k, v in opts.items() if k not in drop}
+    return make_teacher(ck.model, family, **opts)
+
+
+def _register_parametric() -> None:
+    def build(node: dict, ctx):
+        node = dict(node)
+        path = node.pop("teacher")
+        if not path:
+            raise ConfigError(
+                "target.teacher must name the checkpoint of a clean-data run (tcsm train -c clean-mlm ...)"
+            )
+        ema, cache_size = node.pop("ema"), node.pop("cache_size")
+        try:
+            teacher = load_teacher(path, ctx.device or "cpu", ema=ema, vocab_size=ctx.vocab_size, **node)
+        except TCSMError:
+            raise
+        except ValueError as e:  # an estimator option out of range
+            raise ConfigError(f"target: {e}") from None
+        return ParametricTarget(teacher, cache_size=cache_size)
+
+    TARGETS.register(
+        "parametric",
+        build,
+        schema=ParametricTargetConfig,
+        overwrite=True,
+        help="explicit N^1 target from a frozen clean-data model (BERT / AR / Hollow; MATH.md §4)",
+    )
+
+
+_register_parametric()
+
+
+# ---------------------------------------------------------------------------------------------------
+# registry entry: `target.name: reward`
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RewardTargetConfig:
+    name: str = "reward"
+    pretrained: str | None = field(
+        default=None,
+        metadata={"help": "checkpoint of the pre-trained diffusion model (run, checkpoints or step_*)"},
+    )
+    ema: bool = field(default=True, metadata={"help": "use the pre-trained EMA weights when it has them"})
+    reward: str = field(
+        default="grid",
+        metadata={"help": "reward spec: grid | vader | profanity | hf:PATH | python:mod:fn (tcsm.rewards)"},
+    )
+    beta: float = field(default=1.0, metadata={"help": "temperature β of p^R ∝ p_1 e^{R/β}"})
+    neighbourhood: str = field(
+        default="full", metadata={"help": "full (SNIS, MATH.md §5.2) | n1 (explicit q^{R,i})"}
+    )
+    num_proposals: int = field(default=8, metadata={"help": "N^full: proposals B per noisy state"})
+    reward_floor: float | None = field(
+        default=None,
+        metadata={"help": "N^full: skip groups whose rewards are all <= this (e.g. -1e4 for R=-1e5)"},
+    )
+    xt_source: str = field(
+        default="pretrained", metadata={"help": "x_t from noised: data | pretrained | model samples"}
+    )
+    h: str = field(default="clean", metadata={"help": "N^1: x_1 given x_t: clean | pretrained | model"})
+    sample_steps: int = field(default=64, metadata={"help": "sampler steps of the x_t sample pool"})
+    pool_size: int = field(default=1024, metadata={"help": "samples in the x_t pool"})
+    refresh_every: int = field(
+        default=0, metadata={"help": "redraw the pool every this many calls (0: once)"}
+    )
+    prompt: str | None = field(
+        default=None, metadata={"help": "text prompt pinned at the start of every sequence"}
+    )
+    reward_chunk: int = field(default=8192, metadata={"help": "sequences per reward call (memory)"})
+
+
+def load_pretrained(path: str, device="cpu", *, ema: bool = True):
+    """The frozen pre-trained denoiser of a `tcsm train` checkpoint and its `LoadedCheckpoint`."""
+    ck = load_checkpoint(path, device=device, ema=ema)
+    return freeze(ck.model), ck
+
+
+def build_reward_target(node: dict, ctx) -> RewardTarget:
+    """`target.name: reward`: N^full / N^1 reward-tilted target around a frozen pre-trained checkpoint (§5.2)."""
+    node = dict(node)
+    if not node.get("pretrained"):
+        raise ConfigError(
+            "target.pretrained must name the pre-trained checkpoint (tcsm finetune reward --checkpoint)"
+        )
+    pre, ck = load_pretrained(node["pretrained"], ctx.device or "cpu", ema=node["ema"])
+    if int(ck.data_info["vocab_size"]) != ctx.vocab_size or ck.config.path.source != ctx.path.kind:
+        raise CheckpointError(
+            f"pre-trained checkpoint {str(ck.directory)!r} is a {ck.config.path.source} model over "
+            f"{ck.data_info['vocab_size']} tokens; this run has a {ctx.path.kind} path over {ctx.vocab_size}"
+        )
+    decode = getattr(ctx.data, "decode", None)
+    try:
+        reward = make_reward(node["reward"], decode=decode, vocab_size=ctx.vocab_size)
+    except (ValueError, ImportError) as e:
+        raise ConfigError(f"target.reward: {e}") from None
+    prompt = ctx.data.encode(node["prompt"]) if node.get("prompt") else None
+    common = {
+        "xt_source": node["xt_source"],
+        "sample_steps": node["sample_steps"],
+        "pool_size": node["pool_size"],
+        "refresh_every": node["refresh_every"],
+        "prompt": prompt,
+        "reward_chunk": node["reward_chunk"],
+    }
+    try:
+        if node["neighbourhood"] == "full":
+            target = RewardFullTarget(
+                pre,
+                reward,
+                node["beta"],
+                num_proposals=node["num_proposals"],
+                reward_floor=node["reward_floor"],
+                **common,
+            )
+        elif node["neighbourhood"] == "n1":
+            target = RewardN1Target(pre, reward, node["beta"], h=node["h"], **common)
+        else:
+            raise ValueError(f"neighbourhood must be full or n1, got {node['neighbourhood']!r}")
+    except ValueError as e:
+        raise ConfigError(f"target: {e}") from None
+    return target
+
+
+def _register_reward() -> None:
+    TARGETS.register(
+        "reward",
+        build_reward_target,
+        schema=RewardTargetConfig,
+        overwrite=True,
+        help="reward-tilted target p^R ∝ p_1 e^{R/β} around a frozen pre-trained model (MATH.md §5.2)",
+    )
+
+
+_register_reward()

@@ -1,0 +1,56 @@
+"""The contract between the trainer and what it trains (DESIGN.md "The objective contract").
+
+The trainer calls an objective and nothing else method-specific; optional capabilities are declared by these
+protocols and checked with `isinstance`, never discovered by attribute probing:
+
+* `TrainingObjective`: `objective(model, batch, generator[, reference=...])` → (scalar loss, metrics), where
+  `batch` is a `tcsm.batch.Batch` (or clean tokens [B, L]) and metrics are detached 0-d tensors;
+* `Evaluates`: the objective brings its own validation metric (a clean-data LM's NLL instead of a diffusion bound);
+* `Samples`: the objective brings its own sampler (an AR model), or says it has none (returns None);
+* `TrainerCallback`: something of the run (an objective, a target) wants to act at fixed points of training,
+  e.g. refresh a previous-iterate reference or a sample pool. The trainer calls every callback it is given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+__all__ = ["Evaluates", "Samples", "StepInfo", "TrainerCallback", "TrainingObjective"]
+
+
+@runtime_checkable
+class TrainingObjective(Protocol):
+    def __call__(
+        self, model, batch, generator: torch.Generator | None = None, *, reference=None
+    ) -> tuple[Tensor, dict[str, Tensor]]: ...
+
+
+@runtime_checkable
+class Evaluates(Protocol):
+    def evaluate(self, model, data: Tensor, *, batch_size: int, generator=None, device=None) -> dict: ...
+
+
+@runtime_checkable
+class Samples(Protocol):
+    def sample(self, model, num: int, length: int, generator=None, device=None) -> Tensor | None: ...
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What a callback sees: the step just completed (0 before the first), the trained model, its EMA copy."""
+
+    step: int
+    model: torch.nn.Module
+    ema_model: torch.nn.Module | None
+    run_dir: Any = None
+
+
+@runtime_checkable
+class TrainerCallback(Protocol):
+    def on_fit_start(self, info: StepInfo) -> None: ...
+
+    def on_step_end(self, info: StepInfo) -> None: ...

@@ -1,0 +1,1 @@
+"""Recipes: the paper's post-training procedures as run configurations (and their reports) over the one Trainer."""

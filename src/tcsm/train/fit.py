@@ -1,0 +1,33 @@
+"""`fit`: train a run from its config, under torchrun or not, and write its summary — what every command that
+trains (`tcsm train`, `tcsm finetune`, `tcsm demo`, the benchmarks) calls."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["fit"]
+
+
+def fit(cfg, run_dir, resume=None, log: Callable[[str], None] | None = None) -> dict:
+    """Set up the process group (if under torchrun), train with `Trainer.from_config`, write summary.json;
+    returns the summary."""
+    import torch.distributed as dist
+
+    from tcsm.train.distributed import setup_distributed, teardown_distributed
+    from tcsm.train.trainer import Trainer
+
+    env = setup_distributed(cfg.train.device)
+    try:
+        if env.distributed:  # every rank must write to rank 0's run directory (its name holds a time)
+            box = [str(run_dir)]
+            dist.broadcast_object_list(box, src=0)
+            run_dir = box[0]
+        trainer = Trainer.from_config(cfg, run_dir, resume=resume, env=env, log=log)
+        summary = trainer.fit()
+        if env.is_main:
+            (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    finally:
+        teardown_distributed()
+    return summary
