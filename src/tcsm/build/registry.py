@@ -9,8 +9,8 @@ A component registers itself in its own module, so adding one never edits the tr
 
 The config section that selects it (`target.name=bert`) is then validated against `schema` (unknown keys and
 wrong types become one-line errors) and `node` holds that section's keys without `name`. Built-in entries live
-in `tcsm.build.models`, `tcsm.build.targets` and `tcsm.build.objectives`, a registry's `homes`, which it imports
-before it reports a name as unknown. A name of the form `package.module:function` is
+in the `BUILDER_MODULES` (tcsm.build.models, .targets, .objectives and one module per post-training recipe), which
+a registry imports before it reports a name as unknown. A name of the form `package.module:function` is
 imported and used as the builder directly, so a user's own component needs no registration at all.
 """
 
@@ -125,9 +125,20 @@ class Registry:
         return f"Registry({self.kind!r}, {sorted(self._entries)})"
 
 
-MODELS = Registry("model", homes=("tcsm.build.models",))
-TARGETS = Registry("target", homes=("tcsm.build.targets",))
-OBJECTIVES = Registry("objective", homes=("tcsm.build.objectives",))
+#: The modules whose import registers the built-in entries; one module may register several kinds (a recipe's
+#: model, target and objective together). A registry imports them all before it reports a name as unknown.
+BUILDER_MODULES = (
+    "tcsm.build.models",
+    "tcsm.build.targets",
+    "tcsm.build.objectives",
+    "tcsm.build.dre",
+    "tcsm.build.preference",
+    "tcsm.build.distill",
+)
+
+MODELS = Registry("model", homes=BUILDER_MODULES)
+TARGETS = Registry("target", homes=BUILDER_MODULES)
+OBJECTIVES = Registry("objective", homes=BUILDER_MODULES)
 
 
 def import_plugins(modules) -> None:
