@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from tcsm.paths import ProbabilityPath
+from tcsm.sir import sample_sir, sir_select  # noqa: F401  SIR sampler of energy models (MATH.md §6.3), re-exported
 
 __all__ = [
     "GRIDS",

@@ -9,6 +9,7 @@ then an exact step for any step size (oracle e.a).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -17,7 +18,6 @@ from torch import Tensor
 
 from tcsm.density_ratio import EnergyFn, draw_reference_samples, energy_log_ratio
 from tcsm.paths import ProbabilityPath
-from tcsm.sampling import categorical, prefix_condition, time_grid
 
 __all__ = ["SIRStats", "sample_sir", "sir_select"]
 
@@ -37,6 +37,51 @@ class SIRStats:
     reference_rows: int = 0
     energy_rows: int = 0
     row_calls: Tensor | None = None
+    method: str = "sir"
+
+    @property
+    def num_calls(self) -> int:
+        """Batched reference calls, the count `tcsm.sampling.SamplingStats.num_calls` reports for plain samplers."""
+        return self.reference_calls
+
+
+# `tcsm.sampling` re-exports this sampler, so this module cannot import from it (tests/test_imports.py forbids
+# import cycles); the three helpers below are the same draws as tcsm.sampling's categorical / time_grid /
+# prefix_condition, so a seeded run gives the same samples either way.
+
+
+def _categorical(log_probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """Exact draw argmax_y(log p_y + G_y), G_y ~ Gumbel(0, 1), in float64 (as `tcsm.sampling.categorical`)."""
+    lp = log_probs.double()
+    u = torch.rand(lp.shape, dtype=torch.float64, device=lp.device, generator=generator)
+    return (lp - torch.log(-torch.log(u.clamp_min(torch.finfo(torch.float64).tiny)))).argmax(-1)
+
+
+def _named_grid(num_steps: int, kind: str, device) -> Tensor:
+    """t_k = k/K ("uniform") or (1 − cos(πk/K))/2 ("cosine"), ending exactly at 1 (MATH.md §6)."""
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    k = torch.arange(num_steps + 1, dtype=torch.float64, device=device) / num_steps
+    if kind == "cosine":
+        k = 0.5 * (1.0 - torch.cos(math.pi * k))
+    elif kind != "uniform":
+        raise ValueError(f"unknown time grid {kind!r}; choose uniform or cosine, or pass the times")
+    k[0], k[-1] = 0.0, 1.0
+    return k
+
+
+def _prefix(prompt: Tensor, batch_size: int, length: int) -> tuple[Tensor, Tensor]:
+    """(fixed, values) [B, L] pinning the first P positions to `prompt` ([P] or [B, P])."""
+    prompt = torch.as_tensor(prompt, dtype=torch.long)
+    if prompt.dim() == 1:
+        prompt = prompt.unsqueeze(0).expand(batch_size, -1)
+    if prompt.dim() != 2 or prompt.shape[0] != batch_size or prompt.shape[1] > length:
+        raise ValueError(f"prompt of shape {tuple(prompt.shape)} does not fit batch {batch_size} x length {length}")
+    fixed = torch.zeros(batch_size, length, dtype=torch.bool, device=prompt.device)
+    fixed[:, : prompt.shape[1]] = True
+    values = torch.zeros(batch_size, length, dtype=torch.long, device=prompt.device)
+    values[:, : prompt.shape[1]] = prompt
+    return fixed, values
 
 
 def sir_select(f: Tensor, temperature: float = 1.0, generator: torch.Generator | None = None) -> Tensor:
@@ -44,12 +89,12 @@ def sir_select(f: Tensor, temperature: float = 1.0, generator: torch.Generator |
     candidates ~ p^ref and p^θ ∝ p^ref e^f, so the importance weight of a candidate is ∝ e^f."""
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    return categorical(torch.log_softmax(f.double() / temperature, dim=-1), generator)
+    return _categorical(torch.log_softmax(f.double() / temperature, dim=-1), generator)
 
 
 def _grid(grid, num_steps: int, device) -> Tensor:
     if isinstance(grid, str):
-        return time_grid(num_steps, grid, device=device)
+        return _named_grid(num_steps, grid, device)
     g = torch.as_tensor(grid, dtype=torch.float64, device=device).flatten()
     if g.numel() != num_steps + 1 or not (g[0] >= 0 and g[-1] == 1 and (g[1:] > g[:-1]).all()):
         raise ValueError(
@@ -102,7 +147,7 @@ def sample_sir(
     if prompt is not None:
         if fixed is not None or values is not None:
             raise ValueError("pass either a prompt or fixed/values, not both")
-        fixed, values = prefix_condition(prompt, B, L)
+        fixed, values = _prefix(prompt, B, L)
     if device is None:
         device = values.device if values is not None else torch.device("cpu")
     if fixed is None:
@@ -162,7 +207,7 @@ def sample_sir(
                     probs = probs_plain  # `need` = `active` outside the window: same rows, same order
                 b = act.numel()
                 bridge = path.bridge(x[act], t.expand(b), s.expand(b), probs)
-                new = categorical(torch.log(bridge), generator)
+                new = _categorical(torch.log(bridge), generator)
                 x_prev = x
                 x = x.clone()
                 x[act] = torch.where(free[act], new, x[act])
