@@ -185,3 +185,49 @@ def test_flops_formula():
     # Grows linearly in the sequence length through the attention term only.
     assert flops_per_token(cfg, 32) - flops_per_token(cfg, 16) == 12 * 2 * 32 * 16
     assert count_parameters(model) > n_matmul
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("mask", ["none", "bool", "float", "causal", "causal+bool"])
+def test_math_attention_kernel_equals_sdpa(dtype, mask):
+    """The explicit softmax(QKᵀ/√d)V kernel and PyTorch's SDPA are the same function (masks and causality too)."""
+    from tcsm.models.layers import MultiHeadAttention
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 7, 32, generator=g, dtype=dtype)
+    a = MultiHeadAttention(32, 4, kernel="sdpa").to(dtype)
+    b = MultiHeadAttention(32, 4, kernel="math").to(dtype)
+    b.load_state_dict(a.state_dict())
+    attn_mask = None
+    if "bool" in mask:
+        attn_mask = torch.rand(7, 7, generator=g) < 0.7
+        attn_mask |= torch.eye(7, dtype=torch.bool)  # no fully masked row
+    elif mask == "float":
+        attn_mask = torch.randn(7, 7, generator=g, dtype=dtype)
+    causal = "causal" in mask
+    ya, yb = a(x, attn_mask=attn_mask, is_causal=causal), b(x, attn_mask=attn_mask, is_causal=causal)
+    torch.testing.assert_close(ya, yb, rtol=1e-5, atol=1e-6)
+    ga = torch.autograd.grad(ya.square().sum(), a.qkv.weight)[0]
+    gb = torch.autograd.grad(yb.square().sum(), b.qkv.weight)[0]
+    torch.testing.assert_close(ga, gb, rtol=1e-4, atol=1e-6)
+
+
+def test_attention_kernel_choice_and_bf16_denoiser_matches_fp32():
+    """auto picks the explicit kernel for CPU bf16 (measured faster) and SDPA elsewhere; a bf16-autocast denoiser
+    stays within bf16 rounding of its fp32 output."""
+    from tcsm.models.layers import attention_kernel
+
+    assert attention_kernel("cpu", torch.bfloat16) == "math"
+    assert attention_kernel("cpu", torch.float32) == "sdpa" and attention_kernel("cuda", torch.bfloat16) == "sdpa"
+    model = build_denoiser("tiny", vocab_size=11, num_states=12)
+    for p in model.parameters():  # leave the zero-initialised gates: give every weight a real value
+        torch.nn.init.normal_(p, std=0.05, generator=torch.Generator().manual_seed(p.numel()))
+    xt = torch.randint(0, 12, (4, 16), generator=torch.Generator().manual_seed(1))
+    t = torch.rand(4, generator=torch.Generator().manual_seed(2))
+    ref = model(xt, t)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = model(xt, t)
+    assert low.dtype == torch.float32
+    assert (low - ref).abs().max() < 0.05 * ref.abs().max()
+    with pytest.raises(ValueError, match="attention"):
+        build_denoiser("tiny", vocab_size=11, num_states=12, attention="flash")

@@ -326,6 +326,7 @@ def sample(
     return_stats: bool = False,
     record_steps: Iterable[int] | None = None,
     callback: StepCallback | None = None,
+    precision: str | None = None,
 ):
     """Draw `batch_size` sequences of `length` clean tokens by running K = `num_steps` steps from t = 0 to t = 1
     (MATH.md §6): Euler §6.1, analytic/ancestral bridge §6.2, or the joint-x̂_1 bridge (exact for any K).
@@ -354,6 +355,8 @@ def sample(
         record_steps: step indices k in [0, K] whose states x_{t_k} are kept in `SamplingStats.trajectory`
             (k = 0 is the source sample; intermediate masked states contain mask ids).
         callback: called as callback(k, t_k, x) after every step (per chunk), including k = 0.
+        precision: "bf16" runs the denoiser calls under bf16 autocast (its logits, and every draw, stay in
+            float32 / float64), "fp32" without autocast; None (default) keeps the caller's autocast context.
 
     Returns:
         LongTensor[B, L] with values in [0, V), or (tokens, SamplingStats) if `return_stats`.
@@ -395,6 +398,15 @@ def sample(
         raise ValueError(f"record_steps must lie in [0, {K}]")
     if record and not return_stats:
         raise ValueError("record_steps fills SamplingStats.trajectory: pass return_stats=True to get it back")
+
+    if precision not in (None, "fp32", "bf16"):
+        raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
+    if precision is not None and denoiser is not None:
+        inner = denoiser
+
+        def denoiser(xt, t):  # noqa: F811 (the same denoiser, under the requested precision)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+                return inner(xt, t).float()
 
     chunk = B if chunk_size is None else max(1, int(chunk_size))
     stats = SamplingStats(method=method, num_steps=K, cached=bool(time_independent), times=times)

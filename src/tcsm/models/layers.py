@@ -8,8 +8,10 @@ transformers are all stacks of the same pieces, so these pieces have a small, st
 * `RotaryEmbedding(head_dim, max_len, base=10000)`: caches cos/sin tables; `rope(seq_len, offset=0)`
   returns `(cos, sin)` of shape [seq_len, head_dim] for positions offset..offset+seq_len−1.
   `apply_rotary(x, cos, sin)` rotates x[..., L, head_dim] (rotate-half convention).
-* `MultiHeadAttention(d_model, n_heads, dropout=0.0)`:
-  `forward(x, rope=None, attn_mask=None, is_causal=False, kv=None, rope_kv=None)`.
+* `MultiHeadAttention(d_model, n_heads, dropout=0.0, kernel="auto")`:
+  `forward(x, rope=None, attn_mask=None, is_causal=False, kv=None, rope_kv=None)`. `kernel` picks the attention
+  implementation: "sdpa" (`F.scaled_dot_product_attention`), "math" (explicit softmax(QKᵀ/√d)V, softmax in
+  float32) or "auto" (`attention_kernel`: the faster of the two as measured for the device and dtype).
   Self-attention by default; pass `kv` [B, Lk, d] for cross-attention (queries from x, keys/values from kv —
   the Hollow transformer's mixing layers need this). `attn_mask` follows
   `torch.nn.functional.scaled_dot_product_attention`: a bool tensor broadcastable to [B, H, Lq, Lk] where True
@@ -19,7 +21,8 @@ transformers are all stacks of the same pieces, so these pieces have a small, st
 * `MLP(d_model, mlp_ratio=4, dropout=0.0)`: Linear → GELU(tanh) → Linear.
 * `TimestepEmbedder(cond_dim, freq_dim=256, scale=1000)`: t ∈ [0, 1] of shape [B] → [B, cond_dim], a
   sinusoidal embedding of scale·t followed by a two-layer MLP (as in DiT / SEDD).
-* `TransformerBlock(d_model, n_heads, mlp_ratio=4, dropout=0.0, cond_dim=None, causal=False, norm="layernorm")`:
+* `TransformerBlock(d_model, n_heads, mlp_ratio=4, dropout=0.0, cond_dim=None, causal=False, norm="layernorm",
+  kernel="auto")`:
   pre-norm attention + MLP with residuals; `forward(x, rope=None, cond=None, attn_mask=None, kv=None)`.
   With `cond_dim`, a conditioning vector c [B, cond_dim] produces per-sequence (shift, scale, gate) for both
   sub-layers through SiLU → Linear (adaLN, DiT/SEDD). That linear is zero-initialised, so at initialisation
@@ -49,6 +52,7 @@ __all__ = [
     "TimestepEmbedder",
     "TransformerBlock",
     "apply_rotary",
+    "attention_kernel",
     "init_weights",
     "make_norm",
     "modulate",
@@ -119,12 +123,18 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_cached", emb.cos(), persistent=False)
         self.register_buffer("sin_cached", emb.sin(), persistent=False)
 
-    def forward(self, seq_len: int, offset: int = 0) -> tuple[Tensor, Tensor]:
-        """(cos, sin), each [seq_len, head_dim] in float32, for positions offset..offset+seq_len−1."""
+    def forward(
+        self, seq_len: int, offset: int = 0, dtype: torch.dtype | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """(cos, sin), each [seq_len, head_dim], for positions offset..offset+seq_len−1, in float32 or `dtype`
+        (cast once here instead of in every layer's `apply_rotary`)."""
         end = offset + seq_len
         if end > self.cos_cached.shape[0]:
             self._build(end)
-        return self.cos_cached[offset:end], self.sin_cached[offset:end]
+        cos, sin = self.cos_cached[offset:end], self.sin_cached[offset:end]
+        if dtype is not None and dtype != cos.dtype:
+            cos, sin = cos.to(dtype), sin.to(dtype)
+        return cos, sin
 
 
 def _rotate_half(x: Tensor) -> Tensor:
@@ -133,7 +143,10 @@ def _rotate_half(x: Tensor) -> Tensor:
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate x[..., L, head_dim] by position: x·cos + rotate_half(x)·sin (cos/sin are [L, head_dim])."""
+    """Rotate x[..., L, head_dim] by position: x·cos + rotate_half(x)·sin (cos/sin are [L, head_dim]).
+
+    Callers that rotate many tensors pass tables already in x's dtype (`RotaryEmbedding(..., dtype=)`), so the
+    casts below are no-ops on the hot path."""
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return x * cos + _rotate_half(x) * sin
 
@@ -141,15 +154,61 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 # --- attention and MLP -----------------------------------------------------------------------------------
 
 
-class MultiHeadAttention(nn.Module):
-    """Multi-head attention via `F.scaled_dot_product_attention` (flash / memory-efficient kernels when available)."""
+KERNELS = ("auto", "sdpa", "math")
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0):
+
+def attention_kernel(device_type: str, dtype: torch.dtype) -> str:
+    """The attention implementation that measured faster (forward + backward) for a device and dtype.
+
+    CPU, bf16: PyTorch's fused CPU kernel runs its backward slowly in bf16; the explicit form was 2–4× faster at
+    L = 32…256 (B = 16, 4 heads of 64; docs/benchmarks.md "Training speed"). CPU fp32 and GPUs: SDPA (on GPUs the
+    flash / memory-efficient kernels)."""
+    return "math" if device_type == "cpu" and dtype == torch.bfloat16 else "sdpa"
+
+
+def _math_attention(
+    q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool, dropout: float
+):
+    """softmax(QKᵀ/√d + mask) V with the softmax in float32 (same semantics as SDPA's masks and is_causal)."""
+    scores = (q @ k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+    if is_causal:
+        lq, lk = scores.shape[-2:]
+        keep = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril()
+        attn_mask = (
+            keep
+            if attn_mask is None
+            else (
+                attn_mask & keep
+                if attn_mask.dtype == torch.bool
+                else attn_mask.masked_fill(~keep, float("-inf"))
+            )
+        )
+    scores = scores.float()
+    if attn_mask is not None:
+        scores = (
+            scores.masked_fill(~attn_mask, float("-inf"))
+            if attn_mask.dtype == torch.bool
+            else scores + attn_mask
+        )
+    probs = torch.softmax(scores, dim=-1).to(v.dtype)
+    if dropout > 0:
+        probs = F.dropout(probs, dropout)
+    return probs @ v
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention; `kernel` "sdpa" (flash / memory-efficient kernels when available), "math", or "auto"
+    (`attention_kernel` per device and dtype)."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, kernel: str = "auto"):
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        if kernel not in KERNELS:
+            raise ValueError(f"unknown attention kernel {kernel!r}; choose one of {list(KERNELS)}")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, d_model // n_heads
         self.dropout = float(dropout)
+        self.kernel = kernel
         # One fused projection for q, k, v: a single matmul is faster for self-attention; cross-attention
         # uses slices of the same weight, so both modes share parameter names.
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
@@ -191,14 +250,14 @@ class MultiHeadAttention(nn.Module):
             else:
                 attn_mask = attn_mask.masked_fill(~causal, float("-inf"))
             is_causal = False
-        y = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=attn_mask,
-            dropout_p=self.dropout if self.training else 0.0,
-            is_causal=is_causal,
-        )
+        dropout = self.dropout if self.training else 0.0
+        kernel = self.kernel if self.kernel != "auto" else attention_kernel(q.device.type, q.dtype)
+        if kernel == "math":
+            y = _math_attention(q, k, v, attn_mask, is_causal, dropout)
+        else:
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=is_causal
+            )
         b, _, n, _ = y.shape
         return self.out(y.transpose(1, 2).reshape(b, n, self.d_model))
 
@@ -242,8 +301,11 @@ class TimestepEmbedder(nn.Module):
 
 
 def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
-    """x·(1 + scale) + shift, with per-sequence shift/scale [B, d] broadcast over positions."""
-    return x * (1 + scale[:, None, :]) + shift[:, None, :]
+    """x·(1 + scale) + shift, with per-sequence shift/scale [B, d] broadcast over positions.
+
+    Computed in the dtype of shift/scale: under bf16 autocast they come from a linear layer in bf16, and the
+    next consumer is a linear layer that would cast to bf16 anyway, so float32 elementwise work here is waste."""
+    return x.to(shift.dtype) * (1 + scale[:, None, :]) + shift[:, None, :]
 
 
 def zero_init_(layer: nn.Linear) -> nn.Linear:
@@ -286,11 +348,12 @@ class TransformerBlock(nn.Module):
         cond_dim: int | None = None,
         causal: bool = False,
         norm: str = "layernorm",
+        kernel: str = "auto",
     ):
         super().__init__()
         self.causal = bool(causal)
         self.norm1 = make_norm(norm, d_model)
-        self.attn = MultiHeadAttention(d_model, n_heads, dropout)
+        self.attn = MultiHeadAttention(d_model, n_heads, dropout, kernel)
         self.norm2 = make_norm(norm, d_model)
         self.mlp = MLP(d_model, mlp_ratio, dropout)
         self.drop = nn.Dropout(dropout)

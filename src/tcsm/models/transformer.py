@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from tcsm.models.config import ModelConfig
 from tcsm.models.layers import (
+    KERNELS,
     RotaryEmbedding,
     TimestepEmbedder,
     TransformerBlock,
@@ -50,7 +51,8 @@ class DenoiserConfig(ModelConfig):
     cond_dim: int = 128  # width of the time embedding; SEDD's choice, small so adaLN costs few parameters
     norm: str = "layernorm"  # or "rmsnorm"
     rope_base: float = 10000.0
-    check_inputs: bool = True  # range-check token ids (one host sync per call); turn off in tight loops
+    check_inputs: bool = True  # range-check token ids (an async device assertion on GPUs and under compile)
+    attention: str = "auto"  # attention kernel: auto (fastest measured per device/dtype) | sdpa | math
 
     label: ClassVar[str] = "DenoiserConfig"
 
@@ -61,6 +63,8 @@ class DenoiserConfig(ModelConfig):
                 "and V+1 (mask id V) for the masked source"
             )
         self.check_sizes(("max_len", "d_model", "n_layers", "n_heads", "cond_dim"))
+        if self.attention not in KERNELS:
+            raise ValueError(f"attention must be one of {list(KERNELS)}, got {self.attention!r}")
 
 
 # Architecture sizes only: vocab_size / num_states come from the data and the path.
@@ -86,7 +90,9 @@ class Denoiser(nn.Module):
         cond_dim = cfg.cond_dim if cfg.time_conditioning else None
         self.time_embed = TimestepEmbedder(cfg.cond_dim) if cfg.time_conditioning else None
         self.blocks = nn.ModuleList(
-            TransformerBlock(cfg.d_model, cfg.n_heads, cfg.mlp_ratio, cfg.dropout, cond_dim, False, cfg.norm)
+            TransformerBlock(
+                cfg.d_model, cfg.n_heads, cfg.mlp_ratio, cfg.dropout, cond_dim, False, cfg.norm, cfg.attention
+            )
             for _ in range(cfg.n_layers)
         )
         self.final_norm = make_norm(cfg.norm, cfg.d_model)
@@ -111,12 +117,7 @@ class Denoiser(nn.Module):
                 "build the model with a larger max_len or use shorter sequences"
             )
         if self.cfg.check_inputs and xt.numel():
-            lo, hi = int(xt.min()), int(xt.max())
-            if lo < 0 or hi >= self.num_states:
-                raise ValueError(
-                    f"token ids must lie in [0, {self.num_states}) (num_states), got range [{lo}, {hi}]; "
-                    "check the path's num_states (V+1 for masked, V for uniform) against the data vocabulary"
-                )
+            self._check_range(xt)
         if self.time_embed is not None:
             if t is None:
                 raise ValueError("this denoiser is time-conditioned: pass t of shape [batch]")
@@ -125,10 +126,25 @@ class Denoiser(nn.Module):
                     f"t must have shape [batch]={xt.shape[0]} or be a scalar, got {tuple(t.shape)}"
                 )
 
+    def _check_range(self, xt: Tensor) -> None:
+        """Token ids in [0, num_states). Reading the range back is free on CPU but a host sync on a GPU and a
+        graph break under torch.compile, so there the check is an asynchronous device assertion."""
+        if xt.device.type == "cpu" and not torch.compiler.is_compiling():
+            lo, hi = int(xt.min()), int(xt.max())
+            if lo < 0 or hi >= self.num_states:
+                raise ValueError(
+                    f"token ids must lie in [0, {self.num_states}) (num_states), got range [{lo}, {hi}]; "
+                    "check the path's num_states (V+1 for masked, V for uniform) against the data vocabulary"
+                )
+        else:
+            ok = (xt >= 0).all() & (xt < self.num_states).all()
+            torch._assert_async(ok, f"token ids must lie in [0, {self.num_states}) (num_states)")
+
     def forward(self, xt: Tensor, t: Tensor | None = None) -> Tensor:
         self._check(xt, t)
         x = self.embed(xt)
-        rope = self.rotary(xt.shape[1])
+        # Rotary tables in the dtype the attention projections produce (bf16 under autocast): cast once here.
+        rope = self.rotary(xt.shape[1], dtype=_compute_dtype(xt.device))
         cond = None
         if self.time_embed is not None:
             t = torch.as_tensor(t, device=xt.device).reshape(-1).expand(xt.shape[0])
@@ -141,6 +157,13 @@ class Denoiser(nn.Module):
             h = modulate(h, shift, scale)
         # float32 logits: losses take log-softmax over V, which bf16 would quantise badly.
         return self.head(h).float()
+
+
+def _compute_dtype(device: torch.device) -> torch.dtype:
+    """The dtype linear layers produce on `device` right now: the autocast dtype when autocast is on."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return torch.float32
 
 
 def build_denoiser(preset_or_cfg: str | DenoiserConfig | dict[str, Any], **overrides: Any) -> Denoiser:

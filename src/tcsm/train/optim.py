@@ -27,12 +27,27 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(model: nn.Module, optim_cfg) -> torch.optim.Optimizer:
-    """AdamW over `param_groups`; the lr is set every step by `set_lr`."""
-    return torch.optim.AdamW(
-        param_groups(model, float(optim_cfg.weight_decay)),
-        lr=float(optim_cfg.lr),
-        betas=tuple(float(b) for b in optim_cfg.betas),
-        eps=float(optim_cfg.eps),
+    """AdamW over `param_groups`; the lr is set every step by `set_lr`.
+
+    The fused kernel is used wherever PyTorch has one for the parameters' device and dtype (measured on this
+    CPU for the `small` denoiser: 3.3 ms vs 14.7 ms CPU time per update, docs/benchmarks.md); it computes the
+    same update as the reference loop up to float rounding."""
+    groups = param_groups(model, float(optim_cfg.weight_decay))
+    kw = {"lr": float(optim_cfg.lr), "betas": tuple(float(b) for b in optim_cfg.betas), "eps": float(optim_cfg.eps)}
+    if _fused_supported(groups):
+        return torch.optim.AdamW(groups, fused=True, **kw)
+    return torch.optim.AdamW(groups, **kw)
+
+
+def _fused_supported(groups: list[dict]) -> bool:
+    params = [p for g in groups for p in g["params"]]
+    if not params:
+        return False
+    devices = {p.device.type for p in params}
+    return (
+        len(devices) == 1
+        and devices <= {"cpu", "cuda"}
+        and all(p.dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64) for p in params)
     )
 
 
