@@ -15,3 +15,5 @@ from tcsm.data.build import DATA_KINDS, build_data  # noqa: F401
 from tcsm.data.synthetic import MarkovChainSource, build_synthetic  # noqa: F401
 from tcsm.data.text import build_text, read_documents  # noqa: F401
 from tcsm.data.text8 import build_text8  # noqa: F401
+# Registers the `pairs` kind in DATA_KINDS (it builds the run's tokenizer with build_data, so build cannot import it).
+from tcsm.data.pairs import PairRows, PairsBundle, build_pairs  # noqa: F401,E402

@@ -12,6 +12,8 @@
   min_frequency=2, doc_separator=None, eos=True; seq_len defaults to 128 (tcsm.data.bpe).
 * `grid` — width=128, num_modes=8, radius=0.32, std=1/40, seed=0, num_train, num_valid, num_test: points of a
   W × W grid as length-2 sequences, a ring of Gaussian modes (tcsm.data.grid; the reward demo's data).
+* `pairs` — preference pairs (JSONL prompt / chosen / rejected) tokenized with another data section's tokenizer;
+  registered by tcsm.data.pairs, which builds that section with `build_data` (preference fine-tuning, MATH.md §5.3).
 
 Unknown kinds or keys raise a DataError that lists what is accepted.
 """

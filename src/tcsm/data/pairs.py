@@ -1,0 +1,314 @@
+"""Preference pairs (the `pairs` data kind): JSON lines with `prompt`, `chosen` and `rejected` texts (MATH.md §5.3).
+
+The field names are those of the common preference datasets and trainers (Anthropic HH in TRL's format,
+UltraFeedback-binarized, ...); `prompt_field=null` reads files without prompts. Each record becomes one row of
+`seq_len` tokens per side: `encode(prompt) + encode(response)`, padded after the response with the tokenizer's
+end-of-text token (or `pad`), so the padding is part of the response the model scores, as in pre-training on
+EOS-separated documents. The prompt positions are conditioning (`Batch.cond_mask`): never noised, never scored.
+
+The tokenizer is the run's: `tokenizer` is the data section of the run the pairs are for (the pre-trained run's
+`data`), built with `build_data` to reuse exactly its token ids; `seq_len` defaults to that section's length.
+
+Bad records are counted by reason and reported (`PairsBundle.meta["bad_records"]`, `summary()`): unreadable
+JSON, a missing or non-string field, an empty chosen or rejected text, chosen identical to rejected, text the
+tokenizer cannot encode. A pair longer than `seq_len` is refused (DataError naming the first one) unless
+`truncate=true`, which cuts the responses to fit and counts the pairs it cut (and, as bad records, those whose
+prompt leaves no room or whose sides become identical). A file with no usable pair is a one-line DataError.
+
+Splits: `path` with `valid_frac` / `test_frac` of the usable pairs (after a seeded shuffle, so a sorted file still
+gives a representative held-out set), or `train_path` / `valid_path` [/ `test_path`].
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tcsm.batch import Batch
+from tcsm.data.base import DataError, compact_dtype, split_by_fractions
+from tcsm.data.build import DATA_KINDS, build_data
+from tcsm.data.text import resolve_splits
+
+__all__ = ["PairRows", "PairsBundle", "build_pairs", "read_pair_records", "tokenize_pairs"]
+
+
+@dataclass(frozen=True)
+class PairRows:
+    """Tokenised pairs of one split: chosen and rejected ids [N, L] (compact dtype) sharing a prompt mask [N, L].
+
+    Sliced like a tensor (`rows[:k]`, `rows[index_tensor]`) and sized like one (`shape`, `len`), so the trainer's
+    data plumbing treats it as the split's rows; `to_batch` turns rows into the objective's `Batch`.
+    """
+
+    chosen: Tensor
+    rejected: Tensor
+    prompt_mask: Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.chosen.shape
+
+    def __len__(self) -> int:
+        return int(self.chosen.shape[0])
+
+    def __getitem__(self, index) -> PairRows:
+        if isinstance(index, int):
+            index = slice(index, index + 1)
+        return PairRows(self.chosen[index], self.rejected[index], self.prompt_mask[index])
+
+    def to_batch(self, device=None) -> Batch:
+        """Batch(x1=chosen, rejected=rejected, cond_mask=prompt positions) as LongTensors on `device`."""
+        return Batch(
+            x1=self.chosen.to(device=device, dtype=torch.long),
+            rejected=self.rejected.to(device=device, dtype=torch.long),
+            cond_mask=self.prompt_mask.to(device=device),
+        )
+
+
+@dataclass
+class PairsBundle:
+    """Train / valid / test `PairRows` and their tokenizer: the `DataBundle` surface the trainer uses
+    (`split`, `get_batch`, `encode`, `decode`, `summary`), with batches that are preference `Batch`es."""
+
+    name: str
+    vocab_size: int
+    seq_len: int
+    train: PairRows
+    valid: PairRows
+    test: PairRows
+    tokenizer: Any
+    eos_id: int | None = None
+    label: str = ""
+    nats_per_token_floor: float | None = None
+    source: Any = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.label = self.label or self.name
+        if len(self.train) == 0:
+            raise DataError(f"{self.name}: no usable pair is left for training; lower valid_frac / test_frac")
+
+    def split(self, name: str) -> PairRows:
+        if name not in ("train", "valid", "test"):
+            raise DataError(f"unknown split {name!r}; choose train, valid or test")
+        return getattr(self, name)
+
+    def get_batch(self, split: str, indices, device=None) -> Batch:
+        """Pairs `indices` of a split as a preference Batch (chosen = x1, rejected, prompt = cond_mask)."""
+        return self.split(split)[torch.as_tensor(indices, dtype=torch.long)].to_batch(device)
+
+    def encode(self, text: str) -> Tensor:
+        return torch.tensor(self.tokenizer.encode(text), dtype=torch.long)
+
+    def decode(self, ids) -> str:
+        if isinstance(ids, Tensor):
+            ids = ids.reshape(-1).tolist()
+        return self.tokenizer.decode(list(ids))
+
+    def summary(self) -> str:
+        sizes = ", ".join(f"{s}={len(getattr(self, s))}" for s in ("train", "valid", "test"))
+        bad = self.meta.get("bad_records") or {}
+        skipped = "; skipped " + ", ".join(f"{n} {why}" for why, n in bad.items()) if bad else ""
+        cut = self.meta.get("truncated", 0)
+        cut = f"; {cut} truncated to fit" if cut else ""
+        return f"{self.label}: V={self.vocab_size}, L={self.seq_len}, pairs {sizes}{skipped}{cut}"
+
+
+# --------------------------------------------------------------------------------------------------- reading
+
+
+def read_pair_records(
+    path: str | Path, fields: tuple[str | None, str, str], bad: Counter
+) -> list[tuple[int, str, str, str]]:
+    """(line number, prompt, chosen, rejected) of every well-formed record; the others are counted in `bad`."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise DataError(f"preference pairs file not found: {p}")
+    prompt_key, chosen_key, rejected_key = fields
+    records = []
+    opener = gzip.open if p.suffix == ".gz" else open
+    try:
+        with opener(p, "rt", encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError:
+                    bad["unreadable JSON"] += 1
+                    continue
+                if not isinstance(obj, dict):
+                    bad["not a JSON object"] += 1
+                    continue
+                keys = [k for k in (prompt_key, chosen_key, rejected_key) if k is not None]
+                if any(not isinstance(obj.get(k), str) for k in keys):
+                    bad["missing field"] += 1
+                    continue
+                prompt = obj[prompt_key] if prompt_key is not None else ""
+                chosen, rejected = obj[chosen_key], obj[rejected_key]
+                if not chosen.strip() or not rejected.strip():
+                    bad["empty text"] += 1
+                elif chosen == rejected:
+                    bad["identical chosen and rejected"] += 1
+                else:
+                    records.append((n, prompt, chosen, rejected))
+    except (OSError, EOFError, UnicodeDecodeError) as e:
+        raise DataError(f"cannot read {p}: {type(e).__name__}: {e}") from None
+    return records
+
+
+def _encode(tokenizer, text: str) -> list[int] | None:
+    try:
+        return list(tokenizer.encode(text)) if text else []
+    except DataError:  # e.g. a character outside a character-level vocabulary
+        return None
+
+
+def tokenize_pairs(
+    records, tokenizer, seq_len: int, *, truncate: bool, pad_id: int | None, bad: Counter, where: str
+) -> tuple[PairRows, int]:
+    """Rows of `records` (see `read_pair_records`) and the number truncated; records that cannot be used are
+    counted in `bad`. Too-long pairs raise DataError unless `truncate` (then responses are cut to fit)."""
+    L = int(seq_len)
+    rows: list[tuple[list[int], list[int], int]] = []
+    too_long: list[tuple[int, int]] = []
+    truncated = 0
+    for n, prompt, chosen, rejected in records:
+        ids = [_encode(tokenizer, s) for s in (prompt, chosen, rejected)]
+        if any(x is None for x in ids):
+            bad["text outside the tokenizer's vocabulary"] += 1
+            continue
+        p, c, r = ids
+        longest = len(p) + max(len(c), len(r))
+        if longest > L:
+            if not truncate:
+                too_long.append((n, longest))
+                continue
+            if len(p) >= L:
+                bad["prompt leaves no room for a response"] += 1
+                continue
+            c, r = c[: L - len(p)], r[: L - len(p)]
+            truncated += 1
+            if c == r:
+                bad["identical after truncation"] += 1
+                continue
+        if len(p) + min(len(c), len(r)) < L and pad_id is None:
+            raise DataError(
+                f"{where}:{n}: a response is shorter than the {L - len(p)} tokens after its prompt and the tokenizer "
+                "has no end-of-text token to pad with; set data.pad to a one-token string"
+            )
+        rows.append((p, c, r))
+    if too_long:
+        n, longest = too_long[0]
+        raise DataError(
+            f"{len(too_long)} pair(s) of {where} do not fit the model's {L} tokens (first: line {n}, {longest} "
+            "tokens with its prompt); shorten them, or set data.truncate=true (--truncate) to cut responses to fit"
+        )
+    dtype = compact_dtype(max(int(getattr(tokenizer, "vocab_size", 0)), (pad_id or 0) + 1))
+    chosen = torch.zeros(len(rows), L, dtype=dtype)
+    rejected = torch.zeros(len(rows), L, dtype=dtype)
+    mask = torch.zeros(len(rows), L, dtype=torch.bool)
+    for k, (p, c, r) in enumerate(rows):
+        for out, resp in ((chosen, c), (rejected, r)):
+            seq = p + resp + [pad_id] * (L - len(p) - len(resp))
+            out[k] = torch.tensor(seq, dtype=dtype)
+        mask[k, : len(p)] = True
+    return PairRows(chosen, rejected, mask), truncated
+
+
+# --------------------------------------------------------------------------------------------------- the kind
+
+
+def _pad_id(tokenizer, base, pad: str | None) -> int | None:
+    if pad is None:
+        eos = getattr(base, "eos_id", None)
+        return eos if eos is not None else getattr(tokenizer, "eos_id", None)
+    ids = _encode(tokenizer, pad)
+    if ids is None or len(ids) != 1:
+        raise DataError(
+            f"data.pad must be text of exactly one token, got {pad!r} ({ids and len(ids)} tokens)"
+        )
+    return ids[0]
+
+
+def build_pairs(
+    path: str | None = None,
+    train_path: str | None = None,
+    valid_path: str | None = None,
+    test_path: str | None = None,
+    tokenizer: dict | None = None,
+    seq_len: int | None = None,
+    truncate: bool = False,
+    pad: str | None = None,
+    prompt_field: str | None = "prompt",
+    chosen_field: str = "chosen",
+    rejected_field: str = "rejected",
+    valid_frac: float = 0.1,
+    test_frac: float = 0.0,
+    seed: int = 0,
+    name: str | None = None,
+) -> PairsBundle:
+    """The `pairs` data kind (see the module docstring)."""
+    if not isinstance(tokenizer, dict) or "kind" not in tokenizer:
+        raise DataError(
+            "pairs data needs `tokenizer`: the data section (with its `kind`) of the run the pairs are for; "
+            "`tcsm finetune preference --from RUN` sets it"
+        )
+    if tokenizer["kind"] == "pairs":
+        raise DataError("pairs data: `tokenizer` must name a text data section, not another pairs section")
+    mode, files = resolve_splits(path, train_path, valid_path, test_path, valid_frac, test_frac, "pairs")
+    base = build_data(tokenizer)
+    tok = base.tokenizer
+    L = int(seq_len if seq_len is not None else base.seq_len)
+    if L < 2:
+        raise DataError(f"pairs data: seq_len must be >= 2, got {L}")
+    pad_id = _pad_id(tok, base, pad)
+    bad: Counter = Counter()
+    fields = (prompt_field, chosen_field, rejected_field)
+    opts = {"truncate": bool(truncate), "pad_id": pad_id, "bad": bad}
+    if mode == "fractions":
+        src = files["path"]
+        rows, truncated = tokenize_pairs(read_pair_records(src, fields, bad), tok, L, where=src, **opts)
+        order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(int(seed)))
+        a, b = split_by_fractions(len(rows), valid_frac, test_frac)
+        splits = {"train": rows[order[:a]], "valid": rows[order[a:b]], "test": rows[order[b:]]}
+    else:
+        src, splits, truncated = files["train"], {}, 0
+        for split, f in files.items():
+            if f is None:
+                splits[split] = tokenize_pairs([], tok, L, where="", **opts)[0]
+                continue
+            splits[split], cut = tokenize_pairs(read_pair_records(f, fields, bad), tok, L, where=f, **opts)
+            truncated += cut
+    usable = sum(len(s) for s in splits.values())
+    if usable == 0:
+        reasons = ", ".join(f"{n} {why}" for why, n in bad.items()) or "the file holds no records"
+        raise DataError(
+            f"no usable preference pair in {src} ({reasons}); each JSON line needs "
+            f"{', '.join(repr(k) for k in fields if k)} as non-empty, different texts"
+        )
+    return PairsBundle(
+        name=name or f"{Path(src).name.split('.')[0]}-pairs",
+        vocab_size=int(base.vocab_size),
+        seq_len=L,
+        tokenizer=tok,
+        eos_id=getattr(base, "eos_id", None),
+        meta={
+            "files": files,
+            "bad_records": dict(bad),
+            "truncated": truncated,
+            "pad_id": pad_id,
+            "tokenizer_data": base.label,
+        },
+        **splits,
+    )
+
+
+DATA_KINDS["pairs"] = build_pairs
