@@ -15,6 +15,7 @@ HELP = "post-train a pre-trained checkpoint (reward, ...: see tcsm finetune --he
 #: recipe name → module implementing it
 RECIPES: dict[str, str] = {
     "reward": "tcsm.cli.finetune_reward",
+    "dre": "tcsm.cli.finetune_dre",
     "preference": "tcsm.cli.finetune_preference",
 }
 

@@ -87,6 +87,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--final-argmax", action="store_true", help="take the most likely token at the last step")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--sir-k", type=_positive_int, default=2,
+                   help="energy-model runs (tcsm finetune dre): SIR candidates per step (default 2)")
+    p.add_argument("--sir-window", nargs=2, type=_float_in(0.0, 1.0, lo_open=False), default=(0.4, 0.6),
+                   metavar=("LO", "HI"), help="energy-model runs: α_t window of the SIR steps (default 0.4 0.6)")
 
 
 # --------------------------------------------------------------------------------------------------- conditioning
@@ -192,6 +196,14 @@ def run(args) -> int:
     device = resolve_device(args.device)
     loaded = load_checkpoint(args.checkpoint, device=device, ema=not args.no_ema)
     model, path = loaded.model, loaded.build_path()
+    from tcsm.models.energy import EnergyModel
+
+    sir = isinstance(model, EnergyModel)  # strategy-(ii) DRE run: SIR over its frozen reference (MATH.md §6.3)
+    if sir and (args.method or args.temperature != 1.0 or args.top_p != 1.0 or args.final_argmax):
+        raise ValueError("an energy model is sampled by SIR: use --sir-k/--sir-window, not --method/--temperature/"
+                         "--top-p/--final-argmax")
+    if sir and args.sir_window[0] > args.sir_window[1]:
+        raise ValueError(f"--sir-window needs LO <= HI, got {args.sir_window[0]} {args.sir_window[1]}")
     V = path.vocab_size
     length = args.length or int(loaded.data_info["seq_len"])
     max_len = getattr(getattr(model, "cfg", None), "max_len", None)
@@ -234,12 +246,22 @@ def run(args) -> int:
         if g["fixed"] is not None:
             kw["fixed"] = torch.tensor(g["fixed"], dtype=torch.bool, device=device).expand(b, -1)
             kw["values"] = torch.tensor(g["values"], dtype=torch.long, device=device).expand(b, -1)
-        tokens, stats = sample(
-            model, path, batch_size=b, length=length, num_steps=args.steps, generator=generator,
-            method=args.method, grid=args.grid, temperature=args.temperature, top_p=args.top_p,
-            final_argmax=args.final_argmax, time_independent=time_independent, device=device,
-            return_stats=True, callback=lambda k, t, x: bar.update(1) if k > 0 else None, **kw,
-        )
+        if sir:
+            from tcsm.sampling import sample_sir
+
+            tokens, stats = sample_sir(
+                model.reference, model, path, batch_size=b, length=length, num_steps=args.steps,
+                num_candidates=args.sir_k, window=tuple(args.sir_window), grid=args.grid, generator=generator,
+                device=device, return_stats=True, **kw,
+            )
+            bar.update(args.steps)
+        else:
+            tokens, stats = sample(
+                model, path, batch_size=b, length=length, num_steps=args.steps, generator=generator,
+                method=args.method, grid=args.grid, temperature=args.temperature, top_p=args.top_p,
+                final_argmax=args.final_argmax, time_independent=time_independent, device=device,
+                return_stats=True, callback=lambda k, t, x: bar.update(1) if k > 0 else None, **kw,
+            )
         calls += stats.num_calls
         for row in tokens.cpu().tolist():
             records.append({"index": len(records), **g["info"], "text": tok.decode(row), "tokens": row})
