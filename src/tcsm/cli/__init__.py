@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "eval": "tcsm.cli.eval_modes",  # tcsm.cli.eval plus --zeroshot / --genppl
     "sample": "tcsm.cli.sample",
     "finetune": "tcsm.cli.finetune",
+    "distill": "tcsm.cli.distill",  # AR teacher → diffusion student (MATH.md §5.4)
     "pairs": "tcsm.cli.pairs",  # preference pairs from a model's own samples, judged by a reward
     "demo": "tcsm.cli.demo",
 }

@@ -5,7 +5,8 @@ log p^AR(x) = Σ_j log p(x^j | x^{<j}); the input at position j is x^{j−1}, wi
 offers what the AR score estimators (`tcsm.targets.ar`) need:
 
 * `kv_cache(x)` / `extend(tokens, cache, start)`: run a prefix once and continue it for many suffixes
-  (per-layer key/value cache), so that changing x^i only recomputes positions ≥ i;
+  (per-layer key/value cache), so that changing x^i only recomputes positions ≥ i, and sample ancestrally
+  one token per pass (`extend(..., return_cache=True)`);
 * `forward_soft(probs)`: inputs given as relaxed one-hots (embedding = probs · W_emb), for the Taylor estimator.
 """
 
@@ -89,12 +90,14 @@ class CausalLM(CleanTransformer):
         return self._run_cached(self.input_ids(x), None, 0)
 
     @torch.no_grad()
-    def extend(self, tokens: Tensor, cache: KVCache, start: int) -> Tensor:
+    def extend(self, tokens: Tensor, cache: KVCache, start: int, return_cache: bool = False):
         """Logits at input positions start..start+n−1 for input ids `tokens` [N, n], given `cache` holding the
-        first `start` input positions ([N, H, start, Dh] per layer). Inference only."""
+        first `start` input positions ([N, H, start, Dh] per layer); with `return_cache`, also the cache of all
+        start+n positions (ancestral sampling continues from it). Inference only."""
         if start + tokens.shape[1] > self.cfg.max_len:
             raise ValueError(f"positions up to {start + tokens.shape[1]} exceed max_len={self.cfg.max_len}")
-        return self._run_cached(tokens, cache, start)[0]
+        logits, new_cache = self._run_cached(tokens, cache, start)
+        return (logits, new_cache) if return_cache else logits
 
     def _run_cached(self, ids: Tensor, cache: KVCache | None, start: int) -> tuple[Tensor, KVCache]:
         h = self.embed(ids)

@@ -15,9 +15,7 @@ needs no import at all. Restricting the logits to V ids renormalises the HF dist
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -165,8 +163,9 @@ class HFCausalLM(_HFAdapter):
         return out.logits[..., self.token_ids].float(), _cache_to_list(out.past_key_values)
 
     @torch.no_grad()
-    def extend(self, tokens: Tensor, cache, start: int) -> Tensor:
-        """Logits for input ids `tokens` [N, n] (our ids, BOS = V) at positions start.., after cached positions."""
+    def extend(self, tokens: Tensor, cache, start: int, return_cache: bool = False):
+        """Logits for input ids `tokens` [N, n] (our ids, BOS = V) at positions start.., after cached positions;
+        with `return_cache`, also the per-layer (keys, values) of all positions (for ancestral sampling)."""
         from transformers import DynamicCache
 
         past = DynamicCache()
@@ -174,7 +173,8 @@ class HFCausalLM(_HFAdapter):
             past.update(k, v, layer)
         pos = torch.arange(start, start + tokens.shape[1], device=tokens.device).expand(tokens.shape[0], -1)
         out = self.hf(input_ids=self.table[tokens], past_key_values=past, position_ids=pos, use_cache=True)
-        return out.logits[..., self.token_ids].float()
+        logits = out.logits[..., self.token_ids].float()
+        return (logits, _cache_to_list(out.past_key_values)) if return_cache else logits
 
     def log_prob(self, x: Tensor) -> Tensor:
         """log p^AR(x) = Σ_j log p(x^j | x^{<j}) over our V tokens: [B]."""

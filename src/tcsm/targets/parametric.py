@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
-from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
 from tcsm.paths import ProbabilityPath
-from tcsm.targets.ar import ARScoreEstimator, make_ar_estimator
+from tcsm.targets.ar import ARScoreEstimate, ARScoreEstimator, make_ar_estimator, sample_ar
 from tcsm.targets.base import ConditionalTarget, TargetBatch
 
 __all__ = [
@@ -33,7 +32,6 @@ __all__ = [
     "MLMTeacher",
     "ParametricTarget",
     "Teacher",
-    "load_teacher",
     "make_teacher",
     "mlm_conditionals",
 ]
@@ -74,10 +72,16 @@ class Teacher:
     def conditionals(self, x1: Tensor) -> Tensor:
         raise NotImplementedError
 
-    def __call__(self, x1: Tensor) -> Tensor:
+    @contextlib.contextmanager
+    def frozen(self, device_type: str):
+        """Eval mode, no gradients and (unless `autocast`) float32: how every teacher call runs."""
         self.model.eval()  # a trainer's model.train() elsewhere must not switch dropout on in the teacher
-        off = contextlib.nullcontext() if self.autocast else torch.autocast(x1.device.type, enabled=False)
+        off = contextlib.nullcontext() if self.autocast else torch.autocast(device_type, enabled=False)
         with torch.no_grad(), off:
+            yield self.model
+
+    def __call__(self, x1: Tensor) -> Tensor:
+        with self.frozen(x1.device.type):
             return self.conditionals(x1).float()
 
     def to(self, device) -> Teacher:
@@ -121,6 +125,17 @@ class ARTeacher(Teacher):
 
     def conditionals(self, x1):
         return self.estimator.conditionals(self.model, x1)
+
+    def estimate(self, x1: Tensor) -> ARScoreEstimate:
+        """The estimator's ℓ [B, L, V] and its cost per sequence (MATH.md §5.4), run like `__call__`."""
+        with self.frozen(x1.device.type):
+            return self.estimator.estimate(self.model, x1)
+
+    def sample(self, num: int, length: int, generator: torch.Generator | None = None, device=None) -> Tensor:
+        """x_1 ~ p^AR ancestrally with the key/value cache: LongTensor[num, length] (MATH.md §5.4, h = p^AR)."""
+        device = next(self.model.parameters()).device if device is None else device
+        with self.frozen(torch.device(device).type):
+            return sample_ar(self.model, num, length, generator, device)
 
     def __repr__(self) -> str:
         return f"ARTeacher({type(self.model).__name__}, {self.estimator!r})"

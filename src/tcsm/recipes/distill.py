@@ -1,0 +1,85 @@
+"""AR → diffusion distillation as a recipe (MATH.md §5.4, paper App. F): the run config of a student, and a
+report of what it learned from its teacher.
+
+A distillation run is an ordinary run of the one Trainer: the teacher run's `data` section (a Hugging Face
+teacher brings none: give `data.*`) < the `distill` preset < overrides < values, with `target.teacher`
+pointing at the teacher's resolved checkpoint (so a resumed run keeps the same teacher even if the teacher's
+run trains on). The student is whatever the `model` section describes; it starts from scratch unless
+`train.init_from` says otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from tcsm.build.config import load_config, set_values
+from tcsm.build.distill import inspect_teacher, load_distill_teacher
+from tcsm.build.loading import load_checkpoint
+from tcsm.evaluation.genppl import sample_entropy
+from tcsm.sampling import sample
+
+__all__ = ["distill_config", "distill_report", "teacher_nll"]
+
+
+def distill_config(teacher, preset: str | None = "distill", overrides=(), values: dict | None = None):
+    """The student's config: teacher data < preset < overrides < `values` (dotted key → value), with
+    `target.teacher` set to the teacher (a tcsm run resolved to its checkpoint, or a HF directory)."""
+    spec = inspect_teacher(teacher)
+    base = {"data": dict(spec.state["config"]["data"])} if spec.kind == "tcsm" else None
+    cfg = load_config(preset, list(overrides), base=base)
+    return set_values(cfg, {"target.teacher": str(spec.path), **(values or {})})
+
+
+@torch.no_grad()
+def teacher_nll(teacher, x: torch.Tensor, batch_size: int = 64) -> torch.Tensor:
+    """−log p^AR(x) / L per sequence [N] in nats per token: the teacher's judgement of samples (gen-PPL)."""
+    out = []
+    for chunk in x.split(batch_size):
+        logp = torch.log_softmax(teacher(chunk).float(), dim=-1)
+        out.append(-logp.gather(-1, chunk.unsqueeze(-1)).squeeze(-1).mean(-1).cpu())
+    return torch.cat(out)
+
+
+def distill_report(run_dir, num_samples: int, sample_steps=(8, 32, 128), seed: int = 0, device="cpu") -> dict:
+    """Gen-PPL under the teacher and unigram sample entropy of the student's (EMA) samples for each number of
+    sampling steps (MATH.md §6), next to the same numbers for the teacher's own samples."""
+    from tcsm.targets.ar import sample_ar
+
+    student = load_checkpoint(run_dir, device=device)
+    cfg = student.config
+    V, L = int(student.data_info["vocab_size"]), int(student.data_info["seq_len"])
+    spec = inspect_teacher(cfg.target.teacher, ema=cfg.target.ema)
+    teacher = load_distill_teacher(
+        spec, device, vocab_size=V, ema=cfg.target.ema, bos_token_id=cfg.target.bos_token_id
+    )
+    path = student.build_path()
+
+    def judge(x) -> dict:
+        nll = teacher_nll(teacher, x)
+        return {
+            "gen_ppl": math.exp(float(nll.mean())),
+            "nll_stderr": float(nll.std() / max(1, nll.numel()) ** 0.5),
+            "entropy": sample_entropy(x.cpu())["entropy_mean"],
+        }
+
+    decode = _decoder(student)
+    out = {"run": str(Path(run_dir)), "step": student.step, "num_samples": int(num_samples), "steps": {}}
+    for k in sample_steps:
+        g = torch.Generator(device=device).manual_seed(seed)
+        x = sample(student.model, path, batch_size=num_samples, length=L, num_steps=int(k), generator=g,
+                   chunk_size=256)  # fmt: skip
+        out["steps"][int(k)] = {**judge(x), "example": decode(x[0]) if decode else None}
+    g = torch.Generator(device=device).manual_seed(seed)
+    out["teacher"] = judge(sample_ar(teacher, num_samples, L, g, device))
+    return out
+
+
+def _decoder(ck):
+    """The run's detokenizer when its data can be rebuilt (the report must not fail because data moved)."""
+    try:
+        return ck.build_data().decode
+    except (ValueError, OSError):
+        return None
