@@ -358,6 +358,23 @@ def test_unusable_files_and_settings_are_one_line_errors(tmp_path):
     assert len(data.train) == 1
 
 
+def test_stored_token_ids_are_used_only_with_the_same_tokenizer(tmp_path):
+    """Records of `tcsm pairs` carry the sampled ids and the tokenizer's signature: with that tokenizer the ids are
+    used as they are (here they deliberately disagree with the texts), with another one the texts are tokenized."""
+    from tcsm.data.pairs import tokenizer_signature
+
+    signature = tokenizer_signature(build_data(CHARS))
+    ids = {"prompt_ids": [1], "chosen_ids": [2, 2, 2, 2, 2, 2, 2], "rejected_ids": [3, 3, 3, 3, 3, 3, 3]}
+    f = _write(tmp_path / "p.jsonl", [
+        {"prompt": "a", "chosen": "bb", "rejected": "cc", "tokenizer": signature, **ids},
+        {"prompt": "a", "chosen": "dd", "rejected": "cc", "tokenizer": "another/V=4", **ids},
+    ])
+    data = build_data({"kind": "pairs", "path": str(f), "tokenizer": CHARS, "pad": "a", "valid_frac": 0.0})
+    got = sorted(data.decode(r) for r in data.train.chosen)
+    assert got == ["addaaaaa", "bccccccc"]  # stored ids "b"+"c"*7; text "a"+"dd" padded with "a"
+    assert data.meta["stored_token_ids"] == 1 and "1 with their stored token ids" in data.summary()
+
+
 @pytest.mark.skipif(not (GPT2_BPE / "encoder.json").is_file(), reason="needs ../shared/data/gpt2_bpe")
 def test_gpt2_pairs_pad_with_end_of_text_and_split_deterministically(tmp_path):
     pytest.importorskip("tokenizers")

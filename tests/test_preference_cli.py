@@ -50,9 +50,10 @@ def test_pairs_are_best_and_worst_of_each_group_under_the_reward(pairs, capsys):
         assert r["chosen"] != r["rejected"] and r["chosen_reward"] > r["rejected_reward"]
         assert r["chosen_reward"] == r["chosen"].count("a") + r["prompt"].count("a")  # judged on the whole sequence
         assert len(r["prompt"] + r["chosen"]) == 16  # a response fills the model's length after its prompt
+        assert len(r["prompt_ids"] + r["chosen_ids"]) == 16 and r["tokenizer"].endswith("/V=8")
 
 
-def test_finetune_starts_at_the_reference_learns_and_keeps_it_frozen(pretrained, pairs, tmp_path):
+def test_finetune_starts_at_the_reference_learns_and_keeps_it_frozen(pretrained, pairs, tmp_path, capsys):
     """Step 1 is computed at θ = ref (init_from): Δ = 0, so the paper loss is exactly
     softplus(log β) + softplus(−log β) = log(1 + β) + log(1 + 1/β); the held-out
     metrics are logged; the reference checkpoint is untouched; `tcsm eval` and `tcsm sample` read the run."""
@@ -64,6 +65,7 @@ def test_finetune_starts_at_the_reference_learns_and_keeps_it_frozen(pretrained,
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     first = next(r for r in rows if r["kind"] == "train" and r["step"] == 1)
     assert first["loss"] == pytest.approx(math.log(3) + math.log(1.5), abs=1e-6) and first["margin"] == 0
+    assert "48 with their stored token ids" in capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
     assert {"pref_accuracy", "reward_margin", "kl_ref", "pref_loss"} <= set(summary) and summary["kl_ref"] > 0
     assert summary["num_pairs"] == 4  # valid_frac 0.1 of 48

@@ -4,7 +4,8 @@ write chosen / rejected pairs as JSON lines for `tcsm finetune preference` (MATH
 Each pair is the best and the worst of `--group` samples drawn with the same prompt (or none), under any reward
 of tcsm.rewards: `vader`, `profanity`, `hf:PATH[,label=1]` (a local classifier), `grid`, `python:module:function`.
 Groups whose rewards tie are redrawn. Every line holds `prompt`, `chosen`, `rejected` (the response texts, after
-the prompt) and the two rewards:
+the prompt), the two rewards, and the sampled token ids with the tokenizer they belong to (a run with the
+same tokenizer trains on exactly the judged tokens; tcsm.data.pairs):
 
     tcsm pairs --from runs/ts --reward vader -n 512 --prompt "Once upon a time, there was a" -o pairs.jsonl
     tcsm finetune preference --from runs/ts --pairs pairs.jsonl --loss paper --beta 1 -o runs/ts-pref

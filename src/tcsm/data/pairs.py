@@ -9,6 +9,10 @@ EOS-separated documents. The prompt positions are conditioning (`Batch.cond_mask
 The tokenizer is the run's: `tokenizer` is the data section of the run the pairs are for (the pre-trained run's
 `data`), built with `build_data` to reuse exactly its token ids; `seq_len` defaults to that section's length.
 
+Records written by `tcsm pairs` also carry the sampled token ids (`prompt_ids`, `chosen_ids`, `rejected_ids`)
+and the `tokenizer` they belong to (`tokenizer_signature`); with the same tokenizer those ids are used as they are,
+since decoding sampled tokens and encoding the text again need not give them back (it can even be longer).
+
 Bad records are counted by reason and reported (`PairsBundle.meta["bad_records"]`, `summary()`): unreadable
 JSON, a missing or non-string field, an empty chosen or rejected text, chosen identical to rejected, text the
 tokenizer cannot encode. A pair longer than `seq_len` is refused (DataError naming the first one) unless
@@ -36,7 +40,7 @@ from tcsm.data.base import DataError, compact_dtype, split_by_fractions
 from tcsm.data.build import DATA_KINDS, build_data
 from tcsm.data.text import resolve_splits
 
-__all__ = ["PairRows", "PairsBundle", "build_pairs", "read_pair_records", "tokenize_pairs"]
+__all__ = ["PairRows", "PairsBundle", "build_pairs", "read_pair_records", "tokenize_pairs", "tokenizer_signature"]
 
 
 @dataclass(frozen=True)
@@ -118,16 +122,20 @@ class PairsBundle:
         skipped = "; skipped " + ", ".join(f"{n} {why}" for why, n in bad.items()) if bad else ""
         cut = self.meta.get("truncated", 0)
         cut = f"; {cut} truncated to fit" if cut else ""
-        return f"{self.label}: V={self.vocab_size}, L={self.seq_len}, pairs {sizes}{skipped}{cut}"
+        ids = self.meta.get("stored_token_ids", 0)
+        ids = f"; {ids} with their stored token ids" if ids else ""
+        return f"{self.label}: V={self.vocab_size}, L={self.seq_len}, pairs {sizes}{skipped}{cut}{ids}"
 
 
 # --------------------------------------------------------------------------------------------------- reading
 
 
 def read_pair_records(
-    path: str | Path, fields: tuple[str | None, str, str], bad: Counter
-) -> list[tuple[int, str, str, str]]:
-    """(line number, prompt, chosen, rejected) of every well-formed record; the others are counted in `bad`."""
+    path: str | Path, fields: tuple[str | None, str, str], bad: Counter, signature: str | None = None
+) -> list[tuple[int, str, str, str, tuple | None]]:
+    """(line number, prompt, chosen, rejected, stored ids) of every well-formed record; the others are counted in
+    `bad`. Stored ids are the record's `prompt_ids` / `chosen_ids` / `rejected_ids` when its `tokenizer` equals
+    `signature` (`tokenizer_signature` of the run's data), else None (the texts are tokenized)."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise DataError(f"preference pairs file not found: {p}")
@@ -158,10 +166,26 @@ def read_pair_records(
                 elif chosen == rejected:
                     bad["identical chosen and rejected"] += 1
                 else:
-                    records.append((n, prompt, chosen, rejected))
+                    records.append((n, prompt, chosen, rejected, _stored_ids(obj, signature, prompt_key)))
     except (OSError, EOFError, UnicodeDecodeError) as e:
         raise DataError(f"cannot read {p}: {type(e).__name__}: {e}") from None
     return records
+
+
+def _stored_ids(obj: dict, signature: str | None, prompt_key: str | None) -> tuple | None:
+    if signature is None or obj.get("tokenizer") != signature:
+        return None
+    ids = [obj.get(k) for k in ("prompt_ids", "chosen_ids", "rejected_ids")]
+    if prompt_key is None:
+        ids[0] = []
+    ok = all(isinstance(x, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in x) for x in ids)
+    return tuple(ids) if ok else None
+
+
+def tokenizer_signature(bundle) -> str:
+    """What identifies the token ids of a data bundle: its text data's label and vocabulary size. `tcsm pairs`
+    stores it with the sampled ids, so that pairs re-read with the same tokenizer keep the exact sampled tokens."""
+    return f"{bundle.meta.get('tokenizer_data') or bundle.label}/V={bundle.vocab_size}"
 
 
 def _encode(tokenizer, text: str) -> list[int] | None:
@@ -175,13 +199,18 @@ def tokenize_pairs(
     records, tokenizer, seq_len: int, *, truncate: bool, pad_id: int | None, bad: Counter, where: str
 ) -> tuple[PairRows, int]:
     """Rows of `records` (see `read_pair_records`) and the number truncated; records that cannot be used are
-    counted in `bad`. Too-long pairs raise DataError unless `truncate` (then responses are cut to fit)."""
+    counted in `bad`. Stored ids are used as they are (decode → encode need not give back sampled tokens, and may
+    be longer). Too-long pairs raise DataError unless `truncate` (then responses are cut to fit)."""
     L = int(seq_len)
+    V = int(getattr(tokenizer, "vocab_size", 0))
     rows: list[tuple[list[int], list[int], int]] = []
     too_long: list[tuple[int, int]] = []
     truncated = 0
-    for n, prompt, chosen, rejected in records:
-        ids = [_encode(tokenizer, s) for s in (prompt, chosen, rejected)]
+    for n, prompt, chosen, rejected, stored in records:
+        if stored is not None and all(0 <= i < V for x in stored for i in x):
+            ids = list(stored)
+        else:
+            ids = [_encode(tokenizer, s) for s in (prompt, chosen, rejected)]
         if any(x is None for x in ids):
             bad["text outside the tokenizer's vocabulary"] += 1
             continue
@@ -270,22 +299,27 @@ def build_pairs(
     if L < 2:
         raise DataError(f"pairs data: seq_len must be >= 2, got {L}")
     pad_id = _pad_id(tok, base, pad)
+    signature = tokenizer_signature(base)
     bad: Counter = Counter()
     fields = (prompt_field, chosen_field, rejected_field)
     opts = {"truncate": bool(truncate), "pad_id": pad_id, "bad": bad}
     if mode == "fractions":
         src = files["path"]
-        rows, truncated = tokenize_pairs(read_pair_records(src, fields, bad), tok, L, where=src, **opts)
+        records = read_pair_records(src, fields, bad, signature)
+        stored = sum(r[4] is not None for r in records)
+        rows, truncated = tokenize_pairs(records, tok, L, where=src, **opts)
         order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(int(seed)))
         a, b = split_by_fractions(len(rows), valid_frac, test_frac)
         splits = {"train": rows[order[:a]], "valid": rows[order[a:b]], "test": rows[order[b:]]}
     else:
-        src, splits, truncated = files["train"], {}, 0
+        src, splits, truncated, stored = files["train"], {}, 0, 0
         for split, f in files.items():
             if f is None:
                 splits[split] = tokenize_pairs([], tok, L, where="", **opts)[0]
                 continue
-            splits[split], cut = tokenize_pairs(read_pair_records(f, fields, bad), tok, L, where=f, **opts)
+            records = read_pair_records(f, fields, bad, signature)
+            stored += sum(r[4] is not None for r in records)
+            splits[split], cut = tokenize_pairs(records, tok, L, where=f, **opts)
             truncated += cut
     usable = sum(len(s) for s in splits.values())
     if usable == 0:
@@ -306,6 +340,7 @@ def build_pairs(
             "truncated": truncated,
             "pad_id": pad_id,
             "tokenizer_data": base.label,
+            "stored_token_ids": stored,
         },
         **splits,
     )

@@ -22,6 +22,7 @@ import torch
 from tcsm.build.config import load_config, set_values
 from tcsm.build.loading import load_checkpoint
 from tcsm.checkpoint import read_state, resolve_checkpoint
+from tcsm.data.pairs import tokenizer_signature
 from tcsm.errors import CheckpointError, ConfigError
 from tcsm.evaluation.genppl import sample_entropy
 from tcsm.rewards import evaluate_reward, make_reward
@@ -66,6 +67,7 @@ def sample_pairs(
 
     Groups whose best and worst rewards tie, or whose best and worst responses decode to the same text, carry no
     preference and are redrawn (up to `max_rounds` rounds); `stats` counts samples, reward calls and skips.
+    Records also hold the sampled token ids and the tokenizer's signature (`tcsm.data.pairs.tokenizer_signature`).
     """
     if group < 2:
         raise ConfigError(f"a pair needs a group of at least 2 samples, got {group}")
@@ -79,6 +81,7 @@ def sample_pairs(
             raise ConfigError(f"prompt {p!r} has {ids.numel()} tokens: no room for a response in {L}")
     want = [num_pairs // len(prompts) + (j < num_pairs % len(prompts)) for j in range(len(prompts))]
     generator = torch.Generator().manual_seed(int(seed))
+    signature = tokenizer_signature(data)
     records: list[dict] = []
     stats = {"samples": 0, "reward_calls": 0, "ties_skipped": 0, "identical_skipped": 0, "rounds": 0}
     for _ in range(int(max_rounds)):
@@ -111,6 +114,11 @@ def sample_pairs(
                         "rejected": rejected,
                         "chosen_reward": float(hi),
                         "rejected_reward": float(lo),
+                        # the exact sampled tokens, for a run with the same tokenizer (tcsm.data.pairs)
+                        "tokenizer": signature,
+                        "prompt_ids": ids.tolist(),
+                        "chosen_ids": x[g, best[g], P:].tolist(),
+                        "rejected_ids": x[g, worst[g], P:].tolist(),
                     }
                 )
                 want[j] -= 1
