@@ -26,11 +26,13 @@ __all__ = ["distill_config", "distill_report", "teacher_nll"]
 
 def distill_config(teacher, preset: str | None = "distill", overrides=(), values: dict | None = None):
     """The student's config: teacher data < preset < overrides < `values` (dotted key → value), with
-    `target.teacher` set to the teacher (a tcsm run resolved to its checkpoint, or a HF directory)."""
+    `target.teacher` set to the teacher (a tcsm run resolved to its checkpoint, or a HF directory). An override
+    `target.name=data` gives the baseline: the same student on the teacher's data, without the teacher."""
     spec = inspect_teacher(teacher)
     base = {"data": dict(spec.state["config"]["data"])} if spec.kind == "tcsm" else None
     cfg = load_config(preset, list(overrides), base=base)
-    return set_values(cfg, {"target.teacher": str(spec.path), **(values or {})})
+    own = {"target.teacher": str(spec.path)} if cfg.target.name == "distill" else {}
+    return set_values(cfg, {**own, **(values or {})})
 
 
 @torch.no_grad()
@@ -43,18 +45,23 @@ def teacher_nll(teacher, x: torch.Tensor, batch_size: int = 64) -> torch.Tensor:
     return torch.cat(out)
 
 
-def distill_report(run_dir, num_samples: int, sample_steps=(8, 32, 128), seed: int = 0, device="cpu") -> dict:
+def distill_report(
+    run_dir, num_samples: int, sample_steps=(8, 32, 128), seed: int = 0, device="cpu", teacher: str | None = None
+) -> dict:
     """Gen-PPL under the teacher and unigram sample entropy of the student's (EMA) samples for each number of
-    sampling steps (MATH.md §6), next to the same numbers for the teacher's own samples."""
+    sampling steps (MATH.md §6), next to the same numbers for the teacher's own samples. `teacher` defaults to
+    the run's target.teacher (give it for a student trained without one, e.g. on data alone)."""
     from tcsm.targets.ar import sample_ar
 
     student = load_checkpoint(run_dir, device=device)
     cfg = student.config
     V, L = int(student.data_info["vocab_size"]), int(student.data_info["seq_len"])
-    spec = inspect_teacher(cfg.target.teacher, ema=cfg.target.ema)
+    own = cfg.target.name == "distill"
+    spec = inspect_teacher(teacher or cfg.target.teacher, ema=cfg.target.ema if own else True)
     teacher = load_distill_teacher(
-        spec, device, vocab_size=V, ema=cfg.target.ema, bos_token_id=cfg.target.bos_token_id
-    )
+        spec, device, vocab_size=V, ema=cfg.target.ema if own else True,
+        bos_token_id=cfg.target.bos_token_id if own else None,
+    )  # fmt: skip
     path = student.build_path()
 
     def judge(x) -> dict:
