@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -90,6 +91,19 @@ def _eval_mode(model):
     finally:
         if isinstance(model, torch.nn.Module):
             model.train(was)
+
+
+@dataclass
+class PairDraw:
+    """One noisy draw of every pair, both sides stacked as rows [chosen; rejected] (2B rows each)."""
+
+    xt: Tensor  # [2B, L] noisy inputs, prompts pinned
+    t: Tensor  # [2B] the pair's t, twice
+    x1: Tensor  # [2B, L] clean chosen then rejected sequences
+    mask: Tensor  # [2B, L] scored positions: noised, not prompt
+    logits: Tensor  # [2B, L, V] student
+    ref_logits: Tensor  # [2B, L, V] reference (no gradient)
+    delta: Tensor  # [2B] Δ of each row
 
 
 class PreferenceObjective:
@@ -169,24 +183,20 @@ class PreferenceObjective:
         generator.set_state(state)
         return xt_w, rejected.noised(self.path, rejected.x1, t, generator)
 
-    def _deltas(
-        self, model, ref, batch: Batch, t: Tensor, generator
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """(Δ_w, Δ_l, student logits, reference logits, x_t and masks) for one draw of both sides."""
+    def _draw(self, model, ref, batch: Batch, t: Tensor, generator) -> PairDraw:
+        """Both sides of every pair noised at t and scored by the student and the reference in one call each."""
         xt_w, xt_l = self.noised_pair(batch, t, generator)
-        xt = torch.cat([xt_w, xt_l])
-        tt = torch.cat([t, t])
-        scored = Batch(
+        xt, tt = torch.cat([xt_w, xt_l]), torch.cat([t, t])
+        both = Batch(
             torch.cat([batch.x1, batch.rejected]),
             cond_mask=None if batch.cond_mask is None else torch.cat([batch.cond_mask, batch.cond_mask]),
         )
-        mask = scored.scored(self.path, xt)
+        mask = both.scored(self.path, xt)
         logits = model(xt, tt)
         with torch.no_grad():
             ref_logits = ref(xt, tt)
-        delta = sequence_log_ratio(logits, ref_logits, scored.x1, mask)
-        B = t.shape[0]
-        return delta[:B], delta[B:], logits, ref_logits, (xt, mask, scored.x1, tt)
+        delta = sequence_log_ratio(logits, ref_logits, both.x1, mask)
+        return PairDraw(xt, tt, both.x1, mask, logits, ref_logits, delta)
 
     def __call__(self, model, batch, generator: torch.Generator | None = None, *, reference=None):
         """Mean over pairs × `num_t` draws of ω(t) · w · loss(Δ_w, Δ_l) (nats per pair), and metrics (MATH.md §5.3)."""
@@ -204,7 +214,8 @@ class PreferenceObjective:
         t = sample_times(
             n, antithetic=self.antithetic, generator=generator, device=rep.x1.device, dtype=self.time_dtype
         )
-        dw, dl, _, _, (_, mask, _, _) = self._deltas(model, ref, rep, t, generator)
+        draw = self._draw(model, ref, rep, t, generator)
+        dw, dl = draw.delta.chunk(2)
         per = self.loss_fn(dw, dl, self.loss_beta) * self.weighting(self.path, t).to(dw.dtype)
         if batch.weight is not None:
             per = per * batch.weight.repeat_interleave(K).to(per.dtype)
@@ -216,7 +227,7 @@ class PreferenceObjective:
                 "margin": (dw - dl).float().mean(),
                 "delta_chosen": dw.float().mean(),
                 "delta_rejected": dl.float().mean(),
-                "loss_positions": mask.float().mean(),
+                "loss_positions": draw.mask.float().mean(),
                 "t_mean": t.float().mean(),
             }
         return loss, metrics
@@ -260,14 +271,18 @@ class PreferenceObjective:
                 }
                 for k in range(K):
                     t = times[k].clamp_min(_T_LO)
-                    dw, dl, logits, ref_logits, (xt, mask, x1, tt) = self._deltas(model, ref, b, t, generator)
-                    g_model = nelbo_integrand(logits, x1, xt, tt, self.path, self.bound).double()
-                    g = nelbo_integrand(ref_logits, x1, xt, tt, self.path, self.bound).double() - g_model
+                    d = self._draw(model, ref, b, t, generator)
+                    dw, dl = d.delta.chunk(2)
+                    g_model = nelbo_integrand(d.logits, d.x1, d.xt, d.t, self.path, self.bound).double()
+                    g = (
+                        nelbo_integrand(d.ref_logits, d.x1, d.xt, d.t, self.path, self.bound).double()
+                        - g_model
+                    )
                     parts["g_w"] += g[:n] / K
                     parts["g_l"] += g[n:] / K
                     parts["nats"] += g_model[:n] / K
                     parts["loss"] += self.loss_fn(dw, dl, self.loss_beta).double() / K
-                    kl = _masked_kl(logits, ref_logits, mask)
+                    kl = _masked_kl(d.logits, d.ref_logits, d.mask)
                     parts["kl"] += (kl[:n] + kl[n:]).double() / (2 * K)
                 for key, v in parts.items():
                     acc[key].append(v.cpu())
