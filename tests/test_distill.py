@@ -156,6 +156,17 @@ def test_topk_ngram_equals_exact_when_candidates_cover_the_vocabulary(k, ngram_k
     assert got.stats["seq_scores"] == (V - 1) * L + 1  # all of 𝒳 scored, each changed sequence once
 
 
+def test_estimator_option_errors_are_value_errors():
+    """Options of another estimator and a missing n-gram are user errors (one line in the CLI), not crashes."""
+    from tcsm.targets.ar import make_ar_estimator
+
+    with pytest.raises(ValueError, match="topk"):
+        make_ar_estimator("topk", temperature=2.0)
+    model = _random_causal(4)
+    with pytest.raises(ValueError, match="no n-gram"):
+        make_ar_estimator("topk_ngram", k=2)(model, torch.zeros(1, 3, dtype=torch.long))
+
+
 def test_cost_accounting_counts_what_the_teacher_evaluates():
     """seq_scores = 1 + distinct changed sequences ((V−1)L+1 for exact); token_evals = the positions the teacher
     really ran: L for the base pass plus L−1−i per changed sequence at i (prefix reuse), counted by a wrapper."""

@@ -277,7 +277,10 @@ class TopKNgramARScore(TopKARScore):
 
     def candidates(self, model, x, logits):
         if self.ngram is None:
-            raise RuntimeError("TopKNgramARScore has no n-gram yet: count one (RightContextNgram.fit) and set .ngram")
+            raise ValueError(
+                "the Top-K + n-gram estimator has no n-gram: use target.name=distill (tcsm distill), which counts one "
+                "from the training data, or set .ngram = RightContextNgram.fit(rows, N, V)"
+            )
         return torch.cat([super().candidates(model, x, logits), self.ngram.topk(x, self.ngram_k)], dim=-1)
 
     def sequence_scores(self, length, vocab_size):
@@ -329,7 +332,10 @@ def make_ar_estimator(name: str | ARScoreEstimator = "exact", **kwargs) -> ARSco
         return name
     if name not in AR_ESTIMATORS:
         raise ValueError(f"unknown AR score estimator {name!r}; choose one of {sorted(AR_ESTIMATORS)}")
-    return AR_ESTIMATORS[name](**kwargs)
+    try:
+        return AR_ESTIMATORS[name](**kwargs)
+    except TypeError as e:  # an option another estimator takes (e.g. temperature for topk)
+        raise ValueError(f"AR estimator {name!r}: {e}") from None
 
 
 # --------------------------------------------------------------------------------------------------- audits
