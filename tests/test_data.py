@@ -188,20 +188,19 @@ def test_char_corpus_and_out_of_vocab(tmp_path):
     assert b.vocab_size == len(set(text)) and b.tokenizer.chars == "".join(sorted(set(text)))
     assert b.train.shape[1] == 16 and b.valid.shape[0] >= 1
     assert b.decode(b.train[0]) == text[:16]
-    # separate files: valid has a character the training split never saw
+    # separate files: valid has a character the training split never saw; the vocabulary is the whole corpus's
     tr, va = tmp_path / "tr.txt", tmp_path / "va.txt"
     tr.write_text("abcabcabcabc" * 10)
     va.write_text("abcabcabcabd" * 10)
-    with pytest.raises(DataError, match="'d'"):
-        build_data({"kind": "text", "train_path": str(tr), "valid_path": str(va), "seq_len": 8})
+    b = build_data({"kind": "text", "train_path": str(tr), "valid_path": str(va), "seq_len": 8})
+    assert b.tokenizer.chars == "abcd" and b.decode(b.valid[0]) == "abcabcab"
+    # an explicit vocabulary refuses other characters, naming the option that drops them
+    with pytest.raises(DataError, match="'d'.*data.oov=drop"):
+        build_data({"kind": "text", "train_path": str(tr), "valid_path": str(va), "seq_len": 8, "vocab": "abc"})
     b = build_data(
-        {"kind": "text", "train_path": str(tr), "valid_path": str(va), "seq_len": 8, "oov": "drop"}
+        {"kind": "text", "train_path": str(tr), "valid_path": str(va), "seq_len": 8, "vocab": "abc", "oov": "drop"}
     )
-    assert b.meta["dropped_oov"]["valid"] == 10 and b.test.shape[0] == 0
-    b = build_data(
-        {"kind": "text", "train_path": str(tr), "valid_path": str(va), "seq_len": 8, "vocab": "abcd"}
-    )
-    assert b.vocab_size == 4
+    assert b.meta["dropped_oov"] == {"train": 0, "valid": 10, "test": 0} and b.test.shape[0] == 0
 
 
 def test_char_corpus_errors(tmp_path):

@@ -7,6 +7,7 @@ file reading (`read_text`: .txt / .gz / .zip), split fractions, chunking and com
 from __future__ import annotations
 
 import gzip
+import math
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,8 +60,8 @@ class CharTokenizer:
             table[[ord(c) for c in chars]] = np.arange(len(chars), dtype=np.int16)
             self._table = table
 
-    def encode_array(self, text: str, what: str = "text") -> np.ndarray:
-        """Integer ids of every character; DataError naming the first unknown character."""
+    def encode_array(self, text: str, what: str = "text", fix: str = "extend the vocabulary or clean the text") -> np.ndarray:
+        """Integer ids of every character; DataError naming the first unknown character and `fix`."""
         if self._table is not None and text.isascii():
             codes = np.frombuffer(text.encode("ascii"), dtype=np.uint8)
             ids = self._table[codes]
@@ -74,7 +75,7 @@ class CharTokenizer:
             c = text[int(bad[0])]
             raise DataError(
                 f"{what} contains {bad.size} character(s) outside the {self.vocab_size}-symbol vocabulary, "
-                f"first {c!r} at offset {int(bad[0])}; extend the vocabulary or clean the text"
+                f"first {c!r} at offset {int(bad[0])}; {fix}"
             )
         return ids
 
@@ -140,8 +141,11 @@ class DataBundle:
 
     def summary(self) -> str:
         sizes = ", ".join(f"{s}={getattr(self, s).shape[0]}" for s in ("train", "valid", "test"))
+        # Bits, like every other figure a run prints (losses in nats are labelled as such where they appear).
         floor = (
-            "" if self.nats_per_token_floor is None else f", floor={self.nats_per_token_floor:.4f} nats/token"
+            ""
+            if self.nats_per_token_floor is None
+            else f", floor={self.nats_per_token_floor / math.log(2):.4f} bits/token"
         )
         return f"{self.label}: V={self.vocab_size}, L={self.seq_len}, chunks {sizes}{floor}"
 

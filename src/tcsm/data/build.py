@@ -16,12 +16,17 @@
   registered by tcsm.data.pairs, which builds that section with `build_data` (preference fine-tuning, MATH.md §5.3).
 
 Unknown kinds or keys raise a DataError that lists what is accepted.
+
+File locations (`PATH_KEYS`) are stored absolute when a run is created (`absolute_paths`), so a run directory can
+be moved and evaluated from anywhere; `missing_paths` names the ones that no longer exist.
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from tcsm.data.base import DataBundle, DataError
@@ -31,7 +36,7 @@ from tcsm.data.synthetic import build_synthetic
 from tcsm.data.text import build_text
 from tcsm.data.text8 import build_text8
 
-__all__ = ["DATA_KINDS", "build_data"]
+__all__ = ["DATA_KINDS", "PATH_KEYS", "absolute_paths", "build_data", "missing_paths"]
 
 DATA_KINDS: dict[str, Callable[..., DataBundle]] = {
     "synthetic": build_synthetic,
@@ -40,6 +45,31 @@ DATA_KINDS: dict[str, Callable[..., DataBundle]] = {
     "bpe": build_bpe,
     "grid": build_grid,
 }
+
+#: Keys of the data kinds that name files or folders (relative ones are read from the current directory).
+PATH_KEYS = ("path", "train_path", "valid_path", "test_path", "bpe_dir", "encoder_json", "vocab_bpe", "cache_dir")
+
+
+def absolute_paths(cfg: Mapping[str, Any]) -> dict[str, str]:
+    """{key: absolute path} for every relative file location of a data config (`PATH_KEYS`, with ~ expanded);
+    keys already absolute, or unset, are left out."""
+    out = {}
+    for key in PATH_KEYS:
+        value = cfg.get(key)
+        if isinstance(value, str) and value:
+            p = Path(value).expanduser()
+            if not p.is_absolute() or str(p) != value:
+                out[key] = os.path.abspath(p)  # normalises '..' without following symlinks
+    return out
+
+
+def missing_paths(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(key, path) of the file locations of a data config that do not exist (a cache folder may be created)."""
+    return [
+        (key, str(cfg[key]))
+        for key in PATH_KEYS
+        if key != "cache_dir" and isinstance(cfg.get(key), str) and cfg[key] and not Path(cfg[key]).expanduser().exists()
+    ]
 
 
 def _to_dict(cfg: Any) -> dict[str, Any]:

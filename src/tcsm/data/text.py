@@ -6,9 +6,12 @@ line is one document. Splits come either from one `path` cut by `valid_frac` / `
 then valid, then test — contiguous, so no text leaks across splits) or from separate `train_path`,
 `valid_path` and (optional) `test_path` files.
 
-Character vocabulary: the sorted set of characters of the training split, or `vocab` (a string) given
-explicitly. Characters outside it in valid/test (or anywhere, with an explicit vocab) raise a DataError
-(`oov="error"`, the default), or are deleted (`oov="drop"`; the number dropped is recorded in `meta`).
+Character vocabulary: the sorted set of characters of the whole corpus (every split), or `vocab` (a string)
+given explicitly. The symbol inventory is not a learned statistic, so taking it from all splits leaks nothing a
+model could fit, while a training-split vocabulary would refuse ordinary files (a final newline, a rare accent
+that only occurs in the test part); characters the training split lacks simply get little probability. With an
+explicit `vocab`, characters outside it raise a DataError that names the `data.oov` option (`oov="error"`, the
+default), or are deleted (`oov="drop"`; the number dropped per split is recorded in `meta`).
 """
 
 from __future__ import annotations
@@ -111,14 +114,15 @@ def build_text(
         texts = {"train": text[:a], "valid": text[a:b], "test": text[b:]}
     else:
         texts = {k: (_join(v, text_field) if v else "") for k, v in files.items()}
-    chars = vocab if vocab is not None else "".join(sorted(set(texts["train"])))
+    chars = vocab if vocab is not None else "".join(sorted(set().union(*map(set, texts.values()))))
     tok = CharTokenizer(chars)
     dropped = {}
-    for split in ("train", "valid", "test"):
-        if oov == "drop" and (split != "train" or vocab is not None):
+    if oov == "drop":
+        for split in ("train", "valid", "test"):
             texts[split], dropped[split] = _drop_oov(texts[split], set(chars))
     src = files.get("path") or files["train"]
-    streams = {s: tok.encode_array(t, what=f"the {s} split of {src}") for s, t in texts.items()}
+    fix = "add them to data.vocab, or set data.oov=drop to delete them"
+    streams = {s: tok.encode_array(t, what=f"the {s} split of {src}", fix=fix) for s, t in texts.items()}
     return bundle_from_streams(
         streams,
         seq_len=seq_len,
