@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from collections.abc import Callable
 
 import torch
@@ -67,6 +68,7 @@ BOUNDS: dict[str, tuple[str, ...]] = {kind: cls.bounds for kind, cls in PATHS.it
 _T_HI = 1.0 - 2.0**-24
 _T_LO = torch.finfo(torch.float32).tiny
 _LN2 = math.log(2.0)
+_MAX_EXP = math.log(sys.float_info.max)  # exp of anything larger overflows a float
 # Tokens of x_t sampled per vectorised draw in `nelbo_terms` (bounds its memory, fixes its random stream).
 _SAMPLE_BLOCK = 1 << 20
 
@@ -356,13 +358,15 @@ def summarise_nats(nats: Tensor, length: int, bound: str) -> dict:
     N = nats.numel()
     mean = float(nats.mean())
     se = float(nats.std(unbiased=True) / math.sqrt(N)) if N > 1 else float("nan")
+    # A diverged model can exceed e^709 (the float range): its perplexity is reported as inf, not an exception.
+    ppl = math.exp(mean) if mean < _MAX_EXP else math.inf
     return {
         "nats_per_token": mean,
         "nats_per_token_stderr": se,
         "bpc": mean / _LN2,
         "bpc_stderr": se / _LN2,
-        "perplexity": math.exp(mean),
-        "perplexity_stderr": math.exp(mean) * se,  # delta method
+        "perplexity": ppl,
+        "perplexity_stderr": ppl * se,  # delta method
         "nats_per_sequence": mean * length,
         "bound": bound,
         "num_sequences": N,

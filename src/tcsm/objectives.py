@@ -150,8 +150,12 @@ def score_loss(
     """Per-position L_score [B, L] (MATH.md §3.2, §3.4): N^1 concrete-score matching with Bregman generator φ.
 
     Monte Carlo target (z = x_1^i observed): ℓ_φ(z) = Σ_y[ρ_y φ'(ρ_y) − φ(ρ_y)] − Σ_y φ'(1/ρ_y), ρ_y = m_y/m_z;
-    for GKL the box ℓ = −V log m_z + 1/m_z + Σ_y log m_y. Explicit target: Σ_y D_φ(q_y/q_z, m_y/m_z), which
-    assumes q^i(x_1^i) > 0 (true when x_1 is drawn from the target's own proposal).
+    for GKL the box ℓ = −V log m_z + 1/m_z + Σ_y log m_y. Explicit target: Σ_y D_φ(q_y/q_z, m_y/m_z) at z = x_1^i.
+    Positions where the target gives the observed token (numerically) zero mass, log q^i(x_1^i) ≤ `clamp` (−inf
+    when clamp is None), are dropped (loss 0, no gradient; counted by `score_loss.dropped_positions`): under
+    z ~ q^i such a z has probability 0, so it carries no weight in E_z Σ_y D_φ(q_y/q_z, m_y/m_z) (MATH.md §3.4),
+    while the floor would turn its ratios into ≈ e^{30} q_y (e.g. a reward N^1 target with R = −∞ or −10^5 on the
+    data's token, whose per-position losses then reach ~1e14).
     Log-probabilities are floored at `clamp` (MATH.md §8 item 6); `paper_scale=True` divides by V (§8 item 5).
     `divergence` is an alias of `bregman` (so that `Objective(divergence=...)` reaches it).
 
@@ -175,9 +179,13 @@ def score_loss(
     log_m = _floor(torch.log_softmax(rows, -1), clamp)
     log_m_z = _gather(log_m, z)
     if batch.explicit:
+        keep = ~_impossible(_gather(log_q, z), clamp)
         log_q = _floor(log_q, clamp)
-        log_w = log_q - _gather(log_q, z).unsqueeze(-1)
+        # Dropped rows get a harmless denominator, so that neither their value nor their gradient is inf/NaN.
+        log_q_z = torch.where(keep, _gather(log_q, z), torch.zeros((), dtype=log_q.dtype, device=log_q.device))
+        log_w = log_q - log_q_z.unsqueeze(-1)
         value = gen.divergence_log(log_w, log_m - log_m_z.unsqueeze(-1)).sum(-1)
+        value = torch.where(keep, value, torch.zeros((), dtype=value.dtype, device=value.device))
     elif tilt:
         value = _tilted_mc_score(gen, rows, z, batch, path, clamp)
     else:
@@ -199,7 +207,22 @@ def _tilted_mc_score(gen: BregmanGenerator, rows: Tensor, z: Tensor, batch: Targ
     return torch.exp(-_gather(log_k, z)) * gen.mc_score(log_mt, _gather(log_mt, z))
 
 
-# Optional `validate(**kwargs)` hooks let `Objective` reject bad names when it is built.
+def _impossible(log_q_z: Tensor, clamp: float | None) -> Tensor:
+    """log q(z) at or below the floor (−inf without one): the target gives the observed token no mass."""
+    return log_q_z <= (-math.inf if clamp is None else clamp)
+
+
+def _score_dropped(batch: TargetBatch, clamp: float | None = DEFAULT_CLAMP, **_) -> Tensor:
+    """Loss positions the explicit score loss drops (the target's mass on x_1^i is numerically zero), [B, L]."""
+    if not batch.explicit:
+        return torch.zeros_like(batch.loss_mask)
+    log_q_z = _gather(batch.log_q, batch.x1.long())
+    return batch.loss_mask & _impossible(log_q_z, clamp)
+
+
+# Optional `validate(**kwargs)` hooks let `Objective` reject bad names when it is built; optional
+# `dropped_positions(batch, **kwargs)` hooks say which loss positions a loss leaves out (reported in the metrics).
+score_loss.dropped_positions = _score_dropped
 distrib_loss.validate = lambda divergence="kl", **_: get_f_divergence(divergence)
 score_loss.validate = lambda bregman="gkl", divergence=None, **_: get_bregman(
     divergence if divergence is not None else bregman
@@ -342,6 +365,9 @@ class Objective:
                 "loss_positions": frac,
                 "t_mean": batch.t.float().mean(),
             }
+            dropped = getattr(self.loss_fn, "dropped_positions", None)
+            if dropped is not None and batch.explicit:
+                metrics["dropped_positions"] = dropped(batch, **self.loss_kwargs).sum().float()
         return loss, metrics
 
     def __call__(

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["plot_genppl_vs_steps", "report_meta", "to_jsonable", "write_report"]
+__all__ = ["genppl_figure", "plot_genppl_vs_steps", "report_meta", "to_jsonable", "write_report"]
 
 
 def report_meta() -> dict:
@@ -55,11 +55,24 @@ def write_report(path: str | os.PathLike, results: dict) -> Path:
 
 
 def plot_genppl_vs_steps(rows: Sequence[dict], path: str | os.PathLike, title: str | None = None) -> Path:
-    """Two panels against the number of sampling steps: gen-PPL (log scale) and mean sample entropy.
+    """Write `genppl_figure(rows, title)` to `path` (PNG); creates parent directories."""
+    import matplotlib.pyplot as plt
+
+    fig = genppl_figure(rows, title)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def genppl_figure(rows: Sequence[dict], title: str | None = None):
+    """Two panels against the number of sampling steps: gen-PPL and mean sample entropy (a matplotlib Figure).
 
     `rows`: dicts with "steps", "gen_ppl" and "entropy_mean"; an optional "series" key draws several curves
     (for example one per sampler). Dashed lines mark the data's own values, "data_gen_ppl" and
-    "data_entropy", when rows carry them.
+    "data_entropy", when rows carry them. Both value axes start at 0 and print plain numbers (no offset), so a
+    difference reads at its true size; gen-PPL switches to a log axis only when it spans more than a decade.
     """
     import matplotlib
 
@@ -89,18 +102,19 @@ def plot_genppl_vs_steps(rows: Sequence[dict], path: str | os.PathLike, title: s
     # Entropy from 0: sampling noise of a few hundredths must not look like a trend; a collapse still shows.
     top = max([r["entropy_mean"] for r in rows] + ref)
     ax2.set_ylim(0, 1.15 * top if top > 0 else 1.0)
-    # A log axis only when gen-PPL spans more than a decade; a narrow range reads better on a linear one.
+    # A log axis only when gen-PPL spans more than a decade. On a linear one the axis starts at 0 and shows plain
+    # numbers: an autoscaled, offset axis (e.g. "+1e3") makes a 0.002 difference fill the panel.
     ppl = [r["gen_ppl"] for r in rows] + ref_ppl
     if max(ppl) > 10 * min(ppl) > 0:
         ax1.set_yscale("log")
+    else:
+        ax1.set_ylim(0, 1.15 * max(ppl) if max(ppl) > 0 else 1.0)
+        ax1.ticklabel_format(axis="y", style="plain", useOffset=False)
+    ax2.ticklabel_format(axis="y", style="plain", useOffset=False)
     if len(series) > 1 or ref or ref_ppl:
         ax1.legend(fontsize=8)
         ax2.legend(fontsize=8, loc="lower right")
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return fig
