@@ -11,7 +11,9 @@ Layout of `<run>/checkpoints/step_00001000/`:
 A checkpoint is built in a hidden temporary directory, every file and the directory are fsync'ed, and only
 then is it renamed into place; the `latest` pointer file is replaced the same way. A directory without a
 manifest or whose files do not match it is never loaded: `resolve_checkpoint` falls back to the newest
-complete checkpoint of the run, and names the problem when there is none.
+complete checkpoint of the run, and names the problem when there is none. What a killed writer leaves behind is
+removed by `clean_leftovers` (the trainer calls it when a run starts; every save calls it). A save that cannot be
+written (e.g. a full disk) raises a one-line CheckpointError naming the last good checkpoint, which it left intact.
 
 The nested training state (optimizer state dicts with integer keys, tuples, tensors) is stored by `pack`:
 tensors go to safetensors under generated names, everything else to JSON with small tags for the types
@@ -20,6 +22,7 @@ JSON lacks, and `unpack` inverts it exactly.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -38,6 +41,7 @@ from tcsm.errors import CheckpointError
 
 __all__ = [
     "FORMAT",
+    "clean_leftovers",
     "list_checkpoints",
     "pack",
     "read_state",
@@ -195,19 +199,52 @@ def save_checkpoint(
         else:
             os.replace(tmp, final)
         _fsync_dir(root)
+        _write_pointer(root, name)
+    except (OSError, SafetensorError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(_save_failure(root, int(step), e)) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _write_pointer(root, name)
     if keep_last > 0:
         for old in list_checkpoints(root)[:-keep_last]:
             if old.name != name:
                 shutil.rmtree(old, ignore_errors=True)
-    # Leftovers of writers killed mid-save: never loaded (hidden, no manifest), removed when a save succeeds.
-    for junk in root.glob(".tmp-*"):
-        if junk != tmp:
-            shutil.rmtree(junk, ignore_errors=True)
+    clean_leftovers(root)
     return root / name
+
+
+def _save_failure(root: Path, step: int, e: BaseException) -> str:
+    """One line for a save that could not be written: the cause (a full disk said as such) and the checkpoint a
+    resume would continue from, which the failed save left intact."""
+    text = " ".join(str(e).split())
+    full = getattr(e, "errno", None) == errno.ENOSPC or "No space left" in text or "StorageFull" in text
+    cause = "the disk is full (no space left on device)" if full else f"{type(e).__name__}: {text}"
+    try:
+        good = resolve_checkpoint(root)
+        last = f"the last good checkpoint is step {read_state(good)[0]} ({good}); free space, then continue it with --resume"
+    except CheckpointError:
+        last = "no earlier checkpoint was saved; free space and start again"
+    return f"cannot save the checkpoint of step {step} in {str(root)!r}: {cause}; {last}"
+
+
+def clean_leftovers(root: str | os.PathLike) -> None:
+    """Remove what writers killed mid-save leave behind in a checkpoints directory: temporary checkpoint directories
+    (`.tmp-*`, never loaded: hidden and without a manifest) and `latest` pointers (`.latest.*`). A step moved aside
+    to be replaced (`.old-step_*`) is put back if its replacement never arrived, and removed otherwise."""
+    root = Path(root)
+    if not root.is_dir():
+        return
+    for junk in root.iterdir():
+        if junk.name.startswith(".old-" + PREFIX):
+            name = junk.name[len(".old-") :].rsplit("-", 1)[0]
+            if not (root / name).exists():
+                os.replace(junk, root / name)
+                continue
+        if junk.name.startswith((".tmp-", ".old-")):
+            shutil.rmtree(junk, ignore_errors=True)
+        elif junk.name.startswith(f".{LATEST}."):
+            junk.unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------------------------------- reading
