@@ -7,7 +7,9 @@ before anything is built, and a new component brings its own keys without touchi
 
 Precedence, lowest first: schema defaults < `base` (e.g. a checkpoint's saved config) < preset < overrides.
 A preset is a YAML file in `tcsm/configs/` (or any path); its first comment line describes it, and a top-level
-`extends: <preset>` key inherits another preset.
+`extends: <preset>` key inherits another preset. A YAML file of your own is such a preset: without `extends` it
+is applied over the schema defaults (which are not the `synthetic` preset a plain `tcsm train` runs), with
+`extends: synthetic` (or any preset) over that preset. `tcsm train --help` shows the synthetic preset's values.
 """
 
 from __future__ import annotations
@@ -256,6 +258,8 @@ def _preset_text(name_or_path: str) -> tuple[str, str]:
             return p.read_text(encoding="utf-8"), str(p)
         except OSError as e:
             raise ConfigError(f"cannot read config file {str(p)!r}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"config file {str(p)!r} is not a YAML text file (it is not UTF-8 text)") from None
     raise ConfigError(f"unknown preset {name_or_path!r}; choose one of {list_presets()} or give a YAML path")
 
 
@@ -474,9 +478,10 @@ def _walk(node, prefix: str, schema_type, out: list) -> None:
             out.append((full, shown, (f.metadata.get("help", "") if f is not None else "")))
 
 
-def describe_keys() -> list[tuple[str, Any, str]]:
-    """(dotted key, default, help) for every key of the default config (default component choices)."""
-    cfg = OmegaConf.merge(_schema_for(OmegaConf.create({})), {})
+def describe_keys(preset: str | None = None) -> list[tuple[str, Any, str]]:
+    """(dotted key, value, help) for every key of `preset`'s config (None: the schema defaults and default
+    component choices), so that help can show what a run of that preset uses."""
+    cfg = load_config(preset) if preset is not None else OmegaConf.merge(_schema_for(OmegaConf.create({})), {})
     out: list = []
     for section in cfg:
         value = cfg[section]

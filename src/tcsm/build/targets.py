@@ -10,7 +10,7 @@ from tcsm.build.loading import load_checkpoint
 from tcsm.build.registry import TARGETS, BuildContext
 from tcsm.errors import CheckpointError, ConfigError, TCSMError
 from tcsm.targets.parametric import TEACHERS, ParametricTarget, Teacher, make_teacher
-from tcsm.rewards import make_reward
+from tcsm.rewards import GridReward, make_reward
 from tcsm.targets.base import freeze
 from tcsm.targets.reward_tilt import RewardFullTarget, RewardN1Target, RewardTarget
 
@@ -164,6 +164,31 @@ def load_pretrained(path: str, device="cpu", *, ema: bool = True):
     return freeze(ck.model), ck
 
 
+#: The data a reward is defined on: the grid reward scores points of a W × W grid (data.kind=grid), the text rewards
+#: score decoded text (data kinds whose tokens are text). Rewards not listed (hf, python) bring their own domain.
+GRID_KINDS = ("grid",)
+TEXT_KINDS = ("text", "text8", "bpe")
+TEXT_REWARDS = ("vader", "profanity")
+
+
+def check_reward_domain(spec, ctx) -> None:
+    """ConfigError unless the reward named by `spec` is defined on the run's data: otherwise it would train on a
+    meaningless signal (e.g. the grid reward reads the first token of a text as an x coordinate)."""
+    name = spec.get("name") if isinstance(spec, dict) else str(spec).partition(":")[0]
+    kind = str(ctx.config.data.kind) if ctx.config is not None else None
+    shape = f"data.kind={kind}, V={ctx.vocab_size}, L={ctx.seq_len}"
+    if name == "grid" and (kind not in GRID_KINDS or ctx.seq_len != 2):
+        raise ConfigError(
+            f"target.reward=grid scores points of a W×W grid (length-2 sequences, data.kind=grid), but this model "
+            f"was trained on {shape}; choose a reward for its data (e.g. vader for text)"
+        )
+    if name in TEXT_REWARDS and kind not in TEXT_KINDS:
+        raise ConfigError(
+            f"target.reward={name} scores decoded text (data.kind in {list(TEXT_KINDS)}), but this model was "
+            f"trained on {shape}; choose a reward for its data (e.g. grid for data.kind=grid)"
+        )
+
+
 def build_reward_target(node: dict, ctx) -> RewardTarget:
     """`target.name: reward`: N^full / N^1 reward-tilted target around a frozen pre-trained checkpoint (§5.2)."""
     node = dict(node)
@@ -177,11 +202,17 @@ def build_reward_target(node: dict, ctx) -> RewardTarget:
             f"pre-trained checkpoint {str(ck.directory)!r} is a {ck.config.path.source} model over "
             f"{ck.data_info['vocab_size']} tokens; this run has a {ctx.path.kind} path over {ctx.vocab_size}"
         )
+    check_reward_domain(node["reward"], ctx)
     decode = getattr(ctx.data, "decode", None)
     try:
         reward = make_reward(node["reward"], decode=decode, vocab_size=ctx.vocab_size)
     except (ValueError, ImportError) as e:
         raise ConfigError(f"target.reward: {e}") from None
+    if isinstance(reward, GridReward) and reward.width != ctx.vocab_size:
+        raise ConfigError(
+            f"target.reward: a grid reward of width {reward.width} on a {ctx.vocab_size}×{ctx.vocab_size} grid; "
+            "leave width out (it defaults to the data's)"
+        )
     prompt = ctx.data.encode(node["prompt"]) if node.get("prompt") else None
     common = {
         "xt_source": node["xt_source"],
