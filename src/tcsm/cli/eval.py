@@ -29,13 +29,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", help="also write the JSON result to this file")
 
 
+def build_run_data(ckpt):
+    """The checkpoint's data bundle; when its files are gone (moved, deleted), a DataError that names them and the
+    override that points the run at their new place."""
+    from omegaconf import OmegaConf
+
+    from tcsm.data import DataError, missing_paths
+
+    missing = missing_paths(OmegaConf.to_container(ckpt.config.data, resolve=True))
+    if missing:
+        key, where = missing[0]
+        raise DataError(
+            f"the data of {str(ckpt.directory)!r} is not at data.{key}={where} any more (moved or deleted); give its "
+            f"new location as an override: tcsm eval RUN data.{key}=NEW_PATH"
+        )
+    return ckpt.build_data()
+
+
 def run(args) -> int:
     import math
     import sys
 
     import torch
 
-    from tcsm.cli.common import format_bound, jsonable
+    from tcsm.cli.common import check_writable, format_bound, jsonable, write_atomically
     from tcsm.errors import ConfigError
     from tcsm.build.loading import load_checkpoint
     from tcsm.build.components import DataInfo, build_objective_for_checkpoint
@@ -54,12 +71,14 @@ def run(args) -> int:
             overrides.append(f"eval.{key}={value}")
     if args.weights is not None:
         overrides.append(f"eval.ema={args.weights == 'ema'}")
+    if args.output:  # before any work
+        check_writable(args.output)
     device = resolve_device(args.device)
     ckpt = load_checkpoint(args.checkpoint, device=device, overrides=overrides, ema=True)
     e = ckpt.config.eval
     if not e.ema and ckpt.weights == "ema":
         ckpt = load_checkpoint(args.checkpoint, device=device, overrides=overrides, ema=False)
-    data = ckpt.build_data()
+    data = build_run_data(ckpt)
     DataInfo(**ckpt.data_info).check_compatible(data, str(ckpt.directory))
     max_len = getattr(getattr(ckpt.model, "cfg", None), "max_len", None)
     if max_len is not None and data.seq_len > max_len:
@@ -95,8 +114,7 @@ def run(args) -> int:
     )
     result = jsonable(result)
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
+        write_atomically(args.output, json.dumps(result, indent=1))
     if args.json:
         print(json.dumps(result))
     else:

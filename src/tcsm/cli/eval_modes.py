@@ -57,6 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     if getattr(args, "zeroshot", None) and getattr(args, "genppl", False):
         raise ValueError("give --zeroshot or --genppl, not both")
+    if args.output:  # every mode: a bad --output fails before the work, not after it
+        from tcsm.cli.common import check_writable
+
+        check_writable(args.output)
     if getattr(args, "zeroshot", None):
         return _run_zeroshot(args)
     if getattr(args, "genppl", False):

@@ -1,7 +1,9 @@
 """`tcsm finetune <recipe>`: post-train a pre-trained run; one module per recipe, registered in `RECIPES`.
 
 A recipe module defines `HELP`, `add_arguments(parser)` and `run(args) -> int`, like a command (tcsm.cli).
-Every recipe is an ordinary run of the one Trainer: same checkpoints, --resume, logs and one-line errors.
+Every recipe is an ordinary run of the one Trainer: same checkpoints, --resume, logs and one-line errors. An
+existing run directory is refused by the Trainer unless resumed; `--overwrite` (added to every recipe here)
+replaces it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         module = importlib.import_module(module_name)
         r = sub.add_parser(name, help=module.HELP, description=module.__doc__)
         module.add_arguments(r)
+        if "--overwrite" not in r._option_string_actions:
+            from tcsm.cli.common import add_overwrite_argument
+
+            add_overwrite_argument(r)
         r.set_defaults(_recipe_run=module.run)
 
 
@@ -33,4 +39,12 @@ def run(args) -> int:
     if getattr(args, "recipe", None) is None:
         print(f"tcsm finetune: error: choose a recipe: {' | '.join(RECIPES)} (see tcsm finetune --help)", file=sys.stderr)
         return 2
+    if getattr(args, "overwrite", False):
+        from tcsm.cli.common import claim_run_dir
+        from tcsm.errors import ConfigError
+
+        if not getattr(args, "out", None):
+            raise ConfigError("--overwrite needs -o DIR, the run directory to replace")
+        resume = bool(getattr(args, "resume", False) or getattr(args, "resume_from", None))
+        claim_run_dir(args.out, resume=resume, overwrite=True)
     return int(args._recipe_run(args) or 0)

@@ -157,10 +157,23 @@ def _read_infill_json(path: str, length: int, vocab_size: int) -> list[tuple[lis
 
 
 def load_tokenizer(loaded):
-    """The tokenizer of the checkpoint's training data; GPT-2 BPE is built from its two files alone, any
-    other kind by rebuilding the data bundle (deterministic, so the same tokenizer comes back)."""
+    """The tokenizer of the checkpoint's training data, from the run itself when it can be: a character
+    vocabulary is stored in every checkpoint (data_info), a BPE tokenizer in the run's `tokenizer.json`. Older runs
+    fall back to GPT-2's two files, or to rebuilding the data bundle (deterministic: the same tokenizer)."""
     from omegaconf import OmegaConf
 
+    from tcsm.cli.common import run_dir_of_checkpoint
+    from tcsm.data import CharTokenizer
+
+    chars = loaded.data_info.get("chars")
+    if chars:
+        return CharTokenizer(chars)
+    saved = run_dir_of_checkpoint(loaded.directory) / "tokenizer.json"
+    if saved.is_file():
+        from tcsm.data import BPETokenizer
+        from tcsm.data.bpe import _tokenizers
+
+        return BPETokenizer(_tokenizers().Tokenizer.from_file(str(saved)), "saved")
     data = OmegaConf.to_container(loaded.config.data, resolve=True)
     if data.get("kind") == "bpe" and data.get("tokenizer", "gpt2") == "gpt2":
         from tcsm.data import gpt2_tokenizer
@@ -180,8 +193,9 @@ def run(args) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    from tcsm.sampling import may_cache, sample
     from tcsm.build.loading import load_checkpoint
+    from tcsm.cli.common import check_writable, write_atomically
+    from tcsm.sampling import may_cache, sample
     from tcsm.train.distributed import resolve_device
 
     if args.method is not None and args.method not in METHODS:
@@ -192,6 +206,8 @@ def run(args) -> int:
     if conditioned > 1:
         raise ValueError("give prompts, infilling templates or --infill-json, not several kinds at once")
     fmt = args.format or ("jsonl" if (args.output or "").endswith(".jsonl") else "text")
+    if args.output:  # before any work: a bad path must not cost a sampling run
+        check_writable(args.output)
 
     device = resolve_device(args.device)
     loaded = load_checkpoint(args.checkpoint, device=device, ema=not args.no_ema)
@@ -273,8 +289,7 @@ def run(args) -> int:
             "top_p": args.top_p, "seed": args.seed, "length": length}
     lines = [json.dumps({**r, **meta}, ensure_ascii=False) if fmt == "jsonl" else _escape(r["text"]) for r in records]
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write("".join(line + "\n" for line in lines))
+        write_atomically(args.output, "".join(line + "\n" for line in lines))
     else:
         sys.stdout.write("".join(line + "\n" for line in lines))
     print(

@@ -1,5 +1,7 @@
 """`tcsm train`: train a model from a preset or YAML config plus key=value overrides; --resume continues
-a run exactly. Runs under `torchrun --nproc_per_node N -m tcsm.cli train ...` with DDP unchanged."""
+a run exactly. Runs under `torchrun --nproc_per_node N -m tcsm.cli train ...` with DDP unchanged.
+
+An existing run directory is only ever changed by --resume; a new run there is refused unless --overwrite."""
 
 from __future__ import annotations
 
@@ -9,14 +11,17 @@ HELP = "train a model (from a preset or YAML config, with key=value overrides)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from tcsm.cli.common import config_help
+    from tcsm.cli.common import add_overwrite_argument, config_help
 
     p.epilog_fn = config_help
     p.add_argument(
         "overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.steps=2000"
     )
     p.add_argument(
-        "-c", "--config", help="preset name or YAML file (default: synthetic; with --resume: the run's)"
+        "-c",
+        "--config",
+        help="preset name or YAML file (default: synthetic; with --resume: the run's). A YAML file is applied over the "
+        "schema defaults; begin it with `extends: <preset>` to change a preset instead",
     )
     p.add_argument("-o", "--out", help="run directory (default: train.out_dir, else runs/<config>-<time>)")
     p.add_argument(
@@ -27,6 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="CHECKPOINT",
         help="continue from this run, checkpoints or step_* directory (the run directory is its run's unless --out)",
     )
+    add_overwrite_argument(p)
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
 
 
@@ -34,15 +40,15 @@ def resolve(args) -> tuple:
     """(config, run_dir, resume) from the arguments, without starting anything."""
     from pathlib import Path
 
-    from tcsm.cli.common import default_run_dir, resume_point
     from tcsm.build.config import load_config
+    from tcsm.cli.common import DEFAULT_PRESET, default_run_dir, resume_point
 
     base, resume = None, None
     run_dir = Path(args.out) if args.out else None
     point = resume_point(args, run_dir)
     if point is not None:
         resume, run_dir, base = point
-    preset = args.config if args.config is not None else (None if base is not None else "synthetic")
+    preset = args.config if args.config is not None else (None if base is not None else DEFAULT_PRESET)
     cfg = load_config(preset, args.overrides, base=base)
     if run_dir is None:
         run_dir = Path(cfg.train.out_dir) if cfg.train.out_dir else default_run_dir(preset or "run")
@@ -52,10 +58,13 @@ def resolve(args) -> tuple:
 def run(args) -> int:
     from omegaconf import OmegaConf
 
+    from tcsm.cli.common import claim_run_dir
+
     cfg, run_dir, resume = resolve(args)
     if args.print_config:
         print(OmegaConf.to_yaml(cfg), end="")
         return 0
+    claim_run_dir(run_dir, resume=resume is not None, overwrite=args.overwrite)
     return train(cfg, run_dir, resume)
 
 

@@ -5,21 +5,35 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunLogger", "plot_curves", "read_metrics"]
+__all__ = ["RunLogger", "plot_curves", "read_metrics", "trim_rows"]
 
 
 class RunLogger:
-    def __init__(self, run_dir: str | Path | None, *, enabled: bool = True, tensorboard: bool = True):
+    """Appends rows to a run's logs. `resume_step`: the step a resumed run restarts from; rows of later steps (logged
+    before a crash, past the last checkpoint) are removed first, since those steps are about to be replayed."""
+
+    def __init__(
+        self,
+        run_dir: str | Path | None,
+        *,
+        enabled: bool = True,
+        tensorboard: bool = True,
+        resume_step: int | None = None,
+    ):
         self.enabled = enabled and run_dir is not None
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self._tb = None
         if not self.enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if resume_step is not None:
+            for name in ("metrics.jsonl", "samples.jsonl"):
+                trim_rows(self.run_dir / name, resume_step)
         # Appending keeps the history of a resumed run; readers keep the last row per (kind, step).
         self._metrics = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
         self._samples = open(self.run_dir / "samples.jsonl", "a", encoding="utf-8")  # noqa: SIM115
@@ -70,6 +84,30 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
+def trim_rows(path: Path, last_step: int) -> int:
+    """Keep the JSON-lines rows of `path` whose step is <= last_step (and drop lines cut by a kill); the file is
+    replaced atomically. Returns the number of rows removed."""
+    if not path.is_file():
+        return 0
+    kept, removed = [], 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+            step = int(row["step"])
+        except (ValueError, KeyError, TypeError):
+            removed += 1
+            continue
+        if step <= last_step:
+            kept.append(line)
+        else:
+            removed += 1
+    if removed:
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        os.replace(tmp, path)
+    return removed
+
+
 def read_metrics(run_dir: str | Path) -> list[dict]:
     """Rows of metrics.jsonl; for a resumed run only the last row of each (kind, step) is kept."""
     path = Path(run_dir) / "metrics.jsonl"
@@ -87,6 +125,8 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
 
 def plot_curves(run_dir: str | Path, floor_bits: float | None = None) -> Path | None:
     """loss_curve.png: training loss and validation bits per token against the step; None without matplotlib."""
+    from tcsm.clean_losses import metric_label
+
     try:
         import matplotlib
 
@@ -101,6 +141,7 @@ def plot_curves(run_dir: str | Path, floor_bits: float | None = None) -> Path | 
     valid = [
         (r["step"], r["bpc"]) for r in rows if r.get("kind") == "valid" and isinstance(r.get("bpc"), float)
     ]
+    metric = next((r["bound"] for r in reversed(rows) if r.get("kind") == "valid" and "bound" in r), None)
     if not train and not valid:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
@@ -108,7 +149,8 @@ def plot_curves(run_dir: str | Path, floor_bits: float | None = None) -> Path | 
         axes[0].plot(*zip(*train), lw=1)
     axes[0].set(xlabel="step", ylabel="training loss (nats/token)", title="training loss")
     if valid:
-        axes[1].plot(*zip(*valid), marker="o", lw=1, label="validation bound")
+        label = f"validation {metric_label(metric)}" if metric else "validation"
+        axes[1].plot(*zip(*valid), marker="o", lw=1, label=label)
     if floor_bits is not None:
         axes[1].axhline(floor_bits, color="k", ls="--", lw=1, label="source entropy")
     axes[1].set(xlabel="step", ylabel="bits per token", title="validation")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -24,15 +25,25 @@ import torch
 from omegaconf import OmegaConf
 
 from tcsm.errors import CheckpointError, ConfigError, TrainingError
-from tcsm.checkpoint import load_weights_into, read_state, read_weights, resolve_checkpoint, save_checkpoint
+from tcsm.checkpoint import (
+    clean_leftovers,
+    load_weights_into,
+    read_state,
+    read_weights,
+    resolve_checkpoint,
+    save_checkpoint,
+)
 from tcsm.build.loading import check_same_architecture
 from tcsm.build.components import Components, DataInfo, build_components
-from tcsm.build.config import load_config, to_dict
+from tcsm.build.config import load_config, set_values, to_dict
+from tcsm.clean_losses import metric_label
+from tcsm.data import absolute_paths
 from tcsm.protocols import Evaluates, Samples, StepInfo, TrainerCallback
 from tcsm.train.distributed import DistEnv, all_reduce_mean, barrier, setup_distributed
 from tcsm.train.ema import EMA
 from tcsm.train.logs import RunLogger, plot_curves
 from tcsm.train.optim import build_optimizer, lr_at, set_lr
+from tcsm.train.rundir import refuse_existing_run
 
 __all__ = ["Trainer", "evaluate_model", "resolve_precision", "stream_seed"]
 
@@ -106,6 +117,44 @@ def micro_batch_plan(t, world_size: int) -> tuple[int, int]:
     return micro, num_micro
 
 
+def _with_absolute_data_paths(cfg):
+    """The config with relative data file locations made absolute (tcsm.data.absolute_paths), so that the run's
+    saved config finds its data from any directory and after the run directory moves."""
+    from omegaconf import OmegaConf
+
+    changed = absolute_paths(OmegaConf.to_container(cfg.data, resolve=True))
+    return set_values(cfg, {f"data.{k}": v for k, v in changed.items()}) if changed else cfg
+
+
+def _duration(seconds: float) -> str:
+    s = int(round(seconds))
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+class _Progress:
+    """Progress lines for output that is not a terminal: step, rate over this session, last logged loss, ETA."""
+
+    def __init__(self, step: int, total: int, every_s: float):
+        self.start_step, self.total, self.every_s = step, total, every_s
+        self.start = self.last = time.perf_counter()
+        self.loss: float | None = None
+
+    def due(self, step: int, final: bool) -> bool:
+        now = time.perf_counter()
+        if final or now - self.last >= self.every_s:
+            self.last = now
+            return True
+        return False
+
+    def line(self, step: int) -> str:
+        rate = (step - self.start_step) / max(time.perf_counter() - self.start, 1e-9)
+        eta = _duration((self.total - step) / rate) if rate > 0 else "?"
+        loss = f", loss {self.loss:.4f}" if self.loss is not None else ""
+        return f"step {step}/{self.total} ({100 * step / self.total:.1f}%), {rate:.3g} steps/s{loss}, ETA {eta}"
+
+
 class Trainer:
     """Train `components` (data, path, model, target, objective) under the `optim` / `train` / `eval` / `sample`
     settings of `cfg` in `run_dir`; `resume` is a checkpoint path or True (the run's latest).
@@ -128,8 +177,10 @@ class Trainer:
         log: Callable[[str], None] | None = None,
         callbacks=(),
     ):
-        self.cfg = cfg
         self.env = env if env is not None else setup_distributed(cfg.train.device)
+        if not resume and self.env.is_main:  # before anything is written: never touch another run's directory
+            refuse_existing_run(run_dir)
+        self.cfg = _with_absolute_data_paths(cfg)
         self.device = self.env.device
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self._print = log if log is not None else (lambda s: print(s, flush=True))
@@ -170,7 +221,13 @@ class Trainer:
         self.last_eval: dict[str, Any] = {}
         if resume:
             self._restore(resume)
-        self.logger = RunLogger(self.run_dir, enabled=self.env.is_main, tensorboard=t.tensorboard)
+        # Rows logged after the checkpoint a resume starts from belong to steps that are about to be replayed.
+        self.logger = RunLogger(
+            self.run_dir,
+            enabled=self.env.is_main,
+            tensorboard=t.tensorboard,
+            resume_step=self.step if resume else None,
+        )
 
     @classmethod
     def from_config(
@@ -186,6 +243,8 @@ class Trainer:
         """Build the run's components from `cfg` (seeded: initial weights depend on train.seed only; DDP also
         broadcasts rank 0's weights) and wrap them in a Trainer."""
         env = env if env is not None else setup_distributed(cfg.train.device)
+        if not resume and env.is_main:  # before data and models are built (rank 0 alone writes the run)
+            refuse_existing_run(run_dir)
         if cfg.train.threads:
             torch.set_num_threads(int(cfg.train.threads))
         micro_batch_plan(cfg.train, env.world_size)  # a bad plan fails before data and models are built
@@ -409,9 +468,9 @@ class Trainer:
             self.logger.scalars("valid", self.step, self.last_eval)
             floor = f" (source entropy {result['floor_bpc']:.4f})" if "floor_bpc" in result else ""
             self._write(
-                f"step {self.step}: {self.cfg.eval.split} bound {result['bpc']:.4f} ± {result['bpc_stderr']:.4f} "
-                f"bits/token{floor}, ppl {result['perplexity']:.3f} [{result['bound']}, "
-                f"{result['num_sequences']} seqs]"
+                f"step {self.step}: {metric_label(result['bound'])} on {self.cfg.eval.split} {result['bpc']:.4f} ± "
+                f"{result['bpc_stderr']:.4f} bits/token{floor}, ppl {result['perplexity']:.3f} "
+                f"[{result['num_sequences']} seqs]"
             )
 
     def _sample_and_log(self) -> None:
@@ -423,7 +482,7 @@ class Trainer:
             self._write(f"step {self.step}: samples\n" + "\n".join(f"  | {t}" for t in texts))
 
     def _write(self, msg: str) -> None:
-        if self._bar is not None:
+        if self._bar is not None and not self._bar.disable:  # printed above a live progress bar
             self._bar.write(msg, file=sys.stdout)
         else:
             self._print(msg)
@@ -431,12 +490,16 @@ class Trainer:
     # ----------------------------------------------------------------------------------------------- loop
 
     _bar = None
+    #: seconds between progress lines when output is not a terminal (the last step always gets one)
+    progress_every_s = 60.0
 
     def fit(self) -> dict:
         """Train until train.steps, with periodic validation, samples and checkpoints; returns a summary."""
         t, env = self.cfg.train, self.env
         if self.env.is_main and self.run_dir is not None:
             (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg), encoding="utf-8")
+            self._save_tokenizer()
+            clean_leftovers(self.checkpoint_root)
         if self.step >= t.steps:
             self._print(f"nothing to do: the run is at step {self.step} >= train.steps={t.steps}")
             return self.summary()
@@ -460,6 +523,9 @@ class Trainer:
             file=sys.stderr,
             smoothing=0.05,
         )
+        # Without a terminal tqdm hides itself; periodic lines then show progress (a log file, a batch job).
+        progress_lines = env.is_main and t.progress and self._bar.disable
+        progress = _Progress(self.step, t.steps, self.progress_every_s)
         window: dict[str, Any] = {}
         window_steps, window_start = 0, time.perf_counter()
         for cb in self.callbacks:
@@ -483,7 +549,10 @@ class Trainer:
                     row["elapsed_s"] = self.elapsed
                     self.logger.scalars("train", self.step, row)
                     self._bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{row['lr']:.2e}", refresh=False)
+                    progress.loss = row["loss"]
                     window, window_steps, window_start = {}, 0, time.perf_counter()
+                if progress_lines and progress.due(self.step, final):
+                    self._print(progress.line(self.step))
                 did_eval = self._periodic(t.eval_every, final)
                 if did_eval:
                     self._eval_and_log(final)
@@ -502,6 +571,16 @@ class Trainer:
             plot_curves(self.run_dir, summary.get("floor_bpc")) if self.run_dir is not None else None
             self.logger.close()
         return summary
+
+    def _save_tokenizer(self) -> None:
+        """tokenizer.json in the run directory for tokenizers that cannot be rebuilt from the checkpoint alone
+        (BPE; a character vocabulary travels in every checkpoint's data_info), so sampling needs no data files."""
+        tokenizer = getattr(self.data, "tokenizer", None)
+        if getattr(self.data_info, "chars", None) or not hasattr(tokenizer, "save"):
+            return
+        tmp = self.run_dir / f".tokenizer.json.{os.getpid()}"
+        tokenizer.save(tmp)
+        os.replace(tmp, self.run_dir / "tokenizer.json")
 
     def summary(self) -> dict:
         out = {"step": self.step, "elapsed_s": round(self.elapsed, 2), "data": self.data_info.label}
