@@ -60,7 +60,8 @@ def test_finetune_starts_at_the_reference_learns_and_keeps_it_frozen(pretrained,
     before = final_weights(pretrained, "ema")
     out = tmp_path / "ft"
     argv = ["finetune", "preference", "--from", str(pretrained), "--pairs", str(pairs), "--loss", "paper",
-            "--beta", "2", "--steps", "12", "-o", str(out), "optim.lr=3e-3", "optim.warmup=1", *FT]
+            "--beta", "2", "--steps", "12", "-o", str(out), "--eval-reward", REWARD, "--eval-samples", "8",
+            "--eval-prompt", "ab", "optim.lr=3e-3", "optim.warmup=1", *FT]
     assert main(argv) == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     first = next(r for r in rows if r["kind"] == "train" and r["step"] == 1)
@@ -69,6 +70,9 @@ def test_finetune_starts_at_the_reference_learns_and_keeps_it_frozen(pretrained,
     summary = json.loads((out / "summary.json").read_text())
     assert {"pref_accuracy", "reward_margin", "kl_ref", "pref_loss"} <= set(summary) and summary["kl_ref"] > 0
     assert summary["num_pairs"] == 4  # valid_frac 0.1 of 48
+    report = json.loads((out / "preference_eval.json").read_text())
+    assert report["num_samples"] == 8 and report["reference_example"].startswith("ab")
+    assert {"reference_reward_mean", "finetuned_reward_mean", "finetuned_entropy", "pref_accuracy"} <= set(report)
     assert_same_weights(final_weights(pretrained, "ema"), before)
     after = final_weights(out)
     assert any(not torch.equal(after[k], before[k]) for k in before)
