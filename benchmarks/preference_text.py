@@ -187,10 +187,10 @@ def plot(results: dict, prefix: Path) -> list[Path]:
 
     point(pre, "ks", "pre-trained")
     if rft:
-        point(rft, "C3^", f"reward FT (N^full, B={rft['B']}, β={rft['beta']:g})")
-    for r in results["best_of_n"].values():
-        point(r, "D", f"best-of-{r['N']}")
-    for loss, fmt in (("paper", "o-"), ("dpo", "s-")):
+        point(rft, "^", f"reward FT (N^full, B={rft['B']}, β={rft['beta']:g})", color="C3")
+    for i, r in enumerate(results["best_of_n"].values()):
+        point(r, "D", f"best-of-{r['N']}", color=f"C{4 + i}")
+    for loss, fmt in (("paper", "C0o-"), ("dpo", "C1s-")):
         rows = sorted((r for r in pref if r["loss"] == loss), key=lambda r: r["beta"])
         if not rows:
             continue
