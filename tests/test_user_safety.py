@@ -302,12 +302,15 @@ def test_a_yaml_file_with_extends_changes_a_preset(tmp_path, capsys):
 # --------------------------------------------------------------------------------------------------- 9 final figures
 
 
-def test_quickstart_writes_its_final_figures_in_bits(tmp_path, capsys):
+def test_quickstart_writes_its_final_figures_in_bits(tmp_path, capsys, monkeypatch):
+    from tcsm.train.trainer import Trainer
+
+    monkeypatch.setattr(Trainer, "progress_every_s", 0.0)  # progress lines too: no figure in nats anywhere
     run = tmp_path / "qs"
-    argv = ["quickstart", "-o", str(run), *tiny("train.steps=3", *QUIET, "eval.max_examples=16")]
+    argv = ["quickstart", "-o", str(run), *tiny("train.steps=3", *QUIET, "eval.max_examples=16", "train.progress=true")]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "nats" not in out
+    assert "step 3/3" in out and "nats" not in out
     final = json.loads((run / "quickstart.json").read_text())
     assert final["unit"] == "bits/token" and final["split"] == "test" and final["step"] == 3
     assert f"{final['test']['bpc']:.4f}" in out and f"{final['source_entropy']:.4f}" in out

@@ -134,12 +134,12 @@ def _duration(seconds: float) -> str:
 
 
 class _Progress:
-    """Progress lines for output that is not a terminal: step, rate over this session, last logged loss, ETA."""
+    """Progress lines for output that is not a terminal: step, rate over this session, ETA. (The training loss is
+    in metrics.jsonl; printed here it would be the one figure in nats among the bits of the validation lines.)"""
 
     def __init__(self, step: int, total: int, every_s: float):
         self.start_step, self.total, self.every_s = step, total, every_s
         self.start = self.last = time.perf_counter()
-        self.loss: float | None = None
 
     def due(self, step: int, final: bool) -> bool:
         now = time.perf_counter()
@@ -151,8 +151,7 @@ class _Progress:
     def line(self, step: int) -> str:
         rate = (step - self.start_step) / max(time.perf_counter() - self.start, 1e-9)
         eta = _duration((self.total - step) / rate) if rate > 0 else "?"
-        loss = f", loss {self.loss:.4f}" if self.loss is not None else ""
-        return f"step {step}/{self.total} ({100 * step / self.total:.1f}%), {rate:.3g} steps/s{loss}, ETA {eta}"
+        return f"step {step}/{self.total} ({100 * step / self.total:.1f}%), {rate:.3g} steps/s, ETA {eta}"
 
 
 class Trainer:
@@ -549,7 +548,6 @@ class Trainer:
                     row["elapsed_s"] = self.elapsed
                     self.logger.scalars("train", self.step, row)
                     self._bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{row['lr']:.2e}", refresh=False)
-                    progress.loss = row["loss"]
                     window, window_steps, window_start = {}, 0, time.perf_counter()
                 if progress_lines and progress.due(self.step, final):
                     self._print(progress.line(self.step))
