@@ -7,7 +7,6 @@ import math
 import time
 from pathlib import Path
 
-
 #: the preset `tcsm train` runs without --config
 DEFAULT_PRESET = "synthetic"
 
@@ -131,8 +130,8 @@ def resume_point(args, run_dir: Path | None) -> tuple[Path, Path, dict | None] |
     continues, or None when the command starts a new run. The run directory is --out's when given."""
     if not (args.resume or args.resume_from):
         return None
-    from tcsm.errors import CheckpointError
     from tcsm.checkpoint import read_state, resolve_checkpoint
+    from tcsm.errors import CheckpointError
 
     where = args.resume_from or run_dir
     if where is None:
