@@ -437,3 +437,22 @@ def test_explicit_score_loss_drops_positions_the_target_makes_impossible():
     assert torch.isfinite(logits.grad).all() and logits.grad[0, 2].abs().max() == 0
     loss, metrics = Objective(path, loss="score").loss_from_batch(logits.detach(), batch)
     assert metrics["dropped_positions"].item() == 1 and torch.isfinite(loss)
+
+
+def test_reward_domains_against_data_kinds():
+    from types import SimpleNamespace
+
+    from tcsm.build.config import load_config
+    from tcsm.build.targets import check_reward_domain
+    from tcsm.errors import ConfigError
+
+    grid = SimpleNamespace(config=load_config("demo-grid"), vocab_size=128, seq_len=2)
+    text = SimpleNamespace(config=load_config("text8-prefix-small"), vocab_size=27, seq_len=256)
+    check_reward_domain("grid", grid)
+    check_reward_domain("vader", text)
+    check_reward_domain({"name": "profanity"}, text)
+    check_reward_domain("hf:/some/classifier,label=1", grid)  # brings its own domain
+    with pytest.raises(ConfigError, match="data.kind=grid"):
+        check_reward_domain("grid:width=128", text)
+    with pytest.raises(ConfigError, match="scores decoded text"):
+        check_reward_domain("vader", grid)
