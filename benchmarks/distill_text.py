@@ -98,7 +98,7 @@ def student_config(a, name: str, teacher_dir: Path):
     over = [
         "model.preset=tiny", f"model.d_model={a.student_width}", f"model.n_layers={a.student_layers}", "model.n_heads=4",
         "model.cond_dim=32", f"model.max_len={a.seq_len}", "model.time_conditioning=false",
-        "optim.lr=1e-3", "optim.warmup=50", "optim.decay=cosine", "optim.min_lr_ratio=0.1", "train.ema=0.99",
+        f"optim.lr={a.student_lr}", "optim.warmup=50", "optim.decay=cosine", "optim.min_lr_ratio=0.1", "train.ema=0.99",
         "train.save_every=0", *common_train(a, a.student_steps, a.batch), *STUDENTS[name][1],
     ]  # fmt: skip
     return distill_config(teacher_dir, "distill", over)
@@ -400,8 +400,9 @@ def parse(argv=None):
     p.add_argument("--teacher-batch", type=int, default=32)
     p.add_argument("--student-width", type=int, default=128)
     p.add_argument("--student-layers", type=int, default=3)
-    p.add_argument("--student-steps", type=int, default=600)
-    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--student-steps", type=int, default=800)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--student-lr", type=float, default=3e-3)
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--eval-seqs", type=int, default=512)
     p.add_argument("--num-t", type=int, default=4)

@@ -156,3 +156,22 @@ def test_hf_teacher_distills_and_other_merges_are_refused(bpe_corpus, tmp_path, 
     assert "different tokenizer files" in line and "merge 0" in line
     line = _error(capsys, ["distill", "--teacher", str(good), "-o", str(tmp_path / "c"), *_student(), "data.seq_len=16"])
     assert "vocabulary sizes differ" in line  # the default (synthetic) data is not the teacher's tokenizer
+
+
+def test_memory_estimate_counts_the_teachers_weights_exactly(teacher):
+    """The size check reads the weights' bytes from the safetensors header (nothing loaded) and refuses a budget
+    below weights + working memory, in one ConfigError."""
+    from tcsm.build.distill import check_teacher_fits, inspect_teacher, teacher_working_memory
+    from tcsm.build.loading import load_checkpoint
+    from tcsm.errors import ConfigError
+
+    spec = inspect_teacher(teacher)
+    model = load_checkpoint(teacher).model
+    assert spec.weight_bytes == sum(p.numel() * p.element_size() for p in model.state_dict().values())
+    assert (spec.d_model, spec.n_layers, spec.max_len) == (model.cfg.d_model, model.cfg.n_layers, model.cfg.max_len)
+    work = teacher_working_memory(spec, "topk", vocab_size=8, seq_len=16, batch=8, max_tokens=1024)
+    assert work > 0
+    need_gib = (spec.weight_bytes + max(spec.weight_bytes, work)) / 2**30
+    check_teacher_fits(spec, work, "cpu", need_gib * 1.01, 1024)
+    with pytest.raises(ConfigError, match="needs about"):
+        check_teacher_fits(spec, work, "cpu", need_gib * 0.99, 1024)
