@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 
@@ -160,4 +159,7 @@ def format_bound(result: dict) -> str:
 
 
 def jsonable(d: dict) -> dict:
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
+    """`d` as strict JSON values (NaN / inf → null), the same rule as every JSON file tcsm writes."""
+    from tcsm.evaluation.report import to_jsonable
+
+    return to_jsonable(d)

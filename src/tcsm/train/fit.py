@@ -7,6 +7,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from tcsm.evaluation.report import to_jsonable
+
 __all__ = ["fit"]
 
 
@@ -27,7 +29,9 @@ def fit(cfg, run_dir, resume=None, log: Callable[[str], None] | None = None) -> 
         trainer = Trainer.from_config(cfg, run_dir, resume=resume, env=env, log=log)
         summary = trainer.fit()
         if env.is_main:
-            (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+            # A diverged run's inf perplexity is written as null: summary.json stays strict JSON.
+            text = json.dumps(to_jsonable(summary), indent=1, allow_nan=False)
+            (Path(run_dir) / "summary.json").write_text(text + "\n", encoding="utf-8")
     finally:
         teardown_distributed()
     return summary
