@@ -42,6 +42,7 @@ import torch
 from tcsm.build.config import load_config, set_values
 from tcsm.build.loading import load_checkpoint
 from tcsm.energy_likelihood import evaluate_energy_estimate
+from tcsm.errors import TrainingError
 from tcsm.likelihood import evaluate_bound
 from tcsm.models.energy import EnergyModel
 from tcsm.recipes.dre import dre_config
@@ -51,6 +52,7 @@ from tcsm.train.trainer import Trainer
 
 LN2 = math.log(2)
 QUIET = ["train.progress=false", "train.tensorboard=false", "train.threads=1", "train.device=cpu", "sample.num=0"]
+#: variant → (strategy, loss); `--variants` may add NAME@LR for a variant with its own learning rate
 VARIANTS = {"ii-bce": ("ii", "bce"), "ii-lsif": ("ii", "lsif"), "ii-gkl": ("ii", "gkl"), "i-bce": ("i", "bce")}
 
 
@@ -89,12 +91,14 @@ def train_run(cfg, run_dir: Path) -> None:
 
 
 def variant_config(ref_dir: Path, name: str, args):
-    strategy, loss = VARIANTS[name]
+    """`tcsm finetune dre` config of a variant: a VARIANTS name, optionally with its own lr as NAME@LR."""
+    base, _, lr = name.partition("@")
+    strategy, loss = VARIANTS[base]
     overrides = [
         *QUIET,
         f"train.steps={args.dre_steps}",
         f"train.batch_size={args.batch}",
-        f"optim.lr={args.dre_lr}",
+        f"optim.lr={lr or args.dre_lr}",
         f"objective.num_negatives={args.negatives}",
         "train.eval_examples=32",
         "train.save_every=100",
@@ -213,6 +217,67 @@ def sample_cost(ref, energy, path, L: int, args) -> dict:
     return out
 
 
+# --------------------------------------------------------------------------------------------------- report
+
+
+def report(results: dict) -> str:
+    """Markdown tables of docs/benchmarks.md from the JSON results."""
+    lines = []
+    lik = results.get("likelihood", {})
+    if lik:
+        ns = next((r for r in lik.values() if "log_z_samples" in r), {})
+        ns = sorted(int(k.split("_n")[1]) for k in ns if k.startswith("log_z_mean_n"))
+        lines += ["| model | valid masked bound (bits/token) | IS estimate, log Ẑ from n = " + " / ".join(map(str, ns))
+                  + " (not a bound) | mean log Ẑ at n = " + str(ns[-1] if ns else "") + " |", "|---|---|---|---|"]
+        for name, r in lik.items():
+            if "bpc_estimate" in r:
+                est = " / ".join(f"{r[f'bpc_estimate_n{n}']:.3f}" for n in ns)
+                lines.append(f"| {name} (energy) | reference {r['reference_bpc']:.3f} ± {r['reference_bpc_stderr']:.3f}"
+                             f" | {est} (± {r['bpc_estimate_stderr']:.3f}) | {r[f'log_z_mean_n{ns[-1]}']:.2f} |")
+            else:
+                lines.append(f"| {name} | {r['bpc']:.3f} ± {r['bpc_stderr']:.3f} | – | – |")
+        lines.append("")
+    rows = results.get("quality", [])
+    if rows:
+        Ks = sorted({r["K"] for r in rows if r["K"] is not None})
+        for metric, label in (("nll_bits", "true NLL of samples, bits/token"), ("bigram_kl_bits", "bigram KL, bits"),
+                              ("unigram_entropy_bits", "unigram entropy, bits")):
+            data = next(r for r in rows if r["model"] == "data")
+            lines += [f"{label} (true samples of the chain: {data[metric]:.3f})", "",
+                      "| model | sampler | " + " | ".join(f"K = {K}" for K in Ks) + " |",
+                      "|---|---|" + "---|" * len(Ks)]
+            keys = []
+            for r in rows:
+                key = (r["model"], r["k"], tuple(r["window"]) if r["window"] else None)
+                if r["model"] != "data" and key not in keys:
+                    keys.append(key)
+            for model, k, window in keys:
+                sampler = "plain" if k is None else f"SIR k = {k}" + ("" if window == (0.0, 1.0) else f", α ∈ {list(window)}")
+                cells = []
+                for K in Ks:
+                    r = next(r for r in rows if (r["model"], r["k"], tuple(r["window"]) if r["window"] else None)
+                             == (model, k, window) and r["K"] == K)
+                    se = f" ± {r['nll_bits_stderr']:.3f}" if metric == "nll_bits" else ""
+                    cells.append(f"{r[metric]:.3f}{se}")
+                lines.append(f"| {model} | {sampler} | " + " | ".join(cells) + " |")
+            lines.append("")
+    cost = results.get("cost", {})
+    if cost:
+        lines += ["| training step | CPU s / step | CPU-time ratio to pre-training (median; per round) | wall ratio |",
+                  "|---|---|---|---|"]
+        for name, c in cost["train_step"].items():
+            per = ", ".join(f"{v:.2f}" for v in c["cpu_ratios"])
+            lines.append(f"| {name} | {c['step_cpu_s']:.4f} | {c['cpu_ratio_median']:.2f} ({per}) | "
+                         f"{c['wall_ratio_median']:.2f} |")
+        if "sampling" in cost:
+            sc = cost["sampling"]
+            lines += ["", f"| sampler (K = {sc['K']}, {sc['batch']} sequences) | CPU s | CPU-time ratio to plain |",
+                      "|---|---|---|"]
+            for name in ("plain", "sir_k2_window", "sir_k4_every_step"):
+                lines.append(f"| {name} | {sc[name]['cpu_s']:.3f} | {sc[name]['cpu_ratio_median']:.2f} |")
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------------------------------- main
 
 
@@ -239,7 +304,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--tiny", action="store_true", help="seconds-long smoke setting (numbers mean nothing)")
+    ap.add_argument("--report", action="store_true", help="print the markdown tables of --out and exit")
     args = ap.parse_args()
+    if args.report:
+        print(report(json.loads(Path(args.out).read_text())))
+        return
     if args.tiny:
         args.pretrain_steps, args.dre_steps, args.num_samples, args.eval_seqs = 20, 6, 16, 4
         args.steps, args.sir_k, args.log_z_samples, args.cost_rounds, args.cost_steps = "4", "1,2", "1,2", 2, 1
@@ -267,13 +336,21 @@ def main() -> None:
     if "train" not in results:
         t0, c0 = time.perf_counter(), time.process_time()
         train_run(pre_cfg, ref_dir)
-        variants = args.variants.split(",")
         times = {"reference": (time.perf_counter() - t0, time.process_time() - c0)}
-        for name in variants:
+        failed = results.get("failed", {})
+        for name in args.variants.split(","):
+            if name in failed:
+                continue
             t0, c0 = time.perf_counter(), time.process_time()
-            train_run(variant_config(ref_dir, name, args), work / name)
+            try:
+                train_run(variant_config(ref_dir, name, args), work / name)
+            except TrainingError as e:  # a diverging loss is a result: recorded, and the variant is dropped
+                failed[name] = str(e)
+                save("failed", failed)
+                continue
             times[name] = (time.perf_counter() - t0, time.process_time() - c0)
-        summaries = {n: json.loads((work / n / "summary.json").read_text()) for n in ["reference", *variants]}
+        done = ["reference", *(n for n in args.variants.split(",") if n not in failed)]
+        summaries = {n: json.loads((work / n / "summary.json").read_text()) for n in done}
         save("train", {"wall_cpu_s": times, "summaries": summaries})
     variants = [n for n in results["train"]["summaries"] if n != "reference"]
     models = {"reference": load_checkpoint(ref_dir), **{n: load_checkpoint(work / n) for n in variants}}
@@ -287,7 +364,7 @@ def main() -> None:
         save("quality", quality(models, path, data.source, args, args.seed))
     if "cost" not in results:
         cfgs = {"pretrain": set_values(pre_cfg, {"train.init_from": str(ref_dir)})}
-        for name in ("ii-bce", "i-bce"):
+        for name in ("ii-bce", "ii-gkl", "i-bce"):
             if name in variants:
                 cfgs[f"dre {name}"] = variant_config(ref_dir, name, args)
         energy = next((models[n].model for n in variants if n.startswith("ii")), None)
