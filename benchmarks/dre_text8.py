@@ -50,7 +50,7 @@ def reference_config(args):
     return load_config(base={
         "description": "dre_text8: masked reference on text8-prefix",
         "data": {"kind": "text8", "split": "prefix", "path": TEXT8, "seq_len": args.length},
-        "model": {"preset": "tiny", "d_model": args.width, "n_layers": 2, "n_heads": 4, "cond_dim": 32,
+        "model": {"preset": "tiny", "d_model": args.width, "n_layers": args.layers, "n_heads": 4, "cond_dim": 32,
                   "max_len": args.length, "time_conditioning": False},
         "path": {"source": "masked", "schedule": "linear"},
         "objective": {"loss": "distrib"},
@@ -90,13 +90,14 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/dre_text8.json")
     ap.add_argument("--length", type=int, default=64)
     ap.add_argument("--width", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--ref-steps", type=int, default=1500)
     ap.add_argument("--judge-steps", type=int, default=800)
     ap.add_argument("--dre-steps", type=int, default=400)
     ap.add_argument("--dre-lr", type=float, default=1e-3)
     ap.add_argument("--negatives", type=int, default=2)
     ap.add_argument("--steps", default="4,16,64", help="sampling steps K")
-    ap.add_argument("--sir-k", type=int, default=4)
+    ap.add_argument("--sir-k", default="4", help="SIR candidates k (comma-separated)")
     ap.add_argument("--num-samples", type=int, default=64)
     ap.add_argument("--eval-seqs", type=int, default=32)
     ap.add_argument("--log-z-samples", default="1,4,16")
@@ -143,7 +144,8 @@ def main() -> None:
         real = data.test[: args.num_samples].long()
         rows = [{"model": "data", "gen_ppl": generative_perplexity(judge, token_ids=real).gen_ppl,
                  "entropy": sample_entropy(real)["entropy_mean"]}]
-        cases = [("reference", None, None)] + [("energy", args.sir_k, (0.0, 1.0)), ("energy", args.sir_k, (0.4, 0.6))]
+        ks = [int(k) for k in args.sir_k.split(",")]
+        cases = [("reference", None, None)] + [("energy", k, (0.0, 1.0)) for k in ks] + [("energy", ks[-1], (0.4, 0.6))]
         for K in (int(k) for k in args.steps.split(",")):
             for name, k, window in cases:
                 g = torch.Generator().manual_seed(K)
