@@ -329,3 +329,25 @@ def test_estimate_report_is_labelled_and_moves_with_the_number_of_samples(dist):
     )
     assert out0["bpc_estimate"] == pytest.approx(out0["reference_bpc"], abs=1e-9)
     assert out0["bpc_estimate_minus_reference"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_energy_objective_sees_through_the_trainers_wrappers(dist):
+    """The trainer may hand over DDP(compile(model)) or compile(DDP(model)); the objective finds the energy model."""
+    from tcsm.dre_objective import _unwrap
+
+    path = MaskedPath(V)
+    model = _energy(path)
+
+    class Wrap(torch.nn.Module):
+        def __init__(self, inner, attr):
+            super().__init__()
+            setattr(self, attr, inner)
+            self.attr = attr
+
+        def forward(self, *a):
+            return getattr(self, self.attr)(*a)
+
+    for wrapped in (Wrap(Wrap(model, "_orig_mod"), "module"), Wrap(Wrap(model, "module"), "_orig_mod")):
+        assert _unwrap(wrapped) is model
+        loss, _ = EnergyObjective(path)(wrapped, dist.sample(4, _gen(0)), _gen(1))
+        assert torch.isfinite(loss)

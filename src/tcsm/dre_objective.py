@@ -47,7 +47,10 @@ __all__ = ["DensityRatioObjective", "EnergyObjective"]
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
-    return getattr(model, "module", model)  # DDP / torch.compile wrappers keep the model in .module
+    """The module inside the trainer's DDP (`.module`) and torch.compile (`._orig_mod`) wrappers."""
+    for attr in ("_orig_mod", "module", "_orig_mod"):
+        model = getattr(model, attr, model)
+    return model
 
 
 def _mean(x: Tensor) -> Tensor:
