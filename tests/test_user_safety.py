@@ -57,6 +57,10 @@ def test_train_into_an_existing_run_is_refused_and_leaves_it_untouched(tmp_path,
     assert main(["train", "-o", str(run), "--resume", *tiny(*QUIET, "train.steps=5")]) == 0
     assert json.loads((run / "summary.json").read_text())["step"] == 5
     assert "not both" in _error(capsys, ["train", "-o", run, "--resume", "--overwrite", *tiny(*QUIET)])
+    # an overwrite whose new run cannot be built (a model too short for the data) leaves the old run whole
+    kept = _snapshot(run)
+    assert "max_len" in _error(capsys, ["train", "-o", run, "--overwrite", *tiny(*QUIET, "model.max_len=4")])
+    assert _snapshot(run) == kept
     assert main(["train", "-o", str(run), "--overwrite", *tiny(*QUIET, "train.steps=2")]) == 0
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2]

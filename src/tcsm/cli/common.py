@@ -61,20 +61,17 @@ def add_overwrite_argument(p) -> None:
 
 
 def claim_run_dir(run_dir, *, resume: bool, overwrite: bool) -> None:
-    """Before a command builds anything: a new run refuses a directory holding another run (tcsm.train.rundir),
-    `--overwrite` deletes that run's files first, and a resumed run keeps its directory."""
+    """Before a command builds anything: a new run refuses a directory holding another run (tcsm.train.rundir)
+    unless `--overwrite`, and a resumed run keeps its directory. The overwrite itself happens in the Trainer, once
+    the whole run has been built, so a run that cannot start never costs the old one its files."""
     import os
 
     from tcsm.errors import ConfigError
-    from tcsm.train.rundir import clear_run, refuse_existing_run
+    from tcsm.train.rundir import refuse_existing_run
 
     if overwrite and resume:
         raise ConfigError("give --resume (continue the run) or --overwrite (replace it), not both")
-    if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 alone owns the run directory
-        return
-    if overwrite:
-        clear_run(run_dir)
-    elif not resume:
+    if os.environ.get("RANK", "0") == "0" and not (resume or overwrite):  # rank 0 alone owns the run directory
         refuse_existing_run(run_dir)
 
 

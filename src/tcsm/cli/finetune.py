@@ -46,5 +46,5 @@ def run(args) -> int:
         if not getattr(args, "out", None):
             raise ConfigError("--overwrite needs -o DIR, the run directory to replace")
         resume = bool(getattr(args, "resume", False) or getattr(args, "resume_from", None))
-        claim_run_dir(args.out, resume=resume, overwrite=True)
+        claim_run_dir(args.out, resume=resume, overwrite=True)  # checks only: the recipe's Trainer replaces the run
     return int(args._recipe_run(args) or 0)

@@ -132,7 +132,7 @@ def run(args) -> int:
         return 0
     from tcsm.train.fit import fit
 
-    summary = fit(cfg, run_dir, resume)
+    summary = fit(cfg, run_dir, resume, overwrite=getattr(args, "overwrite", False))
     print(f"run directory: {run_dir}", flush=True)
     if "pref_accuracy" in summary:
         print(

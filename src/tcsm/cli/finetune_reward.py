@@ -120,7 +120,7 @@ def run(args) -> int:
     from tcsm.recipes.reward import reward_report
     from tcsm.train.fit import fit
 
-    fit(cfg, run_dir, resume)
+    fit(cfg, run_dir, resume, overwrite=getattr(args, "overwrite", False))
     print(f"run directory: {run_dir}", flush=True)
     if args.eval_samples > 0 and int(os.environ.get("RANK", "0")) == 0:
         report = reward_report(run_dir, args.eval_samples)

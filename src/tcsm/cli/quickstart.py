@@ -46,7 +46,7 @@ def run(args) -> int:
         f"tcsm quickstart: training {cfg.train.steps} steps on the synthetic Markov source → {run_dir}",
         flush=True,
     )
-    train(cfg, run_dir)
+    train(cfg, run_dir, overwrite=args.overwrite)
 
     ckpt = load_checkpoint(run_dir, device="cpu")
     data = ckpt.build_data()

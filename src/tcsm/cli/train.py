@@ -65,16 +65,16 @@ def run(args) -> int:
         print(OmegaConf.to_yaml(cfg), end="")
         return 0
     claim_run_dir(run_dir, resume=resume is not None, overwrite=args.overwrite)
-    return train(cfg, run_dir, resume)
+    return train(cfg, run_dir, resume, overwrite=args.overwrite)
 
 
-def train(cfg, run_dir, resume=None, log=None) -> int:
+def train(cfg, run_dir, resume=None, log=None, overwrite: bool = False) -> int:
     """`tcsm train`: fit, then say where the run lives."""
     import os
 
     from tcsm.train.fit import fit
 
-    fit(cfg, run_dir, resume, log)
+    fit(cfg, run_dir, resume, log, overwrite=overwrite)
     if os.environ.get("RANK", "0") == "0":  # torchrun's rank; one line per run, not per process
         print(f"run directory: {run_dir}", flush=True)
     return 0

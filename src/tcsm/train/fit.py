@@ -12,9 +12,9 @@ from tcsm.evaluation.report import to_jsonable
 __all__ = ["fit"]
 
 
-def fit(cfg, run_dir, resume=None, log: Callable[[str], None] | None = None) -> dict:
+def fit(cfg, run_dir, resume=None, log: Callable[[str], None] | None = None, overwrite: bool = False) -> dict:
     """Set up the process group (if under torchrun), train with `Trainer.from_config`, write summary.json;
-    returns the summary."""
+    returns the summary. `overwrite` replaces a run already in `run_dir` once the new one has been built."""
     import torch.distributed as dist
 
     from tcsm.train.distributed import setup_distributed, teardown_distributed
@@ -26,7 +26,7 @@ def fit(cfg, run_dir, resume=None, log: Callable[[str], None] | None = None) -> 
             box = [str(run_dir)]
             dist.broadcast_object_list(box, src=0)
             run_dir = box[0]
-        trainer = Trainer.from_config(cfg, run_dir, resume=resume, env=env, log=log)
+        trainer = Trainer.from_config(cfg, run_dir, resume=resume, env=env, log=log, overwrite=overwrite)
         summary = trainer.fit()
         if env.is_main:
             # A diverged run's inf perplexity is written as null: summary.json stays strict JSON.

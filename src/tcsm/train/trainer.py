@@ -43,7 +43,7 @@ from tcsm.train.distributed import DistEnv, all_reduce_mean, barrier, setup_dist
 from tcsm.train.ema import EMA
 from tcsm.train.logs import RunLogger, plot_curves
 from tcsm.train.optim import build_optimizer, lr_at, set_lr
-from tcsm.train.rundir import refuse_existing_run
+from tcsm.train.rundir import clear_run, refuse_existing_run
 
 __all__ = ["Trainer", "evaluate_model", "resolve_precision", "stream_seed"]
 
@@ -175,10 +175,14 @@ class Trainer:
         env: DistEnv | None = None,
         log: Callable[[str], None] | None = None,
         callbacks=(),
+        overwrite: bool = False,
     ):
         self.env = env if env is not None else setup_distributed(cfg.train.device)
         if not resume and self.env.is_main:  # before anything is written: never touch another run's directory
-            refuse_existing_run(run_dir)
+            if overwrite and run_dir is not None:  # asked for, and the new run is fully built: replace the old
+                clear_run(run_dir)
+            else:
+                refuse_existing_run(run_dir)
         self.cfg = _with_absolute_data_paths(cfg)
         self.device = self.env.device
         self.run_dir = Path(run_dir) if run_dir is not None else None
@@ -238,18 +242,19 @@ class Trainer:
         env: DistEnv | None = None,
         log: Callable[[str], None] | None = None,
         callbacks=(),
+        overwrite: bool = False,
     ) -> Trainer:
         """Build the run's components from `cfg` (seeded: initial weights depend on train.seed only; DDP also
         broadcasts rank 0's weights) and wrap them in a Trainer."""
         env = env if env is not None else setup_distributed(cfg.train.device)
-        if not resume and env.is_main:  # before data and models are built (rank 0 alone writes the run)
+        if not resume and not overwrite and env.is_main:  # before data and models are built (rank 0 writes the run)
             refuse_existing_run(run_dir)
         if cfg.train.threads:
             torch.set_num_threads(int(cfg.train.threads))
         micro_batch_plan(cfg.train, env.world_size)  # a bad plan fails before data and models are built
         torch.manual_seed(cfg.train.seed)
         components = build_components(cfg, env.device)
-        return cls(components, cfg, run_dir, resume=resume, env=env, log=log, callbacks=callbacks)
+        return cls(components, cfg, run_dir, resume=resume, env=env, log=log, callbacks=callbacks, overwrite=overwrite)
 
     # ----------------------------------------------------------------------------------------------- state
 
