@@ -97,11 +97,10 @@ def main() -> None:
     def log(msg: str) -> None:
         print(msg, flush=True)
 
-    from tcsm.build.loading import load_reference_lm
+    from tcsm.build.loading import load_checkpoint, load_reference_lm
     from tcsm.evaluation import generative_perplexity, sample_entropy
     from tcsm.evaluation.report import plot_genppl_vs_steps, write_report
     from tcsm.sampling import may_cache, sample
-    from tcsm.build.loading import load_checkpoint
 
     work = Path(args.work_dir)
     t_train = {}

@@ -211,11 +211,11 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown targets {unknown}; choose from {TARGETS}")
 
+    from tcsm.build.targets import load_teacher
     from tcsm.data import build_data
     from tcsm.objectives import Objective
     from tcsm.paths import MaskedPath
     from tcsm.targets import DataTarget
-    from tcsm.build.targets import load_teacher
     from tcsm.targets.parametric import ParametricTarget
 
     work = Path(a.work_dir)

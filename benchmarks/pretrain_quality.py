@@ -130,8 +130,8 @@ def stats(nats: list[float]) -> dict:
 def run_variant(name, suite, overrides, label, args, out_root):
     from omegaconf import OmegaConf
 
-    from tcsm.likelihood import BOUNDS
     from tcsm.build.config import load_config
+    from tcsm.likelihood import BOUNDS
     from tcsm.train.trainer import Trainer
 
     preset = "text8-prefix-small" if suite == "text8" else "synthetic"

@@ -31,7 +31,7 @@ import torch
 from omegaconf import read_write
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pretrain_quality import TEXT8_VARIANTS, evaluate, stats  # noqa: E402  (the same bound evaluation)
+from pretrain_quality import TEXT8_VARIANTS, evaluate, stats
 
 LN2 = math.log(2.0)
 VARIANTS = {
@@ -129,10 +129,10 @@ def run(args) -> dict:
 def report(results: dict, figure: Path | None) -> str:
     runs = results.get("runs", {})
     a = results.get("meta", {}).get("args", {})
-    lines = [f"text8-prefix, `small`-sized networks (4 × 256), batch {a.get('batch')} × length {a.get('seq_len')}, "
+    lines = [(f"text8-prefix, `small`-sized networks (4 × 256), batch {a.get('batch')} × length {a.get('seq_len')}, "
              f"constant lr {a.get('lr')} after {a.get('warmup')} warm-up steps, EMA {a.get('ema')}, bf16, one thread; "
              f"budget {a.get('cpu_hours')} CPU-hour(s) of training per run; test on {a.get('eval_seqs')} sequences × "
-             f"{a.get('num_t')} t.", "",
+             f"{a.get('num_t')} t."), "",
              "| run | training tokens | steps | CPU h | test BPC (valid bound; AR: exact NLL) | uniform: DFM bound (A) |",
              "|---|---|---|---|---|---|"]
     for name, (_, label) in VARIANTS.items():

@@ -190,9 +190,9 @@ def summarise(raw, flops_step, flops_mm, precisions, labels):
 
 def report(res):
     a = res["meta"]["args"]
-    lines = [f"`small` denoiser (4 × 256), batch {a['batch']} × length {a['seq_len']}, V = {V}, 1 thread; "
+    lines = [(f"`small` denoiser (4 × 256), batch {a['batch']} × length {a['seq_len']}, V = {V}, 1 thread; "
              f"{a['rounds']} interleaved rounds of ~{a['visit_s']} s per configuration; load average "
-             f"{res['meta']['loadavg_start'][0]:.2f} → {res['meta']['loadavg_end'][0]:.2f}.", "",
+             f"{res['meta']['loadavg_start'][0]:.2f} → {res['meta']['loadavg_end'][0]:.2f}."), "",
              "| precision | configuration | CPU ms/step | wall ms/step | MFU (CPU time) | CPU-time ratio to hand-written |",
              "|---|---|---|---|---|---|"]
     for p, r in res["summary"].items():

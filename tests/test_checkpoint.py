@@ -11,10 +11,18 @@ import pytest
 import torch
 from train_helpers import final_weights, restore_torch_threads, tiny  # noqa: F401
 
-from tcsm.errors import CheckpointError
-from tcsm.checkpoint import list_checkpoints, pack, read_state, resolve_checkpoint, save_checkpoint, unpack, validate_checkpoint
-from tcsm.build.loading import load_checkpoint
 from tcsm.build.config import load_config
+from tcsm.build.loading import load_checkpoint
+from tcsm.checkpoint import (
+    list_checkpoints,
+    pack,
+    read_state,
+    resolve_checkpoint,
+    save_checkpoint,
+    unpack,
+    validate_checkpoint,
+)
+from tcsm.errors import CheckpointError
 from tcsm.train.trainer import Trainer
 
 

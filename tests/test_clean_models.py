@@ -5,9 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tcsm.models.clean import CleanLMConfig
-from tcsm.models.clean_families import build_clean_model
-from tcsm.targets.parametric import MLMTeacher, make_teacher
 from tcsm.clean_losses import (
     AutoregressiveLoss,
     MaskedLMLoss,
@@ -15,6 +12,9 @@ from tcsm.clean_losses import (
     conditional_nll,
     make_clean_loss,
 )
+from tcsm.models.clean import CleanLMConfig
+from tcsm.models.clean_families import build_clean_model
+from tcsm.targets.parametric import MLMTeacher, make_teacher
 
 V, L = 5, 6
 
@@ -249,8 +249,8 @@ def test_hf_models_train_and_teach_from_config(tmp_path):
     """model.name=hf_mlm | hf_causal from a local directory (nothing downloaded), trained by `clean_lm`, then
     loaded back as a teacher."""
     tf = pytest.importorskip("transformers")
-    from tcsm.build.targets import load_teacher
     from tcsm.build.config import load_config
+    from tcsm.build.targets import load_teacher
     from tcsm.train.trainer import Trainer
 
     torch.manual_seed(0)

@@ -286,8 +286,8 @@ _STUDENT = [
 
 @pytest.mark.parametrize("family", ["mlm", "causal", "hollow"])
 def test_train_teacher_then_student_from_config(tmp_path, family):
-    from tcsm.errors import CheckpointError, ConfigError
     from tcsm.build.config import load_config
+    from tcsm.errors import CheckpointError, ConfigError
     from tcsm.train.trainer import Trainer
 
     teacher_dir = tmp_path / family

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from tcsm import objectives
-
 from tcsm.paths import MaskedPath, UniformPath
 from tcsm.rewards import CallableReward, GridReward, evaluate_reward, make_reward
 from tcsm.targets.reward_tilt import (

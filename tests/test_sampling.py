@@ -581,7 +581,7 @@ def test_bf16_sampling_stays_close_to_fp32():
     model = build_denoiser("tiny", vocab_size=V, num_states=V + 1).eval()
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.1, generator=torch.Generator().manual_seed(p.numel()))
-    kw = dict(batch_size=64, length=L, num_steps=16, time_independent=False)
+    kw = {"batch_size": 64, "length": L, "num_steps": 16, "time_independent": False}
     ref = sample(model, path, seed=3, precision="fp32", **kw)
     low = sample(model, path, seed=3, precision="bf16", **kw)
     assert (ref != low).float().mean() < 0.05

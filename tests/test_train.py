@@ -24,9 +24,9 @@ from train_helpers import (  # noqa: F401
     tiny,
 )
 
-from tcsm.errors import CheckpointError, ConfigError, TrainingError
-from tcsm.build.registry import OBJECTIVES
 from tcsm.build.config import load_config
+from tcsm.build.registry import OBJECTIVES
+from tcsm.errors import CheckpointError, ConfigError, TrainingError
 from tcsm.train.ema import EMA
 from tcsm.train.logs import read_metrics
 from tcsm.train.optim import lr_at, param_groups

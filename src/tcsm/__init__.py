@@ -64,7 +64,7 @@ _EXPORTS = {
     "fit": "tcsm.train",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(_EXPORTS)  # noqa: PLE0605 (one list of names: _EXPORTS)
 
 
 def __getattr__(name: str):

@@ -25,7 +25,7 @@ from torch import Tensor
 from tcsm.likelihood import nelbo_integrand, resolve_bound
 from tcsm.objectives import Objective
 from tcsm.paths import ProbabilityPath
-from tcsm.targets.base import DataTarget, TargetBatch
+from tcsm.targets.base import TargetBatch
 
 __all__ = ["ScoreEntropyObjective", "score_entropy_loss"]
 

@@ -21,9 +21,7 @@ pseudo_likelihood`).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
-from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor

@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tcsm.divergences import BregmanGenerator, get_f_divergence, get_bregman
-from tcsm.paths import ProbabilityPath
 from tcsm.batch import Batch, as_batch
+from tcsm.divergences import BregmanGenerator, get_bregman, get_f_divergence
+from tcsm.paths import ProbabilityPath
 from tcsm.targets.base import DataTarget, Target, TargetBatch
 from tcsm.timesteps import sample_times
 

@@ -404,7 +404,7 @@ def sample(
     if precision is not None and denoiser is not None:
         inner = denoiser
 
-        def denoiser(xt, t):  # noqa: F811 (the same denoiser, under the requested precision)
+        def denoiser(xt, t):
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
                 return inner(xt, t).float()
 

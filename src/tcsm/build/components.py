@@ -7,9 +7,8 @@ Nothing here knows a method: each component is whatever its registry entry build
 from __future__ import annotations
 
 import dataclasses
-import typing
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import torch
 

@@ -29,8 +29,8 @@ import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from tcsm.errors import ConfigError
 from tcsm.build.registry import MODELS, OBJECTIVES, TARGETS, import_plugins
+from tcsm.errors import ConfigError
 
 __all__ = [
     "COMPONENTS",

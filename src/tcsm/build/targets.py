@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from tcsm.build.loading import load_checkpoint
 from tcsm.build.registry import TARGETS, BuildContext
 from tcsm.errors import CheckpointError, ConfigError, TCSMError
-from tcsm.targets.parametric import TEACHERS, ParametricTarget, Teacher, make_teacher
 from tcsm.rewards import GridReward, make_reward
 from tcsm.targets.base import freeze
+from tcsm.targets.parametric import TEACHERS, ParametricTarget, Teacher, make_teacher
 from tcsm.targets.reward_tilt import RewardFullTarget, RewardN1Target, RewardTarget
 
 __all__ = ["ParametricTargetConfig", "RewardTargetConfig", "load_pretrained", "load_teacher"]

@@ -108,7 +108,6 @@ def resolve(args) -> tuple:
 
 def run(args) -> int:
     import os
-    import sys
     from pathlib import Path
 
     from omegaconf import OmegaConf

@@ -218,10 +218,10 @@ def run_grid_demo(
 
     Runs resume: a second call with the same `out_dir` reuses finished training runs.
     """
+    from tcsm.build.config import load_config
+    from tcsm.build.loading import load_checkpoint
     from tcsm.recipes.reward import reward_config
     from tcsm.sampling import sample
-    from tcsm.build.loading import load_checkpoint
-    from tcsm.build.config import load_config
 
     if size not in SIZES:
         raise ValueError(f"unknown demo size {size!r}; choose one of {sorted(SIZES)}")

@@ -14,8 +14,6 @@ makes them `model.name: mlm | causal | hollow` of a run config.
 
 from __future__ import annotations
 
-import dataclasses
-import typing
 from dataclasses import dataclass
 from typing import Any, ClassVar
 

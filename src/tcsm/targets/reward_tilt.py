@@ -26,14 +26,13 @@ a resume it is redrawn (exact resume holds for xt_source="data").
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
+from tcsm.batch import Batch, as_batch
 from tcsm.paths import ProbabilityPath
 from tcsm.rewards import RewardFn, evaluate_reward
-from tcsm.batch import Batch, as_batch
 from tcsm.targets.base import Target, TargetBatch, freeze
 
 __all__ = [

@@ -24,7 +24,9 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from tcsm.errors import CheckpointError, ConfigError, TrainingError
+from tcsm.build.components import Components, DataInfo, build_components
+from tcsm.build.config import load_config, set_values, to_dict
+from tcsm.build.loading import check_same_architecture
 from tcsm.checkpoint import (
     clean_leftovers,
     load_weights_into,
@@ -33,11 +35,9 @@ from tcsm.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from tcsm.build.loading import check_same_architecture
-from tcsm.build.components import Components, DataInfo, build_components
-from tcsm.build.config import load_config, set_values, to_dict
 from tcsm.clean_losses import metric_label
 from tcsm.data import absolute_paths
+from tcsm.errors import CheckpointError, ConfigError, TrainingError
 from tcsm.protocols import Evaluates, Samples, StepInfo, TrainerCallback
 from tcsm.train.distributed import DistEnv, all_reduce_mean, barrier, setup_distributed
 from tcsm.train.ema import EMA
@@ -127,7 +127,7 @@ def _with_absolute_data_paths(cfg):
 
 
 def _duration(seconds: float) -> str:
-    s = int(round(seconds))
+    s = round(seconds)
     if s >= 3600:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
