@@ -37,12 +37,7 @@ LOSSES = sorted(DRE_LOSSES)
 V, L = 3, 2
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class Problem:

@@ -81,14 +81,7 @@ def posterior_x1_sampler(dist: EnumerableDistribution, path):
     return fn
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # These tensors are small: on a shared 2-core machine torch's intra-op threads only spin against each other
-    # (measured 3 min wall with 2 threads under load vs 20 s with one). Restored for the rest of the session.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

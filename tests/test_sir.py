@@ -20,13 +20,7 @@ from tcsm.toy import EnumerableDistribution
 PATHS = {"masked": MaskedPath, "uniform": UniformPath}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # Small tensors on a shared 2-core machine: extra intra-op threads only contend.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
