@@ -84,6 +84,15 @@ def energy_config(ref_dir: Path, args):
     return dre_config(ref_dir, "finetune-dre", overrides, {"objective.strategy": "ii", "objective.loss": "bce"})
 
 
+def judged(judge, x) -> dict:
+    """gen-PPL of samples x under the judge with its standard error (delta method over the per-sample mean NLLs,
+    all samples having the same length), and their mean unigram entropy (nats)."""
+    res = generative_perplexity(judge, token_ids=x)
+    nll = torch.tensor(res.per_sequence_nll, dtype=torch.float64)
+    se = float(nll.std() / len(nll) ** 0.5) if len(nll) > 1 else float("nan")
+    return {"gen_ppl": res.gen_ppl, "gen_ppl_stderr": res.gen_ppl * se, "entropy": sample_entropy(x)["entropy_mean"]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work-dir", default="runs/bench/dre-text8")
@@ -142,8 +151,7 @@ def main() -> None:
     if "genppl" not in results:
         judge = load_reference_lm(str(judge_dir), torch.device("cpu"))
         real = data.test[: args.num_samples].long()
-        rows = [{"model": "data", "gen_ppl": generative_perplexity(judge, token_ids=real).gen_ppl,
-                 "entropy": sample_entropy(real)["entropy_mean"]}]
+        rows = [{"model": "data", **judged(judge, real)}]
         ks = [int(k) for k in args.sir_k.split(",")]
         cases = [("reference", None, None)] + [("energy", k, (0.0, 1.0)) for k in ks] + [("energy", ks[-1], (0.4, 0.6))]
         for K in (int(k) for k in args.steps.split(",")):
@@ -159,8 +167,7 @@ def main() -> None:
                                        length=L, num_steps=K, num_candidates=k, window=window, generator=g)
                 wall, cpu = time.perf_counter() - t0, time.process_time() - c0
                 rows.append({"model": name, "K": K, "k": k, "window": window, "sample_wall_s": wall,
-                             "sample_cpu_s": cpu, "gen_ppl": generative_perplexity(judge, token_ids=x).gen_ppl,
-                             "entropy": sample_entropy(x)["entropy_mean"], "example": data.decode(x[0])})
+                             "sample_cpu_s": cpu, **judged(judge, x), "example": data.decode(x[0])})
                 print(json.dumps(rows[-1]), flush=True)
         save("genppl", rows)
 
