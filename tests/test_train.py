@@ -212,6 +212,52 @@ def test_non_finite_loss_stops_with_a_clear_error(tmp_path):
         _fit(tmp_path, "objective.name=test-nan", "train.steps=2")
 
 
+def test_deferred_non_finite_check_names_the_step_and_never_saves_corrupted_weights(tmp_path):
+    # On an accelerator the check waits for the next host sync; forced on here to test that path on a CPU.
+    calls = {"n": 0}
+
+    @OBJECTIVES.register("test-nan-at-3", overwrite=True)
+    def _nan_at_3(node, ctx):
+        def objective(model, x1, generator=None):
+            calls["n"] += 1
+            scale = math.nan if calls["n"] == 3 else 1.0
+            return model(x1, torch.rand(x1.shape[0])).float().mean() * scale, {}
+
+        return objective
+
+    cfg = _cfg("objective.name=test-nan-at-3", "train.steps=8", "train.save_every=2", "train.log_every=100",
+               "train.eval_every=0")  # fmt: skip
+    trainer = Trainer.from_config(cfg, tmp_path, log=lambda s: None)
+    trainer._defer_finite_check = True
+    with pytest.raises(TrainingError, match="non-finite gradient at step 3 "):
+        trainer.fit()
+    assert trainer.step == 4  # it trained on until the save at step 4, which refused to write
+    steps = sorted(int(p.name.split("_")[-1]) for p in (tmp_path / "checkpoints").glob("step_*"))
+    assert steps == [2]
+    resumed = Trainer.from_config(cfg, tmp_path, resume=True, log=lambda s: None)
+    assert resumed.step == 2
+    assert all(torch.isfinite(p).all() for p in resumed.model.parameters())
+
+
+def test_deferred_step_reads_nothing_back_from_the_device(tmp_path, monkeypatch):
+    # What a GPU would stall on: any read of a tensor value on the host during a training step. (The model's
+    # token-range check reads on a CPU only, where it is free; on a GPU it is a device assertion.)
+    cfg = _cfg("train.steps=4", "model.time_conditioning=true", "model.check_inputs=false")
+    trainer = Trainer.from_config(cfg, tmp_path, log=lambda s: None)
+    trainer._defer_finite_check = True
+    trainer.train_step()  # first step: lazy state (optimizer moments) is created
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("host sync inside a training step")
+
+    with monkeypatch.context() as m:
+        for name in ("__float__", "__int__", "__bool__", "item", "tolist"):
+            m.setattr(torch.Tensor, name, refuse)
+        metrics = trainer.train_step()
+    assert math.isfinite(float(metrics["grad_norm"]))
+    trainer.check_finite()
+
+
 @pytest.mark.parametrize("source", ["masked", "uniform"])
 @pytest.mark.parametrize("loss", ["distrib", "score"])
 def test_four_paper_variants_train(tmp_path, source, loss):

@@ -185,6 +185,9 @@ class Trainer:
                 refuse_existing_run(run_dir)
         self.cfg = _with_absolute_data_paths(cfg)
         self.device = self.env.device
+        # (first step with a non-finite gradient, its loss); -1 while there is none (see _note_finite)
+        self._defer_finite_check = self.device.type != "cpu"
+        self._nonfinite = torch.tensor([-1.0, math.nan], device=self.device)
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self._print = log if log is not None else (lambda s: print(s, flush=True))
         t = cfg.train
@@ -285,6 +288,7 @@ class Trainer:
 
     def save(self) -> Path | None:
         """Write a checkpoint of the current step (rank 0) and wait for it on every rank."""
+        self.check_finite()  # never write weights a non-finite update has corrupted
         path = None
         if self.env.is_main and self.checkpoint_root is not None:
             path = save_checkpoint(
@@ -379,15 +383,13 @@ class Trainer:
                     extra = {} if self.reference is None else {"reference": self.reference}
                     loss, metrics = self.objective(self.forward_model, batch, generator=generator, **extra)
                 (loss * scale).backward()
+            if "loss" not in metrics:  # the protocol asks only for (loss, metrics); the log always has the loss
+                metrics = {**metrics, "loss": loss.detach()}
             for key, v in metrics.items():  # summed where they live: no host sync per micro-batch
                 sums[key] = sums.get(key, 0.0) + v / len(mine)
         clip = float(self.cfg.optim.clip) if self.cfg.optim.clip > 0 else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
-        if not math.isfinite(grad_norm):  # identical on every rank: the gradients are already averaged
-            raise TrainingError(
-                f"non-finite gradient at step {self.step + 1} (loss {float(sums.get('loss', math.nan)):.4g}); lower "
-                "optim.lr, raise optim.warmup or use train.precision=fp32"
-            )
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip).detach()
+        self._note_finite(grad_norm, sums.get("loss"))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.ema is not None:
@@ -398,6 +400,36 @@ class Trainer:
             cb.on_step_end(self._info())
         return sums
 
+    def _note_finite(self, grad_norm: torch.Tensor, loss) -> None:
+        """Refuse a non-finite gradient. On a CPU the check reads the norm at once (the read costs nothing); on an
+        accelerator reading it would stall every step, so the first bad step is recorded on the device and
+        `check_finite` raises at the next host sync — a logging window, an evaluation, a save — before anything
+        computed from the corrupted weights is written or reported."""
+        step = self.step + 1
+        if not self._defer_finite_check:
+            if not math.isfinite(float(grad_norm)):  # identical on every rank: the gradients are already averaged
+                self._raise_nonfinite(step, math.nan if loss is None else float(loss))
+            return
+        # Fill kernels take the scalars as arguments: no host-to-device copy, so no stall either.
+        loss = grad_norm.new_full((), math.nan) if loss is None else torch.as_tensor(loss).to(grad_norm)
+        seen = torch.stack([grad_norm.new_full((), step), loss])
+        first = ~torch.isfinite(grad_norm) & (self._nonfinite[0] < 0)
+        self._nonfinite = torch.where(first, seen, self._nonfinite)
+
+    def check_finite(self) -> None:
+        """Raise if a step since the last check had a non-finite gradient (one host sync; see `_note_finite`)."""
+        if self._defer_finite_check:
+            step, loss = (float(v) for v in self._nonfinite)
+            if step >= 0:
+                self._raise_nonfinite(int(step), loss)
+
+    @staticmethod
+    def _raise_nonfinite(step: int, loss: float) -> None:
+        raise TrainingError(
+            f"non-finite gradient at step {step} (loss {loss:.4g}); lower optim.lr, raise optim.warmup or use "
+            "train.precision=fp32"
+        )
+
     def _info(self) -> StepInfo:
         return StepInfo(self.step, self.model, self.ema.model if self.ema is not None else None, self.run_dir)
 
@@ -407,6 +439,7 @@ class Trainer:
     def validate(self, max_examples: int | None = None, precision: str | None = None) -> dict:
         """The objective's validation metric (by default the likelihood bound) of the eval model on the eval split
         (rank 0; MATH.md §2.4)."""
+        self.check_finite()
         e = self.cfg.eval
         data = self.data.split(e.split)
         if max_examples:
@@ -480,6 +513,7 @@ class Trainer:
     def _sample_and_log(self) -> None:
         if not self.env.is_main:
             return
+        self.check_finite()
         texts = self.samples()
         if texts:
             self.logger.samples(self.step, texts)
@@ -546,8 +580,9 @@ class Trainer:
                 if self.step % t.log_every == 0 or final or self.step == 1:
                     now = time.perf_counter()
                     # The one host sync of a logging window: device metrics become floats here.
+                    self.check_finite()
                     row = all_reduce_mean({k: float(v) / window_steps for k, v in window.items()}, env)
-                    row["lr"], row["grad_norm"] = metrics["lr"], metrics["grad_norm"]
+                    row["lr"], row["grad_norm"] = metrics["lr"], float(metrics["grad_norm"])
                     row["tokens_per_s"] = tokens_per_step * window_steps / max(now - window_start, 1e-9)
                     self.elapsed += now - window_start
                     row["elapsed_s"] = self.elapsed
