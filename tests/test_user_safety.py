@@ -169,6 +169,38 @@ def test_a_full_disk_during_a_save_names_the_last_good_checkpoint(tmp_path, caps
     assert main(["train", "-o", str(run), "--resume", *tiny(*QUIET, "train.steps=4")]) == 0
 
 
+def test_a_recipe_report_is_replaced_whole_and_is_strict_json(tmp_path, monkeypatch):
+    """The `<recipe>_eval.json` of `tcsm finetune` / `tcsm distill`: a failed write keeps the old report and leaves
+    no temporary file; a diverged model's NaN / inf are written as null, which every JSON reader accepts."""
+    import os
+
+    from tcsm.cli.common import write_json_report
+
+    report = tmp_path / "reward_eval.json"
+    report.write_text('{"old": 1}\n')
+
+    def disk_full(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+
+    monkeypatch.setattr(os, "replace", disk_full)
+    with pytest.raises(OSError):
+        write_json_report(report, {"finetuned_reward_mean": 1.0})
+    monkeypatch.undo()
+    assert report.read_text() == '{"old": 1}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["reward_eval.json"]
+
+    write_json_report(report, {"bpc": float("nan"), "steps": {8: {"gen_ppl": math.inf, "entropy": 2.5}}})
+
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    assert json.loads(report.read_text(), parse_constant=refuse) == {
+        "bpc": None,
+        "steps": {"8": {"gen_ppl": None, "entropy": 2.5}},
+    }
+    assert [p.name for p in tmp_path.iterdir()] == ["reward_eval.json"]
+
+
 # --------------------------------------------------------------------------------------------------- 4 sample -o
 
 

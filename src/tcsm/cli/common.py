@@ -1,9 +1,11 @@
-"""Helpers shared by the subcommands: config help text, run directories, printing results."""
+"""Helpers shared by the subcommands: config help text, run directories, printing results, and the arguments,
+config assembly and run tail that every recipe run (`tcsm finetune <recipe>`, `tcsm distill`) has in common."""
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 #: the preset `tcsm train` runs without --config
@@ -110,6 +112,12 @@ def write_atomically(path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def write_json_report(path, report: dict) -> None:
+    """Write `report` to `path` as strict JSON (NaN / inf → null), atomically: a run's evaluation file is read by
+    other tools, which refuse NaN, and an interrupted write must not replace a good report with half of one."""
+    write_atomically(path, json.dumps(jsonable(report), indent=1, allow_nan=False) + "\n")
+
+
 def run_dir_of_checkpoint(path: str | Path) -> Path:
     """The run directory a checkpoint path belongs to (the parent of `checkpoints/`), or the path itself."""
     p = Path(path).resolve()
@@ -160,3 +168,86 @@ def jsonable(d: dict) -> dict:
     from tcsm.evaluation.report import to_jsonable
 
     return to_jsonable(d)
+
+
+# ------------------------------------------------------------------------------------------------ recipe runs
+# A recipe run (`tcsm finetune <recipe>`, `tcsm distill`) is a `tcsm train` run whose config a recipe assembles
+# from a source run and its own flags, followed on rank 0 by the recipe's evaluation report.
+
+
+def add_config_arguments(p, preset: str, overrides_example: str = "optim.lr=1e-4") -> None:
+    """key=value overrides, -c and -o of a recipe run whose default config (and run-directory name) is `preset`."""
+    p.epilog_fn = config_help
+    p.add_argument(
+        "overrides", nargs="*", metavar="key=value", help=f"config overrides, e.g. {overrides_example}"
+    )
+    p.add_argument("-c", "--config", help=f"preset or YAML file (default: {preset}; with --resume: the run's)")
+    p.add_argument("-o", "--out", help=f"run directory (default: train.out_dir, else runs/{preset}-<time>)")
+
+
+def add_steps_and_resume_arguments(p, run_kind: str) -> None:
+    """--steps, --resume and --resume-from of a recipe run; `run_kind` names its checkpoints in the help."""
+    p.add_argument("--steps", type=int, help="optimizer steps (train.steps)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    p.add_argument("--resume-from", metavar="CHECKPOINT", help=f"continue from this {run_kind} checkpoint")
+
+
+def flag_values(args, flags: dict[str, str]) -> dict:
+    """{config key: value} of the flags given on the command line; `flags` maps a flag's dest to its config key."""
+    return {key: getattr(args, flag) for flag, key in flags.items() if getattr(args, flag, None) is not None}
+
+
+def resolve_recipe(args, preset: str, flags: dict[str, str], new_config: Callable) -> tuple:
+    """(config, run_dir, resume) of a recipe run. A resumed run starts from its saved config; a new one from
+    `new_config(config_name, flag_values)`, which builds it from the recipe's source run (and refuses a missing
+    one), with `preset` as the default -c and the label of the default run directory."""
+    from tcsm.build.config import load_config, set_values
+
+    values = flag_values(args, flags)
+    run_dir = Path(args.out) if args.out else None
+    point = resume_point(args, run_dir)
+    if point is not None:
+        checkpoint, run_dir, base = point
+        return set_values(load_config(args.config, args.overrides, base=base), values), run_dir, checkpoint
+    cfg = new_config(args.config or preset, values)
+    if run_dir is None:
+        run_dir = Path(cfg.train.out_dir) if cfg.train.out_dir else default_run_dir(preset)
+    return cfg, run_dir, None
+
+
+def run_recipe(
+    args,
+    cfg,
+    run_dir,
+    resume,
+    *,
+    report: Callable[[Path], dict] | None,
+    report_file: str,
+    describe: Callable[[dict], str],
+    summarize: Callable[[dict], str | None] | None = None,
+) -> int:
+    """The tail of a recipe run: --print-config, or train with `fit`, then on rank 0 say where the run lives,
+    print `summarize(fit's summary)` when it gives a line, and — unless `report` is None (the recipe's evaluation
+    is off) — write `report(run_dir)` to `run_dir/report_file` and print `describe(report)`."""
+    import os
+
+    if args.print_config:
+        from omegaconf import OmegaConf
+
+        print(OmegaConf.to_yaml(cfg), end="")
+        return 0
+    from tcsm.train.fit import fit
+
+    summary = fit(cfg, run_dir, resume, overwrite=getattr(args, "overwrite", False))
+    # torchrun's other ranks have nothing to add, and their own run_dir may carry another time stamp than rank 0's.
+    if os.environ.get("RANK", "0") != "0":
+        return 0
+    print(f"run directory: {run_dir}", flush=True)
+    line = summarize(summary) if summarize is not None else None
+    if line:
+        print(line, flush=True)
+    if report is not None:
+        result = report(Path(run_dir))
+        write_json_report(Path(run_dir) / report_file, result)
+        print(describe(result), flush=True)
+    return 0

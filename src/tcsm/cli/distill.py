@@ -37,39 +37,26 @@ DISTILL_FLAGS = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from tcsm.cli.common import config_help
+    from tcsm.cli.common import add_config_arguments, add_steps_and_resume_arguments
 
-    p.epilog_fn = config_help
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. model.d_model=128")
     p.add_argument("-t", "--teacher", help="tcsm causal-LM run (or checkpoint) or Hugging Face causal-LM directory")
-    p.add_argument("-c", "--config", help="preset or YAML file (default: distill; with --resume: the run's)")
-    p.add_argument("-o", "--out", help="run directory (default: train.out_dir, else runs/distill-<time>)")
+    add_config_arguments(p, "distill", overrides_example="model.d_model=128")
     p.add_argument("--estimator", choices=("exact", "topk", "topk_ngram", "taylor"), help="teacher score estimator")
     p.add_argument("-k", "--k", type=int, help="teacher candidates per position (topk, topk_ngram)")
     p.add_argument("--ngram-order", type=int, help="N of the right-context n-gram (topk_ngram)")
     p.add_argument("--ngram-k", type=int, help="n-gram candidates per position (topk_ngram; default: k)")
     p.add_argument("--proposal", choices=("data", "teacher", "student"), help="where x_1 comes from (h)")
     p.add_argument("--audit-rows", type=int, help="sequences per step scored exactly to report the missed mass")
-    p.add_argument("--steps", type=int, help="optimizer steps (train.steps)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
-    p.add_argument("--resume-from", metavar="CHECKPOINT", help="continue from this distillation checkpoint")
+    add_steps_and_resume_arguments(p, "distillation")
     p.add_argument("--eval-samples", type=int, default=0, help="student samples judged by the teacher (0: skip)")
     p.add_argument("--eval-steps", default="8,32,128", help="sampling steps of the judged samples, comma-separated")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
 
 
-def _flag_values(args) -> dict:
-    return {key: getattr(args, flag) for flag, key in DISTILL_FLAGS.items() if getattr(args, flag, None) is not None}
-
-
 def resolve(args) -> tuple:
     """(config, run_dir, resume) of `tcsm distill` from its arguments."""
-    from pathlib import Path
-
-    from tcsm.build.config import load_config, set_values
-    from tcsm.cli.common import default_run_dir, resume_point
+    from tcsm.cli.common import resolve_recipe
     from tcsm.errors import ConfigError
-    from tcsm.recipes.distill import distill_config
 
     for flag in ("k", "ngram_order", "ngram_k", "steps"):
         v = getattr(args, flag)
@@ -79,18 +66,15 @@ def resolve(args) -> tuple:
         raise ConfigError(f"--audit-rows must be >= 0, got {args.audit_rows}")
     if (args.resume or args.resume_from) and args.teacher:
         raise ConfigError("--teacher cannot change on --resume: the run keeps the teacher it was started with")
-    run_dir = Path(args.out) if args.out else None
-    point = resume_point(args, run_dir)
-    if point is not None:
-        checkpoint, run_dir, base = point
-        cfg = set_values(load_config(args.config, args.overrides, base=base), _flag_values(args))
-        return cfg, run_dir, checkpoint
-    if not args.teacher:
-        raise ConfigError("give the teacher: tcsm distill --teacher RUN_OR_HF_DIR (or --resume -o DIR)")
-    cfg = distill_config(args.teacher, args.config or "distill", args.overrides, _flag_values(args))
-    if run_dir is None:
-        run_dir = Path(cfg.train.out_dir) if cfg.train.out_dir else default_run_dir("distill")
-    return cfg, run_dir, None
+
+    def new_config(config: str, values: dict):
+        from tcsm.recipes.distill import distill_config
+
+        if not args.teacher:
+            raise ConfigError("give the teacher: tcsm distill --teacher RUN_OR_HF_DIR (or --resume -o DIR)")
+        return distill_config(args.teacher, config, args.overrides, values)
+
+    return resolve_recipe(args, "distill", DISTILL_FLAGS, new_config)
 
 
 def _eval_steps(text: str) -> list[int]:
@@ -124,33 +108,34 @@ def cost_summary(run_dir, cfg) -> str | None:
     return text
 
 
-def run(args) -> int:
-    import os
-    from pathlib import Path
+def _describe(report: dict) -> str:
+    lines = [
+        f"{k:>4} sampling steps: gen-PPL under the teacher {r['gen_ppl']:.2f}, entropy {r['entropy']:.3f} nats"
+        for k, r in report["steps"].items()
+    ]
+    t = report["teacher"]
+    lines.append(f"teacher's own samples: gen-PPL {t['gen_ppl']:.2f}, entropy {t['entropy']:.3f} nats")
+    return "\n".join(lines)
 
-    from omegaconf import OmegaConf
+
+def run(args) -> int:
+    from tcsm.cli.common import run_recipe
 
     cfg, run_dir, resume = resolve(args)
     steps = _eval_steps(args.eval_steps)
-    if args.print_config:
-        print(OmegaConf.to_yaml(cfg), end="")
-        return 0
-    from tcsm.train.fit import fit
 
-    fit(cfg, run_dir, resume)
-    if int(os.environ.get("RANK", "0")) != 0:
-        return 0
-    print(f"run directory: {run_dir}", flush=True)
-    line = cost_summary(run_dir, cfg)
-    if line:
-        print(line, flush=True)
-    if args.eval_samples > 0:
+    def report(directory) -> dict:
         from tcsm.recipes.distill import distill_report
 
-        report = distill_report(run_dir, args.eval_samples, steps)
-        (Path(run_dir) / "distill_eval.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-        for k, r in report["steps"].items():
-            print(f"{k:>4} sampling steps: gen-PPL under the teacher {r['gen_ppl']:.2f}, entropy {r['entropy']:.3f} nats")
-        t = report["teacher"]
-        print(f"teacher's own samples: gen-PPL {t['gen_ppl']:.2f}, entropy {t['entropy']:.3f} nats", flush=True)
-    return 0
+        return distill_report(directory, args.eval_samples, steps)
+
+    return run_recipe(
+        args,
+        cfg,
+        run_dir,
+        resume,
+        report=report if args.eval_samples > 0 else None,
+        report_file="distill_eval.json",
+        describe=_describe,
+        summarize=lambda _summary: cost_summary(run_dir, cfg),
+    )

@@ -21,7 +21,6 @@ After training, `--eval-examples N` sequences of the eval split are scored and w
 from __future__ import annotations
 
 import argparse
-import json
 
 HELP = "density-ratio post-training on a frozen reference (strategy i or ii energy model; MATH.md §5.1)"
 
@@ -36,30 +35,19 @@ DRE_FLAGS = {
 
 
 def add_arguments(r: argparse.ArgumentParser) -> None:
-    from tcsm.cli.common import config_help
+    from tcsm.cli.common import add_config_arguments, add_steps_and_resume_arguments
 
-    r.epilog_fn = config_help
-    r.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. optim.lr=1e-4")
     r.add_argument(
         "--from", dest="checkpoint", metavar="RUN", help="reference run, checkpoints or step_* directory"
     )
-    r.add_argument(
-        "-c", "--config", help="preset or YAML file (default: finetune-dre; with --resume: the run's)"
-    )
-    r.add_argument(
-        "-o", "--out", help="run directory (default: train.out_dir, else runs/finetune-dre-<time>)"
-    )
+    add_config_arguments(r, "finetune-dre")
     r.add_argument(
         "--strategy", choices=("i", "ii"), help="i: student over p^ref | ii: energy model p^ref·e^f"
     )
     r.add_argument("--loss", choices=("lsif", "bce", "gkl"), help="Bregman DRE loss (bce = EDLM's NCE)")
     r.add_argument("-n", "--num-negatives", type=int, help="reference draws per noisy state")
     r.add_argument("--reference", help="strategy i: a checkpoint, ema or previous (default: the --from run)")
-    r.add_argument("--steps", type=int, help="optimizer steps (train.steps)")
-    r.add_argument(
-        "--resume", action="store_true", help="continue the run in --out from its latest checkpoint"
-    )
-    r.add_argument("--resume-from", metavar="CHECKPOINT", help="continue from this fine-tuning checkpoint")
+    add_steps_and_resume_arguments(r, "fine-tuning")
     r.add_argument(
         "--eval-examples",
         type=int,
@@ -69,37 +57,24 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
     r.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
 
 
-def _flag_values(args) -> dict:
-    return {
-        key: getattr(args, flag) for flag, key in DRE_FLAGS.items() if getattr(args, flag, None) is not None
-    }
-
-
 def resolve(args) -> tuple:
     """(config, run_dir, resume) of `tcsm finetune dre` from its arguments."""
-    from pathlib import Path
-
-    from tcsm.build.config import load_config, set_values
-    from tcsm.cli.common import default_run_dir, resume_point
+    from tcsm.cli.common import resolve_recipe
     from tcsm.errors import ConfigError
-    from tcsm.recipes.dre import dre_config
 
-    run_dir = Path(args.out) if args.out else None
     if args.num_negatives is not None and args.num_negatives < 1:
         raise ConfigError(f"--num-negatives must be >= 1, got {args.num_negatives}")
     if args.eval_examples < 0:
         raise ConfigError(f"--eval-examples must be >= 0, got {args.eval_examples}")
-    point = resume_point(args, run_dir)
-    if point is not None:
-        checkpoint, run_dir, base = point
-        cfg = set_values(load_config(args.config, args.overrides, base=base), _flag_values(args))
-        return cfg, run_dir, checkpoint
-    if not args.checkpoint:
-        raise ConfigError("give the reference run: tcsm finetune dre --from RUN_DIR (or --resume -o DIR)")
-    cfg = dre_config(args.checkpoint, args.config or "finetune-dre", args.overrides, _flag_values(args))
-    if run_dir is None:
-        run_dir = Path(cfg.train.out_dir) if cfg.train.out_dir else default_run_dir("finetune-dre")
-    return cfg, run_dir, None
+
+    def new_config(config: str, values: dict):
+        from tcsm.recipes.dre import dre_config
+
+        if not args.checkpoint:
+            raise ConfigError("give the reference run: tcsm finetune dre --from RUN_DIR (or --resume -o DIR)")
+        return dre_config(args.checkpoint, config, args.overrides, values)
+
+    return resolve_recipe(args, "finetune-dre", DRE_FLAGS, new_config)
 
 
 def _describe(report: dict) -> str:
@@ -115,22 +90,17 @@ def _describe(report: dict) -> str:
 
 
 def run(args) -> int:
-    import os
-    from pathlib import Path
+    from tcsm.cli.common import run_recipe
 
-    from omegaconf import OmegaConf
+    def report(run_dir) -> dict:
+        from tcsm.recipes.dre import dre_report
 
-    cfg, run_dir, resume = resolve(args)
-    if args.print_config:
-        print(OmegaConf.to_yaml(cfg), end="")
-        return 0
-    from tcsm.recipes.dre import dre_report
-    from tcsm.train.fit import fit
+        return dre_report(run_dir, args.eval_examples)
 
-    fit(cfg, run_dir, resume, overwrite=getattr(args, "overwrite", False))
-    print(f"run directory: {run_dir}", flush=True)
-    if args.eval_examples > 0 and int(os.environ.get("RANK", "0")) == 0:
-        report = dre_report(run_dir, args.eval_examples)
-        (Path(run_dir) / "dre_eval.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-        print(f"{report['split']} split, {args.eval_examples} sequences: {_describe(report)}", flush=True)
-    return 0
+    return run_recipe(
+        args,
+        *resolve(args),
+        report=report if args.eval_examples > 0 else None,
+        report_file="dre_eval.json",
+        describe=lambda r: f"{r['split']} split, {args.eval_examples} sequences: {_describe(r)}",
+    )

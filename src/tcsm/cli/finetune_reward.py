@@ -19,7 +19,6 @@ prompt) and their mean rewards are printed and written to `reward_eval.json`.
 from __future__ import annotations
 
 import argparse
-import json
 
 HELP = "reward fine-tuning toward p^R ∝ p_1·exp(R/β) (N^full SNIS or N^1 tilted conditionals; MATH.md §5.2)"
 
@@ -36,17 +35,10 @@ REWARD_FLAGS = {
 
 
 def add_arguments(r: argparse.ArgumentParser) -> None:
-    from tcsm.cli.common import config_help
+    from tcsm.cli.common import add_config_arguments, add_steps_and_resume_arguments
 
-    r.epilog_fn = config_help
-    r.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. optim.lr=1e-4")
     r.add_argument("-k", "--checkpoint", help="pre-trained run, checkpoints or step_* directory")
-    r.add_argument(
-        "-c", "--config", help="preset or YAML file (default: finetune-reward; with --resume: the run's)"
-    )
-    r.add_argument(
-        "-o", "--out", help="run directory (default: train.out_dir, else runs/finetune-reward-<time>)"
-    )
+    add_config_arguments(r, "finetune-reward")
     r.add_argument(
         "--reward", help="reward spec: grid | vader | profanity | hf:PATH[,label=1] | python:mod:fn"
     )
@@ -55,79 +47,55 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
     r.add_argument("--neighbourhood", choices=("full", "n1"), help="N^full (default) or N^1")
     r.add_argument("--xt-source", choices=("data", "pretrained", "model"), help="where x_t comes from")
     r.add_argument("--prompt", help="text pinned at the start of every sequence (conditioning)")
-    r.add_argument("--steps", type=int, help="optimizer steps (train.steps)")
-    r.add_argument(
-        "--resume", action="store_true", help="continue the run in --out from its latest checkpoint"
-    )
-    r.add_argument("--resume-from", metavar="CHECKPOINT", help="continue from this fine-tuning checkpoint")
+    add_steps_and_resume_arguments(r, "fine-tuning")
     r.add_argument(
         "--eval-samples", type=int, default=256, help="samples per model for the reward report (0: skip)"
     )
     r.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
 
 
-# --------------------------------------------------------------------------------------------------- config
-
-
-def _flag_values(args) -> dict:
-    return {
-        key: getattr(args, flag)
-        for flag, key in REWARD_FLAGS.items()
-        if getattr(args, flag, None) is not None
-    }
-
-
 def resolve(args) -> tuple:
     """(config, run_dir, resume) of `tcsm finetune reward` from its arguments."""
-    from pathlib import Path
-
-    from tcsm.build.config import load_config, set_values
-    from tcsm.cli.common import default_run_dir, resume_point
+    from tcsm.cli.common import resolve_recipe
     from tcsm.errors import ConfigError
-    from tcsm.recipes.reward import reward_config
 
-    run_dir = Path(args.out) if args.out else None
     if args.num_proposals is not None and args.num_proposals < 1:
         raise ConfigError(f"--num-proposals must be >= 1, got {args.num_proposals}")
     if args.beta is not None and not args.beta > 0:
         raise ConfigError(f"--beta must be > 0, got {args.beta}")
-    point = resume_point(args, run_dir)
-    if point is not None:
-        checkpoint, run_dir, base = point
-        cfg = set_values(load_config(args.config, args.overrides, base=base), _flag_values(args))
-        return cfg, run_dir, checkpoint
-    if not args.checkpoint:
-        raise ConfigError(
-            "give the pre-trained model: tcsm finetune reward --checkpoint RUN_DIR (or --resume -o DIR)"
-        )
-    cfg = reward_config(args.checkpoint, args.config or "finetune-reward", args.overrides, _flag_values(args))
-    if run_dir is None:
-        run_dir = Path(cfg.train.out_dir) if cfg.train.out_dir else default_run_dir("finetune-reward")
-    return cfg, run_dir, None
+
+    def new_config(config: str, values: dict):
+        from tcsm.recipes.reward import reward_config
+
+        if not args.checkpoint:
+            raise ConfigError(
+                "give the pre-trained model: tcsm finetune reward --checkpoint RUN_DIR (or --resume -o DIR)"
+            )
+        return reward_config(args.checkpoint, config, args.overrides, values)
+
+    return resolve_recipe(args, "finetune-reward", REWARD_FLAGS, new_config)
+
+
+def _describe(report: dict) -> str:
+    return (
+        f"mean reward over {report['num_samples']} samples: pre-trained {report['pretrained_reward_mean']:.4g} "
+        f"± {report['pretrained_reward_stderr']:.2g}, fine-tuned {report['finetuned_reward_mean']:.4g} "
+        f"± {report['finetuned_reward_stderr']:.2g}"
+    )
 
 
 def run(args) -> int:
-    import os
-    from pathlib import Path
+    from tcsm.cli.common import run_recipe
 
-    from omegaconf import OmegaConf
+    def report(run_dir) -> dict:
+        from tcsm.recipes.reward import reward_report
 
-    cfg, run_dir, resume = resolve(args)
-    if args.print_config:
-        print(OmegaConf.to_yaml(cfg), end="")
-        return 0
-    from tcsm.recipes.reward import reward_report
-    from tcsm.train.fit import fit
+        return reward_report(run_dir, args.eval_samples)
 
-    fit(cfg, run_dir, resume, overwrite=getattr(args, "overwrite", False))
-    print(f"run directory: {run_dir}", flush=True)
-    if args.eval_samples > 0 and int(os.environ.get("RANK", "0")) == 0:
-        report = reward_report(run_dir, args.eval_samples)
-        (Path(run_dir) / "reward_eval.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-        print(
-            f"mean reward over {report['num_samples']} samples: pre-trained {report['pretrained_reward_mean']:.4g} "
-            f"± {report['pretrained_reward_stderr']:.2g}, fine-tuned {report['finetuned_reward_mean']:.4g} "
-            f"± {report['finetuned_reward_stderr']:.2g}",
-            flush=True,
-        )
-    return 0
+    return run_recipe(
+        args,
+        *resolve(args),
+        report=report if args.eval_samples > 0 else None,
+        report_file="reward_eval.json",
+        describe=_describe,
+    )
