@@ -293,6 +293,38 @@ def audits(a, teacher_dir: Path, results: dict, save) -> None:
     save()
 
 
+@torch.no_grad()
+def paired_bounds(a, names, work: Path, results: dict, save) -> None:
+    """Each student's final (EMA) model on the same `--paired-seqs` held-out sequences and the same (t, x_t) draws,
+    `--paired-t` per sequence: the valid bound with its standard error, and every student's per-sequence difference
+    to the data-alone student with the standard error of that paired difference (far below the bounds' own
+    standard errors, which are mostly the spread between sequences)."""
+    if "paired" in results or "data" not in names:
+        return
+    from tcsm.build.loading import load_checkpoint
+    from tcsm.likelihood import nelbo
+
+    per = {}
+    for name in names:
+        ck = load_checkpoint(work / f"student-{name}-seed{a.seed}")
+        data, path = ck.build_data(), ck.build_path()
+        x = data.split("valid")[: a.paired_seqs].long()
+        g = torch.Generator().manual_seed(a.seed + 7)  # the same draws for every student
+        per[name] = torch.cat([nelbo(ck.model, x[s : s + 64], path, num_t=a.paired_t, generator=g) / x.shape[1]
+                               for s in range(0, x.shape[0], 64)]).double() / math.log(2)  # fmt: skip
+    out = {"sequences": int(per["data"].numel()), "num_t": a.paired_t, "step": a.student_steps, "students": {}}
+    n = per["data"].numel()
+    for name, v in per.items():
+        d = v - per["data"]
+        out["students"][name] = {
+            "bpc": float(v.mean()), "bpc_stderr": float(v.std() / math.sqrt(n)),
+            "delta_vs_data": float(d.mean()), "delta_stderr": float(d.std() / math.sqrt(n)) if name != "data" else 0.0,
+        }  # fmt: skip
+        log(f"paired {name}: {out['students'][name]}")
+    results["paired"] = out
+    save()
+
+
 # --------------------------------------------------------------------------------------------------- report
 
 
@@ -329,6 +361,14 @@ def report(results: dict) -> str:
         held = results.get("audit", {}).get("heldout_text")
         if held:
             lines.append(f"| held-out text | {held['gen_ppl']:.1f} / {held['entropy']:.2f} |")
+    pa = results.get("paired")
+    if pa:
+        lines += ["", (f"Final models on {pa['sequences']} held-out sequences × {pa['num_t']} (t, x_t) draws, the same "
+                  "draws for every student (paired):"), "", "| student | valid bound (bits/token) | Δ vs data alone (paired) |",
+                  "|---|---|---|"]  # fmt: skip
+        for name, e in pa["students"].items():
+            delta = "—" if name == "data" else f"{e['delta_vs_data']:+.3f} ± {e['delta_stderr']:.3f}"
+            lines.append(f"| {studs.get(name, {}).get('label', name)} | {e['bpc']:.3f} ± {e['bpc_stderr']:.3f} | {delta} |")
     au = results.get("audit")
     if au:
         lines += ["", "| estimator | candidates | missed mass | TV to exact | seq scores / seq (measured) | nominal | CPU s / seq |",
@@ -409,11 +449,14 @@ def parse(argv=None):
     p.add_argument("--sample-steps", default="2,4,8,16,32")
     p.add_argument("--num-samples", type=int, default=256)
     p.add_argument("--audit-seqs", type=int, default=16)
+    p.add_argument("--paired-seqs", type=int, default=1024, help="held-out sequences of the paired final comparison")
+    p.add_argument("--paired-t", type=int, default=8, help="(t, x_t) draws per sequence in the paired comparison")
     a = p.parse_args(argv)
     if a.tiny:
         a.vocab, a.seq_len, a.teacher_width, a.teacher_layers, a.teacher_steps = 300, 8, 32, 1, 20
         a.student_width, a.student_layers, a.student_steps, a.batch, a.eval_every = 32, 1, 4, 4, 2
         a.eval_seqs, a.num_t, a.sample_steps, a.num_samples, a.audit_seqs = 16, 1, "2,4", 8, 2
+        a.paired_seqs, a.paired_t = 16, 1
     return a
 
 
@@ -445,6 +488,7 @@ def main(argv=None) -> int:
     trainers = make_trainers(a, names, teacher_dir, work)
     run_rounds(a, trainers, results, save)
     del trainers
+    paired_bounds(a, names, work, results, save)
     audits(a, teacher_dir, results, save)
     final_reports(a, names, teacher_dir, work, results, save)
     print(report(results))
