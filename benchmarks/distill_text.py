@@ -387,6 +387,7 @@ def report(results: dict) -> str:
 
 def plot(results: dict, path: str) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -410,6 +411,10 @@ def plot(results: dict, path: str) -> None:
     axes[0].set(xlabel="student steps", ylabel="valid bound (bits/token)", title="held-out masked NELBO")
     axes[1].set(xlabel="sampling steps", ylabel="gen-PPL under the teacher", title="samples judged by the teacher", xscale="log", yscale="log")
     axes[2].set(xlabel="sampling steps", ylabel="unigram entropy (nats)", title="sample entropy", xscale="log", ylim=(0, None))
+    ks = sorted({int(k) for s in studs.values() for k in s.get("samples", {})})
+    for ax in axes[1:]:  # the sampling-step counts themselves as plain labels, not 2×10^0
+        ax.set_xticks(ks, [str(k) for k in ks])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     axes[0].legend(fontsize=7)
     axes[1].legend(fontsize=7)
     a = results["args"]
@@ -427,7 +432,7 @@ def parse(argv=None):
     p.add_argument("--work", default="runs/distill_text", help="directory of the teacher and student runs")
     p.add_argument("--out", default="benchmarks/results/distill_text.json", help="results JSON (also the resume state)")
     p.add_argument("--plot", default="", help="figure path (empty: none)")
-    p.add_argument("--report", action="store_true", help="print the tables of --out and exit")
+    p.add_argument("--report", action="store_true", help="print the tables of --out (and draw --plot) and exit")
     p.add_argument("--tiny", action="store_true", help="a smoke-test setting that runs in about a minute")
     p.add_argument("--students", default=",".join(STUDENTS), help=f"comma-separated subset of {list(STUDENTS)}")
     p.add_argument("--seed", type=int, default=0)
@@ -466,6 +471,8 @@ def main(argv=None) -> int:
     results = json.loads(out.read_text()) if out.is_file() else {}
     if a.report:
         print(report(results))
+        if a.plot:
+            plot(results, a.plot)
         return 0
     torch.set_num_threads(a.threads)
     names = [n.strip() for n in a.students.split(",") if n.strip()]
