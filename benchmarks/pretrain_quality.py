@@ -41,7 +41,10 @@ TEXT8_VARIANTS = {
     "tcsm-masked-distrib": (["path.source=masked", "objective.loss=distrib"], "TCSM masked L_distrib (KL)"),
     "tcsm-masked-score": (["path.source=masked", "objective.loss=score"], "TCSM masked L_score (GKL)"),
     "tcsm-uniform-distrib": (["path.source=uniform", "objective.loss=distrib"], "TCSM uniform L_distrib (KL)"),
-    "tcsm-uniform-score": (["path.source=uniform", "objective.loss=score"], "TCSM uniform L_score (GKL)"),
+    "tcsm-uniform-score": (
+        ["path.source=uniform", "objective.loss=score", "objective.kwargs.tilt=false"],
+        "TCSM uniform L_score (GKL, paper's MC estimator)",
+    ),
     "tcsm-uniform-score-tilt": (
         ["path.source=uniform", "objective.loss=score", "objective.kwargs.tilt=true"],
         "TCSM uniform L_score (GKL, kernel-tilted)",
@@ -61,7 +64,8 @@ SYNTH_VARIANTS = {
     "synthetic-uniform-distrib": (
         ["path.source=uniform", "objective.loss=distrib", "model.time_conditioning=true"], "uniform L_distrib"),
     "synthetic-uniform-score": (
-        ["path.source=uniform", "objective.loss=score", "model.time_conditioning=true"], "uniform L_score"),
+        ["path.source=uniform", "objective.loss=score", "objective.kwargs.tilt=false", "model.time_conditioning=true"],
+        "uniform L_score"),
 }
 
 

@@ -143,6 +143,25 @@ def test_tilted_mc_score_equals_tilted_exact_score_up_to_constant(kind, gen):
         assert max(d) - min(d) < 1e-9 * max(1.0, abs(d[0]))
 
 
+@pytest.mark.parametrize("kind", PATH_KINDS)
+def test_default_score_estimator_is_tilted_where_the_kernel_varies(kind):
+    """The default L_score estimator (docs/benchmarks.md "Pre-training: quality"): kernel-tilted for the uniform
+    source, the paper's untilted one for the masked source (where the two coincide), each the same value as
+    asking for it by name."""
+    V, L = 3, 2
+    path = make_path(kind, V)
+    e = Enumeration(EnumerableDistribution.random(V, L, seed=3), path, 0.7)
+    logits = e.random_table(1)[e.xt_index]
+    batch = e.data_batch()
+    default = score_loss(logits, batch, path, clamp=None)
+    named = score_loss(logits, batch, path, clamp=None, tilt=not path.kernel_flat_on_free)
+    other = score_loss(logits, batch, path, clamp=None, tilt=path.kernel_flat_on_free)
+    torch.testing.assert_close(default, named, rtol=0, atol=0)
+    assert path.kernel_flat_on_free == (kind == "masked")
+    if kind != "masked":
+        assert (default - other).abs().max() > 1e-3  # the choice is visible
+
+
 def test_tilted_uniform_score_gradient_bounded_near_t1():
     """`score_loss` tilt (MATH.md §3.4): uniform source, t → 1, x_t^i ≠ x_1^i, model = posterior of a uniform clean
     conditional (m ∝ k): the untilted κ_t-weighted gradient grows like V/(1 − t)² (1/m_z with m_z ~ (1 − t)/V),

@@ -145,7 +145,7 @@ def score_loss(
     clamp: float | None = DEFAULT_CLAMP,
     paper_scale: bool = False,
     divergence: str | BregmanGenerator | None = None,
-    tilt: bool = False,
+    tilt: bool | None = None,
 ) -> Tensor:
     """Per-position L_score [B, L] (MATH.md §3.2, §3.4): N^1 concrete-score matching with Bregman generator φ.
 
@@ -159,8 +159,10 @@ def score_loss(
     Log-probabilities are floored at `clamp` (MATH.md §8 item 6); `paper_scale=True` divides by V (§8 item 5).
     `divergence` is an alias of `bregman` (so that `Objective(divergence=...)` reaches it).
 
-    `tilt` (Monte Carlo target only; off by default so that L_score is the paper's estimator, MATH.md §7; turn it
-    on for the uniform source — `objective.kwargs.tilt=true`): the kernel-tilted estimator (k_min/k_z) ℓ_φ(m̃, z) with
+    `tilt` (Monte Carlo target only; None, the default, tilts wherever the kernel varies over clean tokens at a
+    free position — the uniform source — and uses the paper's estimator (MATH.md §7) where the tilt would be the
+    identity — the masked source; `objective.kwargs.tilt=false` selects the paper's estimator for every source, as
+    measured in docs/benchmarks.md "Pre-training: quality"): the kernel-tilted estimator (k_min/k_z) ℓ_φ(m̃, z) with
     m̃ ∝ m/k, k_y = k_t(x_t^i | y). Since q^i ∝ p_1(· | x_1^{≠i}) k (MATH.md §1.3), z ~ q^i reweighted by
     k_min/k_z is z ~ r ∝ q^i/k = p_1(· | x_1^{≠i}), so by §3.4 applied to (r, m̃) its expectation is
     R · E_{z~r} Σ_y D_φ(r_y/r_z, m̃_y/m̃_z) + C with R = Σ_z q^i_z k_min/k_z independent of θ. The loss is linear
@@ -186,7 +188,7 @@ def score_loss(
         log_w = log_q - log_q_z.unsqueeze(-1)
         value = gen.divergence_log(log_w, log_m - log_m_z.unsqueeze(-1)).sum(-1)
         value = torch.where(keep, value, torch.zeros((), dtype=value.dtype, device=value.device))
-    elif tilt:
+    elif tilt or (tilt is None and not path.kernel_flat_on_free):
         value = _tilted_mc_score(gen, rows, z, batch, path, clamp)
     else:
         value = gen.mc_score(log_m, log_m_z)

@@ -72,6 +72,9 @@ class ProbabilityPath:
     #: Whether every bound's integrand G(t, x_t) vanishes at x_t = x_1, so that the likelihood estimator
     #: need never draw the uncorrupted x_t (§2.4).
     integrand_zero_at_x1: bool = False
+    #: Whether k_t(x_t^i | y) is the same for every clean y at a free position (masked: the mask comes from any
+    #: token alike). Kernel-tilted estimators (`objectives.score_loss`, tilt) are then the untilted ones.
+    kernel_flat_on_free: bool = False
 
     def __init__(self, vocab_size: int, schedule: Schedule | None = None):
         if int(vocab_size) < 2:
@@ -166,6 +169,7 @@ class MaskedPath(ProbabilityPath):
     posterior_depends_on_t = False
     absorbing = True
     integrand_zero_at_x1 = True  # nothing masked: the carry-over model CTMC has nothing to pay
+    kernel_flat_on_free = True
 
     def __init__(self, vocab_size: int, schedule: Schedule | None = None):
         super().__init__(vocab_size, schedule)
