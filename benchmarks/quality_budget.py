@@ -36,8 +36,10 @@ from pretrain_quality import TEXT8_VARIANTS, evaluate, stats
 LN2 = math.log(2.0)
 VARIANTS = {
     **{k: v for k, v in TEXT8_VARIANTS.items()},
-    "ar": (["model.name=causal", "model.preset=small", "objective.name=clean_lm"],
-           "autoregressive transformer (same trunk size), exact NLL"),
+    # The clean-model presets are named apart from the denoiser's: clean `base` is the denoiser's `small` trunk
+    # (4 × 256, 4 heads), without the time conditioning it does not need.
+    "ar": (["model.name=causal", "model.preset=base", "objective.name=clean_lm"],
+           "autoregressive transformer (same trunk, 4 × 256), exact NLL"),
 }
 
 
