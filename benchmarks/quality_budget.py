@@ -206,7 +206,7 @@ def main(argv=None):
     results["meta"] = {"command": " ".join([os.path.basename(sys.executable), *sys.argv]), "torch": torch.__version__,
                        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores (shared)",
                        "args": {k: v for k, v in vars(args).items() if k != "variant"}}
-    results.setdefault("runs", {})[args.variant] = {k: v for k, v in state.items() if k != "test_per_sequence_nats"}
+    results.setdefault("runs", {})[args.variant] = dict(state)  # per-sequence test values kept: paired comparisons
     out.parent.mkdir(parents=True, exist_ok=True)
     _atomic_json(out, results)
     print(f"[{args.variant}] done: {state['test']}", flush=True)
