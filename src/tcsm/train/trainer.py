@@ -419,7 +419,7 @@ class Trainer:
     def check_finite(self) -> None:
         """Raise if a step since the last check had a non-finite gradient (one host sync; see `_note_finite`)."""
         if self._defer_finite_check:
-            step, loss = (float(v) for v in self._nonfinite)
+            step, loss = self._nonfinite.tolist()  # one read for both values
             if step >= 0:
                 self._raise_nonfinite(int(step), loss)
 
