@@ -62,20 +62,29 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
 
 
 def _loss_rows(logits: Tensor, batch: TargetBatch) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Logits, observed tokens and explicit target log q at loss positions only, as rows [N, V], [N], [N, V].
+    """Logits, observed tokens and explicit target log q as rows [B·L, V], [B·L], [B·L, V], with every row off the
+    loss mask replaced by a neutral one (zero logits, uniform q).
 
-    Selecting rows (rather than masking afterwards) skips the work at carry-over positions and means that
-    whatever a model emits there (even inf/NaN) reaches neither the loss nor its gradient.
+    Neutral rows rather than selected ones: selecting rows by a boolean mask reads the number of selected rows
+    back to the host, a stall on every step of an accelerator and a graph break under torch.compile. Replacing
+    them keeps what selection gave: whatever a model emits at carry-over positions (even inf/NaN) reaches neither
+    the loss nor its gradient (`_place` zeroes their values; `torch.where` passes them no gradient).
     """
-    mask = batch.loss_mask
-    rows = logits[mask].to(_compute_dtype(logits))
-    log_q = batch.log_q[mask].to(rows.dtype) if batch.explicit else None
-    return rows, batch.x1[mask], log_q
+    mask = batch.loss_mask.unsqueeze(-1)
+    V = logits.shape[-1]
+    dtype = _compute_dtype(logits)
+    rows = torch.where(mask, logits, torch.zeros((), dtype=logits.dtype, device=logits.device)).to(dtype)
+    log_q = None
+    if batch.explicit:
+        uniform = torch.full((), -math.log(V), dtype=dtype, device=logits.device)
+        log_q = torch.where(mask, batch.log_q.to(dtype), uniform).reshape(-1, V)
+    z = torch.where(batch.loss_mask, batch.x1, 0)  # ids off the mask need not be valid: never scored
+    return rows.reshape(-1, V), z.reshape(-1), log_q
 
 
 def _place(values: Tensor, mask: Tensor) -> Tensor:
-    """Scatter per-row values [N] back to [B, L], zeros off the loss mask (differentiable)."""
-    return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(mask, values)
+    """Per-row values [B·L] as [B, L], zeros off the loss mask (no gradient reaches those rows)."""
+    return torch.where(mask, values.reshape(mask.shape), torch.zeros((), dtype=values.dtype, device=values.device))
 
 
 def _floor(x: Tensor, clamp: float | None) -> Tensor:
@@ -203,7 +212,8 @@ def _tilted_mc_score(gen: BregmanGenerator, rows: Tensor, z: Tensor, batch: Targ
     The floor applies to log m̃ (what the estimator divides by), so it bounds the loss as in the untilted form.
     """
     mask = batch.loss_mask
-    log_k = path.log_kernel(batch.xt, batch.t)[mask].to(rows.dtype)
+    log_k = torch.where(mask.unsqueeze(-1), path.log_kernel(batch.xt, batch.t), 0.0)
+    log_k = log_k.reshape(rows.shape).to(rows.dtype)
     log_k = log_k - log_k.min(-1, keepdim=True).values
     log_mt = _floor(torch.log_softmax(rows - log_k, -1), clamp)
     return torch.exp(-_gather(log_k, z)) * gen.mc_score(log_mt, _gather(log_mt, z))

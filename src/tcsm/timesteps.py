@@ -27,8 +27,9 @@ def sample_times(
 def _below_one(t: Tensor, dtype: torch.dtype) -> Tensor:
     """Cast to `dtype` keeping t < 1: values within half an ulp of 1 would round to t = 1 exactly, where κ_t is
     the floored 1/tiny (~1e38 in float32) and a single such draw would swamp a κ-weighted loss."""
-    one_minus = torch.nextafter(torch.ones((), dtype=dtype), torch.zeros((), dtype=dtype))
-    return t.to(dtype).clamp_max(one_minus.to(t.device))
+    # The largest float below 1 of a binary format is 1 − eps/2, exactly; a Python scalar, so that no tensor is
+    # copied to the device (a blocking copy would stall an accelerator on every step).
+    return t.to(dtype).clamp_max(1.0 - torch.finfo(dtype).eps / 2)
 
 
 def stratified_times(
