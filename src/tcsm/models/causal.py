@@ -35,8 +35,10 @@ def _block_with_cache(block: TransformerBlock, x: Tensor, rope, past):
     attn = block.attn
     h = block.norm1(x)
     q, k, v = attn.qkv(h).split(attn.d_model, dim=-1)
-    q, k, v = attn._heads(q), attn._heads(k), attn._heads(v)
-    q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+    q, k, v = attn._heads(q), attn._heads(k), attn._heads(v)  # [B, n, H, Dh]
+    cos, sin = (r[:, None] for r in rope)
+    q, k = apply_rotary(q, cos, sin).transpose(1, 2), apply_rotary(k, cos, sin).transpose(1, 2)
+    v = v.transpose(1, 2)
     if past is not None:
         k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
     lq, lk = q.shape[2], k.shape[2]

@@ -143,12 +143,16 @@ def _rotate_half(x: Tensor) -> Tensor:
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate x[..., L, head_dim] by position: x·cos + rotate_half(x)·sin (cos/sin are [L, head_dim]).
+    """Rotate x[..., L, head_dim] by position: x·cos + rotate_half(x)·sin (cos/sin are [L, head_dim], or any
+    shape broadcastable to x, e.g. [L, 1, head_dim] for x laid out [B, L, heads, head_dim]).
 
     Callers that rotate many tensors pass tables already in x's dtype (`RotaryEmbedding(..., dtype=)`), so the
-    casts below are no-ops on the hot path."""
+    casts below are no-ops on the hot path. rotate_half(x) = [x2, x1]·(−1 on the first half), so the sign moves
+    onto the small table and x passes through three kernels (cat, mul, addcmul) instead of five."""
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    return x * cos + _rotate_half(x) * sin
+    x1, x2 = x.chunk(2, dim=-1)
+    s1, s2 = sin.chunk(2, dim=-1)
+    return torch.addcmul(x * cos, torch.cat([x2, x1], dim=-1), torch.cat([-s1, s2], dim=-1))
 
 
 # --- attention and MLP -----------------------------------------------------------------------------------
@@ -216,7 +220,7 @@ class MultiHeadAttention(nn.Module):
 
     def _heads(self, x: Tensor) -> Tensor:
         b, n, _ = x.shape
-        return x.view(b, n, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, n, Dh]
+        return x.view(b, n, self.n_heads, self.head_dim)  # [B, n, H, Dh]
 
     def forward(
         self,
@@ -227,17 +231,25 @@ class MultiHeadAttention(nn.Module):
         kv: Tensor | None = None,
         rope_kv: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
+        # Rotary embedding in the projections' own [B, n, H, Dh] layout (rows contiguous), q and k of
+        # self-attention in one call; the [B, H, n, Dh] view SDPA takes is made afterwards. Rotating after the
+        # transpose made the element-wise work strided: on a GPU, 2.5 × the hand-written loop's non-matmul time.
         if kv is None:
-            q, k, v = self.qkv(x).split(self.d_model, dim=-1)
+            b, n, _ = x.shape
+            qkv = self.qkv(x).view(b, n, 3, self.n_heads, self.head_dim)
+            qk, v = qkv[:, :, :2], qkv[:, :, 2]
+            if rope is not None:
+                qk = apply_rotary(qk, *(r[:n, None, None] for r in rope))
+            q, k = qk.unbind(2)
         else:
             w_q, w_kv = self.qkv.weight.split([self.d_model, 2 * self.d_model], dim=0)
-            q = F.linear(x, w_q)
-            k, v = F.linear(kv, w_kv).split(self.d_model, dim=-1)
-        q, k, v = self._heads(q), self._heads(k), self._heads(v)
-        if rope is not None:
-            rk = rope_kv if rope_kv is not None else rope
-            q = apply_rotary(q, rope[0][: q.shape[2]], rope[1][: q.shape[2]])
-            k = apply_rotary(k, rk[0][: k.shape[2]], rk[1][: k.shape[2]])
+            q = self._heads(F.linear(x, w_q))
+            k, v = (self._heads(h) for h in F.linear(kv, w_kv).split(self.d_model, dim=-1))
+            if rope is not None:
+                rk = rope_kv if rope_kv is not None else rope
+                q = apply_rotary(q, *(r[: q.shape[1], None] for r in rope))
+                k = apply_rotary(k, *(r[: k.shape[1], None] for r in rk))
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, n, Dh]
         lq, lk = q.shape[2], k.shape[2]
         if is_causal and (attn_mask is not None or lq != lk):
             # SDPA rejects is_causal together with a mask, and aligns its causal mask top-left when lq != lk
