@@ -112,11 +112,11 @@ def run(args) -> int:
         data=data.label,
         precision=args.precision,
     )
-    result = jsonable(result)
+    strict = jsonable(result)  # JSON has no inf; the printed line keeps a diverged model's "inf" perplexity
     if args.output:
-        write_atomically(args.output, json.dumps(result, indent=1))
+        write_atomically(args.output, json.dumps(strict, indent=1))
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(strict))
     else:
         print(f"{ckpt.directory} (step {ckpt.step}, {ckpt.weights} weights) on {data.label} {e.split}:")
         print(f"  {format_bound(result)}")
