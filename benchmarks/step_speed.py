@@ -81,18 +81,21 @@ class HandWritten(nn.Module):
         return self.head(self.ln(x)).float()
 
 
-def hand_written_step(batches, precision):
-    model = HandWritten()
+def hand_written_step(batches, precision, model=None, device="cpu", compile_model=False):
+    """The loop a user would write; `batches` yields clean [B, L] ids on `device`."""
+    model = (model or HandWritten()).to(device)
+    forward = torch.compile(model) if compile_model else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     it = iter(batches)
+    device_type = torch.device(device).type
 
     def step():
         x1 = next(it)
-        t = torch.rand(x1.shape[0]).clamp_min(1e-3)
-        masked = torch.rand(x1.shape) < (1 - t)[:, None]  # linear schedule: α_t = t
+        t = torch.rand(x1.shape[0], device=device).clamp_min(1e-3)
+        masked = torch.rand(x1.shape, device=device) < (1 - t)[:, None]  # linear schedule: α_t = t
         xt = torch.where(masked, V, x1)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            logits = model(xt, t)
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+            logits = forward(xt, t)
         nll = F.cross_entropy(logits.transpose(1, 2), x1, reduction="none")
         loss = ((nll * masked).sum(1) / t).mean() / x1.shape[1]
         loss.backward()
