@@ -53,15 +53,21 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
 def sequence_log_ratio(logits: Tensor, ref_logits: Tensor, x1: Tensor, loss_mask: Tensor) -> Tensor:
     """Δ = Σ_{i: loss_mask} [log m^θ_i(x1^i) − log m^ref_i(x1^i)] per sequence [B] (MATH.md §5.1 strategy (i), §5.3).
 
-    Only the rows at `loss_mask` are normalised, so whatever either model emits elsewhere (carry-over and prompt
-    positions, even inf / NaN) reaches neither Δ nor its gradient.
+    Rows off `loss_mask` are replaced by neutral ones and their terms zeroed, so whatever either model emits there
+    (carry-over and prompt positions, even inf / NaN) reaches neither Δ nor its gradient — without selecting rows,
+    which would read their count back to the host on every step of an accelerator.
     """
     dtype = _compute_dtype(logits)
-    rows = torch.log_softmax(logits[loss_mask].to(dtype), -1)
-    ref_rows = torch.log_softmax(ref_logits[loss_mask].to(dtype), -1)
-    z = x1[loss_mask].unsqueeze(-1)
+    rows = torch.log_softmax(_neutral(logits, loss_mask).to(dtype), -1)
+    ref_rows = torch.log_softmax(_neutral(ref_logits, loss_mask).to(dtype), -1)
+    z = torch.where(loss_mask, x1, 0).unsqueeze(-1)
     per = (rows.gather(-1, z) - ref_rows.gather(-1, z)).squeeze(-1)
-    return torch.zeros(loss_mask.shape, dtype=dtype, device=per.device).masked_scatter(loss_mask, per).sum(-1)
+    return torch.where(loss_mask, per, 0.0).sum(-1)
+
+
+def _neutral(logits: Tensor, mask: Tensor) -> Tensor:
+    """`logits` [B, L, V] with the rows off `mask` [B, L] set to zero (finite, and passing no gradient)."""
+    return torch.where(mask.unsqueeze(-1), logits, logits.new_zeros(()))
 
 
 def paper_preference_loss(delta_w: Tensor, delta_l: Tensor, beta: float) -> Tensor:
@@ -314,12 +320,12 @@ class PreferenceObjective:
 
 
 def _masked_kl(logits: Tensor, ref_logits: Tensor, mask: Tensor) -> Tensor:
-    """Σ_{i: mask} KL(m^θ_i ‖ m^ref_i) per sequence [B] (rows off the mask are never touched)."""
+    """Σ_{i: mask} KL(m^θ_i ‖ m^ref_i) per sequence [B] (rows off the mask reach neither value nor gradient)."""
     dtype = _compute_dtype(logits)
-    lp = torch.log_softmax(logits[mask].to(dtype), -1)
-    lr = torch.log_softmax(ref_logits[mask].to(dtype), -1)
+    lp = torch.log_softmax(_neutral(logits, mask).to(dtype), -1)
+    lr = torch.log_softmax(_neutral(ref_logits, mask).to(dtype), -1)
     per = (lp.exp() * (lp - lr)).sum(-1)
-    return torch.zeros(mask.shape, dtype=dtype, device=per.device).masked_scatter(mask, per).sum(-1)
+    return torch.where(mask, per, 0.0).sum(-1)
 
 
 def _stderr(x: Tensor) -> float:
