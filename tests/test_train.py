@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from omegaconf import read_write
 from train_helpers import (  # noqa: F401
     ROOT,
     assert_same_weights,
@@ -93,6 +94,16 @@ def test_in_process_resume_is_exact(tmp_path):
     assert summary["step"] == 6
     for which in ("model", "ema"):
         assert_same_weights(final_weights(tmp_path / "full", which), final_weights(tmp_path / "part", which))
+
+
+def test_a_trainer_fit_again_with_more_steps_keeps_logging(tmp_path):
+    # fit() closes the logs when it returns; extending train.steps and fitting again (as a chunked benchmark does)
+    # must append to them, not drop every later row silently.
+    trainer, _ = _fit(tmp_path, "train.steps=3")
+    with read_write(trainer.cfg):
+        trainer.cfg.train.steps = 5
+    trainer.fit()
+    assert [r["step"] for r in read_metrics(tmp_path) if r["kind"] == "train"] == [1, 2, 3, 4, 5]
 
 
 def test_resume_refuses_a_different_architecture_or_seed(tmp_path):

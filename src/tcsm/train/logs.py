@@ -25,19 +25,28 @@ class RunLogger:
         tensorboard: bool = True,
         resume_step: int | None = None,
     ):
-        self.enabled = enabled and run_dir is not None
+        self.wanted = enabled and run_dir is not None
+        self.enabled = False  # True while the files are open
         self.run_dir = Path(run_dir) if run_dir is not None else None
+        self._tensorboard = tensorboard
         self._tb = None
-        if not self.enabled:
+        if not self.wanted:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if resume_step is not None:
             for name in ("metrics.jsonl", "samples.jsonl"):
                 trim_rows(self.run_dir / name, resume_step)
+        self.open()
+
+    def open(self) -> None:
+        """(Re)open the logs for appending: a Trainer whose `fit` returned (and closed them) can fit further."""
+        if not self.wanted or self.enabled:
+            return
         # Appending keeps the history of a resumed run; readers keep the last row per (kind, step).
         self._metrics = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
         self._samples = open(self.run_dir / "samples.jsonl", "a", encoding="utf-8")  # noqa: SIM115
-        if tensorboard:
+        self.enabled = True
+        if self._tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:  # optional dependency (tcsm[log]); the jsonl log has everything
@@ -73,6 +82,7 @@ class RunLogger:
         self._samples.close()
         if self._tb is not None:
             self._tb.close()
+            self._tb = None
         self.enabled = False
 
 

@@ -544,6 +544,8 @@ class Trainer:
         if env.is_main:
             from tcsm.models import count_parameters
 
+            self.logger.open()  # closed when an earlier fit of this trainer returned
+
             self._print(
                 f"{self.data.summary()}\nmodel: {count_parameters(self.model) / 1e6:.2f}M parameters, "
                 f"{self.path.kind} path, {self.precision}, device {self.device}, {env.world_size} process(es), "
