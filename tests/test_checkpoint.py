@@ -14,6 +14,7 @@ from train_helpers import final_weights, restore_torch_threads, tiny  # noqa: F4
 from tcsm.build.config import load_config
 from tcsm.build.loading import load_checkpoint
 from tcsm.checkpoint import (
+    _sha256,
     list_checkpoints,
     pack,
     read_state,
@@ -160,3 +161,35 @@ def test_load_checkpoint_public_api_and_architecture_check(tmp_path):
         load_checkpoint(tmp_path, overrides=["path.source=uniform"])
     # eval settings may change freely
     assert load_checkpoint(tmp_path, overrides=["eval.num_t=3"]).config.eval.num_t == 3
+
+
+def test_a_checkpoint_saved_before_the_activation_field_rebuilds_its_tanh_gelu(tmp_path):
+    cfg = load_config("synthetic", tiny("train.steps=2", "train.eval_every=0", "train.sample_every=0", "sample.num=0"))
+    Trainer.from_config(cfg, tmp_path, log=lambda s: None).fit()
+    assert load_checkpoint(tmp_path).model.cfg.activation == "gelu"  # new runs: exact GELU
+    step_dir = tmp_path / "checkpoints" / "step_00000002"
+    meta = json.loads((step_dir / "state.json").read_text())
+    del meta["state"]["config"]["model"]["activation"]  # as written before the field existed
+    (step_dir / "state.json").write_text(json.dumps(meta))
+    manifest = json.loads((step_dir / "manifest.json").read_text())
+    manifest["files"]["state.json"] = {"sha256": _sha256(step_dir / "state.json"),
+                                       "bytes": (step_dir / "state.json").stat().st_size}
+    (step_dir / "manifest.json").write_text(json.dumps(manifest))
+    old = load_checkpoint(tmp_path)
+    assert old.model.cfg.activation == "gelu_tanh" and old.model.blocks[0].mlp.approximate == "tanh"
+    x = torch.full((2, 16), old.build_path().mask_id)
+    t = torch.rand(2)
+    with pytest.raises(CheckpointError, match="model.activation"):  # part of the architecture
+        load_checkpoint(tmp_path, overrides=["model.activation=gelu"])
+    from tcsm.models import build_denoiser
+
+    exact = build_denoiser({**old.model.cfg.to_dict(), "activation": "gelu"}).eval()
+    exact.load_state_dict(old.model.state_dict())  # the same weights, the other function
+    assert not torch.equal(old.model(x, t), exact(x, t))
+
+
+def test_the_activation_is_checked():
+    from tcsm.models import build_denoiser
+
+    with pytest.raises(ValueError, match="activation"):
+        build_denoiser("tiny", vocab_size=4, num_states=5, activation="relu")

@@ -350,9 +350,23 @@ def read_state(directory: str | os.PathLike) -> tuple[int, dict]:
     try:
         meta = json.loads((d / "state.json").read_text(encoding="utf-8"))
         tensors = load_file(str(d / "state.safetensors"))
-        return int(meta["step"]), unpack(meta["state"], tensors)
+        step, state = int(meta["step"]), unpack(meta["state"], tensors)
     except (OSError, ValueError, KeyError, SafetensorError) as e:
         raise CheckpointError(f"checkpoint {str(d)!r} has an unreadable state: {e}") from None
+    _migrate_config(state.get("config") if isinstance(state, dict) else None)
+    return step, state
+
+
+def _migrate_config(config: dict | None) -> None:
+    """Saved configs from before a model field existed get the value those models were trained with, so that
+    they rebuild the same function rather than the new default."""
+    model = config.get("model") if isinstance(config, dict) else None
+    if not isinstance(model, dict):
+        return
+    # An energy run's config describes its reference denoiser too.
+    for node in (model, model.get("reference_model")):
+        if isinstance(node, dict) and node and node.get("name", "denoiser") == "denoiser" and "activation" not in node:
+            node["activation"] = "gelu_tanh"  # the denoiser's MLP before `activation` (default now exact GELU)
 
 
 def read_weights(directory: str | os.PathLike, ema: bool = False, device="cpu") -> dict[str, torch.Tensor]:

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = [
+    "ACTIVATIONS",
     "MLP",
     "LayerNorm",
     "MultiHeadAttention",
@@ -274,18 +275,26 @@ class MultiHeadAttention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(b, n, self.d_model))
 
 
-class MLP(nn.Module):
-    """Position-wise feed-forward: Linear(d → r·d) → GELU(tanh) → Linear(r·d → d)."""
+# MLP nonlinearities by name: "gelu" is exact (erf); "gelu_tanh" its tanh approximation (DiT / SEDD / MDLM), which
+# on a CPU in bf16 costs 5× the exact one (PyTorch's kernel: 4.1 vs 0.8 ms forward for 2M elements, one thread).
+ACTIVATIONS = ("gelu", "gelu_tanh")
 
-    def __init__(self, d_model: int, mlp_ratio: float = 4, dropout: float = 0.0):
+
+class MLP(nn.Module):
+    """Position-wise feed-forward: Linear(d → r·d) → GELU (`activation`, one of ACTIVATIONS) → Linear(r·d → d)."""
+
+    def __init__(self, d_model: int, mlp_ratio: float = 4, dropout: float = 0.0, activation: str = "gelu_tanh"):
         super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {activation!r}; choose one of {list(ACTIVATIONS)}")
         hidden = round(mlp_ratio * d_model)
         self.fc = nn.Linear(d_model, hidden, bias=True)
         self.proj = nn.Linear(hidden, d_model, bias=True)
         self.drop = nn.Dropout(dropout)
+        self.approximate = "tanh" if activation == "gelu_tanh" else "none"
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.proj(self.drop(F.gelu(self.fc(x), approximate="tanh")))
+        return self.proj(self.drop(F.gelu(self.fc(x), approximate=self.approximate)))
 
 
 # --- conditioning ---------------------------------------------------------------------------------------
@@ -361,13 +370,14 @@ class TransformerBlock(nn.Module):
         causal: bool = False,
         norm: str = "layernorm",
         kernel: str = "auto",
+        activation: str = "gelu_tanh",
     ):
         super().__init__()
         self.causal = bool(causal)
         self.norm1 = make_norm(norm, d_model)
         self.attn = MultiHeadAttention(d_model, n_heads, dropout, kernel)
         self.norm2 = make_norm(norm, d_model)
-        self.mlp = MLP(d_model, mlp_ratio, dropout)
+        self.mlp = MLP(d_model, mlp_ratio, dropout, activation)
         self.drop = nn.Dropout(dropout)
         self.cond_dim = cond_dim
         if cond_dim is not None:
