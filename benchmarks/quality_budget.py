@@ -54,7 +54,9 @@ def overrides(args, variant: str, steps: int) -> list[str]:
     ]
     extra = VARIANTS[variant][0]
     if variant != "ar":
-        base.append("model.time_conditioning=true")
+        # The table's denoisers were trained with the tanh GELU (the default before `model.activation`); pinned so
+        # that a rerun or a resumed run computes the same function.
+        base += ["model.time_conditioning=true", "model.activation=gelu_tanh"]
     return base + extra
 
 
