@@ -204,11 +204,9 @@ def report(res):
     n = res.get("numerics", {})
     if n:
         b32, b16 = n["valid_bound_fp32"], n["valid_bound_bf16"]
-        key = next((k for k in ("bpc", "bits_per_token") if k in b32), None)
         lines += ["", f"Flash SDPA usable for the model's attention: {res['flash']}."]
-        if key:
-            lines.append(f"Validation bound of the partly trained tcsm model ({a['eval_examples']} sequences): "
-                         f"fp32 {b32[key]:.4f}, bf16 {b16[key]:.4f} {key}.")
+        lines.append(f"Validation bound of the partly trained tcsm model ({a['eval_examples']} sequences): "
+                     f"fp32 {b32['bpc']:.4f}, bf16 {b16['bpc']:.4f} bpc.")
         if "kl_fp32_bf16_nats_per_token" in n:
             kl = n["kl_fp32_bf16_nats_per_token"]
             lines.append(f"KL(p_fp32 ‖ p_bf16) per token: mean {kl['mean']:.2e}, max {kl['max']:.2e} nats; "

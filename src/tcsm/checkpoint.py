@@ -365,7 +365,8 @@ def _migrate_config(config: dict | None) -> None:
         return
     # An energy run's config describes its reference denoiser too.
     for node in (model, model.get("reference_model")):
-        if isinstance(node, dict) and node and node.get("name", "denoiser") == "denoiser" and "activation" not in node:
+        is_denoiser = isinstance(node, dict) and node and node.get("name", "denoiser") == "denoiser"
+        if is_denoiser and "activation" not in node:
             node["activation"] = "gelu_tanh"  # the denoiser's MLP before `activation` (default now exact GELU)
 
 

@@ -40,6 +40,7 @@ __all__ = [
     "distrib_loss",
     "get_loss",
     "get_weighting",
+    "neutral_rows",
     "reduce_loss",
     "score_loss",
 ]
@@ -70,21 +71,26 @@ def _loss_rows(logits: Tensor, batch: TargetBatch) -> tuple[Tensor, Tensor, Tens
     them keeps what selection gave: whatever a model emits at carry-over positions (even inf/NaN) reaches neither
     the loss nor its gradient (`_place` zeroes their values; `torch.where` passes them no gradient).
     """
-    mask = batch.loss_mask.unsqueeze(-1)
     V = logits.shape[-1]
     dtype = _compute_dtype(logits)
-    rows = torch.where(mask, logits, torch.zeros((), dtype=logits.dtype, device=logits.device)).to(dtype)
+    rows = neutral_rows(logits, batch.loss_mask).to(dtype)
     log_q = None
     if batch.explicit:
         uniform = torch.full((), -math.log(V), dtype=dtype, device=logits.device)
-        log_q = torch.where(mask, batch.log_q.to(dtype), uniform).reshape(-1, V)
+        log_q = torch.where(batch.loss_mask.unsqueeze(-1), batch.log_q.to(dtype), uniform).reshape(-1, V)
     z = torch.where(batch.loss_mask, batch.x1, 0)  # ids off the mask need not be valid: never scored
     return rows.reshape(-1, V), z.reshape(-1), log_q
 
 
+def neutral_rows(logits: Tensor, mask: Tensor) -> Tensor:
+    """`logits` [B, L, V] with the rows off `mask` [B, L] set to zero: finite whatever the model emitted there, and
+    passing it no gradient (shared by every loss that must ignore carry-over positions without selecting rows)."""
+    return torch.where(mask.unsqueeze(-1), logits, logits.new_zeros(()))
+
+
 def _place(values: Tensor, mask: Tensor) -> Tensor:
     """Per-row values [B·L] as [B, L], zeros off the loss mask (no gradient reaches those rows)."""
-    return torch.where(mask, values.reshape(mask.shape), torch.zeros((), dtype=values.dtype, device=values.device))
+    return torch.where(mask, values.reshape(mask.shape), values.new_zeros(()))
 
 
 def _floor(x: Tensor, clamp: float | None) -> Tensor:

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from tcsm.batch import Batch, as_batch
 from tcsm.likelihood import nelbo_integrand, resolve_bound, summarise_nats
-from tcsm.objectives import get_weighting
+from tcsm.objectives import get_weighting, neutral_rows
 from tcsm.paths import ProbabilityPath
 from tcsm.timesteps import sample_times, stratified_times
 
@@ -58,17 +58,11 @@ def sequence_log_ratio(logits: Tensor, ref_logits: Tensor, x1: Tensor, loss_mask
     which would read their count back to the host on every step of an accelerator.
     """
     dtype = _compute_dtype(logits)
-    rows = torch.log_softmax(_neutral(logits, loss_mask).to(dtype), -1)
-    ref_rows = torch.log_softmax(_neutral(ref_logits, loss_mask).to(dtype), -1)
+    rows = torch.log_softmax(neutral_rows(logits, loss_mask).to(dtype), -1)
+    ref_rows = torch.log_softmax(neutral_rows(ref_logits, loss_mask).to(dtype), -1)
     z = torch.where(loss_mask, x1, 0).unsqueeze(-1)
     per = (rows.gather(-1, z) - ref_rows.gather(-1, z)).squeeze(-1)
     return torch.where(loss_mask, per, 0.0).sum(-1)
-
-
-def _neutral(logits: Tensor, mask: Tensor) -> Tensor:
-    """`logits` [B, L, V] with the rows off `mask` [B, L] set to zero (finite, and passing no gradient)."""
-    return torch.where(mask.unsqueeze(-1), logits, logits.new_zeros(()))
-
 
 def paper_preference_loss(delta_w: Tensor, delta_l: Tensor, beta: float) -> Tensor:
     """softplus(−(Δ_w − log β)) + softplus(Δ_l − log β): BCE with r = p^θ / (β p^ref) (MATH.md §5.3, `alg:dpo`)."""
@@ -322,8 +316,8 @@ class PreferenceObjective:
 def _masked_kl(logits: Tensor, ref_logits: Tensor, mask: Tensor) -> Tensor:
     """Σ_{i: mask} KL(m^θ_i ‖ m^ref_i) per sequence [B] (rows off the mask reach neither value nor gradient)."""
     dtype = _compute_dtype(logits)
-    lp = torch.log_softmax(_neutral(logits, mask).to(dtype), -1)
-    lr = torch.log_softmax(_neutral(ref_logits, mask).to(dtype), -1)
+    lp = torch.log_softmax(neutral_rows(logits, mask).to(dtype), -1)
+    lr = torch.log_softmax(neutral_rows(ref_logits, mask).to(dtype), -1)
     per = (lp.exp() * (lp - lr)).sum(-1)
     return torch.where(mask, per, 0.0).sum(-1)
 
