@@ -2,7 +2,7 @@
 
 Question: does a diffusion student distilled from an autoregressive teacher learn faster, at equal student
 steps, than the same student trained on data alone — and do its samples look likely to the teacher at few
-sampling steps? What runs, all through the library (`tcsm.recipes.distill`, the Trainer):
+sampling steps? What runs, all through the library (`tcsm.posttrain.distill.recipe`, the Trainer):
 
 1. Data: the first 2 MiB of TinyStories train (../shared/data/tinystories), a byte-level BPE trained on its
    first 95% (`--vocab` tokens), stories joined with EOS, `--seq-len`-token chunks; the last 5% is held out.
@@ -81,7 +81,7 @@ def common_train(a, steps: int, batch: int) -> list[str]:
 
 
 def teacher_config(a):
-    from tcsm.build.config import load_config
+    from tcsm.builders.config import load_config
 
     over = [
         "model.name=causal", "model.preset=small", f"model.d_model={a.teacher_width}", f"model.n_layers={a.teacher_layers}",
@@ -93,7 +93,7 @@ def teacher_config(a):
 
 
 def student_config(a, name: str, teacher_dir: Path):
-    from tcsm.recipes.distill import distill_config
+    from tcsm.posttrain.distill.recipe import distill_config
 
     over = [
         "model.preset=tiny", f"model.d_model={a.student_width}", f"model.n_layers={a.student_layers}", "model.n_heads=4",
@@ -117,7 +117,7 @@ def train_teacher(a, work: Path, results: dict) -> Path:
         w0, c0 = clock()
         summary = fit(teacher_config(a), run, resume=True if (run / "checkpoints").exists() else None, log=log)
         w1, c1 = clock()
-        from tcsm.build.loading import load_checkpoint
+        from tcsm.builders.loading import load_checkpoint
 
         ck = load_checkpoint(run)
         results["teacher"] = {
@@ -210,7 +210,7 @@ def run_rounds(a, trainers: dict, results: dict, save) -> None:
 
 
 def final_reports(a, names, teacher_dir: Path, work: Path, results: dict, save) -> None:
-    from tcsm.recipes.distill import distill_report
+    from tcsm.posttrain.distill.recipe import distill_report
 
     steps = [int(s) for s in a.sample_steps.split(",")]
     for name in names:
@@ -233,10 +233,11 @@ def audits(a, teacher_dir: Path, results: dict, save) -> None:
     per-sequence costs, and the held-out text's own gen-PPL / entropy under the teacher."""
     if "audit" in results:
         return
-    from tcsm.build.distill import inspect_teacher, load_distill_teacher
-    from tcsm.build.loading import load_checkpoint
+    from tcsm.builders.loading import load_checkpoint
     from tcsm.evaluation.genppl import sample_entropy
-    from tcsm.recipes.distill import teacher_nll
+    from tcsm.posttrain.distill.builder import inspect_teacher, load_distill_teacher
+    from tcsm.posttrain.distill.ngram import RightContextNgram
+    from tcsm.posttrain.distill.recipe import teacher_nll
     from tcsm.targets.ar import (
         ExactARScore,
         TaylorARScore,
@@ -245,7 +246,6 @@ def audits(a, teacher_dir: Path, results: dict, save) -> None:
         missed_mass,
         total_variation,
     )
-    from tcsm.targets.ngram import RightContextNgram
 
     ck = load_checkpoint(teacher_dir)
     data = ck.build_data()
@@ -301,7 +301,7 @@ def paired_bounds(a, names, work: Path, results: dict, save) -> None:
     standard errors, which are mostly the spread between sequences)."""
     if "paired" in results or "data" not in names:
         return
-    from tcsm.build.loading import load_checkpoint
+    from tcsm.builders.loading import load_checkpoint
     from tcsm.likelihood import nelbo
 
     per = {}

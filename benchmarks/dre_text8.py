@@ -24,12 +24,13 @@ from pathlib import Path
 
 import torch
 
-from tcsm.build.config import load_config
-from tcsm.build.loading import load_checkpoint, load_reference_lm
-from tcsm.energy_likelihood import evaluate_energy_estimate
+from tcsm.builders.config import load_config
+from tcsm.builders.loading import load_checkpoint, load_reference_lm
 from tcsm.evaluation import generative_perplexity, sample_entropy
-from tcsm.recipes.dre import dre_config
-from tcsm.sampling import may_cache, sample, sample_sir
+from tcsm.posttrain.dre.likelihood import evaluate_energy_estimate
+from tcsm.posttrain.dre.recipe import dre_config
+from tcsm.posttrain.dre.sir import sample_sir
+from tcsm.sampling import may_cache, sample
 from tcsm.train.fit import fit
 
 TEXT8 = "../shared/data/text8/text8_prefix.txt.gz"

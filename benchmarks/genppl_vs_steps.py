@@ -29,7 +29,7 @@ def _data(seq_len: int) -> dict:
 
 
 def _train(base: dict, run_dir: Path, log) -> Path:
-    from tcsm.build.config import load_config
+    from tcsm.builders.config import load_config
     from tcsm.train.trainer import Trainer
 
     if (run_dir / "checkpoints").is_dir():
@@ -97,7 +97,7 @@ def main() -> None:
     def log(msg: str) -> None:
         print(msg, flush=True)
 
-    from tcsm.build.loading import load_checkpoint, load_reference_lm
+    from tcsm.builders.loading import load_checkpoint, load_reference_lm
     from tcsm.evaluation import generative_perplexity, sample_entropy
     from tcsm.evaluation.report import plot_genppl_vs_steps, write_report
     from tcsm.sampling import may_cache, sample

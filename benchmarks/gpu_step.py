@@ -47,7 +47,7 @@ def sync(device):
 
 
 def build_trainer(args, compile_model: bool):
-    from tcsm.build import load_config
+    from tcsm.builders import load_config
     from tcsm.train import Trainer
 
     cfg = load_config("text8-paper", [

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from tcsm.build.loading import load_checkpoint
+from tcsm.builders.loading import load_checkpoint
 from tcsm.objectives import Objective
 
 

@@ -75,7 +75,7 @@ def teacher_config(family: str, a) -> dict:
 
 
 def train_teacher(family: str, a, work: Path) -> dict:
-    from tcsm.build.config import load_config
+    from tcsm.builders.config import load_config
     from tcsm.train.trainer import Trainer
 
     run = work / f"teacher-{family}"
@@ -211,7 +211,7 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown targets {unknown}; choose from {TARGETS}")
 
-    from tcsm.build.targets import load_teacher
+    from tcsm.builders.targets import load_teacher
     from tcsm.data import build_data
     from tcsm.objectives import Objective
     from tcsm.paths import MaskedPath

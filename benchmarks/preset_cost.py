@@ -48,7 +48,7 @@ def _common(device: str, threads: int) -> list[str]:
 
 def prerequisite(preset: str, work: Path, device: str, threads: int) -> Path:
     """A one-step run of `preset` in `work` (reused when it is there)."""
-    from tcsm.build.config import load_config
+    from tcsm.builders.config import load_config
     from tcsm.train.trainer import Trainer
 
     run = work / preset
@@ -59,7 +59,7 @@ def prerequisite(preset: str, work: Path, device: str, threads: int) -> Path:
 
 
 def build(name: str, device: str, threads: int, work: Path):
-    from tcsm.build.config import load_config
+    from tcsm.builders.config import load_config
     from tcsm.train.trainer import Trainer
 
     overrides = _common(device, threads)
@@ -68,7 +68,7 @@ def build(name: str, device: str, threads: int, work: Path):
         teacher = prerequisite("clean-" + name.split("[")[1].rstrip("]"), work, device, threads)
         cfg = load_config(preset, overrides + [f"target.teacher={teacher}"])
     elif preset == "finetune-grid":
-        from tcsm.recipes.reward import reward_config
+        from tcsm.posttrain.reward.recipe import reward_config
 
         cfg = reward_config(prerequisite("demo-grid", work, device, threads), preset, overrides)
     else:

@@ -134,7 +134,7 @@ def stats(nats: list[float]) -> dict:
 def run_variant(name, suite, overrides, label, args, out_root):
     from omegaconf import OmegaConf
 
-    from tcsm.build.config import load_config
+    from tcsm.builders.config import load_config
     from tcsm.likelihood import BOUNDS
     from tcsm.train.trainer import Trainer
 

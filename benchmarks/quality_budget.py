@@ -82,7 +82,7 @@ def score(trainer, data, args, *, num_t: int, seed: int) -> dict:
 
 
 def run(args) -> dict:
-    from tcsm.build.config import load_config
+    from tcsm.builders.config import load_config
     from tcsm.train.trainer import Trainer
 
     run_dir = Path(args.runs) / args.variant

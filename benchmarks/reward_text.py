@@ -116,7 +116,7 @@ def prepare_data(work: Path, tokenizer: str, seq_len: int, vocab_size: int) -> d
 
 
 def pretrain_config(data: dict, args):
-    from tcsm.build.config import load_config
+    from tcsm.builders.config import load_config
 
     L = data["seq_len"]
     over = [
@@ -155,7 +155,7 @@ def pretrain_config(data: dict, args):
 
 
 def causal_config(data: dict, args):
-    from tcsm.build.config import load_config
+    from tcsm.builders.config import load_config
 
     over = [
         "model.name=causal",
@@ -184,7 +184,7 @@ def causal_config(data: dict, args):
 
 
 def finetune_config(pre_dir: Path, B: int, beta: float, args):
-    from tcsm.recipes.reward import reward_config
+    from tcsm.posttrain.reward.recipe import reward_config
 
     over = [
         f"train.steps={args.finetune_steps}",
@@ -228,7 +228,7 @@ class Judge:
     """VADER reward and continuation gen-PPL under the project's causal reference LM."""
 
     def __init__(self, ref_model, data, prompt_len: int):
-        from tcsm.rewards import make_reward
+        from tcsm.posttrain.reward.rewards import make_reward
 
         self.ref, self.data, self.P = ref_model.eval(), data, prompt_len
         self.reward = make_reward("vader", decode=data.decode)
@@ -245,7 +245,7 @@ class Judge:
         return torch.cat(out).double()
 
     def score(self, x: torch.Tensor) -> dict:
-        from tcsm.rewards import evaluate_reward
+        from tcsm.posttrain.reward.rewards import evaluate_reward
 
         r = evaluate_reward(self.reward, x).double()
         nll = self.nll(x)
@@ -397,7 +397,7 @@ def main(argv=None) -> int:
     wall["pretrain_s"] = train_or_resume(pretrain_config(data_cfg, args), work / "pretrain")
     wall["reference_s"] = train_or_resume(causal_config(data_cfg, args), work / "reference")
 
-    from tcsm.build.loading import load_checkpoint
+    from tcsm.builders.loading import load_checkpoint
 
     pre = load_checkpoint(work / "pretrain")
     ref = load_checkpoint(work / "reference")

@@ -131,8 +131,8 @@ def test_gradient_flows_under_bf16_autocast():
 
 
 def test_selected_from_a_run_config():
-    from tcsm.build.components import build_components
-    from tcsm.build.config import load_config
+    from tcsm.builders.components import build_components
+    from tcsm.builders.config import load_config
 
     cfg = load_config("synthetic", ["objective.name=sedd", "path.source=uniform", "model.preset=tiny"])
     parts = build_components(cfg, torch.device("cpu"))

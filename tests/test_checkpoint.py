@@ -11,8 +11,8 @@ import pytest
 import torch
 from train_helpers import final_weights, restore_torch_threads, tiny  # noqa: F401
 
-from tcsm.build.config import load_config
-from tcsm.build.loading import load_checkpoint
+from tcsm.builders.config import load_config
+from tcsm.builders.loading import load_checkpoint
 from tcsm.checkpoint import (
     _sha256,
     list_checkpoints,

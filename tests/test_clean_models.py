@@ -249,8 +249,8 @@ def test_hf_models_train_and_teach_from_config(tmp_path):
     """model.name=hf_mlm | hf_causal from a local directory (nothing downloaded), trained by `clean_lm`, then
     loaded back as a teacher."""
     tf = pytest.importorskip("transformers")
-    from tcsm.build.config import load_config
-    from tcsm.build.targets import load_teacher
+    from tcsm.builders.config import load_config
+    from tcsm.builders.targets import load_teacher
     from tcsm.train.trainer import Trainer
 
     torch.manual_seed(0)

@@ -8,7 +8,7 @@ import sys
 import pytest
 from train_helpers import ROOT, assert_same_weights, cli_env, final_weights, restore_torch_threads, tiny  # noqa: F401
 
-from tcsm.build.config import load_config
+from tcsm.builders.config import load_config
 from tcsm.errors import ConfigError
 from tcsm.train.distributed import DistEnv
 from tcsm.train.trainer import Trainer

@@ -53,10 +53,10 @@ def test_grid_demo_removes_the_right_half(tmp_path):
 
 def test_finetune_cli_config_and_errors(tmp_path, capsys):
     """`tcsm finetune reward` assembles pre-trained config < preset < overrides < flags; user errors are one line."""
-    from tcsm.build.config import load_config
+    from tcsm.builders.config import load_config
     from tcsm.cli import main
     from tcsm.cli.train import train
-    from tcsm.recipes.reward import reward_config
+    from tcsm.posttrain.reward.recipe import reward_config
 
     pre = tmp_path / "pre"
     cfg = load_config(

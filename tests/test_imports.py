@@ -18,7 +18,11 @@ PACKAGE = SRC / "tcsm"
 
 #: Layers from the bottom; a module may import its own layer and the ones below. Everything not listed is the
 #: base layer: math (paths, objectives, likelihood, sampling, targets, ...), models, data, evaluation.
-LAYERS = ["tcsm.build", "tcsm.train", "tcsm.recipes", "tcsm.demos", "tcsm.cli"]
+LAYERS = ["tcsm.builders", "tcsm.train", "tcsm.recipes", "tcsm.demos", "tcsm.cli"]
+
+#: A post-training method folder (tcsm.posttrain.<method>) holds every layer of its method: its `builder` module
+#: is in the builders layer, its `recipe` module in the recipes layer, and everything else is base-layer math.
+METHOD_LAYERS = {"builder": "tcsm.builders", "recipe": "tcsm.recipes"}
 
 
 def _module_name(path: Path) -> str:
@@ -61,6 +65,9 @@ def _graph() -> dict[str, set[str]]:
 
 
 def _layer(name: str) -> int:
+    parts = name.split(".")
+    if parts[:2] == ["tcsm", "posttrain"] and len(parts) >= 4 and parts[3] in METHOD_LAYERS:
+        name = METHOD_LAYERS[parts[3]]
     for i, prefix in enumerate(LAYERS, start=1):
         if name == prefix or name.startswith(prefix + "."):
             return i
@@ -135,6 +142,22 @@ def test_every_tcsm_import_resolves(path):
         if attr and attr != "*" and not hasattr(mod, attr) and not _exists(f"{module}.{attr}"):
             missing.append(f"line {line}: {module} has no {attr!r}")
     assert not missing, "\n".join(missing)
+
+
+def test_method_folders_are_layered_too():
+    """The rule above sees inside a method folder: its losses and objective (base layer) never import its builder
+    or recipe, and its builder never imports its recipe."""
+    assert _layer("tcsm.posttrain.dre.losses") == 0
+    assert _layer("tcsm.posttrain.dre.builder") == _layer("tcsm.builders.models") == 1
+    assert _layer("tcsm.posttrain.preference.recipe") == LAYERS.index("tcsm.recipes") + 1
+    methods = sorted(p.name for p in (PACKAGE / "posttrain").iterdir() if (p / "__init__.py").is_file())
+    assert methods == ["distill", "dre", "preference", "reward"], methods
+    for method in methods:
+        for path in (PACKAGE / "posttrain" / method).glob("*.py"):
+            name = _module_name(path)
+            for module, _, line in _imports(path):
+                if module.startswith("tcsm.") and _layer(module) > _layer(name):
+                    raise AssertionError(f"{name}:{line} imports {module} from a higher layer")
 
 
 def test_benchmarks_never_import_the_cli():

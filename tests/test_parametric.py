@@ -286,7 +286,7 @@ _STUDENT = [
 
 @pytest.mark.parametrize("family", ["mlm", "causal", "hollow"])
 def test_train_teacher_then_student_from_config(tmp_path, family):
-    from tcsm.build.config import load_config
+    from tcsm.builders.config import load_config
     from tcsm.errors import CheckpointError, ConfigError
     from tcsm.train.trainer import Trainer
 
@@ -311,7 +311,7 @@ def test_train_teacher_then_student_from_config(tmp_path, family):
     with pytest.raises(ConfigError, match="teacher"):
         Trainer.from_config(load_config(None, _COMMON + _STUDENT + ["target.name=parametric"]), None)
     if family == "causal":  # estimator options reach the AR teacher; options of other estimators are dropped
-        from tcsm.build.targets import load_teacher
+        from tcsm.builders.targets import load_teacher
 
         teacher = load_teacher(teacher_dir, estimator="topk", k=2, temperature=3.0, max_tokens=512)
         assert isinstance(teacher.estimator, TopKARScore) and teacher.estimator.k == 2
@@ -331,7 +331,7 @@ def test_train_teacher_then_student_from_config(tmp_path, family):
 
 
 def test_presets_load():
-    from tcsm.build.config import load_config
+    from tcsm.builders.config import load_config
 
     for family in ("mlm", "causal", "hollow"):
         cfg = load_config(f"clean-{family}")

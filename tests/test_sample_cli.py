@@ -18,7 +18,7 @@ CORPUS = "the cat sat on the mat and the dog ate a hat. " * 60
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """A 3-step masked-diffusion run on a character corpus (vocabulary ' .acdeghmnost')."""
-    from tcsm.build.config import load_config
+    from tcsm.builders.config import load_config
     from tcsm.train.trainer import Trainer
 
     root = tmp_path_factory.mktemp("sample_cli")
@@ -195,14 +195,14 @@ def test_eval_genppl_curve_and_samples_file(run_dir, hf_reference, capsys, tmp_p
 
 
 def test_eval_genppl_with_a_tcsm_causal_reference(run_dir, capsys, tmp_path):
-    from tcsm.build.config import load_config, to_dict
-    from tcsm.build.loading import load_checkpoint
+    from tcsm.builders.config import load_config, to_dict
+    from tcsm.builders.loading import load_checkpoint
     from tcsm.checkpoint import save_checkpoint
 
     own = load_checkpoint(run_dir)
     cfg = load_config(base={**to_dict(own.config), "model": {"name": "causal", "preset": "small", "d_model": 16,
                                                              "n_layers": 1, "n_heads": 2, "max_len": 32}})
-    from tcsm.build.components import build_model_for_checkpoint
+    from tcsm.builders.components import build_model_for_checkpoint
 
     causal = build_model_for_checkpoint(cfg, own.data_info, "cpu")
     save_checkpoint(tmp_path / "ref" / "checkpoints", 1, model=causal,
@@ -220,7 +220,7 @@ def bpe_run(tmp_path_factory):
     """One training step of a tiny GPT-2-BPE denoiser (V = 50,257)."""
     if not (BPE / "encoder.json").is_file():
         pytest.skip("GPT-2 BPE files not present")
-    from tcsm.build.config import load_config
+    from tcsm.builders.config import load_config
     from tcsm.train.trainer import Trainer
 
     root = tmp_path_factory.mktemp("bpe_run")

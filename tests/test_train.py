@@ -25,8 +25,8 @@ from train_helpers import (  # noqa: F401
     tiny,
 )
 
-from tcsm.build.config import load_config
-from tcsm.build.registry import OBJECTIVES
+from tcsm.builders.config import load_config
+from tcsm.builders.registry import OBJECTIVES
 from tcsm.errors import CheckpointError, ConfigError, TrainingError
 from tcsm.train.ema import EMA
 from tcsm.train.logs import read_metrics

@@ -70,7 +70,7 @@ def test_train_into_an_existing_run_is_refused_and_leaves_it_untouched(tmp_path,
 def test_every_way_of_starting_a_run_refuses_an_existing_one(tmp_path, capsys):
     """The check lives in the trainer's run-directory setup, so quickstart, recipes and the Python API inherit it;
     a directory holding other files (not a run) is used without touching them."""
-    from tcsm.build.config import load_config
+    from tcsm.builders.config import load_config
     from tcsm.errors import ConfigError
     from tcsm.train.fit import fit
     from tcsm.train.trainer import Trainer
@@ -158,7 +158,7 @@ def test_a_full_disk_during_a_save_names_the_last_good_checkpoint(tmp_path, caps
     from safetensors import SafetensorError
 
     import tcsm.checkpoint as ck
-    from tcsm.build.loading import load_checkpoint
+    from tcsm.builders.loading import load_checkpoint
 
     real = ck.save_file
     calls = {"n": 0}
@@ -328,7 +328,7 @@ def test_resume_trims_metrics_past_the_checkpoint_and_removes_save_leftovers(tmp
 def test_train_help_shows_what_a_plain_train_runs(capsys):
     from omegaconf import OmegaConf
 
-    from tcsm.build.config import load_config
+    from tcsm.builders.config import load_config
 
     with pytest.raises(SystemExit):
         main(["train", "--help"])
@@ -380,7 +380,7 @@ def test_data_summary_gives_the_floor_in_bits():
 
 
 def test_presets_state_their_expected_cost():
-    from tcsm.build.config import _preset_text, list_presets
+    from tcsm.builders.config import _preset_text, list_presets
 
     for name in list_presets():
         text, _ = _preset_text(name)
@@ -494,9 +494,9 @@ def test_explicit_score_loss_drops_positions_the_target_makes_impossible():
 def test_reward_domains_against_data_kinds():
     from types import SimpleNamespace
 
-    from tcsm.build.config import load_config
-    from tcsm.build.targets import check_reward_domain
+    from tcsm.builders.config import load_config
     from tcsm.errors import ConfigError
+    from tcsm.posttrain.reward.builder import check_reward_domain
 
     grid = SimpleNamespace(config=load_config("demo-grid"), vocab_size=128, seq_len=2)
     text = SimpleNamespace(config=load_config("text8-prefix-small"), vocab_size=27, seq_len=256)

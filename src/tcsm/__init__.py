@@ -42,8 +42,8 @@ _EXPORTS = {
     "DataTarget": "tcsm.targets",
     "ConditionalTarget": "tcsm.targets",
     "ParametricTarget": "tcsm.targets",
-    "RewardN1Target": "tcsm.targets",
-    "RewardFullTarget": "tcsm.targets",
+    "RewardN1Target": "tcsm.posttrain.reward.targets",
+    "RewardFullTarget": "tcsm.posttrain.reward.targets",
     "BREGMAN": "tcsm.divergences",
     "F_DIVERGENCES": "tcsm.divergences",
     # likelihood and sampling
@@ -57,9 +57,9 @@ _EXPORTS = {
     "build_denoiser": "tcsm.models",
     "build_clean_model": "tcsm.models.clean_families",
     # configs, checkpoints, training
-    "load_config": "tcsm.build",
-    "build_components": "tcsm.build",
-    "load_checkpoint": "tcsm.build",
+    "load_config": "tcsm.builders",
+    "build_components": "tcsm.builders",
+    "load_checkpoint": "tcsm.builders",
     "Trainer": "tcsm.train",
     "fit": "tcsm.train",
 }

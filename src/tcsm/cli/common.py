@@ -14,7 +14,7 @@ DEFAULT_PRESET = "synthetic"
 
 def config_help() -> str:
     """Epilog of config-taking commands: the presets and every config key with its default."""
-    from tcsm.build.config import describe_keys, list_presets, preset_description
+    from tcsm.builders.config import describe_keys, list_presets, preset_description
 
     lines = ["presets (--config NAME, or a YAML path):"]
     for name in list_presets():
@@ -201,7 +201,7 @@ def resolve_recipe(args, preset: str, flags: dict[str, str], new_config: Callabl
     """(config, run_dir, resume) of a recipe run. A resumed run starts from its saved config; a new one from
     `new_config(config_name, flag_values)`, which builds it from the recipe's source run (and refuses a missing
     one), with `preset` as the default -c and the label of the default run directory."""
-    from tcsm.build.config import load_config, set_values
+    from tcsm.builders.config import load_config, set_values
 
     values = flag_values(args, flags)
     run_dir = Path(args.out) if args.out else None

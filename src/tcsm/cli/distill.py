@@ -68,7 +68,7 @@ def resolve(args) -> tuple:
         raise ConfigError("--teacher cannot change on --resume: the run keeps the teacher it was started with")
 
     def new_config(config: str, values: dict):
-        from tcsm.recipes.distill import distill_config
+        from tcsm.posttrain.distill.recipe import distill_config
 
         if not args.teacher:
             raise ConfigError("give the teacher: tcsm distill --teacher RUN_OR_HF_DIR (or --resume -o DIR)")
@@ -125,7 +125,7 @@ def run(args) -> int:
     steps = _eval_steps(args.eval_steps)
 
     def report(directory) -> dict:
-        from tcsm.recipes.distill import distill_report
+        from tcsm.posttrain.distill.recipe import distill_report
 
         return distill_report(directory, args.eval_samples, steps)
 

@@ -52,8 +52,8 @@ def run(args) -> int:
 
     import torch
 
-    from tcsm.build.components import DataInfo, build_objective_for_checkpoint
-    from tcsm.build.loading import load_checkpoint
+    from tcsm.builders.components import DataInfo, build_objective_for_checkpoint
+    from tcsm.builders.loading import load_checkpoint
     from tcsm.cli.common import check_writable, format_bound, jsonable, write_atomically
     from tcsm.errors import ConfigError
     from tcsm.train.distributed import resolve_device

@@ -72,7 +72,7 @@ def run(args) -> int:
 
 
 def _load(args, device):
-    from tcsm.build.loading import load_checkpoint
+    from tcsm.builders.loading import load_checkpoint
 
     return load_checkpoint(args.checkpoint, device=device, ema=args.weights != "model", overrides=list(args.overrides))
 
@@ -187,7 +187,7 @@ def _score(ref, texts: list[str], tokens, max_length, batch_size) -> dict:
 def _run_genppl(args) -> int:
     import torch
 
-    from tcsm.build.loading import load_reference_lm
+    from tcsm.builders.loading import load_reference_lm
     from tcsm.cli.sample import load_tokenizer
     from tcsm.sampling import may_cache, sample
     from tcsm.train.distributed import resolve_device

@@ -68,7 +68,7 @@ def resolve(args) -> tuple:
         raise ConfigError(f"--eval-examples must be >= 0, got {args.eval_examples}")
 
     def new_config(config: str, values: dict):
-        from tcsm.recipes.dre import dre_config
+        from tcsm.posttrain.dre.recipe import dre_config
 
         if not args.checkpoint:
             raise ConfigError("give the reference run: tcsm finetune dre --from RUN_DIR (or --resume -o DIR)")
@@ -93,7 +93,7 @@ def run(args) -> int:
     from tcsm.cli.common import run_recipe
 
     def report(run_dir) -> dict:
-        from tcsm.recipes.dre import dre_report
+        from tcsm.posttrain.dre.recipe import dre_report
 
         return dre_report(run_dir, args.eval_examples)
 

@@ -79,7 +79,7 @@ def resolve(args) -> tuple:
         raise ConfigError(f"--num-t must be >= 1, got {args.num_t}")
 
     def new_config(config: str, values: dict):
-        from tcsm.recipes.preference import preference_config
+        from tcsm.posttrain.preference.recipe import preference_config
 
         if not args.checkpoint or not args.pairs:
             raise ConfigError(
@@ -105,7 +105,7 @@ def run(args) -> int:
     from tcsm.cli.common import run_recipe
 
     def report(run_dir) -> dict:
-        from tcsm.recipes.preference import preference_report
+        from tcsm.posttrain.preference.recipe import preference_report
 
         return preference_report(run_dir, args.eval_samples, args.eval_reward, prompt=args.eval_prompt)
 

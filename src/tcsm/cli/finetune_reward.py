@@ -3,7 +3,7 @@
 The run is an ordinary `tcsm train` run — same Trainer, checkpoints, --resume, logs and one-line errors — whose
 config is the pre-trained run's config (data, path, model), then the `finetune-reward` preset (or `-c`), then
 key=value overrides, then the flags below. The model starts from the pre-trained (EMA) weights and the target
-is `target.name: reward` around a frozen copy of them (`tcsm.targets.reward_tilt`):
+is `target.name: reward` around a frozen copy of them (`tcsm.posttrain.reward.targets`):
 
     tcsm finetune reward --checkpoint runs/grid --reward grid --beta 1 --num-proposals 8 --steps 500
     tcsm finetune reward --checkpoint runs/ts --reward vader --prompt "Once upon a time, there was a" -o runs/ft
@@ -65,7 +65,7 @@ def resolve(args) -> tuple:
         raise ConfigError(f"--beta must be > 0, got {args.beta}")
 
     def new_config(config: str, values: dict):
-        from tcsm.recipes.reward import reward_config
+        from tcsm.posttrain.reward.recipe import reward_config
 
         if not args.checkpoint:
             raise ConfigError(
@@ -88,7 +88,7 @@ def run(args) -> int:
     from tcsm.cli.common import run_recipe
 
     def report(run_dir) -> dict:
-        from tcsm.recipes.reward import reward_report
+        from tcsm.posttrain.reward.recipe import reward_report
 
         return reward_report(run_dir, args.eval_samples)
 

@@ -2,10 +2,10 @@
 write chosen / rejected pairs as JSON lines for `tcsm finetune preference` (MATH.md §5.3).
 
 Each pair is the best and the worst of `--group` samples drawn with the same prompt (or none), under any reward
-of tcsm.rewards: `vader`, `profanity`, `hf:PATH[,label=1]` (a local classifier), `grid`, `python:module:function`.
+of tcsm.posttrain.reward.rewards: `vader`, `profanity`, `hf:PATH[,label=1]` (a local classifier), `grid`, `python:module:function`.
 Groups whose rewards tie are redrawn. Every line holds `prompt`, `chosen`, `rejected` (the response texts, after
 the prompt), the two rewards, and the sampled token ids with the tokenizer they belong to (a run with the
-same tokenizer trains on exactly the judged tokens; tcsm.data.pairs):
+same tokenizer trains on exactly the judged tokens; tcsm.posttrain.preference.pairs):
 
     tcsm pairs --from runs/ts --reward vader -n 512 --prompt "Once upon a time, there was a" -o pairs.jsonl
     tcsm finetune preference --from runs/ts --pairs pairs.jsonl --loss paper --beta 1 -o runs/ts-pref
@@ -53,10 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from pathlib import Path
 
-    from tcsm.build.loading import load_checkpoint
+    from tcsm.builders.loading import load_checkpoint
     from tcsm.errors import ConfigError
-    from tcsm.recipes.preference import sample_pairs, write_pairs
-    from tcsm.rewards import make_reward
+    from tcsm.posttrain.preference.recipe import sample_pairs, write_pairs
+    from tcsm.posttrain.reward.rewards import make_reward
     from tcsm.train.distributed import resolve_device
 
     prompts = list(args.prompt)

@@ -31,8 +31,8 @@ def run(args) -> int:
 
     import torch
 
-    from tcsm.build.config import load_config
-    from tcsm.build.loading import load_checkpoint
+    from tcsm.builders.config import load_config
+    from tcsm.builders.loading import load_checkpoint
     from tcsm.cli.common import claim_run_dir, default_run_dir, format_bound, jsonable, write_atomically
     from tcsm.cli.train import train
     from tcsm.likelihood import evaluate_bound

@@ -193,7 +193,7 @@ def run(args) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    from tcsm.build.loading import load_checkpoint
+    from tcsm.builders.loading import load_checkpoint
     from tcsm.cli.common import check_writable, write_atomically
     from tcsm.sampling import may_cache, sample
     from tcsm.train.distributed import resolve_device
@@ -212,7 +212,7 @@ def run(args) -> int:
     device = resolve_device(args.device)
     loaded = load_checkpoint(args.checkpoint, device=device, ema=not args.no_ema)
     model, path = loaded.model, loaded.build_path()
-    from tcsm.models.energy import EnergyModel
+    from tcsm.posttrain.dre.energy import EnergyModel
 
     sir = isinstance(model, EnergyModel)  # strategy-(ii) DRE run: SIR over its frozen reference (MATH.md §6.3)
     if sir and (args.method or args.temperature != 1.0 or args.top_p != 1.0 or args.final_argmax):
@@ -263,7 +263,7 @@ def run(args) -> int:
             kw["fixed"] = torch.tensor(g["fixed"], dtype=torch.bool, device=device).expand(b, -1)
             kw["values"] = torch.tensor(g["values"], dtype=torch.long, device=device).expand(b, -1)
         if sir:
-            from tcsm.sampling import sample_sir
+            from tcsm.posttrain.dre.sir import sample_sir
 
             tokens, stats = sample_sir(
                 model.reference, model, path, batch_size=b, length=length, num_steps=args.steps,

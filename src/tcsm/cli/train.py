@@ -40,7 +40,7 @@ def resolve(args) -> tuple:
     """(config, run_dir, resume) from the arguments, without starting anything."""
     from pathlib import Path
 
-    from tcsm.build.config import load_config
+    from tcsm.builders.config import load_config
     from tcsm.cli.common import DEFAULT_PRESET, default_run_dir, resume_point
 
     base, resume = None, None

@@ -11,10 +11,7 @@ from tcsm.data.base import (  # noqa: F401
 )
 from tcsm.data.batching import EpochBatches  # noqa: F401
 from tcsm.data.bpe import BPETokenizer, build_bpe, gpt2_tokenizer, train_bpe_tokenizer  # noqa: F401
-from tcsm.data.build import DATA_KINDS, PATH_KEYS, absolute_paths, build_data, missing_paths  # noqa: F401
-
-# Registers the `pairs` kind in DATA_KINDS (it builds the run's tokenizer with build_data, so build cannot import it).
-from tcsm.data.pairs import PairRows, PairsBundle, build_pairs  # noqa: F401
+from tcsm.data.build import DATA_KINDS, PATH_KEYS, absolute_paths, build_data, data_kind, missing_paths  # noqa: F401
 from tcsm.data.synthetic import MarkovChainSource, build_synthetic  # noqa: F401
 from tcsm.data.text import build_text, read_documents  # noqa: F401
 from tcsm.data.text8 import build_text8  # noqa: F401

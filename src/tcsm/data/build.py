@@ -13,7 +13,7 @@
 * `grid` — width=128, num_modes=8, radius=0.32, std=1/40, seed=0, num_train, num_valid, num_test: points of a
   W × W grid as length-2 sequences, a ring of Gaussian modes (tcsm.data.grid; the reward demo's data).
 * `pairs` — preference pairs (JSONL prompt / chosen / rejected) tokenized with another data section's tokenizer;
-  registered by tcsm.data.pairs, which builds that section with `build_data` (preference fine-tuning, MATH.md §5.3).
+  registered by tcsm.posttrain.preference.pairs, which builds that section with `build_data` (preference fine-tuning, MATH.md §5.3).
 
 Unknown kinds or keys raise a DataError that lists what is accepted.
 
@@ -23,6 +23,7 @@ be moved and evaluated from anywhere; `missing_paths` names the ones that no lon
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import os
 from collections.abc import Callable, Mapping
@@ -36,7 +37,7 @@ from tcsm.data.synthetic import build_synthetic
 from tcsm.data.text import build_text
 from tcsm.data.text8 import build_text8
 
-__all__ = ["DATA_KINDS", "PATH_KEYS", "absolute_paths", "build_data", "missing_paths"]
+__all__ = ["DATA_KINDS", "PATH_KEYS", "absolute_paths", "build_data", "data_kind", "missing_paths"]
 
 DATA_KINDS: dict[str, Callable[..., DataBundle]] = {
     "synthetic": build_synthetic,
@@ -45,6 +46,10 @@ DATA_KINDS: dict[str, Callable[..., DataBundle]] = {
     "bpe": build_bpe,
     "grid": build_grid,
 }
+
+#: Kinds registered by a module outside this package (which itself builds data with `build_data`, so it cannot be
+#: imported here): imported on first use, by name.
+PLUGIN_KINDS = {"pairs": "tcsm.posttrain.preference.pairs"}
 
 #: Keys of the data kinds that name files or folders (relative ones are read from the current directory).
 PATH_KEYS = ("path", "train_path", "valid_path", "test_path", "bpe_dir", "encoder_json", "vocab_bpe", "cache_dir")
@@ -85,13 +90,20 @@ def _to_dict(cfg: Any) -> dict[str, Any]:
     raise DataError(f"data config must be a mapping with a `kind` key, got {type(cfg).__name__}")
 
 
+def data_kind(kind) -> Callable[..., DataBundle]:
+    """The builder of data kind `kind` (importing its module if a plugin registers it); DataError if unknown."""
+    if kind in PLUGIN_KINDS and kind not in DATA_KINDS:
+        importlib.import_module(PLUGIN_KINDS[kind])
+    if kind not in DATA_KINDS:
+        raise DataError(f"data kind must be one of {sorted(set(DATA_KINDS) | set(PLUGIN_KINDS))}, got {kind!r}")
+    return DATA_KINDS[kind]
+
+
 def build_data(cfg: Mapping[str, Any] | None = None, **overrides: Any) -> DataBundle:
     """Build the `DataBundle` described by `cfg` (a mapping with `kind`), with keyword overrides."""
     fields = {**(_to_dict(cfg) if cfg is not None else {}), **overrides}
     kind = fields.pop("kind", None)
-    if kind not in DATA_KINDS:
-        raise DataError(f"data kind must be one of {sorted(DATA_KINDS)}, got {kind!r}")
-    builder = DATA_KINDS[kind]
+    builder = data_kind(kind)
     accepted = list(inspect.signature(builder).parameters)
     unknown = sorted(set(fields) - set(accepted))
     if unknown:

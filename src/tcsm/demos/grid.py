@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from tcsm.build.registry import MODELS
+from tcsm.builders.registry import MODELS
 
 __all__ = ["SIZES", "GridMLP", "evaluate_grid", "plot_dynamics", "run_grid_demo"]
 
@@ -218,9 +218,9 @@ def run_grid_demo(
 
     Runs resume: a second call with the same `out_dir` reuses finished training runs.
     """
-    from tcsm.build.config import load_config
-    from tcsm.build.loading import load_checkpoint
-    from tcsm.recipes.reward import reward_config
+    from tcsm.builders.config import load_config
+    from tcsm.builders.loading import load_checkpoint
+    from tcsm.posttrain.reward.recipe import reward_config
     from tcsm.sampling import sample
 
     if size not in SIZES:

@@ -1,6 +1,6 @@
 """Neural networks: shared transformer layers and the bidirectional denoiser; the clean-data models of p_1
 (`tcsm.models.clean_families`), Hugging Face adapters (`tcsm.models.hf`) and the density-ratio head live in
-their own modules. Nothing here reads configs: `tcsm.build.models` turns a config section into a model."""
+their own modules. Nothing here reads configs: `tcsm.builders.models` turns a config section into a model."""
 
 from tcsm.models.layers import (  # noqa: F401
     MLP,

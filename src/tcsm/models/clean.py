@@ -8,7 +8,7 @@ Three families model clean sequences x ∈ {0..V−1}^L and feed `tcsm.targets.p
 
 They share one config dataclass and the size presets below (the MLM and the causal LM also share their trunk,
 `CleanTransformer`); `tcsm.models.clean_families.build_clean_model(family, preset, **overrides)`
-builds any of them (the Hugging Face adapters in models/hf.py wrap external models instead); `tcsm.build.models`
+builds any of them (the Hugging Face adapters in models/hf.py wrap external models instead); `tcsm.builders.models`
 makes them `model.name: mlm | causal | hollow` of a run config.
 """
 

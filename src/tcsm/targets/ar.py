@@ -10,7 +10,7 @@ An `ARScoreEstimator` maps (causal model, clean x [B, L]) to ℓ [B, L, V], with
 * `TopKARScore` (`alg:topk_log_density_ratio`): candidates TopK_y p(y | x^{<i}) ∪ {x^i}, scored exactly; the
   rest gets −inf (a truncation bias). At most LK+1 sequence scores (the paper counts L(K+1), x^i included).
 * `TopKNgramARScore` (`alg:topk_ngram_log_density_ratio`): the same, with the Top-K' of a right-context n-gram
-  p(x^i | x^{i+1:i+N−1}) (`tcsm.targets.ngram`) added to every candidate set; the union is scored exactly.
+  p(x^i | x^{i+1:i+N−1}) (`tcsm.posttrain.distill.ngram`) added to every candidate set; the union is scored exactly.
 * `TaylorARScore` (`alg:ddlm_taylor`): one forward/backward pass with relaxed one-hot inputs E;
   ℓ^i(y) ≈ (g_{i,y} − g_{i,x^i}) / τ with g = ∇_E Σ_j ⟨E_j, log softmax(logits_{j−1})⟩. The term
   log p(y | x^{<i}) − log p(x^i | x^{<i}) is exact; only the effect of y on later tokens is linearised.
@@ -256,7 +256,7 @@ class TopKARScore(_CandidateEstimator):
 
 class TopKNgramARScore(TopKARScore):
     """C_i = TopK_y p^AR(y | x^{<i}) ∪ TopK'_y p(y | x^{i+1:i+N−1}) ∪ {x^i}, scored exactly (MATH.md §5.4,
-    `alg:topk_ngram_log_density_ratio`). `ngram` is a `tcsm.targets.ngram.RightContextNgram` (anything with
+    `alg:topk_ngram_log_density_ratio`). `ngram` is a `tcsm.posttrain.distill.ngram.RightContextNgram` (anything with
     `topk(x, k)` → ids [B, L, k], −1 padding); it may be attached after construction (a run counts it first)."""
 
     name = "topk_ngram"

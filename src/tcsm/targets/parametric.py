@@ -11,7 +11,7 @@ objectives train the student against this explicit distribution instead of the s
 Teachers are frozen (eval mode, no parameter gradients) and run under no_grad. The teacher conditionals depend
 on x_1 only — not on t or x_t — so `ParametricTarget(cache_size=n)` memoises them per sequence: with a finite
 training set every sequence is scored once. `load_teacher(checkpoint)` wraps a clean-data model trained by
-`tcsm train`; importing this module registers `target.name: parametric` with `tcsm.build.registry.TARGETS`.
+`tcsm train`; importing this module registers `target.name: parametric` with `tcsm.builders.registry.TARGETS`.
 """
 
 from __future__ import annotations

@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from tcsm.build.components import Components, DataInfo, build_components
-from tcsm.build.config import load_config, set_values, to_dict
-from tcsm.build.loading import check_same_architecture
+from tcsm.builders.components import Components, DataInfo, build_components
+from tcsm.builders.config import load_config, set_values, to_dict
+from tcsm.builders.loading import check_same_architecture
 from tcsm.checkpoint import (
     clean_leftovers,
     load_weights_into,

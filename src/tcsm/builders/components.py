@@ -1,0 +1,159 @@
+"""Built-in registry entries (the denoiser, the data target, the composed TCSM objective) and the functions
+that turn a run config into the objects a run trains: data → path → model → target → objective.
+
+Nothing here knows a method: each component is whatever its registry entry builds from its config section.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from tcsm.builders.registry import MODELS, OBJECTIVES, TARGETS, BuildContext
+from tcsm.errors import ConfigError
+from tcsm.protocols import TrainerCallback
+
+__all__ = [
+    "Components",
+    "DataInfo",
+    "build_components",
+    "build_data",
+    "build_model_for_checkpoint",
+    "build_objective",
+    "build_objective_for_checkpoint",
+    "build_path",
+    "section",
+]
+
+
+def section(cfg, name: str, key: str = "name") -> tuple[str, dict]:
+    """(entry name, the section's other keys as a plain dict) of a component section."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.to_container(cfg[name], resolve=True)
+    return node.pop(key), node
+
+
+# --------------------------------------------------------------------------------------------------- assembly
+
+
+@dataclass
+class DataInfo:
+    """What a model needs to know about its data when the data itself is not loaded (checkpoint loading)."""
+
+    name: str
+    vocab_size: int
+    seq_len: int
+    label: str = ""
+    nats_per_token_floor: float | None = None
+    chars: str | None = None  # the character vocabulary, for character-level tokenizers
+
+    @classmethod
+    def of(cls, bundle) -> DataInfo:
+        floor = getattr(bundle, "nats_per_token_floor", None)
+        chars = getattr(getattr(bundle, "tokenizer", None), "chars", None)
+        return cls(
+            bundle.name,
+            int(bundle.vocab_size),
+            int(bundle.seq_len),
+            getattr(bundle, "label", bundle.name),
+            None if floor is None else float(floor),
+            chars if isinstance(chars, str) else None,
+        )
+
+    def check_compatible(self, bundle, where: str) -> None:
+        """Raise CheckpointError unless `bundle` uses the token ids this model was trained on."""
+        from tcsm.errors import CheckpointError
+
+        other = DataInfo.of(bundle)
+        if other.vocab_size != self.vocab_size or (self.chars and other.chars and other.chars != self.chars):
+            hint = f"; pass data.vocab={self.chars!r}" if self.chars else ""
+            raise CheckpointError(
+                f"the data's vocabulary ({other.vocab_size} tokens) is not the one {where!r} was trained on "
+                f"({self.vocab_size} tokens){hint}"
+            )
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def build_data(cfg):
+    """The run's DataBundle from the `data` section (tcsm.data.build_data)."""
+    from omegaconf import OmegaConf
+
+    from tcsm.data import build_data as _build_data
+
+    return _build_data(OmegaConf.to_container(cfg.data, resolve=True))
+
+
+def build_path(cfg, vocab_size: int):
+    """The probability path of the `path` section for V = vocab_size clean tokens."""
+    from tcsm.paths import make_path
+
+    try:
+        return make_path(cfg.path.source, vocab_size, cfg.path.schedule, **dict(cfg.path.schedule_kwargs))
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"path: {e}") from None
+
+
+@dataclass
+class Components:
+    """What a Trainer trains: data, path, model, target and objective, plus the optional frozen `reference` the
+    trainer hands to the objective on every step and the `callbacks` it calls (`tcsm.protocols`)."""
+
+    data: Any
+    path: Any
+    model: torch.nn.Module
+    target: Any
+    objective: Any
+    context: BuildContext | None = None
+    reference: torch.nn.Module | None = None
+    callbacks: list = field(default_factory=list)
+
+
+def build_components(cfg, device: torch.device, data=None) -> Components:
+    """Build data, path, model (on `device`), target and objective from a validated run config."""
+    data = build_data(cfg) if data is None else data
+    ctx = BuildContext(config=cfg, device=device, data=data)
+    ctx.path = build_path(cfg, data.vocab_size)
+    name, node = section(cfg, "model")
+    ctx.model = MODELS.build(name, node, ctx).to(device)
+    name, node = section(cfg, "target")
+    target = TARGETS.build(name, node, ctx)
+    ctx.target = target.to(device) if hasattr(target, "to") else target
+    objective = build_objective(cfg, ctx)
+    callbacks = [c for c in (ctx.target, objective) if isinstance(c, TrainerCallback)]
+    return Components(
+        data, ctx.path, ctx.model, ctx.target, objective, ctx, ctx.reference, callbacks
+    )
+
+
+def build_objective(cfg, ctx: BuildContext):
+    """The objective of the `objective` section for the context's path, model and target, on ctx.device."""
+    name, node = section(cfg, "objective")
+    objective = OBJECTIVES.build(name, node, ctx)
+    return objective.to(ctx.device) if hasattr(objective, "to") else objective
+
+
+def build_model_for_checkpoint(cfg, data_info: dict, device) -> torch.nn.Module:
+    """The model a checkpoint's config describes, without loading its data."""
+    info = DataInfo(**data_info)
+    ctx = BuildContext(config=cfg, device=torch.device(device), data=info)
+    ctx.path = build_path(cfg, info.vocab_size)
+    name, node = section(cfg, "model")
+    return MODELS.build(name, node, ctx).to(device)
+
+
+def build_objective_for_checkpoint(cfg, model: torch.nn.Module, data, device):
+    """The objective a checkpoint's run trained `model` with, for its model-scoring hooks (`evaluate`, `sample`).
+
+    No target is built (ctx.target is None): scoring a model needs only the model and the data, and a teacher
+    or reward model would be loaded for nothing; builders accept a missing target (the composed objective then
+    uses the data target)."""
+    device = torch.device(device)
+    ctx = BuildContext(config=cfg, device=device, data=data, model=model)
+    ctx.path = build_path(cfg, int(data.vocab_size))
+    return build_objective(cfg, ctx)

@@ -1,0 +1,114 @@
+"""Checkpoints → objects: a trained model with its config, path and data (the build layer's loading side).
+
+`tcsm.checkpoint` reads and writes checkpoint directories; this module turns one into a ready model through
+the same builders a run uses, so every caller (trainer `init_from`, targets' frozen references, CLI, demos)
+loads a model in one way.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tcsm.builders.components import build_data, build_model_for_checkpoint, build_path
+from tcsm.builders.config import load_config, to_dict
+from tcsm.checkpoint import load_weights_into, read_state, read_weights, resolve_checkpoint
+from tcsm.errors import CheckpointError
+
+__all__ = [
+    "LoadedCheckpoint",
+    "check_same_architecture",
+    "config_from_state",
+    "load_checkpoint",
+    "load_reference_lm",
+]
+
+
+@dataclass
+class LoadedCheckpoint:
+    """A trained model ready to use, and what is needed to use it."""
+
+    model: torch.nn.Module  # eval mode; EMA weights when available and requested
+    config: Any  # the run's DictConfig
+    step: int
+    directory: Path
+    weights: str  # "ema" or "model"
+    data_info: dict  # name, vocab_size, seq_len of the data it was trained on
+
+    def build_path(self):
+        """The probability path the model was trained with."""
+        return build_path(self.config, self.data_info["vocab_size"])
+
+    def build_data(self):
+        """The run's DataBundle (reads the data files named in the config)."""
+        return build_data(self.config)
+
+    def __iter__(self):  # `model, config, *_ = load_checkpoint(...)`
+        return iter((self.model, self.config, self.step, self.directory))
+
+
+def load_checkpoint(
+    path: str | os.PathLike, device: str | torch.device = "cpu", *, ema: bool = True, overrides=()
+) -> LoadedCheckpoint:
+    """Load a trained model from a run directory, checkpoints directory or step directory.
+
+    `ema=True` loads the EMA weights when the run kept them. `overrides` (`key=value` strings) may change
+    anything but the model section; a model override that changes the architecture raises CheckpointError.
+    """
+    directory = resolve_checkpoint(path)
+    step, state = read_state(directory)
+    config, data_info = config_from_state(state, overrides, where=str(directory))
+    model = build_model_for_checkpoint(config, data_info, device)
+    use_ema = ema and (directory / "ema.safetensors").is_file()
+    load_weights_into(model, read_weights(directory, ema=use_ema, device=device), str(directory))
+    model.eval()
+    return LoadedCheckpoint(model, config, step, directory, "ema" if use_ema else "model", data_info)
+
+
+def config_from_state(state: dict, overrides=(), where: str = "checkpoint"):
+    """(config, data_info) stored in a checkpoint's state, with `overrides` applied and checked against it."""
+    if "config" not in state or "data_info" not in state:
+        raise CheckpointError(f"{where!r} holds no run config; it was not written by `tcsm train`")
+    saved = load_config(base=state["config"])
+    config = load_config(base=state["config"], overrides=list(overrides)) if overrides else saved
+    check_same_architecture(saved, config, where)
+    return config, dict(state["data_info"])
+
+
+def check_same_architecture(saved, requested, where: str) -> None:
+    """Raise CheckpointError if the model sections (or the path source, which sets the input alphabet) differ."""
+    def flat(d, prefix=""):
+        out = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return out
+
+    a = flat({"model": to_dict(saved.model), "path": {"source": saved.path.source}})
+    b = flat({"model": to_dict(requested.model), "path": {"source": requested.path.source}})
+    diff = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    if diff:
+        k = diff[0]
+        raise CheckpointError(
+            f"checkpoint {where!r} does not match the config: {k} is {a.get(k)!r} in the checkpoint but "
+            f"{b.get(k)!r} in the config"
+        )
+
+
+def load_reference_lm(path: str, device):
+    """A `ReferenceLM` from a Hugging Face model directory or a tcsm checkpoint of a causal model."""
+    from pathlib import Path
+
+    from tcsm.evaluation.genppl import ReferenceLM
+
+    p = Path(path)
+    if (p / "config.json").is_file():
+        return ReferenceLM.from_pretrained(p, device=device)
+    ref = load_checkpoint(p, device=device)
+    if getattr(ref.model, "family", None) != "causal":
+        raise ValueError(f"--reference {path!r} is neither a Hugging Face model directory nor a causal-LM checkpoint")
+    data = ref.build_data()
+    return ReferenceLM.from_tcsm(ref.model, data.tokenizer, eos_id=data.eos_id, device=device, name=str(p))

@@ -1,0 +1,182 @@
+"""Model builders: `model.name` → an nn.Module (the denoiser, the clean-data families, Hugging Face adapters).
+
+Each entry validates its config section against its schema and builds from the data's vocabulary and length
+(`BuildContext`); the model modules themselves know nothing of configs or registries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Optional
+
+from tcsm.builders.registry import MODELS, BuildContext
+from tcsm.errors import ConfigError
+from tcsm.models.clean import CLEAN_PRESETS, CleanLMConfig
+from tcsm.models.clean_families import build_clean_model
+
+__all__ = ["HFModelConfig", "build_denoiser_model"]
+
+
+# --------------------------------------------------------------------------------------------------- model
+
+
+def _denoiser_schema() -> type:
+    """`model` keys for the denoiser: a preset plus any DenoiserConfig field as an override (null: preset)."""
+    from tcsm.models import DenoiserConfig
+
+    hints = typing.get_type_hints(DenoiserConfig)
+    from tcsm.models import PRESETS
+
+    fields = [
+        ("name", str, "denoiser"),
+        (
+            "preset",
+            str,
+            field(default="tiny", metadata={"help": f"architecture preset: {' | '.join(PRESETS)}"}),
+        ),
+    ]
+    for f in dataclasses.fields(DenoiserConfig):
+        if f.name in ("vocab_size", "num_states"):  # from the data and the path
+            continue
+        # A runtime type for OmegaConf, not a hint: hence Optional[...] rather than `X | None`.
+        optional = Optional[hints[f.name]]  # noqa: UP045
+        fields.append((f.name, optional, field(default=None, metadata={"help": "null: the preset's"})))
+    return dataclasses.make_dataclass("DenoiserModelConfig", fields)
+
+
+@MODELS.register("denoiser", schema=_denoiser_schema())
+def build_denoiser_model(node: dict, ctx: BuildContext):
+    """Bidirectional diffusion transformer (tcsm.models.Denoiser): a preset plus overrides."""
+    from tcsm.models import PRESETS, build_denoiser
+
+    preset = node.pop("preset")
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown model.preset {preset!r}; choose one of {sorted(PRESETS)}")
+    overrides = {k: v for k, v in node.items() if v is not None}
+    max_len = overrides.get("max_len", PRESETS[preset].get("max_len"))
+    if max_len is not None and ctx.seq_len > max_len:
+        raise ConfigError(
+            f"data sequences have length {ctx.seq_len} but the model allows at most {max_len}; "
+            f"set model.max_len={ctx.seq_len} or shorten the data's sequence length"
+        )
+    try:
+        return build_denoiser(preset, vocab_size=ctx.vocab_size, num_states=ctx.path.num_states, **overrides)
+    except ValueError as e:
+        raise ConfigError(f"model: {e}") from None
+
+
+# --------------------------------------------------------------------------------------------------- registry
+# `tcsm train` builds these from `model.name: mlm | causal | hollow` plus a preset and overrides.
+
+
+def _clean_schema(family: str) -> type:
+    """`model` keys of a clean-data family: a size preset plus any CleanLMConfig field (null: the preset's)."""
+    hints = typing.get_type_hints(CleanLMConfig)
+    fields: list = [
+        ("name", str, family),
+        ("preset", str, dataclasses.field(default="small", metadata={"help": " | ".join(CLEAN_PRESETS)})),
+    ]
+    for f in dataclasses.fields(CleanLMConfig):
+        if f.name != "vocab_size":  # from the data
+            fields.append((f.name, hints[f.name] | None, dataclasses.field(default=None)))
+    return dataclasses.make_dataclass(f"{family.title()}CleanModelConfig", fields)
+
+
+def _register_clean_families() -> None:
+    helps = {
+        "mlm": "BERT-style masked LM of clean data (a parametric p_1 teacher; MATH.md §4)",
+        "causal": "autoregressive transformer of clean data with BOS (an AR teacher; MATH.md §4, §5.4)",
+        "hollow": "Hollow transformer: all p_1(x^i | x^{≠i}) in one pass (MATH.md §4)",
+    }
+    for family, text in helps.items():
+
+        def build(node: dict, ctx, family=family):
+            node = dict(node)
+            preset = node.pop("preset")
+            if preset not in CLEAN_PRESETS:
+                raise ConfigError(f"unknown model.preset {preset!r}; choose one of {sorted(CLEAN_PRESETS)}")
+            fields = {**CLEAN_PRESETS[preset], **{k: v for k, v in node.items() if v is not None}}
+            if ctx.seq_len > fields["max_len"]:
+                raise ConfigError(
+                    f"data sequences have length {ctx.seq_len} but the model allows at most {fields['max_len']}; "
+                    f"set model.max_len={ctx.seq_len}"
+                )
+            try:
+                return build_clean_model(family, fields, vocab_size=ctx.vocab_size)
+            except ValueError as e:
+                raise ConfigError(f"model: {e}") from None
+
+        MODELS.register(family, build, schema=_clean_schema(family), help=text, overwrite=True)
+
+
+_register_clean_families()
+
+
+# --------------------------------------------------------------------------------------------------- registry
+# `model.name: hf_mlm | hf_causal` with `name_or_path` (a local directory or a Hub name).
+
+
+@dataclass
+class HFModelConfig:
+    name: str = "hf_mlm"
+    name_or_path: str | None = field(default=None, metadata={"help": "HF model directory or Hub name"})
+    token_ids: list[int] | None = field(default=None, metadata={"help": "HF id of each clean token"})
+    symbols: str | None = field(
+        default=None, metadata={"help": "tokens of the clean ids in order (null: the data's characters)"}
+    )
+    special_token_id: int | None = field(
+        default=None,
+        metadata={"help": "[MASK] (hf_mlm) or BOS (hf_causal) id; null: the tokenizer's / config's"},
+    )
+    local_files_only: bool = field(default=False, metadata={"help": "never contact the Hub"})
+
+
+def _register_hf() -> None:
+    from tcsm.models.hf import HFCausalLM, HFMaskedLM
+
+    def make(cls, special_key: str):
+        def build(node: dict, ctx):
+            if not node.get("name_or_path"):
+                raise ConfigError("model.name_or_path must name a Hugging Face model directory or Hub id")
+            symbols = node["symbols"]
+            if node["token_ids"] is None and symbols is None:
+                symbols = getattr(getattr(ctx.data, "tokenizer", None), "chars", None) or getattr(
+                    ctx.data, "chars", None
+                )
+            try:
+                return cls.from_pretrained(
+                    node["name_or_path"],
+                    token_ids=node["token_ids"],
+                    symbols=list(symbols) if symbols is not None else None,
+                    local_files_only=node["local_files_only"],
+                    **{special_key: node["special_token_id"]},
+                )
+            except (OSError, ValueError) as e:
+                raise ConfigError(
+                    f"model: cannot load {node['name_or_path']!r}: {str(e).splitlines()[0]}"
+                ) from None
+
+        return build
+
+    MODELS.register(
+        "hf_mlm",
+        make(HFMaskedLM, "mask_token_id"),
+        schema=HFModelConfig,
+        overwrite=True,
+        help="any Hugging Face masked LM as a clean-data model (needs `transformers`)",
+    )
+    schema = dataclasses.make_dataclass(
+        "HFCausalModelConfig", [("name", str, "hf_causal")], bases=(HFModelConfig,)
+    )
+    MODELS.register(
+        "hf_causal",
+        make(HFCausalLM, "bos_token_id"),
+        schema=schema,
+        overwrite=True,
+        help="any Hugging Face causal LM as a clean-data model (needs `transformers`)",
+    )
+
+
+_register_hf()

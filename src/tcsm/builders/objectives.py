@@ -1,0 +1,140 @@
+"""Objective builders: `objective.name` → a training objective (TCSM, clean-data LM losses, SEDD-style bound)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from tcsm.builders.registry import OBJECTIVES, BuildContext
+from tcsm.clean_losses import CLEAN_LOSSES, MaskedLMLoss
+from tcsm.errors import ConfigError
+
+__all__ = ["CleanObjectiveConfig", "SEDDObjectiveConfig", "TCSMObjectiveConfig"]
+
+
+# --------------------------------------------------------------------------------------------------- objective
+
+
+@dataclass
+class TCSMObjectiveConfig:
+    name: str = "tcsm"
+    loss: str = field(
+        default="distrib", metadata={"help": "per-position loss: distrib | score | a LOSSES name"}
+    )
+    divergence: str | None = field(
+        default=None, metadata={"help": "divergence of the loss (null: its default)"}
+    )
+    weighting: str = field(
+        default="kappa", metadata={"help": "time weighting ω(t): kappa | a WEIGHTINGS name"}
+    )
+    antithetic: bool = field(default=True, metadata={"help": "antithetic t across each micro-batch"})
+    kwargs: dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "extra loss arguments, e.g. {clamp: -30}"}
+    )
+
+
+@OBJECTIVES.register("tcsm", schema=TCSMObjectiveConfig)
+def build_tcsm_objective(node: dict, ctx: BuildContext):
+    """The composed N^1 TCSM objective: path × target × loss × divergence × ω(t) (MATH.md §3, §7)."""
+    from tcsm.objectives import Objective
+
+    kwargs = dict(node.pop("kwargs") or {})
+    divergence = node.pop("divergence")
+    if divergence is not None:
+        kwargs["divergence"] = divergence
+    try:
+        return Objective(
+            ctx.path,
+            ctx.target,
+            loss=node["loss"],
+            weighting=node["weighting"],
+            antithetic=node["antithetic"],
+            **kwargs,
+        )
+    except (ValueError, KeyError) as e:
+        raise ConfigError(f"objective: {e}") from None
+
+
+# --------------------------------------------------------------------------------------------------- registry
+# `objective.name: clean_lm` picks the model family's loss; the explicit names check that they fit the model.
+
+
+@dataclass
+class CleanObjectiveConfig:
+    name: str = "clean_lm"
+    mask_rate: float = field(default=0.15, metadata={"help": "MLM: fraction of positions masked"})
+    mask_rate_max: float | None = field(
+        default=None, metadata={"help": "MLM: draw the rate per sequence from [mask_rate, mask_rate_max]"}
+    )
+    random_rate: float = field(default=0.0, metadata={"help": "MLM: chosen positions given a random token"})
+    keep_rate: float = field(default=0.0, metadata={"help": "MLM: chosen positions left unchanged"})
+
+
+_OBJECTIVE_FAMILY = {"mlm": "mlm", "autoregressive": "causal", "pseudo_likelihood": "hollow"}
+
+
+def _register_clean() -> None:
+    def make(objective: str):
+        def build(node: dict, ctx):
+            family = getattr(ctx.model, "family", None)
+            want = _OBJECTIVE_FAMILY.get(objective, family)
+            if family is None or family not in CLEAN_LOSSES or family != want:
+                raise ConfigError(
+                    f"objective {objective!r} trains a clean-data {want or 'mlm | causal | hollow'} model, but "
+                    f"model.name builds a {type(ctx.model).__name__}; use objective.name=clean_lm with model.name="
+                    "mlm | causal | hollow (or hf_mlm | hf_causal)"
+                )
+            if family != "mlm":
+                return CLEAN_LOSSES[family]()
+            hi = node["mask_rate_max"]
+            rate = node["mask_rate"] if hi is None else (node["mask_rate"], hi)
+            try:
+                return MaskedLMLoss(rate, node["random_rate"], node["keep_rate"])
+            except ValueError as e:
+                raise ConfigError(f"objective: {e}") from None
+
+        return build
+
+    helps = {
+        "clean_lm": "train a clean-data model with its family's loss (MLM / next-token NLL / pseudo-likelihood)",
+        "mlm": "BERT masked-LM loss for model.name=mlm | hf_mlm",
+        "autoregressive": "next-token NLL for model.name=causal | hf_causal",
+        "pseudo_likelihood": "Σ_i −log p(x^i | x^{≠i}) for model.name=hollow",
+    }
+    for name, text in helps.items():
+        schema = dataclasses.make_dataclass(
+            f"{name.title()}Config", [("name", str, name)], bases=(CleanObjectiveConfig,)
+        )
+        OBJECTIVES.register(name, make(name), schema=schema, help=text, overwrite=True)
+
+
+_register_clean()
+
+
+# --------------------------------------------------------------------------------------------------- sedd
+
+
+@dataclass
+class SEDDObjectiveConfig:
+    name: str = "sedd"
+    bound: Optional[str] = field(  # noqa: UP045 (OmegaConf structured configs need Optional)
+        default=None,
+        metadata={"help": "bound trained on: reversal (SEDD, uniform default) | dfm (uniform) | masked (masked)"},
+    )
+    antithetic: bool = field(default=True, metadata={"help": "antithetic t across each micro-batch"})
+
+
+@OBJECTIVES.register("sedd", schema=SEDDObjectiveConfig)
+def build_sedd_objective(node: dict, ctx: BuildContext):
+    """SEDD-style score entropy (mean-parameterised): train on the path's NELBO integrand (MATH.md §2.3 B)."""
+    from tcsm.baselines import ScoreEntropyObjective
+    from tcsm.targets.base import DataTarget
+
+    if ctx.target is not None and not isinstance(ctx.target, DataTarget):
+        # The bound needs x_1 ~ data and x_t ~ p_{t|1}(·|x_1); other targets change what x_1 and x_t are.
+        raise ConfigError(f"objective sedd trains on data samples: use target.name=data, not {type(ctx.target).__name__}")
+    try:
+        return ScoreEntropyObjective(ctx.path, ctx.target, bound=node.get("bound"), antithetic=node["antithetic"])
+    except ValueError as e:
+        raise ConfigError(f"objective sedd: {e}") from None

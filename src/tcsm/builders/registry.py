@@ -1,0 +1,151 @@
+"""Name → builder registries: how a config becomes a model, a target or an objective (DESIGN.md).
+
+A component registers itself in its own module, so adding one never edits the trainer or the CLI:
+
+    from tcsm.builders.registry import TARGETS
+
+    @TARGETS.register("bert", schema=BertTargetConfig)   # schema: an optional dataclass of its config keys
+    def build_bert_target(node: dict, ctx: BuildContext) -> Target: ...
+
+The config section that selects it (`target.name=bert`) is then validated against `schema` (unknown keys and
+wrong types become one-line errors) and `node` holds that section's keys without `name`. Built-in entries live
+in the `BUILDER_MODULES` (tcsm.builders.models, .targets, .objectives and one module per post-training recipe), which
+a registry imports before it reports a name as unknown. A name of the form `package.module:function` is
+imported and used as the builder directly, so a user's own component needs no registration at all.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tcsm.errors import ConfigError
+
+__all__ = ["MODELS", "OBJECTIVES", "TARGETS", "BuildContext", "Entry", "Registry", "import_plugins"]
+
+
+@dataclass
+class BuildContext:
+    """What a builder may need besides its own config node. Fields are filled in build order
+    (data → path → model → target → objective), so a target builder sees the model, an objective the target."""
+
+    config: Any  # the whole run config (DictConfig)
+    device: Any = None  # torch.device the run trains on
+    data: Any = None  # tcsm.data.DataBundle
+    path: Any = None  # tcsm.paths.ProbabilityPath
+    model: Any = None  # the trainable denoiser (unwrapped)
+    target: Any = None  # tcsm.targets.Target
+    reference: Any = None  # a frozen reference model a target builder loaded for the objective (or None)
+    extras: dict[str, Any] = field(default_factory=dict)  # free slot for components that cooperate
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.data.vocab_size)
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.data.seq_len)
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    builder: Callable[[dict, BuildContext], Any]
+    schema: type | None = None  # a dataclass: the keys of the config section besides `name`
+    help: str = ""
+
+
+class Registry:
+    """A dict of `Entry`s keyed by name, with helpful errors and lazy import of the modules that register."""
+
+    def __init__(self, kind: str, homes: tuple[str, ...] = ()):
+        self.kind = kind
+        self.homes = tuple(homes)
+        self._entries: dict[str, Entry] = {}
+        self._homes_imported = False
+
+    def register(
+        self,
+        name: str,
+        builder: Callable | None = None,
+        *,
+        schema: type | None = None,
+        help: str | None = None,
+        overwrite: bool = False,
+    ):
+        """Register `builder(node, ctx)` under `name`; usable as a decorator. Returns the builder."""
+
+        def add(fn: Callable) -> Callable:
+            if name in self._entries and not overwrite and self._entries[name].builder is not fn:
+                raise ValueError(
+                    f"{self.kind} {name!r} is already registered; pass overwrite=True to replace it"
+                )
+            doc = help if help is not None else (fn.__doc__ or "").strip().split("\n")[0]
+            self._entries[name] = Entry(name, fn, schema, doc)
+            return fn
+
+        return add(builder) if builder is not None else add
+
+    def _import_homes(self) -> None:
+        if not self._homes_imported:
+            self._homes_imported = True
+            for module in self.homes:
+                importlib.import_module(module)
+
+    def get(self, name: str) -> Entry:
+        if name not in self._entries:
+            self._import_homes()
+        if name in self._entries:
+            return self._entries[name]
+        if ":" in name:  # "package.module:builder" — a user's component, used without registration
+            module, _, attr = name.partition(":")
+            try:
+                fn = getattr(importlib.import_module(module), attr)
+            except (ImportError, AttributeError) as e:
+                raise ConfigError(f"cannot import {self.kind} builder {name!r}: {e}") from None
+            return Entry(name, fn, getattr(fn, "schema", None), (fn.__doc__ or "").strip().split("\n")[0])
+        raise ConfigError(
+            f"unknown {self.kind} {name!r}; choose one of {self.names()} or give 'module:function'"
+        )
+
+    def names(self) -> list[str]:
+        self._import_homes()
+        return sorted(self._entries)
+
+    def __contains__(self, name: str) -> bool:
+        self._import_homes()
+        return name in self._entries
+
+    def build(self, name: str, node: dict, ctx: BuildContext) -> Any:
+        return self.get(name).builder(node, ctx)
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}, {sorted(self._entries)})"
+
+
+#: The modules whose import registers the built-in entries; one module may register several kinds (a recipe's
+#: model, target and objective together). A registry imports them all before it reports a name as unknown.
+BUILDER_MODULES = (
+    "tcsm.builders.models",
+    "tcsm.builders.targets",
+    "tcsm.builders.objectives",
+    "tcsm.posttrain.dre.builder",
+    "tcsm.posttrain.preference.builder",
+    "tcsm.posttrain.distill.builder",
+    "tcsm.posttrain.reward.builder",
+)
+
+MODELS = Registry("model", homes=BUILDER_MODULES)
+TARGETS = Registry("target", homes=BUILDER_MODULES)
+OBJECTIVES = Registry("objective", homes=BUILDER_MODULES)
+
+
+def import_plugins(modules) -> None:
+    """Import user modules named in the config's `plugins` list so that their registrations run."""
+    for module in modules or ():
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ConfigError(f"cannot import plugin module {module!r}: {e}") from None

@@ -1,0 +1,114 @@
+"""Pre-training target builders: `target.name` → a Target (data, parametric teacher), loading the frozen models
+they need from checkpoints here, so that the target classes take model objects only. The post-training targets
+register in their method's builder (`tcsm.posttrain.reward.builder`, `tcsm.posttrain.distill.builder`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tcsm.builders.loading import load_checkpoint
+from tcsm.builders.registry import TARGETS, BuildContext
+from tcsm.errors import CheckpointError, ConfigError, TCSMError
+from tcsm.targets.parametric import TEACHERS, ParametricTarget, Teacher, make_teacher
+
+__all__ = ["ParametricTargetConfig", "load_teacher"]
+
+
+# --------------------------------------------------------------------------------------------------- target
+
+
+@dataclass
+class DataTargetConfig:
+    name: str = "data"
+
+
+@TARGETS.register("data", schema=DataTargetConfig)
+def build_data_target(node: dict, ctx: BuildContext):
+    """Monte Carlo target from data samples: x_1 ~ data, x_t ~ p_{t|1} (MATH.md §3.4)."""
+    from tcsm.targets import DataTarget
+
+    return DataTarget()
+
+
+# --------------------------------------------------------------------------------------------------- registry
+# `target.name: parametric` with `teacher: <checkpoint of a clean-data run>` (`tcsm train -c clean-...`).
+
+
+@dataclass
+class ParametricTargetConfig:
+    name: str = "parametric"
+    teacher: str | None = field(
+        default=None,
+        metadata={"help": "checkpoint (run, checkpoints or step_* directory) of a clean-data model"},
+    )
+    ema: bool = field(default=True, metadata={"help": "use the teacher's EMA weights when it has them"})
+    estimator: str = field(
+        default="exact", metadata={"help": "AR teachers: exact | topk | taylor (MATH.md §5.4)"}
+    )
+    k: int = field(default=8, metadata={"help": "topk: candidates per position"})
+    temperature: float = field(default=1.0, metadata={"help": "taylor: ℓ is divided by this"})
+    max_tokens: int = field(
+        default=1 << 16, metadata={"help": "tokens per teacher forward pass (memory bound)"}
+    )
+    cache_size: int = field(default=0, metadata={"help": "sequences whose teacher conditionals are memoised"})
+    autocast: bool = field(
+        default=False, metadata={"help": "run the teacher under the trainer's bf16 autocast"}
+    )
+
+
+def load_teacher(
+    path: str, device="cpu", *, ema: bool = True, vocab_size: int | None = None, **options
+) -> Teacher:
+    """The frozen teacher of a clean-data checkpoint written by `tcsm train` (EMA weights by default).
+    `options` go to the family's teacher (estimator / k / temperature for AR, max_tokens for MLM)."""
+    ck = load_checkpoint(path, device=device, ema=ema)
+    family = getattr(ck.model, "family", None)
+    if family not in TEACHERS:
+        raise CheckpointError(
+            f"checkpoint {str(ck.directory)!r} holds a {type(ck.model).__name__}, not a clean-data model "
+            "(train one with objective.name=clean_lm and model.name=mlm | causal | hollow)"
+        )
+    if vocab_size is not None and int(ck.data_info["vocab_size"]) != int(vocab_size):
+        raise CheckpointError(
+            f"teacher {str(ck.directory)!r} was trained on {ck.data_info['vocab_size']} tokens, the data has {vocab_size}"
+        )
+    keep = {"causal": ("estimator", "k", "temperature", "max_tokens"), "mlm": ("max_tokens",), "hollow": ()}[
+        family
+    ]
+    opts = {k: v for k, v in options.items() if k in keep or k == "autocast"}
+    if family == "causal":
+        est = opts.get("estimator", "exact")
+        drop = {"exact": ("k", "temperature"), "topk": ("temperature",), "taylor": ("k", "max_tokens")}.get(
+            est, ()
+        )
+        opts = {k: v for k, v in opts.items() if k not in drop}
+    return make_teacher(ck.model, family, **opts)
+
+
+def _register_parametric() -> None:
+    def build(node: dict, ctx):
+        node = dict(node)
+        path = node.pop("teacher")
+        if not path:
+            raise ConfigError(
+                "target.teacher must name the checkpoint of a clean-data run (tcsm train -c clean-mlm ...)"
+            )
+        ema, cache_size = node.pop("ema"), node.pop("cache_size")
+        try:
+            teacher = load_teacher(path, ctx.device or "cpu", ema=ema, vocab_size=ctx.vocab_size, **node)
+        except TCSMError:
+            raise
+        except ValueError as e:  # an estimator option out of range
+            raise ConfigError(f"target: {e}") from None
+        return ParametricTarget(teacher, cache_size=cache_size)
+
+    TARGETS.register(
+        "parametric",
+        build,
+        schema=ParametricTargetConfig,
+        overwrite=True,
+        help="explicit N^1 target from a frozen clean-data model (BERT / AR / Hollow; MATH.md §4)",
+    )
+
+
+_register_parametric()

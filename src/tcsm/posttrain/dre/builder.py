@@ -1,0 +1,231 @@
+"""Density-ratio post-training builders (MATH.md §5.1): the energy model, the DRE objective.
+
+* `model.name: energy` — frozen reference p^ref (from `model.reference`, a tcsm checkpoint) + `RatioHead` f_θ,
+  trained as the strategy-(ii) energy model. The reference's weights are part of the run's own weights, so a
+  checkpoint loads without the reference run (its architecture is `model.reference_model`, which `tcsm finetune
+  dre` copies from the reference run).
+* `objective.name: dre` — strategy i (the student denoiser against `objective.reference`: a checkpoint, `ema` or
+  `previous`) or ii (an energy model), with loss lsif | bce | gkl and `num_negatives` reference draws per x_t.
+
+A reference whose vocabulary or noise source differs from the run's is refused with a one-line CheckpointError.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from tcsm.builders.components import DataInfo
+from tcsm.builders.config import to_dict
+from tcsm.builders.loading import load_checkpoint
+from tcsm.builders.registry import MODELS, OBJECTIVES, BuildContext
+from tcsm.errors import CheckpointError, ConfigError
+from tcsm.posttrain.dre.energy import EnergyModel
+from tcsm.posttrain.dre.ratio_head import RatioHead, RatioHeadConfig
+from tcsm.targets.base import freeze
+
+__all__ = ["DREObjectiveConfig", "EnergyModelConfig", "load_reference"]
+
+
+def load_reference(path: str, ctx: BuildContext, *, ema: bool = True, what: str = "reference"):
+    """The frozen diffusion denoiser of a `tcsm train` checkpoint, checked against the run: same clean vocabulary,
+    same noise source (hence input alphabet), long enough for the data. Returns (model, LoadedCheckpoint)."""
+    ck = load_checkpoint(path, device=ctx.device or "cpu", ema=ema)
+    where = str(ck.directory)
+    if getattr(ck.model, "family", None) is not None or isinstance(ck.model, EnergyModel):
+        raise CheckpointError(
+            f"{what} {where!r} holds a model of type {type(ck.model).__name__}, not a diffusion denoiser of a `tcsm train` run"
+        )
+    V, source = int(ck.data_info["vocab_size"]), ck.config.path.source
+    if V != ctx.vocab_size or source != ctx.path.kind:
+        raise CheckpointError(
+            f"{what} {where!r} is a {source} model over {V} tokens; this run has a {ctx.path.kind} path over "
+            f"{ctx.vocab_size} tokens: the ratio p/p^ref needs the same vocabulary and noise source"
+        )
+    max_len = getattr(getattr(ck.model, "cfg", None), "max_len", None)
+    if max_len is not None and ctx.seq_len > max_len:
+        raise CheckpointError(
+            f"{what} {where!r} allows sequences of at most {max_len}; the data has {ctx.seq_len}"
+        )
+    return freeze(ck.model), ck
+
+
+# --------------------------------------------------------------------------------------------------- model
+
+_HEAD_KEYS = ("d_model", "n_layers", "n_heads", "cond_dim", "mlp_ratio", "dropout", "time_conditioning")
+
+
+@dataclass
+class EnergyModelConfig:
+    name: str = "energy"
+    reference: Optional[str] = field(  # noqa: UP045 (OmegaConf structured configs need Optional)
+        default=None,
+        metadata={"help": "checkpoint of the frozen reference p^ref (a masked/uniform tcsm run)"},
+    )
+    reference_ema: bool = field(
+        default=True, metadata={"help": "use the reference's EMA weights when it has them"}
+    )
+    reference_model: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={
+            "help": "the reference's model section (tcsm finetune dre copies it; {}: read the checkpoint)"
+        },
+    )
+    init_from_reference: bool = field(
+        default=True, metadata={"help": "start the head's trunk as a copy of the reference's (readout f ≡ 0)"}
+    )
+    d_model: Optional[int] = field(default=None, metadata={"help": "head width (null: the reference's)"})  # noqa: UP045
+    n_layers: Optional[int] = field(default=None, metadata={"help": "head depth (null: the reference's)"})  # noqa: UP045
+    n_heads: Optional[int] = None  # noqa: UP045
+    cond_dim: Optional[int] = None  # noqa: UP045
+    mlp_ratio: Optional[float] = None  # noqa: UP045
+    dropout: Optional[float] = None  # noqa: UP045
+    time_conditioning: Optional[bool] = field(  # noqa: UP045
+        default=None, metadata={"help": "condition f on t (null: as the reference)"}
+    )
+
+
+def _reference_architecture(node: dict, ctx: BuildContext):
+    """The reference denoiser with its architecture only (weights follow from the energy run's checkpoint)."""
+    arch = dict(node["reference_model"])
+    if not arch:
+        if not node.get("reference"):
+            raise ConfigError(
+                "model.reference_model (or model.reference) must describe the reference denoiser"
+            )
+        from tcsm.checkpoint import read_state, resolve_checkpoint
+
+        arch = dict(read_state(resolve_checkpoint(node["reference"]))[1]["config"]["model"])
+    name = arch.pop("name", "denoiser")
+    return MODELS.build(name, arch, ctx)
+
+
+@MODELS.register("energy", schema=EnergyModelConfig)
+def build_energy_model(node: dict, ctx: BuildContext) -> EnergyModel:
+    """Strategy-(ii) energy model p^ref · e^{f_θ}: a frozen reference and a trainable ratio head (MATH.md §5.1)."""
+    if isinstance(ctx.data, DataInfo):
+        # Loading a checkpoint: only the architecture is needed, the checkpoint holds both sets of weights.
+        reference = freeze(_reference_architecture(node, ctx))
+    else:
+        if not node.get("reference"):
+            raise ConfigError(
+                "model.reference must name the reference checkpoint (tcsm finetune dre --from RUN sets it)"
+            )
+        reference, ck = load_reference(
+            node["reference"], ctx, ema=node["reference_ema"], what="model.reference"
+        )
+        saved = {k: v for k, v in node["reference_model"].items() if v is not None}
+        stored = {k: v for k, v in to_dict(ck.config.model).items() if v is not None}
+        if saved and saved != stored:
+            raise CheckpointError(
+                f"model.reference_model does not describe the reference checkpoint {str(ck.directory)!r}; "
+                "remove it (it is read from the checkpoint) or point model.reference at the matching run"
+            )
+    overrides = {k: node[k] for k in _HEAD_KEYS if node.get(k) is not None}
+    try:
+        if node["init_from_reference"]:
+            head = RatioHead.from_denoiser(reference, **overrides)
+        else:
+            known = {f.name for f in dataclasses.fields(RatioHeadConfig)}
+            kw = {k: v for k, v in reference.cfg.to_dict().items() if k in known}
+            head = RatioHead(RatioHeadConfig(**{**kw, **overrides}))
+    except ValueError as e:
+        raise ConfigError(f"model: {e}") from None
+    return EnergyModel(reference, head)
+
+
+# --------------------------------------------------------------------------------------------------- objective
+
+
+@dataclass
+class DREObjectiveConfig:
+    name: str = "dre"
+    strategy: str = field(
+        default="ii", metadata={"help": "i: the student denoiser over p^ref | ii: energy model p^ref·e^f"}
+    )
+    loss: str = field(default="bce", metadata={"help": "lsif | bce (EDLM's NCE) | gkl (MATH.md §5.1)"})
+    num_negatives: int = field(default=1, metadata={"help": "reference draws x̂_1 ~ p^ref_{1|t} per x_t"})
+    level: str = field(default="token", metadata={"help": "strategy i: token (N^1 conditionals) | sequence"})
+    reference: Optional[str] = field(  # noqa: UP045
+        default=None,
+        metadata={
+            "help": "strategy i: a checkpoint | ema | previous (ii: the energy model's model.reference)"
+        },
+    )
+    reference_ema: bool = field(
+        default=True, metadata={"help": "load the reference checkpoint's EMA weights"}
+    )
+    refresh_every: int = field(default=100, metadata={"help": "reference=previous: steps between refreshes"})
+    antithetic: bool = field(default=True, metadata={"help": "antithetic t across each micro-batch"})
+    log_z_samples: list[int] = field(
+        default_factory=lambda: [1, 4, 16],
+        metadata={
+            "help": "strategy ii evaluation: reference draws for log Ẑ (the estimate is given for each)"
+        },
+    )
+    eval_max_rows: int = field(default=8192, metadata={"help": "strategy ii evaluation: head rows per call"})
+    sir_k: int = field(default=2, metadata={"help": "strategy ii sampling: SIR candidates per step"})
+    sir_window: list[float] = field(
+        default_factory=lambda: [0.4, 0.6],
+        metadata={"help": "α_t window where SIR is used ([0, 1]: every step)"},
+    )
+    sir_temperature: float = field(default=1.0, metadata={"help": "SIR selection ∝ softmax(f / T)"})
+
+
+@OBJECTIVES.register("dre", schema=DREObjectiveConfig)
+def build_dre_objective(node: dict, ctx: BuildContext):
+    """Density-ratio post-training, strategy (i) or (ii), Bregman DRE loss (MATH.md §5.1)."""
+    from tcsm.posttrain.dre.objective import DensityRatioObjective, EnergyObjective
+
+    strategy, reference = node["strategy"], node["reference"]
+    common = {
+        "loss": node["loss"],
+        "num_negatives": node["num_negatives"],
+        "target": ctx.target,
+        "antithetic": node["antithetic"],
+    }
+    is_energy = isinstance(ctx.model, EnergyModel)
+    try:
+        if strategy == "ii":
+            if not is_energy:
+                raise ConfigError("objective.strategy=ii trains an energy model: set model.name=energy")
+            if reference is not None:
+                raise ConfigError(
+                    "objective.reference is strategy i's; strategy ii's reference is model.reference"
+                )
+            return EnergyObjective(
+                ctx.path,
+                eval_num_t=ctx.config.eval.num_t,
+                log_z_samples=list(node["log_z_samples"]),
+                eval_max_rows=node["eval_max_rows"],
+                sample_steps=ctx.config.sample.steps,
+                sir_k=node["sir_k"],
+                sir_window=list(node["sir_window"]),
+                sir_temperature=node["sir_temperature"],
+                **common,
+            )
+        if strategy != "i":
+            raise ConfigError(f"objective.strategy must be i or ii, got {strategy!r}")
+        if is_energy:
+            raise ConfigError(
+                "objective.strategy=i trains the student denoiser itself: use model.name=denoiser"
+            )
+        if reference is None:
+            raise ConfigError("objective.reference must be a checkpoint, ema or previous for strategy i")
+        if reference == "ema" and not ctx.config.train.ema > 0:
+            raise ConfigError("objective.reference=ema needs the trainer's EMA: set train.ema > 0")
+        if reference not in ("ema", "previous"):
+            # Scoring a saved run (no target built) needs no reference: strategy i is evaluated as a denoiser.
+            if ctx.target is not None:
+                ctx.reference, _ = load_reference(
+                    reference, ctx, ema=node["reference_ema"], what="objective.reference"
+                )
+            reference = ctx.reference
+        return DensityRatioObjective(
+            ctx.path, reference, level=node["level"], refresh_every=node["refresh_every"], **common
+        )
+    except ValueError as e:
+        if isinstance(e, (ConfigError, CheckpointError)):
+            raise
+        raise ConfigError(f"objective: {e}") from None

@@ -1,0 +1,109 @@
+"""Density-ratio post-training as a recipe (MATH.md §5.1): the run config of a DRE fine-tune, and its report.
+
+A DRE fine-tune is an ordinary run over the reference run's data and path: the reference run's config < the
+`finetune-dre` preset < overrides < `values`. Strategy (ii) replaces the model section by an energy model
+(`model.name: energy`) around the frozen reference — only its head trains, and its trunk starts as a copy of the
+reference's; strategy (i) keeps the reference's denoiser, starts the student from the reference's weights through
+`train.init_from` and uses the reference checkpoint as `objective.reference` unless `ema` / `previous` is asked.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tcsm.builders.config import load_config, set_values
+from tcsm.builders.loading import load_checkpoint
+from tcsm.checkpoint import read_state, resolve_checkpoint
+from tcsm.errors import CheckpointError, ConfigError
+from tcsm.likelihood import evaluate_bound
+
+__all__ = ["dre_config", "dre_report"]
+
+
+def _strategy(preset: str | None, overrides, values: dict) -> str:
+    """objective.strategy as the layers above the reference run's config will set it (last one wins)."""
+    if "objective.strategy" in values:
+        return str(values["objective.strategy"])
+    for item in reversed(list(overrides)):
+        if item.startswith("objective.strategy="):
+            return item.split("=", 1)[1]
+    cfg = load_config(preset) if preset else None
+    if cfg is None or cfg.objective.name != "dre":
+        raise ConfigError("tcsm finetune dre needs objective.name=dre (the finetune-dre preset sets it)")
+    return str(cfg.objective.strategy)
+
+
+def dre_config(checkpoint, preset: str | None = "finetune-dre", overrides=(), values: dict | None = None):
+    """The DRE fine-tuning config for the reference checkpoint `checkpoint` (a `tcsm train` run, step or
+    checkpoints directory): its config < preset < overrides < `values` (dotted key → value)."""
+    values = dict(values or {})
+    directory = resolve_checkpoint(checkpoint)
+    state = read_state(directory)[1]
+    if "config" not in state:
+        raise CheckpointError(f"{str(directory)!r} holds no run config; it was not written by `tcsm train`")
+    base = dict(state["config"])
+    if base.get("model", {}).get("name", "denoiser") != "denoiser":
+        raise CheckpointError(
+            f"{str(directory)!r} trained a {base['model'].get('name')!r} model; DRE needs a diffusion denoiser run"
+        )
+    # Never write into the reference run, and never inherit its own warm start.
+    base["train"] = {**base.get("train", {}), "out_dir": None, "init_from": None}
+    strategy = _strategy(preset, overrides, values)
+    start: dict = {}
+    if strategy == "ii":
+        base["model"] = {"name": "energy", "reference": str(directory), "reference_model": base["model"]}
+    elif strategy == "i":
+        weights = "ema" if (directory / "ema.safetensors").is_file() else "model"
+        start = {"train.init_from": str(directory), "train.init_weights": weights}
+    cfg = load_config(preset, list(overrides), base=base)
+    if strategy == "i" and cfg.objective.reference is None:
+        start["objective.reference"] = str(directory)
+    return set_values(cfg, {**{k: v for k, v in start.items() if k not in values}, **values})
+
+
+def dre_report(run_dir, num_examples: int, seed: int = 0) -> dict:
+    """The fine-tuned model against its reference on `num_examples` sequences of the eval split.
+
+    Strategy (ii): the reference's valid masked bound and the energy model's IS estimate for every n of
+    `objective.log_z_samples` (labelled; MATH.md §5.1, §8 item 14). Strategy (i): both models' valid bounds."""
+    from tcsm.builders.components import build_objective_for_checkpoint
+    from tcsm.protocols import Evaluates
+
+    post = load_checkpoint(run_dir)
+    cfg = post.config
+    data = post.build_data()
+    path = post.build_path()
+    x = data.split(cfg.eval.split)[: int(num_examples)]
+    if x.shape[0] == 0:
+        raise ConfigError(f"the {cfg.eval.split} split is empty")
+    e = cfg.eval
+    out = {
+        "strategy": cfg.objective.strategy,
+        "loss": cfg.objective.loss,
+        "split": e.split,
+        "step": post.step,
+    }
+    objective = build_objective_for_checkpoint(cfg, post.model, data, "cpu")
+    if isinstance(objective, Evaluates):
+        g = torch.Generator().manual_seed(seed)
+        res = objective.evaluate(post.model, x, batch_size=e.batch_size, generator=g)
+        keep = [k for k in res if k.startswith(("reference_bpc", "bpc_estimate", "log_z_mean"))]
+        out.update({k: res[k] for k in keep}, log_z_samples=list(cfg.objective.log_z_samples))
+    else:
+        ref = (
+            load_checkpoint(cfg.objective.reference)
+            if cfg.objective.reference not in ("ema", "previous")
+            else None
+        )
+        for name, model in (("reference", ref.model if ref else None), ("finetuned", post.model)):
+            if model is None:
+                continue
+            g = torch.Generator().manual_seed(seed)  # the same draws for both models
+            res = evaluate_bound(model, x, path, batch_size=e.batch_size, num_t=e.num_t, generator=g)
+            out[f"{name}_bpc"], out[f"{name}_bpc_stderr"] = res["bpc"], res["bpc_stderr"]
+    floor = getattr(data, "nats_per_token_floor", None)
+    if floor is not None:
+        out["floor_bpc"] = floor / math.log(2)
+    return out

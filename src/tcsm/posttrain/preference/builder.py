@@ -1,0 +1,83 @@
+"""Preference fine-tuning builders (MATH.md §5.3): the pairwise objectives and their frozen reference.
+
+`objective.name: preference` loads the pre-trained run named by `objective.reference`, freezes it and puts it in
+`ctx.reference`, which the trainer hands to the objective on every step (`Components.reference`); the student
+itself starts from the same weights through `train.init_from` (tcsm.posttrain.preference.recipe sets both).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tcsm.builders.loading import load_checkpoint
+from tcsm.builders.registry import OBJECTIVES, BuildContext
+from tcsm.errors import CheckpointError, ConfigError
+from tcsm.targets.base import DataTarget, freeze
+
+__all__ = ["PreferenceObjectiveConfig"]
+
+
+@dataclass
+class PreferenceObjectiveConfig:
+    name: str = "preference"
+    reference: str | None = field(
+        default=None,
+        metadata={"help": "checkpoint of the frozen pre-trained reference (run, checkpoints or step_*)"},
+    )
+    reference_ema: bool = field(default=True, metadata={"help": "use the reference's EMA weights when saved"})
+    loss: str = field(
+        default="paper", metadata={"help": "paper (BCE, logits Δ − log β) | dpo (−log σ(β_dpo (Δ_w − Δ_l)))"}
+    )
+    beta: float = field(
+        default=1.0, metadata={"help": "paper loss: the margin β of r = p^θ/(β p^ref) (MATH.md §5.3)"}
+    )
+    beta_dpo: float = field(default=0.1, metadata={"help": "dpo loss: inverse temperature β_DPO"})
+    num_t: int = field(default=2, metadata={"help": "times t (and x_t draws) per pair and step"})
+    weighting: str = field(
+        default="none", metadata={"help": "ω(t) multiplying each pair's loss: none | kappa | ..."}
+    )
+    noise: str = field(
+        default="independent",
+        metadata={"help": "x_t^w, x_t^l: independent (MATH.md §5.3) | shared random draws"},
+    )
+    antithetic: bool = field(default=True, metadata={"help": "antithetic t across each micro-batch"})
+    eval_num_t: int = field(
+        default=4, metadata={"help": "stratified times per held-out pair in the evaluation"}
+    )
+
+
+@OBJECTIVES.register("preference", schema=PreferenceObjectiveConfig)
+def build_preference_objective(node: dict, ctx: BuildContext):
+    """Pairwise preference loss (paper BCE or DPO-style) against a frozen pre-trained reference (MATH.md §5.3)."""
+    from tcsm.posttrain.preference.objective import PreferenceObjective
+
+    if ctx.target is not None and not isinstance(ctx.target, DataTarget):
+        raise ConfigError(
+            f"objective preference noises the pairs itself: use target.name=data, not {type(ctx.target).__name__}"
+        )
+    if not node.get("reference"):
+        raise ConfigError(
+            "objective.reference must name the pre-trained checkpoint (tcsm finetune preference --from)"
+        )
+    ck = load_checkpoint(node["reference"], device=ctx.device or "cpu", ema=node["reference_ema"])
+    if int(ck.data_info["vocab_size"]) != ctx.vocab_size or ck.config.path.source != ctx.path.kind:
+        raise CheckpointError(
+            f"reference {str(ck.directory)!r} is a {ck.config.path.source} model over {ck.data_info['vocab_size']} "
+            f"tokens; this run has a {ctx.path.kind} path over {ctx.vocab_size}"
+        )
+    ctx.reference = freeze(ck.model)
+    try:
+        return PreferenceObjective(
+            ctx.path,
+            loss=node["loss"],
+            beta=node["beta"],
+            beta_dpo=node["beta_dpo"],
+            num_t=node["num_t"],
+            weighting=node["weighting"],
+            noise=node["noise"],
+            antithetic=node["antithetic"],
+            reference=ctx.reference,
+            eval_num_t=node["eval_num_t"],
+        )
+    except ValueError as e:
+        raise ConfigError(f"objective preference: {e}") from None

@@ -1,0 +1,72 @@
+"""Reward fine-tuning as a recipe (MATH.md §5.2): the run config of a fine-tune, and its before/after report.
+
+A fine-tune is an ordinary run: the pre-trained run's config (data, path, model) < the `finetune-reward` preset
+< overrides, with `target.pretrained` and `train.init_from` pointing at the pre-trained checkpoint, trained by
+the same Trainer (`tcsm.train.fit`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tcsm.builders.config import load_config, set_values
+from tcsm.builders.loading import load_checkpoint
+from tcsm.checkpoint import read_state, resolve_checkpoint
+from tcsm.errors import CheckpointError
+from tcsm.posttrain.reward.rewards import evaluate_reward, make_reward
+from tcsm.sampling import sample
+
+__all__ = ["reward_config", "reward_report"]
+
+
+def reward_config(
+    checkpoint, preset: str | None = "finetune-reward", overrides=(), values: dict | None = None
+):
+    """The fine-tuning config: pre-trained run's config < preset < overrides < `values` (dotted key → value),
+    with `target.pretrained` and `train.init_from` set to the checkpoint directory (set train.init_from=null in
+    `values` to start the student afresh)."""
+    directory = resolve_checkpoint(checkpoint)
+    state = read_state(directory)[1]
+    if "config" not in state:
+        raise CheckpointError(f"{str(directory)!r} holds no run config; it was not written by `tcsm train`")
+    base = dict(state["config"])
+    base["train"] = {**base.get("train", {}), "out_dir": None}  # never write into the pre-trained run
+    cfg = load_config(preset, list(overrides), base=base)
+    cfg = set_values(cfg, {"target.pretrained": str(directory), **(values or {})})
+    # The student starts from the pre-trained weights through the trainer's init_from, like any warm start.
+    start = {"train.init_from": str(directory), "train.init_weights": "ema" if cfg.target.ema else "model"}
+    return set_values(cfg, {k: v for k, v in start.items() if k not in (values or {})})
+
+
+def reward_report(run_dir, num_samples: int, seed: int = 0) -> dict:
+    """Mean reward of `num_samples` samples of the pre-trained and of the fine-tuned (EMA) model, same sampler."""
+    post = load_checkpoint(run_dir)
+    cfg = post.config
+    pre = load_checkpoint(cfg.target.pretrained)
+    data = post.build_data()
+    path = post.build_path()
+    reward = make_reward(cfg.target.reward, decode=data.decode, vocab_size=data.vocab_size)
+    prompt = data.encode(cfg.target.prompt) if cfg.target.prompt else None
+    out = {
+        "reward": cfg.target.reward,
+        "beta": float(cfg.target.beta),
+        "num_samples": int(num_samples),
+        "sample_steps": int(cfg.sample.steps),
+    }
+    for name, ck in (("pretrained", pre), ("finetuned", post)):
+        g = torch.Generator().manual_seed(seed)
+        x = sample(
+            ck.model,
+            path,
+            batch_size=num_samples,
+            length=data.seq_len,
+            num_steps=cfg.sample.steps,
+            generator=g,
+            prompt=prompt,
+            chunk_size=256,
+        )
+        r = evaluate_reward(reward, x, 1024).double()
+        out[f"{name}_reward_mean"] = float(r.mean())
+        out[f"{name}_reward_stderr"] = float(r.std() / max(1, r.numel()) ** 0.5)
+        out[f"{name}_example"] = data.decode(x[0])
+    return out

@@ -1,1 +1,0 @@
-"""Recipes: the paper's post-training procedures as run configurations (and their reports) over the one Trainer."""

@@ -1,0 +1,29 @@
+"""Sampling (MATH.md §6): `common` holds the shared building blocks (time grids, exact Gumbel-max draws,
+temperature / top-p, prompt pinning), `samplers` the path samplers (Euler / τ-leaping, analytic reversal, cached
+masked ancestral, joint-x̂_1 bridge) and `sample`. A method that brings its own sampler (SIR over an energy model,
+`tcsm.posttrain.dre.sir`; left-to-right for an autoregressive model) declares it through `tcsm.protocols.Samples`."""
+
+from tcsm.sampling.common import (
+    GRIDS,
+    adjust_log_probs,
+    as_grid,
+    categorical,
+    jump_prob,
+    prefix_condition,
+    time_grid,
+)
+from tcsm.sampling.samplers import METHODS, SamplingStats, may_cache, sample
+
+__all__ = [
+    "GRIDS",
+    "METHODS",
+    "SamplingStats",
+    "adjust_log_probs",
+    "as_grid",
+    "categorical",
+    "jump_prob",
+    "may_cache",
+    "prefix_condition",
+    "sample",
+    "time_grid",
+]

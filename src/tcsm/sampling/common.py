@@ -1,0 +1,93 @@
+"""Building blocks every sampler shares (MATH.md §6): time grids, exact float64 Gumbel-max draws, temperature
+and nucleus truncation, the jump probability, and prompt pinning. Sibling modules: `tcsm.sampling.samplers` (the
+path samplers) and `tcsm.posttrain.dre.sir` (SIR over an energy model) build on these."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from tcsm.paths import ProbabilityPath
+
+__all__ = ["GRIDS", "adjust_log_probs", "as_grid", "categorical", "jump_prob", "prefix_condition", "time_grid"]
+
+GRIDS = ("uniform", "cosine")
+
+
+
+def time_grid(
+    num_steps: int, kind: str = "uniform", *, device=None, dtype: torch.dtype = torch.float64
+) -> Tensor:
+    """Grid 0 = t_0 < … < t_K = 1 (MATH.md §6): "uniform" t_k = k/K; "cosine" t_k = (1 − cos(πk/K))/2,
+    finer near both ends. The last entry is exactly 1 so that the final step resolves every token."""
+    K = int(num_steps)
+    if K < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    k = torch.arange(K + 1, dtype=torch.float64, device=device) / K
+    if kind == "uniform":
+        grid = k
+    elif kind == "cosine":
+        grid = 0.5 * (1.0 - torch.cos(math.pi * k))
+    else:
+        raise ValueError(f"unknown time grid {kind!r}; choose one of {list(GRIDS)} or pass the times")
+    grid[0], grid[-1] = 0.0, 1.0
+    return grid.to(dtype)
+
+
+def as_grid(grid, num_steps: int, device) -> Tensor:
+    if isinstance(grid, str):
+        return time_grid(num_steps, grid, device=device)
+    g = torch.as_tensor(grid, dtype=torch.float64, device=device).flatten()
+    if g.numel() != num_steps + 1:
+        raise ValueError(f"a time grid for {num_steps} steps needs {num_steps + 1} points, got {g.numel()}")
+    if not (g[0] >= 0 and g[-1] == 1 and (g[1:] > g[:-1]).all()):
+        raise ValueError("a time grid must increase strictly from t_0 >= 0 to exactly t_K = 1")
+    return g
+
+
+def categorical(log_probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """Exact draw y = argmax_y(log p_y + G_y), G_y ~ Gumbel(0, 1) i.i.d., in float64 (low-precision Gumbel
+    noise truncates the tail and biases the draw). `log_probs` may be unnormalised and contain −inf."""
+    lp = log_probs.double()
+    u = torch.rand(lp.shape, dtype=torch.float64, device=lp.device, generator=generator)
+    gumbel = -torch.log(-torch.log(u.clamp_min(torch.finfo(torch.float64).tiny)))
+    return (lp + gumbel).argmax(-1)
+
+
+def adjust_log_probs(logits: Tensor, temperature: float = 1.0, top_p: float = 1.0) -> Tensor:
+    """log m ∝ logits / T, then nucleus truncation: keep the smallest most-likely set with mass ≥ top_p and
+    renormalise. Returns float64 log-probabilities over the last axis."""
+    lp = torch.log_softmax(logits.double() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_lp, order = lp.sort(dim=-1, descending=True)
+        p = sorted_lp.exp()
+        # A token is dropped when the tokens ranked above it already hold ≥ top_p; the top token never is.
+        drop_sorted = (p.cumsum(-1) - p) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        lp = torch.log_softmax(lp.masked_fill(drop, -torch.inf), dim=-1)
+    return lp
+
+
+def jump_prob(path: ProbabilityPath, t: Tensor, s: Tensor) -> Tensor:
+    """λ_{t→s} = (α_s − α_t)/(1 − α_t) for s > t (MATH.md §0): the probability that a still-unresolved token is
+    resolved by s, i.e. the exact value of 1 − exp(−∫_t^s κ). Delegates to `path.jump_prob`."""
+    return path.jump_prob(t, s)
+
+
+def prefix_condition(prompt: Tensor, batch_size: int, length: int) -> tuple[Tensor, Tensor]:
+    """(`fixed`, `values`) [B, L] that pin the first P positions to `prompt` ([P] or [B, P])."""
+    prompt = torch.as_tensor(prompt, dtype=torch.long)
+    if prompt.dim() == 1:
+        prompt = prompt.unsqueeze(0).expand(batch_size, -1)
+    if prompt.dim() != 2 or prompt.shape[0] != batch_size or prompt.shape[1] > length:
+        raise ValueError(
+            f"prompt of shape {tuple(prompt.shape)} does not fit batch {batch_size} x length {length}"
+        )
+    P = prompt.shape[1]
+    values = torch.zeros(batch_size, length, dtype=torch.long, device=prompt.device)
+    values[:, :P] = prompt
+    fixed = torch.zeros(batch_size, length, dtype=torch.bool, device=prompt.device)
+    fixed[:, :P] = True
+    return fixed, values

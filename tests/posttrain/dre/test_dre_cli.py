@@ -1,0 +1,162 @@
+"""`tcsm finetune dre` end to end on a tiny synthetic reference run (seconds): both strategies start exactly at the
+reference, the reference never changes, runs resume exactly, an energy run is self-contained (sampled and evaluated
+after its reference run is gone, the estimate labelled as such), and a mismatched reference is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+import torch
+from train_helpers import assert_same_weights, final_weights, restore_torch_threads, tiny  # noqa: F401
+
+from tcsm.builders.config import load_config
+from tcsm.cli import main
+from tcsm.cli.train import train
+
+FT = [
+    "train.progress=false",
+    "train.tensorboard=false",
+    "train.log_every=1",
+    "train.eval_examples=8",
+    "train.batch_size=8",
+    "train.device=cpu",
+    "train.threads=1",
+    "eval.num_t=2",
+    "sample.num=0",
+    "objective.log_z_samples=[1,4]",
+]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dre")
+    with torch.random.fork_rng(devices=[]):
+        cfg = load_config("synthetic", tiny("train.steps=15", "train.eval_every=0", "sample.num=0"))
+        train(cfg, root / "ref", log=lambda s: None)
+    return root / "ref"
+
+
+def _rows(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _finetune(reference, out, *extra) -> int:
+    # argparse takes the key=value overrides as one run of positionals: after every flag.
+    flags = [a for a in extra if "=" not in a or a.startswith("-")]
+    overrides = [a for a in extra if a not in flags]
+    return main(["finetune", "dre", "--from", str(reference), "-o", str(out), *flags, *overrides, *FT])
+
+
+def test_energy_run_starts_at_the_reference_keeps_it_and_is_self_contained(reference, tmp_path, capsys):
+    """Strategy (ii): f ≡ 0 at step 1, so BCE = softplus(0) + softplus(0) = 2 log 2 exactly; the stored reference
+    weights are the reference run's EMA weights bit for bit; with the reference run deleted, `tcsm sample` (SIR)
+    and `tcsm eval` still read the run, and every likelihood output names the estimate an estimate."""
+    ref_copy = tmp_path / "ref"
+    shutil.copytree(reference, ref_copy)
+    out = tmp_path / "ii"
+    assert _finetune(ref_copy, out, "--loss", "bce", "-n", "2", "--steps", "6", "--eval-examples", "8") == 0
+    printed = capsys.readouterr().out
+    assert "not a bound" in printed and "reference valid bound" in printed
+    first = next(r for r in _rows(out) if r["kind"] == "train" and r["step"] == 1)
+    assert first["loss"] == pytest.approx(2 * math.log(2), abs=1e-6) and first["accuracy"] == 0.5
+    ref_w = final_weights(reference, "ema")
+    for which in ("model", "ema"):
+        w = final_weights(out, which)
+        assert_same_weights({k[len("reference.") :]: v for k, v in w.items() if k.startswith("reference.")}, ref_w)
+    report = json.loads((out / "dre_eval.json").read_text())
+    assert {"reference_bpc", "bpc_estimate_n1", "bpc_estimate_n4", "log_z_mean_n4"} <= set(report)
+    assert report["bpc_estimate_n1"] != report["bpc_estimate_n4"]
+    shutil.rmtree(ref_copy)
+    assert main(["sample", str(out), "-n", "3", "--steps", "4", "--sir-k", "3", "--sir-window", "0", "1"]) == 0
+    cap = capsys.readouterr()
+    assert len(cap.out.splitlines()) == 3 and "sir sampler" in cap.err
+    assert main(["eval", str(out), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert "not a bound" in result["bound"] and {"bpc_estimate", "bpc_estimate_n1", "reference_bpc"} <= set(result)
+    assert main(["sample", str(out), "--top-p", "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "sampled by SIR" in err and len(err.strip().splitlines()) == 1
+
+
+def test_energy_run_resumes_exactly(reference, tmp_path):
+    common = ["--loss", "lsif", "-n", "3", "--eval-examples", "0", "train.save_every=3"]
+    assert _finetune(reference, tmp_path / "full", *common, "--steps", "6") == 0
+    assert _finetune(reference, tmp_path / "half", *common, "--steps", "3") == 0
+    assert main(["finetune", "dre", "--resume", "-o", str(tmp_path / "half"), "--steps", "6", "--eval-examples", "0"]) == 0
+    assert_same_weights(final_weights(tmp_path / "half"), final_weights(tmp_path / "full"))
+    assert_same_weights(final_weights(tmp_path / "half", "ema"), final_weights(tmp_path / "full", "ema"))
+
+
+@pytest.mark.parametrize("ref", ["checkpoint", "ema", "previous"])
+def test_strategy_i_starts_at_the_reference_and_moves(reference, tmp_path, ref):
+    """Strategy (i): the student starts from the reference's weights and every reference choice equals it at step 1,
+    so log r ≡ 0 there (accuracy 1/2); the reference checkpoint is untouched and the student moves."""
+    before = final_weights(reference, "ema")
+    out = tmp_path / "i"
+    extra = [] if ref == "checkpoint" else ["--reference", ref]
+    argv = ["--strategy", "i", "--loss", "bce", "--steps", "4", "--eval-examples", "4", "optim.lr=3e-3", *extra]
+    assert _finetune(reference, out, *argv, "objective.refresh_every=2") == 0
+    first = next(r for r in _rows(out) if r["kind"] == "train" and r["step"] == 1)
+    assert first["log_r_data"] == 0.0 and first["log_r_ref"] == 0.0 and first["accuracy"] == 0.5
+    assert_same_weights(final_weights(reference, "ema"), before)
+    after = final_weights(out)
+    assert any(not torch.equal(after[k], before[k]) for k in before)
+    report = json.loads((out / "dre_eval.json").read_text())
+    assert "finetuned_bpc" in report and ("reference_bpc" in report) == (ref == "checkpoint")
+
+
+def test_previous_iterate_resumes_exactly_or_refuses(reference, tmp_path, capsys):
+    """The previous-iterate reference is exact across a resume at a refresh step (4 with N = 2); at step 3 its
+    anchor (step 2) was never saved, so resuming there is refused in one line instead of changing the reference."""
+    common = ["--strategy", "i", "--reference", "previous", "--eval-examples", "0", "objective.refresh_every=2"]
+    assert _finetune(reference, tmp_path / "full", *common, "--steps", "6", "train.save_every=2") == 0
+    assert _finetune(reference, tmp_path / "half", *common, "--steps", "4", "train.save_every=2") == 0
+    resume = ["finetune", "dre", "--resume", "--steps", "6", "--eval-examples", "0"]
+    assert main([*resume, "-o", str(tmp_path / "half")]) == 0
+    assert_same_weights(final_weights(tmp_path / "half"), final_weights(tmp_path / "full"))
+    assert _finetune(reference, tmp_path / "odd", *common, "--steps", "3", "train.save_every=3") == 0
+    capsys.readouterr()
+    assert main([*resume, "-o", str(tmp_path / "odd")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot resume at step 3 exactly" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["path.source=uniform"],
+        ["data.vocab_size=6"],
+        ["--strategy", "i", "data.vocab_size=6"],
+        ["--strategy", "i", "--reference", "DIR/ii"],
+    ],
+    ids=["source", "vocab", "vocab-strategy-i", "energy-run-as-reference"],
+)
+def test_mismatched_reference_is_refused_in_one_line(reference, tmp_path, capsys, argv):
+    """The ratio p/p^ref needs one vocabulary and one noise source; an energy run is no factorized reference."""
+    if "DIR/ii" in argv:
+        assert _finetune(reference, tmp_path / "ii", "--steps", "1", "--eval-examples", "0") == 0
+        argv = [a.replace("DIR", str(tmp_path)) for a in argv]
+    capsys.readouterr()
+    assert _finetune(reference, tmp_path / "bad", "--steps", "1", *argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tcsm finetune: error:") and len(err.strip().splitlines()) == 1
+    assert ("same vocabulary and noise source" in err) or ("not a diffusion denoiser" in err)
+    assert not (tmp_path / "bad" / "checkpoints").exists()
+
+
+def test_config_assembly_and_flag_errors(reference, tmp_path, capsys):
+    """Strategy (ii) replaces the model by the energy model around the reference; (i) keeps the reference's
+    denoiser and warm-starts from it; missing --from and bad -n are one-line errors."""
+    assert main(["finetune", "dre", "--from", str(reference), "--print-config"]) == 0
+    cfg = capsys.readouterr().out
+    assert "name: energy" in cfg and "reference_model:" in cfg and "init_from: null" in cfg
+    assert main(["finetune", "dre", "--from", str(reference), "--strategy", "i", "--print-config"]) == 0
+    cfg = capsys.readouterr().out
+    assert "name: denoiser" in cfg and f"init_from: {reference}" in cfg and "strategy: i" in cfg
+    assert main(["finetune", "dre", "-o", str(tmp_path / "x")]) == 2
+    assert main(["finetune", "dre", "--from", str(reference), "-n", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("tcsm finetune: error:") for line in err)
