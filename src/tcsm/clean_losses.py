@@ -20,13 +20,13 @@ pseudo_likelihood`).
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
 from torch import Tensor
 
 from tcsm.batch import as_batch
+from tcsm.models.modes import eval_mode
 
 __all__ = [
     "CLEAN_LOSSES",
@@ -56,17 +56,6 @@ def _metrics(loss: Tensor, **extra: Tensor) -> dict[str, Tensor]:
     return {"loss": v, "bpc": v / _LN2, **extra}
 
 
-@contextlib.contextmanager
-def _eval_mode(model):
-    """The model in eval mode (no dropout) for the block, then back in the mode it was in."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield model
-    finally:
-        model.train(was_training)
-
-
 class CleanLoss:
     """Base: `__call__(model, batch, generator)` → (loss, metrics); `evaluate` → dataset metrics (no gradients);
     `sample` → sequences from the model, or None where the family has no direct sampler."""
@@ -81,7 +70,7 @@ class CleanLoss:
     @torch.no_grad()
     def evaluate(self, model, data: Tensor, *, batch_size: int = 64, device=None, **_) -> dict:
         """Validation metric over `data` [N, L] in nats and bits per token, with standard errors (MATH.md §2.4)."""
-        with _eval_mode(model):
+        with eval_mode(model):
             device = next(model.parameters()).device if device is None else device
             per_seq = [
                 self.sequence_nll(model, data[s : s + batch_size].to(device=device, dtype=torch.long))
@@ -94,10 +83,11 @@ class CleanLoss:
         length = data.shape[1]
         return summarise_nats(torch.cat(per_seq) / length, length, self.metric)
 
-    def sample(self, model, num: int, length: int, generator=None, device=None) -> Tensor | None:
-        """`num` sequences [num, length] drawn from the model, or None: single-site conditionals
-        p(x^i | x^{≠i}) (MLM, Hollow) give no direct sampler of the joint (MATH.md §4)."""
-        return None
+    def sample(self, model, num: int, length: int, generator=None, device=None, *, settings=None, fixed=None,
+               values=None):
+        """(None, None): single-site conditionals p(x^i | x^{≠i}) (MLM, Hollow) give no direct sampler of the joint
+        (MATH.md §4); the `Samples` contract (tcsm.protocols)."""
+        return None, None
 
 
 class MaskedLMLoss(CleanLoss):
@@ -174,16 +164,25 @@ class AutoregressiveLoss(_OnePassLoss):
     metric = "ar-nll"
 
     @torch.no_grad()
-    def sample(self, model, num: int, length: int, generator=None, device=None) -> Tensor:
-        """Ancestral sampling x^j ~ p^AR(· | x^{<j}), j = 0..L−1 (MATH.md §4): `forward(x)[:, j]` reads only
-        x^{<j}, so each step runs the prefix x^{≤j} and samples position j. L passes; for logged samples."""
-        device = next(model.parameters()).device if device is None else device
-        x = torch.zeros(num, length, dtype=torch.long, device=device)
-        with _eval_mode(model):
-            for j in range(length):
-                probs = torch.softmax(model(x[:, : j + 1])[:, j].float(), dim=-1)
-                x[:, j] = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-        return x
+    def sample(self, model, num: int, length: int, generator=None, device=None, *, settings=None, fixed=None,
+               values=None):
+        """Ancestral sampling x^j ~ p^AR(· | x^{<j}), j = 0..L−1 (MATH.md §4; `tcsm.targets.ar.sample_ar`), with the
+        settings' temperature / top-p; pinned positions must be a prefix (a prompt), which is kept and continued.
+        Returns (tokens, CallCount)."""
+        from tcsm.sampling.common import CallCount
+        from tcsm.targets.ar import sample_ar
+
+        prefix = None
+        if fixed is not None:
+            P = int(fixed[0].sum())
+            if not bool(fixed[:, :P].all()) or bool(fixed[:, P:].any()):
+                raise ValueError("an autoregressive model continues a prompt left to right; it cannot fill a template")
+            prefix = values[:, :P] if P else None
+        temperature = 1.0 if settings is None else settings.temperature
+        top_p = 1.0 if settings is None else settings.top_p
+        with eval_mode(model):
+            x = sample_ar(model, num, length, generator, device, prefix=prefix, temperature=temperature, top_p=top_p)
+        return x, CallCount("autoregressive", length - (0 if prefix is None else prefix.shape[1]))
 
 
 class PseudoLikelihoodLoss(_OnePassLoss):

@@ -6,7 +6,8 @@ protocols and checked with `isinstance`, never discovered by attribute probing:
 * `TrainingObjective`: `objective(model, batch, generator[, reference=...])` → (scalar loss, metrics), where
   `batch` is a `tcsm.batch.Batch` (or clean tokens [B, L]) and metrics are detached 0-d tensors;
 * `Evaluates`: the objective brings its own validation metric (a clean-data LM's NLL instead of a diffusion bound);
-* `Samples`: the objective brings its own sampler (an AR model), or says it has none (returns None);
+* `Samples`: the objective brings its own sampler (an AR model, SIR over an energy model), or says it has none
+  (returns no tokens); it receives the run's `tcsm.sampling.SampleSettings` and any pinned positions;
 * `TrainerCallback`: something of the run (an objective, a target) wants to act at fixed points of training,
   e.g. refresh a previous-iterate reference or a sample pool. The trainer calls every callback it is given.
 """
@@ -36,7 +37,13 @@ class Evaluates(Protocol):
 
 @runtime_checkable
 class Samples(Protocol):
-    def sample(self, model, num: int, length: int, generator=None, device=None) -> Tensor | None: ...
+    def sample(
+        self, model, num: int, length: int, generator=None, device=None, *, settings=None, fixed=None, values=None
+    ) -> tuple[Tensor | None, Any]:
+        """(tokens [num, length] or None when the model has no sampler, stats with `.method` and `.num_calls`).
+        `settings`: a `tcsm.sampling.SampleSettings` (None: its defaults); `fixed` / `values` [num, length] pin
+        positions (a prompt, an infilling template), or raise ValueError if this sampler cannot honour them."""
+        ...
 
 
 @dataclass(frozen=True)

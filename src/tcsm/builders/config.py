@@ -18,6 +18,7 @@ import copy
 import dataclasses
 import importlib.resources
 import inspect
+import sys
 import types
 import typing
 from collections.abc import Sequence
@@ -26,7 +27,7 @@ from pathlib import Path as FsPath
 from typing import Any, Optional
 
 import yaml
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from tcsm.builders.registry import MODELS, OBJECTIVES, TARGETS, import_plugins
@@ -154,12 +155,28 @@ class EvalConfig:
 
 @dataclass
 class SampleConfig:
+    """How the run samples, in training (logged samples) and from `tcsm sample` (whose flags override these)."""
+
     num: int = field(default=4, metadata={"help": "sequences sampled and logged at each sample_every"})
     steps: int = field(default=128, metadata={"help": "sampler steps"})
     length: int | None = field(
         default=None, metadata={"help": "sample length (null: the data's sequence length)"}
     )
     seed: int = field(default=0, metadata={"help": "seed of the logged samples"})
+    method: Optional[str] = field(  # noqa: UP045 (OmegaConf structured configs need Optional)
+        default=None,
+        metadata={"help": "ancestral | analytic | euler | joint (null: ancestral for masked, analytic for uniform)"},
+    )
+    grid: str = field(default="uniform", metadata={"help": "time grid: uniform | cosine"})
+    temperature: float = field(default=1.0, metadata={"help": "softmax temperature of the denoiser's conditionals"})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus truncation of each conditional (1: none)"})
+    cache: bool = field(default=True, metadata={"help": "MDLM's cache where the model and path allow it"})
+    sir_k: int = field(default=2, metadata={"help": "energy (DRE ii) runs: SIR candidates per step"})
+    sir_window: list[float] = field(
+        default_factory=lambda: [0.4, 0.6],
+        metadata={"help": "energy runs: α_t window where SIR is used ([0, 1]: every step)"},
+    )
+    sir_temperature: float = field(default=1.0, metadata={"help": "energy runs: SIR selection ∝ softmax(f / T)"})
 
 
 @dataclass
@@ -363,6 +380,48 @@ def _drop_replaced_components(raw: DictConfig, layer: DictConfig) -> DictConfig:
     return raw
 
 
+#: Keys that moved, old → new. A config (YAML, override) that still uses an old key is read as the new one with a
+#: one-line note on stderr; a saved run's config is migrated silently, so every existing run still loads.
+MOVED_KEYS = {
+    "objective.sir_k": "sample.sir_k",
+    "objective.sir_window": "sample.sir_window",
+    "objective.sir_temperature": "sample.sir_temperature",
+}
+
+_noted: set[str] = set()
+
+
+def _move_keys(layer: DictConfig, label: str | None) -> DictConfig:
+    """`layer` with every key of MOVED_KEYS it sets under its new name; a note per old key unless `label` is None."""
+    moved = {}
+    for old, new in MOVED_KEYS.items():
+        value = OmegaConf.select(layer, old, default=_ABSENT)
+        if value is _ABSENT:
+            continue
+        there = OmegaConf.select(layer, new, default=_ABSENT)
+        if there is not _ABSENT and there != value:
+            raise ConfigError(f"{old} (the old name of {new}) and {new} are both set, to different values")
+        moved[old] = (new, value)
+    if not moved:
+        return layer
+    layer = OmegaConf.merge(layer, {})  # a copy: presets are cached by nobody, but callers may reuse a base
+    for old, (new, value) in moved.items():
+        section, key = old.split(".", 1)
+        del layer[section][key]
+        OmegaConf.update(layer, new, value, force_add=True)
+        if label is not None and old not in _noted:
+            _noted.add(old)
+            sys.stderr.write(f"tcsm: note: {old} is now {new} (read as {new}={_show(value)}; in {label})\n")
+    return layer
+
+
+_ABSENT = object()
+
+
+def _show(value) -> str:
+    return str(OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value)
+
+
 def load_config(
     preset: str | None = None, overrides: Sequence[str] = (), base: dict | DictConfig | None = None
 ) -> DictConfig:
@@ -370,10 +429,10 @@ def load_config(
     read-only DictConfig. Raises ConfigError with a one-line message on any mistake."""
     layers: list[DictConfig] = []
     if base is not None:
-        layers.append(OmegaConf.create(base) if not isinstance(base, DictConfig) else base)
+        layers.append(_move_keys(OmegaConf.create(base) if not isinstance(base, DictConfig) else base, None))
     if preset is not None:
-        layers.append(_load_preset(preset))
-    layers.append(_parse_overrides(overrides))
+        layers.append(_move_keys(_load_preset(preset), f"config {preset}"))
+    layers.append(_move_keys(_parse_overrides(overrides), "the overrides"))
     raw = OmegaConf.create({})
     for layer in layers:
         raw = OmegaConf.merge(_drop_replaced_components(raw, layer), layer)
@@ -449,7 +508,14 @@ def _validate(cfg: DictConfig) -> None:
         f"eval.split must be train | valid | test, got {cfg.eval.split!r}",
     )
     _check(cfg.eval.num_t >= 1 and cfg.eval.batch_size >= 1, "eval.num_t and eval.batch_size must be >= 1")
-    _check(cfg.sample.num >= 0 and cfg.sample.steps >= 1, "sample.num must be >= 0 and sample.steps >= 1")
+    _check(cfg.sample.num >= 0, f"sample.num must be >= 0, got {cfg.sample.num}")
+    from tcsm.sampling.settings import SampleSettings
+
+    sample = {k: v for k, v in to_dict(cfg.sample).items() if k in SampleSettings.__dataclass_fields__}
+    try:
+        SampleSettings(**sample)
+    except ValueError as e:
+        raise ConfigError(f"sample.{e}") from None
 
 
 def to_dict(cfg: DictConfig) -> dict:

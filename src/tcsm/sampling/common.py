@@ -5,15 +5,24 @@ path samplers) and `tcsm.posttrain.dre.sir` (SIR over an energy model) build on 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from tcsm.paths import ProbabilityPath
 
-__all__ = ["GRIDS", "adjust_log_probs", "as_grid", "categorical", "jump_prob", "prefix_condition", "time_grid"]
+__all__ = ["GRIDS", "CallCount", "adjust_log_probs", "as_grid", "categorical", "jump_prob", "prefix_condition", "time_grid"]
 
 GRIDS = ("uniform", "cosine")
+
+
+@dataclass(frozen=True)
+class CallCount:
+    """What a sampler without a time grid did (e.g. left to right): its name and its batched network calls."""
+
+    method: str
+    num_calls: int
 
 
 

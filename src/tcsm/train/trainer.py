@@ -38,7 +38,7 @@ from tcsm.checkpoint import (
 from tcsm.clean_losses import metric_label
 from tcsm.data import absolute_paths
 from tcsm.errors import CheckpointError, ConfigError, TrainingError
-from tcsm.protocols import Evaluates, Samples, StepInfo, TrainerCallback
+from tcsm.protocols import Evaluates, StepInfo, TrainerCallback
 from tcsm.train.distributed import DistEnv, all_reduce_mean, barrier, setup_distributed
 from tcsm.train.ema import EMA
 from tcsm.train.logs import RunLogger, plot_curves
@@ -459,30 +459,19 @@ class Trainer:
 
     @torch.no_grad()
     def samples(self) -> list[str]:
-        """`sample.num` decoded sequences from the eval model (rank 0): the objective's own `sample` hook when it
-        has one (a clean-data LM), the diffusion sampler otherwise; none when the hook answers None."""
-        from tcsm.sampling import sample
+        """`sample.num` decoded sequences from the eval model (rank 0), drawn by the run's sampler
+        (`tcsm.builders.sampler`: the objective's own when it declares one, the path sampler otherwise, with the
+        `sample:` settings); none when the model has no sampler."""
+        from tcsm.builders.sampler import build_sampler
 
         s = self.cfg.sample
         if s.num == 0:
             return []
         generator = torch.Generator(device=self.device).manual_seed(s.seed)
         length = s.length or self.data_info.seq_len
+        sampler = build_sampler(self.cfg, self.eval_model(), self.path, self.objective)
         with autocast(self.device, self.precision):
-            if isinstance(self.objective, Samples):
-                tokens = self.objective.sample(
-                    self.eval_model(), s.num, length, generator=generator, device=self.device
-                )
-            else:
-                tokens = sample(
-                    self.eval_model(),
-                    self.path,
-                    batch_size=s.num,
-                    length=length,
-                    num_steps=s.steps,
-                    generator=generator,
-                    device=self.device,
-                )
+            tokens, _ = sampler(s.num, length, generator=generator, device=self.device)
         if tokens is None:
             if not self._said_no_sampler:
                 self._said_no_sampler = True

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from tcsm.batch import as_batch
 from tcsm.errors import CheckpointError
+from tcsm.models.modes import eval_mode
 from tcsm.paths import ProbabilityPath
 from tcsm.posttrain.distill.ngram import RightContextNgram
 from tcsm.targets.ar import ExactARScore, TopKNgramARScore, missed_mass, total_variation
@@ -145,15 +146,8 @@ class DistillTarget(Target):
             raise ValueError("the student proposal needs the model being trained: pass model= to the target")
         from tcsm.sampling import sample  # lazy: only the on-policy proposal samples the student
 
-        was_training = isinstance(model, torch.nn.Module) and model.training
-        if was_training:
-            model.eval()
-        try:
-            with torch.no_grad():
-                return sample(model, path, batch_size=B, length=L, num_steps=self.sample_steps, generator=generator)
-        finally:
-            if was_training:
-                model.train()
+        with eval_mode(model), torch.no_grad():
+            return sample(model, path, batch_size=B, length=L, num_steps=self.sample_steps, generator=generator)
 
     # --- the target -------------------------------------------------------------------------------------
 

@@ -165,12 +165,6 @@ class DREObjectiveConfig:
         },
     )
     eval_max_rows: int = field(default=8192, metadata={"help": "strategy ii evaluation: head rows per call"})
-    sir_k: int = field(default=2, metadata={"help": "strategy ii sampling: SIR candidates per step"})
-    sir_window: list[float] = field(
-        default_factory=lambda: [0.4, 0.6],
-        metadata={"help": "α_t window where SIR is used ([0, 1]: every step)"},
-    )
-    sir_temperature: float = field(default=1.0, metadata={"help": "SIR selection ∝ softmax(f / T)"})
 
 
 @OBJECTIVES.register("dre", schema=DREObjectiveConfig)
@@ -199,10 +193,6 @@ def build_dre_objective(node: dict, ctx: BuildContext):
                 eval_num_t=ctx.config.eval.num_t,
                 log_z_samples=list(node["log_z_samples"]),
                 eval_max_rows=node["eval_max_rows"],
-                sample_steps=ctx.config.sample.steps,
-                sir_k=node["sir_k"],
-                sir_window=list(node["sir_window"]),
-                sir_temperature=node["sir_temperature"],
                 **common,
             )
         if strategy != "i":

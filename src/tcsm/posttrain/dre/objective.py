@@ -194,7 +194,8 @@ class EnergyObjective(_DRE):
     as DDP expects).
 
     `evaluate`: the reference's valid masked bound and the energy model's IS estimate for each n in
-    `log_z_samples` (`tcsm.posttrain.dre.likelihood`). `sample`: SIR with `sir_k` candidates inside `sir_window`.
+    `log_z_samples` (`tcsm.posttrain.dre.likelihood`). `sample`: SIR, with the run's sampler settings (the
+    config's `sample:` section: `sir_k` candidates inside `sir_window`, `sir_temperature`).
     """
 
     def __init__(
@@ -204,10 +205,6 @@ class EnergyObjective(_DRE):
         eval_num_t: int = 8,
         log_z_samples: Sequence[int] = (1, 4, 16),
         eval_max_rows: int = 8192,
-        sample_steps: int = 128,
-        sir_k: int = 2,
-        sir_window: Sequence[float] = (0.4, 0.6),
-        sir_temperature: float = 1.0,
         **kwargs,
     ):
         super().__init__(path, **kwargs)
@@ -216,14 +213,9 @@ class EnergyObjective(_DRE):
             raise ValueError(
                 f"log_z_samples must be a non-empty list of positive integers, got {list(log_z_samples)}"
             )
-        lo, hi = (float(v) for v in sir_window)
-        if not 0.0 <= lo <= hi <= 1.0:
-            raise ValueError(f"sir_window must be [lo, hi] with 0 <= lo <= hi <= 1, got {list(sir_window)}")
-        if int(sir_k) < 1 or not sir_temperature > 0 or int(eval_max_rows) < 1:
-            raise ValueError("sir_k and eval_max_rows must be >= 1 and sir_temperature > 0")
+        if int(eval_max_rows) < 1:
+            raise ValueError(f"eval_max_rows must be >= 1, got {eval_max_rows}")
         self.eval_num_t, self.log_z_samples, self.eval_max_rows = int(eval_num_t), ns, int(eval_max_rows)
-        self.sample_steps, self.sir_k, self.sir_window = int(sample_steps), int(sir_k), (lo, hi)
-        self.sir_temperature = float(sir_temperature)
 
     @staticmethod
     def _energy_model(model) -> EnergyModel:
@@ -255,7 +247,13 @@ class EnergyObjective(_DRE):
             device=device,
         )
 
-    def sample(self, model, num: int, length: int, generator=None, device=None) -> Tensor:
+    def sample(self, model, num: int, length: int, generator=None, device=None, *, settings=None, fixed=None,
+               values=None):
+        """SIR over the energy model's frozen reference (MATH.md §6.3) with the run's `SampleSettings`: `steps`,
+        `grid`, `sir_k` candidates inside `sir_window`, selection temperature `sir_temperature`."""
+        from tcsm.sampling.settings import SampleSettings
+
+        s = settings or SampleSettings()
         net = self._energy_model(model)
         return sample_sir(
             net.reference,
@@ -263,10 +261,14 @@ class EnergyObjective(_DRE):
             self.path,
             batch_size=num,
             length=length,
-            num_steps=self.sample_steps,
-            num_candidates=self.sir_k,
-            window=self.sir_window,
-            temperature=self.sir_temperature,
+            num_steps=s.steps,
+            num_candidates=s.sir_k,
+            window=s.sir_window,
+            temperature=s.sir_temperature,
+            grid=s.grid,
+            fixed=fixed,
+            values=values,
             generator=generator,
             device=device,
+            return_stats=True,
         )

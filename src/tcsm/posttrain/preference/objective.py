@@ -20,7 +20,6 @@ KL estimate to the reference. Losses are nats per pair and per t draw (a classif
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from torch import Tensor
 
 from tcsm.batch import Batch, as_batch
 from tcsm.likelihood import nelbo_integrand, resolve_bound, summarise_nats
+from tcsm.models.modes import eval_mode
 from tcsm.objectives import get_weighting, neutral_rows
 from tcsm.paths import ProbabilityPath
 from tcsm.timesteps import sample_times, stratified_times
@@ -80,18 +80,6 @@ PREFERENCE_LOSSES: dict[str, Callable[[Tensor, Tensor, float], Tensor]] = {
     "paper": paper_preference_loss,
     "dpo": dpo_preference_loss,
 }
-
-
-@contextlib.contextmanager
-def _eval_mode(model):
-    was = getattr(model, "training", False)
-    if isinstance(model, torch.nn.Module):
-        model.eval()
-    try:
-        yield
-    finally:
-        if isinstance(model, torch.nn.Module):
-            model.train(was)
 
 
 def pair_times(
@@ -270,7 +258,7 @@ class PreferenceObjective:
         N, L = rows.x1.shape
         K = self.eval_num_t
         acc: dict[str, list[Tensor]] = {k: [] for k in ("g_w", "g_l", "kl", "loss", "nats")}
-        with _eval_mode(model):
+        with eval_mode(model):
             for s in range(0, N, int(batch_size)):
                 b = Batch(
                     rows.x1[s : s + batch_size].to(device),

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from tcsm.batch import Batch, as_batch
+from tcsm.models.modes import eval_mode
 from tcsm.paths import ProbabilityPath
 from tcsm.posttrain.reward.rewards import RewardFn, evaluate_reward
 from tcsm.targets.base import Target, TargetBatch, freeze
@@ -193,15 +194,8 @@ class RewardTarget(Target):
 
     def _denoise(self, denoiser, xt: Tensor, t: Tensor) -> Tensor:
         """Logits of a denoiser without grad, in eval mode (restoring a training model's mode afterwards)."""
-        was_training = isinstance(denoiser, torch.nn.Module) and denoiser.training
-        if was_training:
-            denoiser.eval()
-        try:
-            with torch.no_grad():
-                return denoiser(xt, t).float()
-        finally:
-            if was_training:
-                denoiser.train()
+        with eval_mode(denoiser), torch.no_grad():
+            return denoiser(xt, t).float()
 
     def _source_model(self, which: str, model):
         if which == "model":
@@ -224,28 +218,21 @@ class RewardTarget(Target):
         return x, pinned
 
     def _draw_samples(self, denoiser, n: int, length: int, path: ProbabilityPath, generator) -> Tensor:
-        was_training = isinstance(denoiser, torch.nn.Module) and denoiser.training
-        if was_training:
-            denoiser.eval()
-        try:
-            with torch.no_grad():
-                if self.sampler is not None:
-                    return self.sampler(denoiser, n, length, path, generator)
-                from tcsm.sampling import sample  # lazy: sampling is only needed by the sample-pool sources
+        with eval_mode(denoiser), torch.no_grad():
+            if self.sampler is not None:
+                return self.sampler(denoiser, n, length, path, generator)
+            from tcsm.sampling import sample  # lazy: sampling is only needed by the sample-pool sources
 
-                return sample(
-                    denoiser,
-                    path,
-                    batch_size=n,
-                    length=length,
-                    num_steps=self.sample_steps,
-                    generator=generator,
-                    prompt=self.prompt,
-                    chunk_size=512,
-                )
-        finally:
-            if was_training:
-                denoiser.train()
+            return sample(
+                denoiser,
+                path,
+                batch_size=n,
+                length=length,
+                num_steps=self.sample_steps,
+                generator=generator,
+                prompt=self.prompt,
+                chunk_size=512,
+            )
 
     def _clean_for_xt(self, x1: Tensor, path: ProbabilityPath, generator, model) -> Tensor:
         """The clean sequences that are noised into x_t (MATH.md §5.2: data, pre-trained or current samples)."""
