@@ -21,10 +21,10 @@ import torch
 
 from tcsm.build.config import load_config, set_values
 from tcsm.build.loading import load_checkpoint
-from tcsm.checkpoint import read_state, resolve_checkpoint
 from tcsm.data.pairs import tokenizer_signature
-from tcsm.errors import CheckpointError, ConfigError
+from tcsm.errors import ConfigError
 from tcsm.evaluation.genppl import sample_entropy
+from tcsm.recipes.source import source_run
 from tcsm.rewards import evaluate_reward, make_reward
 from tcsm.sampling import may_cache, sample
 
@@ -146,14 +146,10 @@ def preference_config(
     """The fine-tuning config: pre-trained run's config < preset < overrides < `values` (dotted key → value),
     with `data` the pairs file tokenized by the pre-trained run's tokenizer, `objective.reference` and
     `train.init_from` the checkpoint directory (set train.init_from=null in `values` to start afresh)."""
-    directory = resolve_checkpoint(checkpoint)
-    state = read_state(directory)[1]
-    if "config" not in state:
-        raise CheckpointError(f"{str(directory)!r} holds no run config; it was not written by `tcsm train`")
+    directory, base = source_run(checkpoint, "preference")
     pairs = Path(pairs).expanduser()
     if not pairs.is_file():
         raise ConfigError(f"preference pairs file not found: {pairs} (write one with `tcsm pairs`)")
-    base = dict(state["config"])
     text_data = dict(base.get("data") or {})
     if text_data.get("kind") == "pairs":  # a fine-tune of a fine-tune: keep the original tokenizer
         text_data = dict(text_data["tokenizer"])
