@@ -12,8 +12,9 @@ from pathlib import Path
 DEFAULT_PRESET = "synthetic"
 
 
-def config_help() -> str:
-    """Epilog of config-taking commands: the presets and every config key with its default."""
+def config_help(preset: str | None = None) -> str:
+    """Epilog of config-taking commands: the presets and every config key with its default — the values of a plain
+    `tcsm train` (the default preset), or of a recipe's own `preset` over the run it starts from."""
     from tcsm.build.config import describe_keys, list_presets, preset_description
 
     lines = ["presets (--config NAME, or a YAML path):"]
@@ -25,10 +26,19 @@ def config_help() -> str:
         "`extends: synthetic` (or another preset's name). Overrides (key=value) apply last. --print-config shows the",
         "result.",
         "",
-        f"config keys (override with key=value), with the values a plain `tcsm train` uses (the {DEFAULT_PRESET} preset;",
-        "tcsm train -c PRESET --print-config shows another preset's):",
     ]
-    for key, default, text in describe_keys(DEFAULT_PRESET):
+    if preset is None:
+        lines += [
+            f"config keys (override with key=value), with the values a plain `tcsm train` uses (the {DEFAULT_PRESET} preset;",
+            "tcsm train -c PRESET --print-config shows another preset's):",
+        ]
+    else:
+        lines += [
+            f"config keys (override with key=value), with the values of this command's {preset} preset. The run it",
+            "starts from provides data, path and model, which the preset and overrides then change (--print-config",
+            "shows the result):",
+        ]
+    for key, default, text in describe_keys(preset or DEFAULT_PRESET):
         if isinstance(default, str):
             shown = default or '""'
         else:
@@ -191,7 +201,7 @@ def jsonable(d: dict) -> dict:
 
 def add_config_arguments(p, preset: str, overrides_example: str = "optim.lr=1e-4") -> None:
     """key=value overrides, -c and -o of a recipe run whose default config (and run-directory name) is `preset`."""
-    p.epilog_fn = config_help
+    p.epilog_fn = lambda: config_help(preset)
     p.add_argument(
         "overrides", nargs="*", metavar="key=value", help=f"config overrides, e.g. {overrides_example}"
     )

@@ -87,9 +87,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--final-argmax", action="store_true", help="take the most likely token at the last step")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    p.add_argument("--sir-k", type=_positive_int, default=2,
+    p.add_argument("--sir-k", type=_positive_int, default=None,
                    help="energy-model runs (tcsm finetune dre): SIR candidates per step (default 2)")
-    p.add_argument("--sir-window", nargs=2, type=_float_in(0.0, 1.0, lo_open=False), default=(0.4, 0.6),
+    p.add_argument("--sir-window", nargs=2, type=_float_in(0.0, 1.0, lo_open=False), default=None,
                    metavar=("LO", "HI"), help="energy-model runs: α_t window of the SIR steps (default 0.4 0.6)")
 
 
@@ -218,6 +218,11 @@ def run(args) -> int:
     if sir and (args.method or args.temperature != 1.0 or args.top_p != 1.0 or args.final_argmax):
         raise ValueError("an energy model is sampled by SIR: use --sir-k/--sir-window, not --method/--temperature/"
                          "--top-p/--final-argmax")
+    if not sir and (args.sir_k is not None or args.sir_window is not None):
+        raise ValueError(f"--sir-k and --sir-window sample an energy model (tcsm finetune dre strategy ii); "
+                         f"{loaded.directory} holds a {type(model).__name__}")
+    args.sir_k = 2 if args.sir_k is None else args.sir_k
+    args.sir_window = (0.4, 0.6) if args.sir_window is None else args.sir_window
     if sir and args.sir_window[0] > args.sir_window[1]:
         raise ValueError(f"--sir-window needs LO <= HI, got {args.sir_window[0]} {args.sir_window[1]}")
     V = path.vocab_size

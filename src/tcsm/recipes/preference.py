@@ -172,6 +172,29 @@ def preference_config(
 # --------------------------------------------------------------------------------------------------- report
 
 
+def check_eval_reward(reward: str, cfg) -> None:
+    """ConfigError before training when the `--eval-reward` of a fine-tune with config `cfg` is not defined on the
+    reference run's data (tcsm.build.targets.check_reward_domain): the report would otherwise fail, or judge noise,
+    only after training."""
+    from types import SimpleNamespace
+
+    from tcsm.build.targets import check_reward_domain
+    from tcsm.checkpoint import read_state, resolve_checkpoint
+
+    state = read_state(resolve_checkpoint(cfg.objective.reference))[1]
+    data = dict(state["config"].get("data") or {})
+    if data.get("kind") == "pairs":
+        data = dict(data.get("tokenizer") or {})
+    info = state.get("data_info") or {}
+    shape = SimpleNamespace(
+        config=SimpleNamespace(data=SimpleNamespace(kind=data.get("kind"))),
+        vocab_size=info.get("vocab_size"),
+        seq_len=info.get("seq_len"),
+    )
+    check_reward_domain(reward, shape, what="--eval-reward ")
+
+
+
 def preference_report(
     run_dir,
     num_samples: int,
