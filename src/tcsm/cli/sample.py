@@ -62,7 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="run directory, checkpoints directory or step_* directory")
     p.add_argument("-n", "--num-samples", type=_positive_int, default=4,
                    help="samples (per prompt / template when given); default 4")
-    p.add_argument("--steps", type=_positive_int, default=128, help="sampler steps K (default 128)")
+    p.add_argument("--steps", type=_positive_int, default=None,
+                   help="sampler steps K (default 128; a causal LM run takes one step per position)")
     p.add_argument("--method", default=None,
                    help=f"sampler: {' | '.join(METHODS)} (default: ancestral for masked, analytic for uniform)")
     p.add_argument("--grid", default="uniform", help="time grid: uniform | cosine")
@@ -215,6 +216,18 @@ def run(args) -> int:
     from tcsm.models.energy import EnergyModel
 
     sir = isinstance(model, EnergyModel)  # strategy-(ii) DRE run: SIR over its frozen reference (MATH.md §6.3)
+    family = str(loaded.config.model.get("name", "denoiser"))
+    if family in ("mlm", "hollow", "hf_mlm"):
+        raise ValueError(f"{loaded.directory} holds a {family} clean-data model: its single-site conditionals "
+                         "p(x^i | x^≠i) give no sampler of whole sequences (it is a teacher for target.name=parametric)")
+    ar = family in ("causal", "hf_causal")  # a causal LM (an AR teacher): drawn left to right, prompts first
+    if ar and (args.infill or args.infill_json):
+        raise ValueError("a causal LM run is sampled left to right: it can continue a --prompt, not fill a template "
+                         "(--infill / --infill-json need a diffusion run)")
+    if ar and (args.method or args.final_argmax or args.grid != "uniform" or args.no_cache or args.steps):
+        raise ValueError("a causal LM run is sampled left to right, one token per step: --steps, --method, --grid, "
+                         "--final-argmax and --no-cache are diffusion sampler options")
+    args.steps = 128 if args.steps is None else args.steps
     if sir and (args.method or args.temperature != 1.0 or args.top_p != 1.0 or args.final_argmax):
         raise ValueError("an energy model is sampled by SIR: use --sir-k/--sir-window, not --method/--temperature/"
                          "--top-p/--final-argmax")
@@ -258,7 +271,8 @@ def run(args) -> int:
     generator = torch.Generator(device=device).manual_seed(int(args.seed))
     chunks = [(g, min(args.batch_size, args.num_samples - s)) for g in groups
               for s in range(0, args.num_samples, args.batch_size)]
-    bar = tqdm(total=len(chunks) * args.steps, desc="sampling", unit="step", disable=args.no_progress,
+    steps = length if ar else args.steps  # a causal LM draws one position per step
+    bar = tqdm(total=len(chunks) * steps, desc="sampling", unit="step", disable=args.no_progress,
                file=sys.stderr, leave=False)
     t0 = time.perf_counter()
     records, calls = [], 0
@@ -267,7 +281,19 @@ def run(args) -> int:
         if g["fixed"] is not None:
             kw["fixed"] = torch.tensor(g["fixed"], dtype=torch.bool, device=device).expand(b, -1)
             kw["values"] = torch.tensor(g["values"], dtype=torch.long, device=device).expand(b, -1)
-        if sir:
+        if ar:
+            from tcsm.targets.ar import sample_ar
+
+            prefix = None
+            if g["fixed"] is not None:
+                n_fixed = sum(g["fixed"])
+                prefix = torch.tensor(g["values"][:n_fixed], dtype=torch.long, device=device).expand(b, -1)
+            with torch.no_grad():
+                tokens = sample_ar(model, b, length, generator, device, prefix=prefix, temperature=args.temperature,
+                                   top_p=args.top_p)
+            stats = types.SimpleNamespace(num_calls=length, method="autoregressive")
+            bar.update(length)
+        elif sir:
             from tcsm.sampling import sample_sir
 
             tokens, stats = sample_sir(
@@ -290,7 +316,7 @@ def run(args) -> int:
     elapsed = time.perf_counter() - t0
 
     meta = {"checkpoint": str(loaded.directory), "step": loaded.step, "weights": loaded.weights,
-            "method": stats.method, "steps": args.steps, "grid": args.grid, "temperature": args.temperature,
+            "method": stats.method, "steps": steps, "grid": args.grid, "temperature": args.temperature,
             "top_p": args.top_p, "seed": args.seed, "length": length}
     lines = [json.dumps({**r, **meta}, ensure_ascii=False) if fmt == "jsonl" else _escape(r["text"]) for r in records]
     if args.output:
@@ -299,7 +325,7 @@ def run(args) -> int:
         sys.stdout.write("".join(line + "\n" for line in lines))
     print(
         f"tcsm sample: {len(records)} samples of length {length} from {loaded.directory} (step {loaded.step}, "
-        f"{loaded.weights} weights), {stats.method} sampler, {args.steps} steps, {calls} network calls, "
+        f"{loaded.weights} weights), {stats.method} sampler, {steps} steps, {calls} network calls, "
         f"{elapsed:.1f}s" + (f" -> {args.output}" if args.output else ""),
         file=sys.stderr,
     )

@@ -357,13 +357,39 @@ def total_variation(log_p: Tensor, log_q: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def sample_ar(model, num: int, length: int, generator: torch.Generator | None = None, device=None) -> Tensor:
+def sample_ar(
+    model,
+    num: int,
+    length: int,
+    generator: torch.Generator | None = None,
+    device=None,
+    *,
+    prefix: Tensor | None = None,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+) -> Tensor:
     """x^j ~ p^AR(· | x^{<j}) for j = 0..L−1, ancestrally: LongTensor[num, length] (MATH.md §4, §5.4 proposal
     h = p^AR). With `kv_cache` / `extend(..., return_cache=True)` each step runs one new position against the
-    cached prefix (L passes of one token); otherwise every step reruns the prefix."""
+    cached prefix (L passes of one token); otherwise every step reruns the prefix.
+
+    `prefix` [num, P] (a prompt) fixes x^{<P}, left to right: only x^{≥P} are drawn. `temperature` / `top_p`
+    reshape each conditional (tcsm.sampling.adjust_log_probs); the defaults draw from p^AR itself, exactly as
+    before (the same random draws)."""
     if device is None:
         device = next(model.parameters()).device
     x = torch.zeros(num, length, dtype=torch.long, device=device)
+    P = 0
+    if prefix is not None:
+        P = int(prefix.shape[-1])
+        if P > length:
+            raise ValueError(f"a prefix of {P} tokens does not fit in length {length}")
+        x[:, :P] = prefix.to(device=device, dtype=torch.long).expand(num, P)
+    adjust = None
+    if temperature != 1.0 or top_p < 1.0:
+        from tcsm.sampling import adjust_log_probs
+
+        def adjust(logits):
+            return adjust_log_probs(logits, temperature, top_p).exp()
     cached = hasattr(model, "kv_cache") and hasattr(model, "extend")
     if cached:
         try:
@@ -371,9 +397,10 @@ def sample_ar(model, num: int, length: int, generator: torch.Generator | None = 
         except NotImplementedError:  # a cache type that cannot be continued: rerun prefixes
             cached = False
     for j in range(length):
-        step = logits[:, -1] if cached else model(x[:, : j + 1])[:, j]
-        probs = torch.softmax(step.double(), dim=-1)
-        x[:, j] = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        if j >= P:
+            step = logits[:, -1] if cached else model(x[:, : j + 1])[:, j]
+            probs = torch.softmax(step.double(), dim=-1) if adjust is None else adjust(step)
+            x[:, j] = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
         if cached and j + 1 < length:
             logits, cache = model.extend(x[:, j : j + 1], cache, j + 1, return_cache=True)
     return x
