@@ -508,6 +508,10 @@ def _validate(cfg: DictConfig) -> None:
         f"eval.split must be train | valid | test, got {cfg.eval.split!r}",
     )
     _check(cfg.eval.num_t >= 1 and cfg.eval.batch_size >= 1, "eval.num_t and eval.batch_size must be >= 1")
+    _check(
+        cfg.eval.max_examples is None or cfg.eval.max_examples >= 1,
+        f"eval.max_examples must be >= 1 or null (the whole split), got {cfg.eval.max_examples}",
+    )
     _check(cfg.sample.num >= 0, f"sample.num must be >= 0, got {cfg.sample.num}")
     from tcsm.sampling.settings import SampleSettings
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -27,6 +28,10 @@ COMMANDS: dict[str, str] = {
     "pairs": "tcsm.cli.pairs",  # preference pairs from a model's own samples, judged by a reward
     "demo": "tcsm.cli.demo",
 }
+
+
+#: a config override token, `dotted.key=value` (the value may be empty or start with '-')
+_OVERRIDE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*=")
 
 
 class Parser(argparse.ArgumentParser):
@@ -86,7 +91,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.set_defaults(_run=module.run)
         else:
             sub.add_parser(name)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # argparse gives a `key=value ...` positional only the tokens before the first flag; the rest come back
+        # unrecognized. Overrides are accepted anywhere after the command (they still apply in the order given).
+        if hasattr(args, "overrides") and all(_OVERRIDE.match(token) for token in extra):
+            args.overrides = [*(args.overrides or []), *extra]
+        else:
+            stray = [t for t in extra if not (hasattr(args, "overrides") and _OVERRIDE.match(t))]
+            parser.error(f"unrecognized arguments: {' '.join(stray)}")
     if args.command is None:
         parser.print_help()
         return 0

@@ -12,8 +12,9 @@ from pathlib import Path
 DEFAULT_PRESET = "synthetic"
 
 
-def config_help() -> str:
-    """Epilog of config-taking commands: the presets and every config key with its default."""
+def config_help(preset: str | None = None) -> str:
+    """Epilog of config-taking commands: the presets and every config key with its default — the values of a plain
+    `tcsm train` (the default preset), or of a recipe's own `preset` over the run it starts from."""
     from tcsm.builders.config import describe_keys, list_presets, preset_description
 
     lines = ["presets (--config NAME, or a YAML path):"]
@@ -25,10 +26,19 @@ def config_help() -> str:
         "`extends: synthetic` (or another preset's name). Overrides (key=value) apply last. --print-config shows the",
         "result.",
         "",
-        f"config keys (override with key=value), with the values a plain `tcsm train` uses (the {DEFAULT_PRESET} preset;",
-        "tcsm train -c PRESET --print-config shows another preset's):",
     ]
-    for key, default, text in describe_keys(DEFAULT_PRESET):
+    if preset is None:
+        lines += [
+            f"config keys (override with key=value), with the values a plain `tcsm train` uses (the {DEFAULT_PRESET} preset;",
+            "tcsm train -c PRESET --print-config shows another preset's):",
+        ]
+    else:
+        lines += [
+            f"config keys (override with key=value), with the values of this command's {preset} preset. The run it",
+            "starts from provides data, path and model, which the preset and overrides then change (--print-config",
+            "shows the result):",
+        ]
+    for key, default, text in describe_keys(preset or DEFAULT_PRESET):
         if isinstance(default, str):
             shown = default or '""'
         else:
@@ -75,6 +85,20 @@ def claim_run_dir(run_dir, *, resume: bool, overwrite: bool) -> None:
         raise ConfigError("give --resume (continue the run) or --overwrite (replace it), not both")
     if os.environ.get("RANK", "0") == "0" and not (resume or overwrite):  # rank 0 alone owns the run directory
         refuse_existing_run(run_dir)
+
+
+def check_overwrite(args) -> None:
+    """The checks of a recipe run's `--overwrite` (tcsm finetune <recipe>, tcsm distill) before anything is built:
+    it needs -o DIR and excludes --resume. The Trainer replaces the old run once the new one is built, and refuses
+    (tcsm.train.rundir.refuse_overwriting_sources) when DIR is the run the new one starts from."""
+    if not getattr(args, "overwrite", False):
+        return
+    from tcsm.errors import ConfigError
+
+    if not getattr(args, "out", None):
+        raise ConfigError("--overwrite needs -o DIR, the run directory to replace")
+    resume = bool(getattr(args, "resume", False) or getattr(args, "resume_from", None))
+    claim_run_dir(args.out, resume=resume, overwrite=True)  # checks only: the recipe's Trainer replaces the run
 
 
 def check_writable(path) -> None:
@@ -177,7 +201,7 @@ def jsonable(d: dict) -> dict:
 
 def add_config_arguments(p, preset: str, overrides_example: str = "optim.lr=1e-4") -> None:
     """key=value overrides, -c and -o of a recipe run whose default config (and run-directory name) is `preset`."""
-    p.epilog_fn = config_help
+    p.epilog_fn = lambda: config_help(preset)
     p.add_argument(
         "overrides", nargs="*", metavar="key=value", help=f"config overrides, e.g. {overrides_example}"
     )
@@ -197,17 +221,41 @@ def flag_values(args, flags: dict[str, str]) -> dict:
     return {key: getattr(args, flag) for flag, key in flags.items() if getattr(args, flag, None) is not None}
 
 
+def command_of(cfg) -> str:
+    """The tcsm command that trains a run with this config (a dict or a DictConfig)."""
+
+    def get(section: str) -> str | None:
+        node = cfg.get(section) if isinstance(cfg, dict) else getattr(cfg, section, None)
+        return None if node is None else node.get("name")
+
+    objective, target = get("objective"), get("target")
+    if objective in ("dre", "preference"):
+        return f"tcsm finetune {objective}"
+    if target == "reward":
+        return "tcsm finetune reward"
+    if target == "distill":
+        return "tcsm distill"
+    return "tcsm train"
+
+
 def resolve_recipe(args, preset: str, flags: dict[str, str], new_config: Callable) -> tuple:
-    """(config, run_dir, resume) of a recipe run. A resumed run starts from its saved config; a new one from
-    `new_config(config_name, flag_values)`, which builds it from the recipe's source run (and refuses a missing
-    one), with `preset` as the default -c and the label of the default run directory."""
+    """(config, run_dir, resume) of a recipe run. A resumed run starts from its saved config, which must be one
+    this recipe trains; a new one from `new_config(config_name, flag_values)`, which builds it from the recipe's
+    source run (and refuses a missing one), with `preset` as the default -c and the label of the default run
+    directory."""
     from tcsm.builders.config import load_config, set_values
+    from tcsm.errors import ConfigError
 
     values = flag_values(args, flags)
     run_dir = Path(args.out) if args.out else None
     point = resume_point(args, run_dir)
     if point is not None:
         checkpoint, run_dir, base = point
+        mine, theirs = command_of(load_config(preset)), command_of(base or {})
+        if theirs != mine:  # e.g. `tcsm finetune preference --resume -o RUN_OF_ANOTHER_RECIPE`
+            raise ConfigError(
+                f"{str(run_dir)!r} is a `{theirs}` run, not a `{mine}` run; continue it with `{theirs} --resume`"
+            )
         return set_values(load_config(args.config, args.overrides, base=base), values), run_dir, checkpoint
     cfg = new_config(args.config or preset, values)
     if run_dir is None:

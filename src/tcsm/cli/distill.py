@@ -37,7 +37,7 @@ DISTILL_FLAGS = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from tcsm.cli.common import add_config_arguments, add_steps_and_resume_arguments
+    from tcsm.cli.common import add_config_arguments, add_overwrite_argument, add_steps_and_resume_arguments
 
     p.add_argument("-t", "--teacher", help="tcsm causal-LM run (or checkpoint) or Hugging Face causal-LM directory")
     add_config_arguments(p, "distill", overrides_example="model.d_model=128")
@@ -48,6 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--proposal", choices=("data", "teacher", "student"), help="where x_1 comes from (h)")
     p.add_argument("--audit-rows", type=int, help="sequences per step scored exactly to report the missed mass")
     add_steps_and_resume_arguments(p, "distillation")
+    add_overwrite_argument(p)
     p.add_argument("--eval-samples", type=int, default=0, help="student samples judged by the teacher (0: skip)")
     p.add_argument("--eval-steps", default="8,32,128", help="sampling steps of the judged samples, comma-separated")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
@@ -119,8 +120,9 @@ def _describe(report: dict) -> str:
 
 
 def run(args) -> int:
-    from tcsm.cli.common import run_recipe
+    from tcsm.cli.common import check_overwrite, run_recipe
 
+    check_overwrite(args)
     cfg, run_dir, resume = resolve(args)
     steps = _eval_steps(args.eval_steps)
 

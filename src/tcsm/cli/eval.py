@@ -59,6 +59,8 @@ def run(args) -> int:
     from tcsm.train.distributed import resolve_device
     from tcsm.train.trainer import autocast, evaluate_model
 
+    if args.max_examples is not None and args.max_examples < 1:
+        raise ConfigError(f"--max-examples must be >= 1 (leave it out to evaluate the whole split), got {args.max_examples}")
     overrides = list(args.overrides)
     for key, value in (
         ("split", args.split),

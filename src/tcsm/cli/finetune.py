@@ -39,12 +39,7 @@ def run(args) -> int:
     if getattr(args, "recipe", None) is None:
         print(f"tcsm finetune: error: choose a recipe: {' | '.join(RECIPES)} (see tcsm finetune --help)", file=sys.stderr)
         return 2
-    if getattr(args, "overwrite", False):
-        from tcsm.cli.common import claim_run_dir
-        from tcsm.errors import ConfigError
+    from tcsm.cli.common import check_overwrite
 
-        if not getattr(args, "out", None):
-            raise ConfigError("--overwrite needs -o DIR, the run directory to replace")
-        resume = bool(getattr(args, "resume", False) or getattr(args, "resume_from", None))
-        claim_run_dir(args.out, resume=resume, overwrite=True)  # checks only: the recipe's Trainer replaces the run
+    check_overwrite(args)
     return int(args._recipe_run(args) or 0)

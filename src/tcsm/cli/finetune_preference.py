@@ -117,9 +117,16 @@ def run(args) -> int:
             f"(entropy {report['finetuned_entropy']:.3f})"
         )
 
+    cfg, run_dir, resume = resolve(args)
+    if args.eval_reward and args.eval_samples > 0:  # before training, not after it
+        from tcsm.posttrain.preference.recipe import check_eval_reward
+
+        check_eval_reward(args.eval_reward, cfg)
     return run_recipe(
         args,
-        *resolve(args),
+        cfg,
+        run_dir,
+        resume,
         report=report if args.eval_reward and args.eval_samples > 0 else None,
         report_file="preference_eval.json",
         describe=describe,

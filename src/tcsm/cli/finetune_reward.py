@@ -37,7 +37,9 @@ REWARD_FLAGS = {
 def add_arguments(r: argparse.ArgumentParser) -> None:
     from tcsm.cli.common import add_config_arguments, add_steps_and_resume_arguments
 
-    r.add_argument("-k", "--checkpoint", help="pre-trained run, checkpoints or step_* directory")
+    r.add_argument(
+        "-k", "--checkpoint", "--from", dest="checkpoint", help="pre-trained run, checkpoints or step_* directory"
+    )
     add_config_arguments(r, "finetune-reward")
     r.add_argument(
         "--reward", help="reward spec: grid | vader | profanity | hf:PATH[,label=1] | python:mod:fn"

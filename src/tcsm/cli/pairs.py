@@ -71,6 +71,12 @@ def run(args) -> int:
     device = resolve_device(args.device)
     ck = load_checkpoint(args.checkpoint, device=device, ema=args.weights == "ema")
     data = ck.build_data()
+    from types import SimpleNamespace
+
+    from tcsm.posttrain.reward.builder import check_reward_domain
+
+    shape = SimpleNamespace(config=ck.config, vocab_size=int(data.vocab_size), seq_len=int(data.seq_len))
+    check_reward_domain(args.reward, shape, what="--reward ")  # before any sampling: a grid reward on text is noise
     try:
         reward = make_reward(args.reward, decode=data.decode, vocab_size=data.vocab_size)
     except (ValueError, ImportError, AttributeError) as e:

@@ -62,12 +62,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="run directory, checkpoints directory or step_* directory")
     p.add_argument("-n", "--num-samples", type=_positive_int, default=4,
                    help="samples (per prompt / template when given); default 4")
-    p.add_argument("--steps", type=_positive_int, default=128, help="sampler steps K (default 128)")
+    p.add_argument("--steps", type=_positive_int, default=None,
+                   help="sampler steps K (default: the run's sample.steps; a causal LM run takes one step per position)")
     p.add_argument("--method", default=None,
-                   help=f"sampler: {' | '.join(METHODS)} (default: ancestral for masked, analytic for uniform)")
-    p.add_argument("--grid", default="uniform", help="time grid: uniform | cosine")
-    p.add_argument("--temperature", type=_float_in(0.0, float("inf")), default=1.0, help="softmax temperature > 0")
-    p.add_argument("--top-p", type=_float_in(0.0, 1.0), default=1.0, help="nucleus mass in (0, 1]; 1 = off")
+                   help=f"sampler: {' | '.join(METHODS)} (default: the run's sample.method, else ancestral for masked, "
+                        "analytic for uniform)")
+    p.add_argument("--grid", default=None, help="time grid: uniform | cosine (default: the run's sample.grid)")
+    p.add_argument("--temperature", type=_float_in(0.0, float("inf")), default=None,
+                   help="softmax temperature > 0 (default: the run's sample.temperature)")
+    p.add_argument("--top-p", type=_float_in(0.0, 1.0), default=None,
+                   help="nucleus mass in (0, 1]; 1 = off (default: the run's sample.top_p)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
     p.add_argument("--length", type=_positive_int, default=None,
                    help="sequence length (default: the training sequence length)")
@@ -87,10 +91,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--final-argmax", action="store_true", help="take the most likely token at the last step")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    p.add_argument("--sir-k", type=_positive_int, default=2,
-                   help="energy-model runs (tcsm finetune dre): SIR candidates per step (default 2)")
-    p.add_argument("--sir-window", nargs=2, type=_float_in(0.0, 1.0, lo_open=False), default=(0.4, 0.6),
-                   metavar=("LO", "HI"), help="energy-model runs: α_t window of the SIR steps (default 0.4 0.6)")
+    p.add_argument("--sir-k", type=_positive_int, default=None,
+                   help="energy-model runs (tcsm finetune dre): SIR candidates per step (default: the run's sample.sir_k)")
+    p.add_argument("--sir-window", nargs=2, type=_float_in(0.0, 1.0, lo_open=False), default=None,
+                   metavar=("LO", "HI"), help="energy-model runs: α_t window of the SIR steps (default: the run's)")
+    p.add_argument("--sir-temperature", type=_float_in(0.0, float("inf")), default=None,
+                   help="energy-model runs: SIR selection ∝ softmax(f / T) (default: the run's sample.sir_temperature)")
 
 
 # --------------------------------------------------------------------------------------------------- conditioning
@@ -189,18 +195,37 @@ def _escape(text: str) -> str:
 # --------------------------------------------------------------------------------------------------- run
 
 
+def _run_sampler(loaded, model, path, device, args):
+    """The run's sampler (`tcsm.builders.sampler`: the same one its training samples used) with the flags given.
+    A run whose objective cannot be rebuilt here (e.g. its reference run is gone) has no sampler of its own: only
+    energy-model and causal-LM runs do, and their objectives read nothing but the model."""
+    from tcsm.builders.components import DataInfo, build_objective_for_checkpoint
+    from tcsm.builders.sampler import build_sampler
+    from tcsm.errors import TCSMError
+
+    try:
+        objective = build_objective_for_checkpoint(loaded.config, model, DataInfo(**loaded.data_info), device)
+    except TCSMError:
+        objective = None
+    return build_sampler(
+        loaded.config, model, path, objective, steps=args.steps, method=args.method, grid=args.grid,
+        temperature=args.temperature, top_p=args.top_p, final_argmax=args.final_argmax or None,
+        cache=False if args.no_cache else None, sir_k=args.sir_k,
+        sir_window=None if args.sir_window is None else tuple(args.sir_window), sir_temperature=args.sir_temperature,
+    )  # fmt: skip
+
+
 def run(args) -> int:
     import torch
     from tqdm.auto import tqdm
 
     from tcsm.builders.loading import load_checkpoint
     from tcsm.cli.common import check_writable, write_atomically
-    from tcsm.sampling import may_cache, sample
     from tcsm.train.distributed import resolve_device
 
     if args.method is not None and args.method not in METHODS:
         raise ValueError(f"unknown --method {args.method!r}; choose one of {', '.join(METHODS)}")
-    if args.grid not in ("uniform", "cosine"):
+    if args.grid not in (None, "uniform", "cosine"):
         raise ValueError(f"unknown --grid {args.grid!r}; choose uniform or cosine")
     conditioned = bool(args.prompt) + bool(args.infill) + bool(args.infill_json)
     if conditioned > 1:
@@ -215,10 +240,24 @@ def run(args) -> int:
     from tcsm.posttrain.dre.energy import EnergyModel
 
     sir = isinstance(model, EnergyModel)  # strategy-(ii) DRE run: SIR over its frozen reference (MATH.md §6.3)
-    if sir and (args.method or args.temperature != 1.0 or args.top_p != 1.0 or args.final_argmax):
-        raise ValueError("an energy model is sampled by SIR: use --sir-k/--sir-window, not --method/--temperature/"
-                         "--top-p/--final-argmax")
-    if sir and args.sir_window[0] > args.sir_window[1]:
+    family = str(loaded.config.model.get("name", "denoiser"))
+    if family in ("mlm", "hollow", "hf_mlm"):
+        raise ValueError(f"{loaded.directory} holds a {family} clean-data model: its single-site conditionals "
+                         "p(x^i | x^≠i) give no sampler of whole sequences (it is a teacher for target.name=parametric)")
+    ar = family in ("causal", "hf_causal")  # a causal LM (an AR teacher): drawn left to right, prompts first
+    if ar and (args.infill or args.infill_json):
+        raise ValueError("a causal LM run is sampled left to right: it can continue a --prompt, not fill a template "
+                         "(--infill / --infill-json need a diffusion run)")
+    if ar and (args.method or args.final_argmax or args.grid or args.no_cache or args.steps):
+        raise ValueError("a causal LM run is sampled left to right, one token per step: --steps, --method, --grid, "
+                         "--final-argmax and --no-cache are diffusion sampler options")
+    if sir and (args.method or args.temperature is not None or args.top_p is not None or args.final_argmax):
+        raise ValueError("an energy model is sampled by SIR: use --sir-k/--sir-window/--sir-temperature, not --method/"
+                         "--temperature/--top-p/--final-argmax")
+    if not sir and (args.sir_k is not None or args.sir_window is not None or args.sir_temperature is not None):
+        raise ValueError(f"--sir-k, --sir-window and --sir-temperature sample an energy model (tcsm finetune dre "
+                         f"strategy ii); {loaded.directory} holds a {type(model).__name__}")
+    if sir and args.sir_window is not None and args.sir_window[0] > args.sir_window[1]:
         raise ValueError(f"--sir-window needs LO <= HI, got {args.sir_window[0]} {args.sir_window[1]}")
     V = path.vocab_size
     length = args.length or int(loaded.data_info["seq_len"])
@@ -249,11 +288,13 @@ def run(args) -> int:
         if g["values"] is not None and any(v >= V for v in g["values"]):
             raise ValueError(f"the tokenizer produced ids outside the model's {V}-token vocabulary")
 
-    time_independent = not args.no_cache and may_cache(model, path)
+    sampler = _run_sampler(loaded, model, path, device, args)
+    settings = sampler.settings
     generator = torch.Generator(device=device).manual_seed(int(args.seed))
     chunks = [(g, min(args.batch_size, args.num_samples - s)) for g in groups
               for s in range(0, args.num_samples, args.batch_size)]
-    bar = tqdm(total=len(chunks) * args.steps, desc="sampling", unit="step", disable=args.no_progress,
+    steps = length if ar else settings.steps  # a causal LM draws one position per step
+    bar = tqdm(total=len(chunks) * steps, desc="sampling", unit="step", disable=args.no_progress,
                file=sys.stderr, leave=False)
     t0 = time.perf_counter()
     records, calls = [], 0
@@ -262,22 +303,11 @@ def run(args) -> int:
         if g["fixed"] is not None:
             kw["fixed"] = torch.tensor(g["fixed"], dtype=torch.bool, device=device).expand(b, -1)
             kw["values"] = torch.tensor(g["values"], dtype=torch.long, device=device).expand(b, -1)
-        if sir:
-            from tcsm.posttrain.dre.sir import sample_sir
-
-            tokens, stats = sample_sir(
-                model.reference, model, path, batch_size=b, length=length, num_steps=args.steps,
-                num_candidates=args.sir_k, window=tuple(args.sir_window), grid=args.grid, generator=generator,
-                device=device, return_stats=True, **kw,
-            )
-            bar.update(args.steps)
-        else:
-            tokens, stats = sample(
-                model, path, batch_size=b, length=length, num_steps=args.steps, generator=generator,
-                method=args.method, grid=args.grid, temperature=args.temperature, top_p=args.top_p,
-                final_argmax=args.final_argmax, time_independent=time_independent, device=device,
-                return_stats=True, callback=lambda k, t, x: bar.update(1) if k > 0 else None, **kw,
-            )
+        with torch.no_grad():
+            tokens, stats = sampler(b, length, generator=generator, device=device,
+                                    callback=lambda k, t, x: bar.update(1) if k > 0 else None, **kw)
+        if sampler.own:
+            bar.update(steps)
         calls += stats.num_calls
         for row in tokens.cpu().tolist():
             records.append({"index": len(records), **g["info"], "text": tok.decode(row), "tokens": row})
@@ -285,8 +315,8 @@ def run(args) -> int:
     elapsed = time.perf_counter() - t0
 
     meta = {"checkpoint": str(loaded.directory), "step": loaded.step, "weights": loaded.weights,
-            "method": stats.method, "steps": args.steps, "grid": args.grid, "temperature": args.temperature,
-            "top_p": args.top_p, "seed": args.seed, "length": length}
+            "method": stats.method, "steps": steps, "grid": settings.grid, "temperature": settings.temperature,
+            "top_p": settings.top_p, "seed": args.seed, "length": length}
     lines = [json.dumps({**r, **meta}, ensure_ascii=False) if fmt == "jsonl" else _escape(r["text"]) for r in records]
     if args.output:
         write_atomically(args.output, "".join(line + "\n" for line in lines))
@@ -294,7 +324,7 @@ def run(args) -> int:
         sys.stdout.write("".join(line + "\n" for line in lines))
     print(
         f"tcsm sample: {len(records)} samples of length {length} from {loaded.directory} (step {loaded.step}, "
-        f"{loaded.weights} weights), {stats.method} sampler, {args.steps} steps, {calls} network calls, "
+        f"{loaded.weights} weights), {stats.method} sampler, {steps} steps, {calls} network calls, "
         f"{elapsed:.1f}s" + (f" -> {args.output}" if args.output else ""),
         file=sys.stderr,
     )

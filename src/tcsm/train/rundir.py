@@ -9,7 +9,15 @@ from pathlib import Path
 
 from tcsm.errors import ConfigError
 
-__all__ = ["RUN_FILES", "RunDirectoryExists", "clear_run", "existing_run", "refuse_existing_run"]
+__all__ = [
+    "RUN_FILES",
+    "SOURCE_KEYS",
+    "RunDirectoryExists",
+    "clear_run",
+    "existing_run",
+    "refuse_existing_run",
+    "refuse_overwriting_sources",
+]
 
 #: Files and folders a run writes into its directory (tcsm.train, tcsm.cli); the first four mark a run.
 RUN_FILES = (
@@ -67,3 +75,49 @@ def clear_run(run_dir: str | Path) -> list[str]:
             continue
         removed.append(name)
     return removed
+
+
+#: Config keys that name another run a run starts from or reads while it trains (warm start, frozen reference,
+#: pre-trained model of a reward tilt, AR teacher, energy model's reference), with the flag that usually sets them.
+SOURCE_KEYS = {
+    "train.init_from": "train.init_from",
+    "model.reference": "--from",
+    "objective.reference": "--from / --reference",
+    "target.pretrained": "-k / --from",
+    "target.teacher": "--teacher",
+}
+
+
+def _select(cfg, key: str):
+    node = cfg
+    for part in key.split("."):
+        try:
+            node = node[part] if isinstance(node, dict) else getattr(node, part)
+        except (KeyError, AttributeError, TypeError):
+            return None
+    return node if isinstance(node, (str, Path)) else None
+
+
+def _overlaps(a: Path, b: Path) -> bool:
+    return a == b or a in b.parents or b in a.parents
+
+
+def refuse_overwriting_sources(run_dir: str | Path, cfg) -> None:
+    """ConfigError (one line) if replacing the run in `run_dir` would delete a run that `cfg` starts from or reads
+    (`SOURCE_KEYS`): `run_dir` is, contains or lies inside that run (or the checkpoint it names)."""
+    out = Path(run_dir).expanduser().resolve()
+    for key, flag in SOURCE_KEYS.items():
+        value = _select(cfg, key)
+        if not value:
+            continue
+        source = Path(value).expanduser()
+        if not source.exists():  # "ema", "previous", a Hugging Face id: not a path on this machine
+            continue
+        source = source.resolve()
+        owner = next((p for p in (source, *source.parents) if p.name == "checkpoints"), None)
+        runs = {source} | ({owner.parent} if owner is not None else set())
+        if any(_overlaps(out, r) for r in runs):
+            raise ConfigError(
+                f"--overwrite -o {str(run_dir)!r} would delete {str(source)!r}, the run this one starts from "
+                f"({key}, set by {flag}); write the new run to another directory"
+            )

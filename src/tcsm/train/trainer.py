@@ -43,7 +43,7 @@ from tcsm.train.distributed import DistEnv, all_reduce_mean, barrier, setup_dist
 from tcsm.train.ema import EMA
 from tcsm.train.logs import RunLogger, plot_curves
 from tcsm.train.optim import build_optimizer, lr_at, set_lr
-from tcsm.train.rundir import clear_run, refuse_existing_run
+from tcsm.train.rundir import clear_run, refuse_existing_run, refuse_overwriting_sources
 
 __all__ = ["Trainer", "evaluate_model", "resolve_precision", "stream_seed"]
 
@@ -179,8 +179,8 @@ class Trainer:
     ):
         self.env = env if env is not None else setup_distributed(cfg.train.device)
         if not resume and self.env.is_main:  # before anything is written: never touch another run's directory
-            if overwrite and run_dir is not None:  # asked for, and the new run is fully built: replace the old
-                clear_run(run_dir)
+            if overwrite and run_dir is not None:
+                refuse_overwriting_sources(run_dir, cfg)  # the run it starts from must survive the overwrite
             else:
                 refuse_existing_run(run_dir)
         self.cfg = _with_absolute_data_paths(cfg)
@@ -227,6 +227,10 @@ class Trainer:
         self.last_eval: dict[str, Any] = {}
         if resume:
             self._restore(resume)
+        if overwrite and not resume and run_dir is not None and self.env.is_main:
+            # Everything that can fail while building (components, warm start, optimizer) has succeeded: only now
+            # is the old run replaced, so a run that cannot start never costs the old one its files.
+            clear_run(run_dir)
         # Rows logged after the checkpoint a resume starts from belong to steps that are about to be replayed.
         self.logger = RunLogger(
             self.run_dir,
@@ -252,6 +256,8 @@ class Trainer:
         env = env if env is not None else setup_distributed(cfg.train.device)
         if not resume and not overwrite and env.is_main:  # before data and models are built (rank 0 writes the run)
             refuse_existing_run(run_dir)
+        if not resume and overwrite and env.is_main and run_dir is not None:
+            refuse_overwriting_sources(run_dir, cfg)
         if cfg.train.threads:
             torch.set_num_threads(int(cfg.train.threads))
         micro_batch_plan(cfg.train, env.world_size)  # a bad plan fails before data and models are built

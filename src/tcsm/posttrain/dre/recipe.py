@@ -15,8 +15,8 @@ import torch
 
 from tcsm.builders.config import load_config, set_values
 from tcsm.builders.loading import load_checkpoint
-from tcsm.checkpoint import read_state, resolve_checkpoint
-from tcsm.errors import CheckpointError, ConfigError
+from tcsm.builders.source import source_run
+from tcsm.errors import ConfigError
 from tcsm.likelihood import evaluate_bound
 
 __all__ = ["dre_config", "dre_report"]
@@ -39,18 +39,15 @@ def dre_config(checkpoint, preset: str | None = "finetune-dre", overrides=(), va
     """The DRE fine-tuning config for the reference checkpoint `checkpoint` (a `tcsm train` run, step or
     checkpoints directory): its config < preset < overrides < `values` (dotted key → value)."""
     values = dict(values or {})
-    directory = resolve_checkpoint(checkpoint)
-    state = read_state(directory)[1]
-    if "config" not in state:
-        raise CheckpointError(f"{str(directory)!r} holds no run config; it was not written by `tcsm train`")
-    base = dict(state["config"])
-    if base.get("model", {}).get("name", "denoiser") != "denoiser":
-        raise CheckpointError(
-            f"{str(directory)!r} trained a {base['model'].get('name')!r} model; DRE needs a diffusion denoiser run"
-        )
+    directory, base = source_run(checkpoint, "dre")
     # Never write into the reference run, and never inherit its own warm start.
     base["train"] = {**base.get("train", {}), "out_dir": None, "init_from": None}
     strategy = _strategy(preset, overrides, values)
+    if strategy != "i" and values.get("objective.reference") is not None:
+        raise ConfigError(
+            f"--reference belongs to strategy i (the student's frozen reference); strategy {strategy}'s reference "
+            "is the --from run itself: drop --reference, or give --strategy i"
+        )
     start: dict = {}
     if strategy == "ii":
         base["model"] = {"name": "energy", "reference": str(directory), "reference_model": base["model"]}

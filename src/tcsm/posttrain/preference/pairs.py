@@ -156,8 +156,12 @@ def read_pair_records(
                     bad["not a JSON object"] += 1
                     continue
                 keys = [k for k in (prompt_key, chosen_key, rejected_key) if k is not None]
-                if any(not isinstance(obj.get(k), str) for k in keys):
+                if any(k not in obj for k in keys):
                     bad["missing field"] += 1
+                    continue
+                wrong = [k for k in keys if not isinstance(obj[k], str)]
+                if wrong:  # present, but a number, a list, null ...: say so, not "missing"
+                    bad[f"non-string {wrong[0]!r} field"] += 1
                     continue
                 prompt = obj[prompt_key] if prompt_key is not None else ""
                 chosen, rejected = obj[chosen_key], obj[rejected_key]

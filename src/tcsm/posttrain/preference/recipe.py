@@ -21,8 +21,8 @@ import torch
 
 from tcsm.builders.config import load_config, set_values
 from tcsm.builders.loading import load_checkpoint
-from tcsm.checkpoint import read_state, resolve_checkpoint
-from tcsm.errors import CheckpointError, ConfigError
+from tcsm.builders.source import source_run
+from tcsm.errors import ConfigError
 from tcsm.evaluation.genppl import sample_entropy
 from tcsm.posttrain.preference.pairs import tokenizer_signature
 from tcsm.posttrain.reward.rewards import evaluate_reward, make_reward
@@ -146,14 +146,10 @@ def preference_config(
     """The fine-tuning config: pre-trained run's config < preset < overrides < `values` (dotted key → value),
     with `data` the pairs file tokenized by the pre-trained run's tokenizer, `objective.reference` and
     `train.init_from` the checkpoint directory (set train.init_from=null in `values` to start afresh)."""
-    directory = resolve_checkpoint(checkpoint)
-    state = read_state(directory)[1]
-    if "config" not in state:
-        raise CheckpointError(f"{str(directory)!r} holds no run config; it was not written by `tcsm train`")
+    directory, base = source_run(checkpoint, "preference")
     pairs = Path(pairs).expanduser()
     if not pairs.is_file():
         raise ConfigError(f"preference pairs file not found: {pairs} (write one with `tcsm pairs`)")
-    base = dict(state["config"])
     text_data = dict(base.get("data") or {})
     if text_data.get("kind") == "pairs":  # a fine-tune of a fine-tune: keep the original tokenizer
         text_data = dict(text_data["tokenizer"])
@@ -174,6 +170,29 @@ def preference_config(
 
 
 # --------------------------------------------------------------------------------------------------- report
+
+
+def check_eval_reward(reward: str, cfg) -> None:
+    """ConfigError before training when the `--eval-reward` of a fine-tune with config `cfg` is not defined on the
+    reference run's data (tcsm.posttrain.reward.builder.check_reward_domain): the report would otherwise fail, or judge noise,
+    only after training."""
+    from types import SimpleNamespace
+
+    from tcsm.checkpoint import read_state, resolve_checkpoint
+    from tcsm.posttrain.reward.builder import check_reward_domain
+
+    state = read_state(resolve_checkpoint(cfg.objective.reference))[1]
+    data = dict(state["config"].get("data") or {})
+    if data.get("kind") == "pairs":
+        data = dict(data.get("tokenizer") or {})
+    info = state.get("data_info") or {}
+    shape = SimpleNamespace(
+        config=SimpleNamespace(data=SimpleNamespace(kind=data.get("kind"))),
+        vocab_size=info.get("vocab_size"),
+        seq_len=info.get("seq_len"),
+    )
+    check_reward_domain(reward, shape, what="--eval-reward ")
+
 
 
 def preference_report(

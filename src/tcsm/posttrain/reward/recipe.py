@@ -11,8 +11,7 @@ import torch
 
 from tcsm.builders.config import load_config, set_values
 from tcsm.builders.loading import load_checkpoint
-from tcsm.checkpoint import read_state, resolve_checkpoint
-from tcsm.errors import CheckpointError
+from tcsm.builders.source import source_run
 from tcsm.posttrain.reward.rewards import evaluate_reward, make_reward
 from tcsm.sampling import sample
 
@@ -25,11 +24,7 @@ def reward_config(
     """The fine-tuning config: pre-trained run's config < preset < overrides < `values` (dotted key → value),
     with `target.pretrained` and `train.init_from` set to the checkpoint directory (set train.init_from=null in
     `values` to start the student afresh)."""
-    directory = resolve_checkpoint(checkpoint)
-    state = read_state(directory)[1]
-    if "config" not in state:
-        raise CheckpointError(f"{str(directory)!r} holds no run config; it was not written by `tcsm train`")
-    base = dict(state["config"])
+    directory, base = source_run(checkpoint, "reward")
     base["train"] = {**base.get("train", {}), "out_dir": None}  # never write into the pre-trained run
     cfg = load_config(preset, list(overrides), base=base)
     cfg = set_values(cfg, {"target.pretrained": str(directory), **(values or {})})

@@ -1,0 +1,39 @@
+"""The run a post-training recipe starts from: read its config and refuse one that is not a diffusion denoiser run
+before anything is built or replaced (an energy model or a clean-data LM cannot be the start of a reward,
+preference or DRE fine-tune: they would fail only at the first training step)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tcsm.checkpoint import read_state, resolve_checkpoint
+from tcsm.errors import CheckpointError
+
+__all__ = ["NOT_DENOISERS", "source_run"]
+
+#: model.name of the runs that are not diffusion denoisers, with what they are and what reads them
+NOT_DENOISERS = {
+    "energy": "an energy model (tcsm finetune dre strategy ii; sampled by SIR)",
+    "causal": "an autoregressive clean-data model (a teacher for tcsm distill)",
+    "mlm": "a masked clean-data model (a teacher for target.name=parametric)",
+    "hollow": "a Hollow clean-data model (a teacher for target.name=parametric)",
+    "hf_causal": "a Hugging Face causal LM",
+    "hf_mlm": "a Hugging Face masked LM",
+}
+
+
+def source_run(checkpoint, recipe: str) -> tuple[Path, dict]:
+    """(checkpoint directory, its run config) of the run `checkpoint` names; CheckpointError (one line) if it holds
+    no run config or its model is not a diffusion denoiser, which every recipe of `tcsm finetune` needs."""
+    directory = resolve_checkpoint(checkpoint)
+    state = read_state(directory)[1]
+    if "config" not in state:
+        raise CheckpointError(f"{str(directory)!r} holds no run config; it was not written by `tcsm train`")
+    base = dict(state["config"])
+    name = (base.get("model") or {}).get("name", "denoiser")
+    if name in NOT_DENOISERS:
+        raise CheckpointError(
+            f"{str(directory)!r} trained {NOT_DENOISERS[name]} (model.name={name}); tcsm finetune {recipe} needs a "
+            "diffusion denoiser run (tcsm train) to start from"
+        )
+    return directory, base
