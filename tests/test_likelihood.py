@@ -559,3 +559,24 @@ def test_nelbo_is_differentiable_and_autocast_safe(kind, bound):
         lo = nelbo(model, x1, path, num_t=4, generator=torch.Generator().manual_seed(0), bound=bound)
     assert lo.dtype == torch.float64 and torch.isfinite(lo).all()
     torch.testing.assert_close(lo, val.detach(), rtol=0.05, atol=0.05)
+
+
+def test_every_evaluation_is_a_typed_result_the_trainer_formats():
+    """`EvalResult`: the bound's entries are attributes, the label names a bound as "<name> bound" and a clean
+    model's metric by its own word; an evaluator that forgets a required entry fails by name where it is called."""
+    from types import SimpleNamespace
+
+    from tcsm.likelihood import EvalResult, summarise_nats
+    from tcsm.train.trainer import evaluate_model
+
+    r = summarise_nats(torch.tensor([1.0, 2.0]), 4, "masked")
+    assert isinstance(r, EvalResult) and r.bpc == pytest.approx(1.5 / math.log(2)) and r.num_sequences == 2
+    assert r.label == "masked bound" and summarise_nats(torch.ones(2), 4, "ar-nll").label == "exact NLL"
+
+    class Forgetful:
+        def evaluate(self, model, data, *, batch_size, generator=None, device=None):
+            return {"bound": "x", "bpc": 1.0}
+
+    e = SimpleNamespace(batch_size=2)
+    with pytest.raises(TypeError, match=r"Forgetful.evaluate returned no \['bpc_stderr', 'perplexity'"):
+        evaluate_model(Forgetful(), None, torch.zeros(2, 3, dtype=torch.long), None, e)

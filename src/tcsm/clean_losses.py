@@ -35,21 +35,9 @@ __all__ = [
     "PseudoLikelihoodLoss",
     "conditional_nll",
     "make_clean_loss",
-    "metric_label",
 ]
 
 _LN2 = math.log(2.0)
-
-#: Words for the clean models' validation metrics: only a diffusion NELBO is a likelihood bound; the AR NLL is
-#: exact and a pseudo-NLL is neither a bound nor an NLL of any joint distribution (MATH.md §4, §8 item 20).
-METRIC_LABELS = {"nll": "NLL", "ar-nll": "exact NLL", "pseudo-nll": "pseudo-NLL"}
-
-
-def metric_label(name: str) -> str:
-    """How logs and reports name a validation metric: a clean model's metric by `METRIC_LABELS`, anything else
-    (a likelihood bound's name, MATH.md §2) as "<name> bound"."""
-    return METRIC_LABELS.get(name, f"{name} bound")
-
 
 def _metrics(loss: Tensor, **extra: Tensor) -> dict[str, Tensor]:
     v = loss.detach()

@@ -44,11 +44,14 @@ from tcsm.timesteps import stratified_times
 
 __all__ = [
     "BOUNDS",
+    "METRIC_LABELS",
     "Denoiser",
+    "EvalResult",
     "bits_per_token",
     "bpc",
     "default_bound",
     "evaluate_bound",
+    "metric_label",
     "nelbo",
     "nelbo_integrand",
     "nelbo_terms",
@@ -347,10 +350,65 @@ def evaluate_bound(
                 .double()
                 .cpu()
             )
-    return {**summarise_nats(torch.cat(per_seq) / L, L, bound), "num_t": int(num_t)}
+    return EvalResult(summarise_nats(torch.cat(per_seq) / L, L, bound), num_t=int(num_t))
 
 
-def summarise_nats(nats: Tensor, length: int, bound: str) -> dict:
+#: Words for the clean models' validation metrics: only a diffusion NELBO is a likelihood bound; the AR NLL is
+#: exact and a pseudo-NLL is neither a bound nor an NLL of any joint distribution (MATH.md §4, §8 item 20).
+METRIC_LABELS = {"nll": "NLL", "ar-nll": "exact NLL", "pseudo-nll": "pseudo-NLL"}
+
+
+def metric_label(name: str) -> str:
+    """How logs and reports name a validation metric: a clean model's metric by `METRIC_LABELS`, anything else
+    (a likelihood bound's name, MATH.md §2) as "<name> bound"."""
+    return METRIC_LABELS.get(name, f"{name} bound")
+
+
+class EvalResult(dict):
+    """What every evaluator returns (the trainer, reports and `tcsm eval` format it; MATH.md §2.4): a dict — the
+    row written to metrics.jsonl and the JSON reports — whose required entries are also typed attributes.
+
+    `bound` names the quantity (a bound, MATH.md §2, or a clean model's metric, `METRIC_LABELS`), `bpc` ±
+    `bpc_stderr` are bits per token over `num_sequences` held-out sequences, `perplexity` is exp(nats per token).
+    An evaluator may add entries (`num_t`, an estimate's pieces, preference metrics); `EvalResult.of` checks that
+    the required ones are there, so a new evaluator that forgets one fails where it is called, by name."""
+
+    REQUIRED = ("bound", "bpc", "bpc_stderr", "perplexity", "num_sequences")
+
+    @classmethod
+    def of(cls, values, where: str = "an evaluator") -> EvalResult:
+        missing = [k for k in cls.REQUIRED if k not in values]
+        if missing:
+            raise TypeError(f"{where} returned no {missing} (an evaluation result needs {list(cls.REQUIRED)})")
+        return values if isinstance(values, cls) else cls(values)
+
+    @property
+    def bound(self) -> str:
+        return str(self["bound"])
+
+    @property
+    def bpc(self) -> float:
+        return float(self["bpc"])
+
+    @property
+    def bpc_stderr(self) -> float:
+        return float(self["bpc_stderr"])
+
+    @property
+    def perplexity(self) -> float:
+        return float(self["perplexity"])
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self["num_sequences"])
+
+    @property
+    def label(self) -> str:
+        """How logs name the quantity: "masked bound", "exact NLL", ... (`metric_label`)."""
+        return metric_label(self.bound)
+
+
+def summarise_nats(nats: Tensor, length: int, bound: str) -> EvalResult:
     """Dataset metrics from nats per token of each of N sequences [N]: mean and standard error (NaN for N = 1)
     as nats, bits (÷ ln 2) and perplexity exp(mean) (delta-method error), for sequences of `length` tokens,
     labelled `bound` (MATH.md §2.4). The report format of every likelihood-type metric here."""
@@ -360,15 +418,15 @@ def summarise_nats(nats: Tensor, length: int, bound: str) -> dict:
     se = float(nats.std(unbiased=True) / math.sqrt(N)) if N > 1 else float("nan")
     # A diverged model can exceed e^709 (the float range): its perplexity is reported as inf, not an exception.
     ppl = math.exp(mean) if mean < _MAX_EXP else math.inf
-    return {
-        "nats_per_token": mean,
-        "nats_per_token_stderr": se,
-        "bpc": mean / _LN2,
-        "bpc_stderr": se / _LN2,
-        "perplexity": ppl,
-        "perplexity_stderr": ppl * se,  # delta method
-        "nats_per_sequence": mean * length,
-        "bound": bound,
-        "num_sequences": N,
-        "num_tokens": N * length,
-    }
+    return EvalResult(
+        nats_per_token=mean,
+        nats_per_token_stderr=se,
+        bpc=mean / _LN2,
+        bpc_stderr=se / _LN2,
+        perplexity=ppl,
+        perplexity_stderr=ppl * se,  # delta method
+        nats_per_sequence=mean * length,
+        bound=bound,
+        num_sequences=N,
+        num_tokens=N * length,
+    )

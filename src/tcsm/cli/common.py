@@ -174,8 +174,10 @@ def _number(x) -> str:
 
 
 def format_bound(result: dict) -> str:
-    """One line for a likelihood bound or a clean model's NLL / pseudo-NLL (named by tcsm.clean_losses.metric_label)."""
-    from tcsm.clean_losses import metric_label
+    """One line for an evaluation result: a likelihood bound or a clean model's NLL / pseudo-NLL (`EvalResult.label`)."""
+    from tcsm.likelihood import EvalResult
+
+    result = EvalResult.of(result)
 
     floor = result.get("floor_bpc")
     gap = f" ({100 * (result['bpc'] / floor - 1):+.1f}% vs the source entropy {floor:.4f})" if floor else ""
@@ -183,7 +185,7 @@ def format_bound(result: dict) -> str:
     times = f" × {result['num_t']} t" if "num_t" in result else ""
     return (
         f"{result['bpc']:.4f} ± {result['bpc_stderr']:.4f} bits/token, perplexity {_number(result['perplexity'])}"
-        f"{gap} [{metric_label(result['bound'])}, {result['num_sequences']} sequences{times}]"
+        f"{gap} [{result.label}, {result['num_sequences']} sequences{times}]"
     )
 
 

@@ -135,7 +135,7 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
 
 def plot_curves(run_dir: str | Path, floor_bits: float | None = None) -> Path | None:
     """loss_curve.png: training loss and validation bits per token against the step; None without matplotlib."""
-    from tcsm.clean_losses import metric_label
+    from tcsm.likelihood import metric_label
 
     try:
         import matplotlib

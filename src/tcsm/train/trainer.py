@@ -25,25 +25,20 @@ import torch
 from omegaconf import OmegaConf
 
 from tcsm.builders.components import Components, DataInfo, build_components
-from tcsm.builders.config import load_config, set_values, to_dict
-from tcsm.builders.loading import check_same_architecture
+from tcsm.builders.config import set_values
 from tcsm.checkpoint import (
     clean_leftovers,
-    load_weights_into,
-    read_state,
-    read_weights,
-    resolve_checkpoint,
-    save_checkpoint,
 )
-from tcsm.clean_losses import metric_label
 from tcsm.data import absolute_paths
-from tcsm.errors import CheckpointError, ConfigError, TrainingError
+from tcsm.errors import ConfigError, TrainingError
+from tcsm.likelihood import EvalResult
 from tcsm.protocols import Evaluates, StepInfo, TrainerCallback
 from tcsm.train.distributed import DistEnv, all_reduce_mean, barrier, setup_distributed
 from tcsm.train.ema import EMA
 from tcsm.train.logs import RunLogger, plot_curves
 from tcsm.train.optim import build_optimizer, lr_at, set_lr
 from tcsm.train.rundir import clear_run, refuse_existing_run, refuse_overwriting_sources
+from tcsm.train.state import RunState
 
 __all__ = ["Trainer", "evaluate_model", "resolve_precision", "stream_seed"]
 
@@ -78,14 +73,15 @@ def autocast(device: torch.device, precision: str):
     return contextlib.nullcontext()
 
 
-def evaluate_model(objective, model, data, path, e, *, generator=None, device=None, progress=False) -> dict:
+def evaluate_model(objective, model, data, path, e, *, generator=None, device=None, progress=False) -> EvalResult:
     """The validation metric of `model` on `data` [N, L] under eval settings `e` (the `eval` config section).
 
     An objective that trains something other than a denoiser (e.g. a clean-data LM, tcsm.clean_losses) brings its
-    own `evaluate` in the same format; every other model gets the diffusion likelihood bound (MATH.md §2.4).
+    own `evaluate`; every other model gets the diffusion likelihood bound (MATH.md §2.4). Both are `EvalResult`s.
     """
     if isinstance(objective, Evaluates):
-        return objective.evaluate(model, data, batch_size=e.batch_size, generator=generator, device=device)
+        result = objective.evaluate(model, data, batch_size=e.batch_size, generator=generator, device=device)
+        return EvalResult.of(result, f"{type(objective).__name__}.evaluate")
     from tcsm.likelihood import evaluate_bound
 
     return evaluate_bound(
@@ -154,7 +150,7 @@ class _Progress:
         return f"step {step}/{self.total} ({100 * step / self.total:.1f}%), {rate:.3g} steps/s, ETA {eta}"
 
 
-class Trainer:
+class Trainer(RunState):
     """Train `components` (data, path, model, target, objective) under the `optim` / `train` / `eval` / `sample`
     settings of `cfg` in `run_dir`; `resume` is a checkpoint path or True (the run's latest).
 
@@ -267,98 +263,9 @@ class Trainer:
 
     # ----------------------------------------------------------------------------------------------- state
 
-    @property
-    def checkpoint_root(self) -> Path | None:
-        return None if self.run_dir is None else self.run_dir / "checkpoints"
-
     def eval_model(self) -> torch.nn.Module:
         """The model evaluation and sampling use: the EMA copy when there is one and eval.ema is set."""
         return self.ema.model if (self.ema is not None and self.cfg.eval.ema) else self.model
-
-    def state(self) -> dict:
-        rng = {"torch": torch.get_rng_state()}
-        if torch.cuda.is_available() and self.device.type == "cuda":
-            rng["cuda"] = torch.cuda.get_rng_state(self.device)
-        return {
-            "config": to_dict(self.cfg),
-            "data_info": self.data_info.to_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "lr_schedule": {"step": self.step},  # lr_at is a pure function of the step
-            "batches": self.batches.state_dict(),
-            "ema": self.ema.state() if self.ema is not None else None,
-            "rng": rng,
-            "world_size": self.env.world_size,
-            "elapsed_s": self.elapsed,
-            "last_eval": self.last_eval,
-        }
-
-    def save(self) -> Path | None:
-        """Write a checkpoint of the current step (rank 0) and wait for it on every rank."""
-        self.check_finite()  # never write weights a non-finite update has corrupted
-        path = None
-        if self.env.is_main and self.checkpoint_root is not None:
-            path = save_checkpoint(
-                self.checkpoint_root,
-                self.step,
-                model=self.model,
-                ema_model=self.ema.model if self.ema is not None else None,
-                state=self.state(),
-                config_yaml=OmegaConf.to_yaml(self.cfg),
-                keep_last=self.cfg.train.keep_last,
-            )
-        barrier(self.env)
-        return path
-
-    def _init_weights(self, where: str, ema: bool) -> None:
-        """Load a trained model's weights (EMA ones if saved and requested) as the starting point."""
-        directory = resolve_checkpoint(where)
-        use_ema = ema and (directory / "ema.safetensors").is_file()
-        load_weights_into(
-            self.model, read_weights(directory, ema=use_ema, device=self.device), str(directory)
-        )
-
-    def _restore(self, resume) -> None:
-        if resume is True:
-            if self.checkpoint_root is None:
-                raise CheckpointError("--resume needs a run directory")
-            where = self.run_dir
-        else:
-            where = Path(resume)
-        directory = resolve_checkpoint(where)
-        step, state = read_state(directory)
-        saved = load_config(base=state["config"])
-        check_same_architecture(saved, self.cfg, str(directory))
-        for key in ("seed", "batch_size"):
-            if saved.train[key] != self.cfg.train[key]:
-                raise CheckpointError(
-                    f"cannot resume {str(directory)!r} with train.{key}={self.cfg.train[key]}: it was trained with "
-                    f"{saved.train[key]}; an exact resume needs the same value"
-                )
-        load_weights_into(self.model, read_weights(directory, device=self.device), str(directory))
-        if self.ema is not None:
-            if (directory / "ema.safetensors").is_file():
-                load_weights_into(
-                    self.ema.model, read_weights(directory, ema=True, device=self.device), str(directory)
-                )
-                self.ema.load_state(state["ema"])
-            else:  # EMA switched on at resume: start it from the current weights
-                self.ema.model.load_state_dict(self.model.state_dict())
-        try:
-            self.optimizer.load_state_dict(state["optimizer"])
-        except (ValueError, KeyError) as e:
-            raise CheckpointError(
-                f"checkpoint {str(directory)!r}: optimizer state does not fit: {e}"
-            ) from None
-        self.batches.load_state_dict(state["batches"])
-        rng = state.get("rng", {})
-        if "torch" in rng:
-            torch.set_rng_state(rng["torch"])
-        if "cuda" in rng and self.device.type == "cuda":
-            torch.cuda.set_rng_state(rng["cuda"], self.device)
-        self.step = step
-        self.elapsed = float(state.get("elapsed_s", 0.0))
-        self.last_eval = dict(state.get("last_eval") or {})
-        self.resumed_from = directory
 
     # ----------------------------------------------------------------------------------------------- steps
 
@@ -442,7 +349,7 @@ class Trainer:
     # ----------------------------------------------------------------------------------------------- eval
 
     @torch.no_grad()
-    def validate(self, max_examples: int | None = None, precision: str | None = None) -> dict:
+    def validate(self, max_examples: int | None = None, precision: str | None = None) -> EvalResult | dict:
         """The objective's validation metric (by default the likelihood bound) of the eval model on the eval split
         (rank 0; MATH.md §2.4)."""
         self.check_finite()
@@ -500,9 +407,8 @@ class Trainer:
             self.logger.scalars("valid", self.step, self.last_eval)
             floor = f" (source entropy {result['floor_bpc']:.4f})" if "floor_bpc" in result else ""
             self._write(
-                f"step {self.step}: {metric_label(result['bound'])} on {self.cfg.eval.split} {result['bpc']:.4f} ± "
-                f"{result['bpc_stderr']:.4f} bits/token{floor}, ppl {result['perplexity']:.3f} "
-                f"[{result['num_sequences']} seqs]"
+                f"step {self.step}: {result.label} on {self.cfg.eval.split} {result.bpc:.4f} ± "
+                f"{result.bpc_stderr:.4f} bits/token{floor}, ppl {result.perplexity:.3f} [{result.num_sequences} seqs]"
             )
 
     def _sample_and_log(self) -> None:

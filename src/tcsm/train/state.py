@@ -1,0 +1,113 @@
+"""What a run saves and restores (the Trainer's side of `tcsm.checkpoint`): the state dict of a step (config, data
+order, optimizer, EMA, random streams, elapsed time, last evaluation), writing it atomically with the weights,
+warm starts, and the exact resume that replays an uninterrupted run bit for bit. `Trainer` inherits it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from tcsm.builders.config import load_config, to_dict
+from tcsm.builders.loading import check_same_architecture
+from tcsm.checkpoint import load_weights_into, read_state, read_weights, resolve_checkpoint, save_checkpoint
+from tcsm.errors import CheckpointError
+from tcsm.train.distributed import barrier
+
+__all__ = ["RunState"]
+
+
+class RunState:
+    """The save / restore half of the Trainer: expects its `cfg`, `model`, `ema`, `optimizer`, `batches`, `env`,
+    `device`, `data_info`, `step`, `elapsed`, `last_eval`, `run_dir` and `check_finite`."""
+
+    @property
+    def checkpoint_root(self) -> Path | None:
+        return None if self.run_dir is None else self.run_dir / "checkpoints"
+
+    def state(self) -> dict:
+        rng = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available() and self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        return {
+            "config": to_dict(self.cfg),
+            "data_info": self.data_info.to_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "lr_schedule": {"step": self.step},  # lr_at is a pure function of the step
+            "batches": self.batches.state_dict(),
+            "ema": self.ema.state() if self.ema is not None else None,
+            "rng": rng,
+            "world_size": self.env.world_size,
+            "elapsed_s": self.elapsed,
+            "last_eval": self.last_eval,
+        }
+
+    def save(self) -> Path | None:
+        """Write a checkpoint of the current step (rank 0) and wait for it on every rank."""
+        self.check_finite()  # never write weights a non-finite update has corrupted
+        path = None
+        if self.env.is_main and self.checkpoint_root is not None:
+            path = save_checkpoint(
+                self.checkpoint_root,
+                self.step,
+                model=self.model,
+                ema_model=self.ema.model if self.ema is not None else None,
+                state=self.state(),
+                config_yaml=OmegaConf.to_yaml(self.cfg),
+                keep_last=self.cfg.train.keep_last,
+            )
+        barrier(self.env)
+        return path
+
+    def _init_weights(self, where: str, ema: bool) -> None:
+        """Load a trained model's weights (EMA ones if saved and requested) as the starting point."""
+        directory = resolve_checkpoint(where)
+        use_ema = ema and (directory / "ema.safetensors").is_file()
+        load_weights_into(
+            self.model, read_weights(directory, ema=use_ema, device=self.device), str(directory)
+        )
+
+    def _restore(self, resume) -> None:
+        if resume is True:
+            if self.checkpoint_root is None:
+                raise CheckpointError("--resume needs a run directory")
+            where = self.run_dir
+        else:
+            where = Path(resume)
+        directory = resolve_checkpoint(where)
+        step, state = read_state(directory)
+        saved = load_config(base=state["config"])
+        check_same_architecture(saved, self.cfg, str(directory))
+        for key in ("seed", "batch_size"):
+            if saved.train[key] != self.cfg.train[key]:
+                raise CheckpointError(
+                    f"cannot resume {str(directory)!r} with train.{key}={self.cfg.train[key]}: it was trained with "
+                    f"{saved.train[key]}; an exact resume needs the same value"
+                )
+        load_weights_into(self.model, read_weights(directory, device=self.device), str(directory))
+        if self.ema is not None:
+            if (directory / "ema.safetensors").is_file():
+                load_weights_into(
+                    self.ema.model, read_weights(directory, ema=True, device=self.device), str(directory)
+                )
+                self.ema.load_state(state["ema"])
+            else:  # EMA switched on at resume: start it from the current weights
+                self.ema.model.load_state_dict(self.model.state_dict())
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (ValueError, KeyError) as e:
+            raise CheckpointError(
+                f"checkpoint {str(directory)!r}: optimizer state does not fit: {e}"
+            ) from None
+        self.batches.load_state_dict(state["batches"])
+        rng = state.get("rng", {})
+        if "torch" in rng:
+            torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and self.device.type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"], self.device)
+        self.step = step
+        self.elapsed = float(state.get("elapsed_s", 0.0))
+        self.last_eval = dict(state.get("last_eval") or {})
+        self.resumed_from = directory
+
