@@ -382,25 +382,11 @@ class EvalResult(dict):
             raise TypeError(f"{where} returned no {missing} (an evaluation result needs {list(cls.REQUIRED)})")
         return values if isinstance(values, cls) else cls(values)
 
-    @property
-    def bound(self) -> str:
-        return str(self["bound"])
-
-    @property
-    def bpc(self) -> float:
-        return float(self["bpc"])
-
-    @property
-    def bpc_stderr(self) -> float:
-        return float(self["bpc_stderr"])
-
-    @property
-    def perplexity(self) -> float:
-        return float(self["perplexity"])
-
-    @property
-    def num_sequences(self) -> int:
-        return int(self["num_sequences"])
+    bound = property(lambda self: str(self["bound"]), doc="the quantity's name (a bound, or a clean model's metric)")
+    bpc = property(lambda self: float(self["bpc"]), doc="bits per token, mean over the sequences")
+    bpc_stderr = property(lambda self: float(self["bpc_stderr"]), doc="standard error of `bpc`")
+    perplexity = property(lambda self: float(self["perplexity"]), doc="exp(nats per token)")
+    num_sequences = property(lambda self: int(self["num_sequences"]), doc="held-out sequences evaluated")
 
     @property
     def label(self) -> str:

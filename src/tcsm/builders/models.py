@@ -160,23 +160,17 @@ def _register_hf() -> None:
 
         return build
 
-    MODELS.register(
-        "hf_mlm",
-        make(HFMaskedLM, "mask_token_id"),
-        schema=HFModelConfig,
-        overwrite=True,
-        help="any Hugging Face masked LM as a clean-data model (needs `transformers`)",
-    )
-    schema = dataclasses.make_dataclass(
+    causal_schema = dataclasses.make_dataclass(
         "HFCausalModelConfig", [("name", str, "hf_causal")], bases=(HFModelConfig,)
     )
-    MODELS.register(
-        "hf_causal",
-        make(HFCausalLM, "bos_token_id"),
-        schema=schema,
-        overwrite=True,
-        help="any Hugging Face causal LM as a clean-data model (needs `transformers`)",
-    )
+    for name, cls, special, schema, what in (
+        ("hf_mlm", HFMaskedLM, "mask_token_id", HFModelConfig, "masked"),
+        ("hf_causal", HFCausalLM, "bos_token_id", causal_schema, "causal"),
+    ):
+        MODELS.register(
+            name, make(cls, special), schema=schema, overwrite=True,
+            help=f"any Hugging Face {what} LM as a clean-data model (needs `transformers`)",
+        )  # fmt: skip
 
 
 _register_hf()

@@ -7,6 +7,7 @@ file reading (`read_text`: .txt / .gz / .zip), split fractions, chunking and com
 from __future__ import annotations
 
 import gzip
+import json
 import math
 import zipfile
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ __all__ = [
     "Tokenizer",
     "chunk",
     "compact_dtype",
+    "jsonl_objects",
     "read_text",
     "split_by_fractions",
 ]
@@ -237,3 +239,27 @@ def bundle_from_streams(
         label=label,
         **fields,
     )
+
+
+_BAD_JSON = object()
+
+
+def jsonl_objects(path: Path):
+    """(line number, parsed value) of each non-blank line of a JSON-lines file (gzip when it ends in .gz); the value
+    is `jsonl_objects.BAD` where the line is not valid JSON, so each reader chooses to refuse or count it. A file
+    that cannot be read raises one DataError."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    yield n, json.loads(line)
+                except json.JSONDecodeError:
+                    yield n, _BAD_JSON
+    except (OSError, EOFError, UnicodeDecodeError) as e:
+        raise DataError(f"cannot read {path}: {type(e).__name__}: {e}") from None
+
+
+jsonl_objects.BAD = _BAD_JSON

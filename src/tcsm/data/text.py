@@ -16,8 +16,6 @@ default), or are deleted (`oov="drop"`; the number dropped per split is recorded
 
 from __future__ import annotations
 
-import gzip
-import json
 from pathlib import Path
 
 from tcsm.data.base import (
@@ -25,6 +23,7 @@ from tcsm.data.base import (
     DataBundle,
     DataError,
     bundle_from_streams,
+    jsonl_objects,
     read_text,
     split_by_fractions,
 )
@@ -46,21 +45,12 @@ def read_documents(path: str | Path, text_field: str = "text", doc_separator: st
     if not p.exists():
         raise DataError(f"text file not found: {p}")
     docs = []
-    opener = gzip.open if p.suffix == ".gz" else open
-    try:
-        with opener(p, "rt", encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{p}:{n}: not valid JSON ({e.msg})") from None
-                if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
-                    raise DataError(f"{p}:{n}: expected an object with a string field {text_field!r}")
-                docs.append(obj[text_field])
-    except (OSError, EOFError, UnicodeDecodeError) as e:
-        raise DataError(f"cannot read {p}: {type(e).__name__}: {e}") from None
+    for n, obj in jsonl_objects(p):
+        if obj is jsonl_objects.BAD:
+            raise DataError(f"{p}:{n}: not valid JSON")
+        if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
+            raise DataError(f"{p}:{n}: expected an object with a string field {text_field!r}")
+        docs.append(obj[text_field])
     if not docs:
         raise DataError(f"no documents in {p}")
     return docs

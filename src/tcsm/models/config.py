@@ -4,9 +4,10 @@ transformer here needs, and a dict round trip that rejects unknown keys (checkpo
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
-__all__ = ["ModelConfig"]
+__all__ = ["ModelConfig", "TrunkConfig"]
 
 
 class ModelConfig:
@@ -41,3 +42,31 @@ class ModelConfig:
         if unknown:
             raise ValueError(f"unknown {cls.label} keys {unknown}; known keys: {sorted(known)}")
         return cls(**d)
+
+
+@dataclass
+class TrunkConfig(ModelConfig):
+    """The bidirectional rotary transformer trunk shared by the `Denoiser` and the DRE `RatioHead`: vocab_size = V
+    clean tokens, num_states = size of the input alphabet, adaLN time conditioning of width cond_dim."""
+
+    vocab_size: int
+    num_states: int
+    max_len: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    mlp_ratio: float = 4
+    dropout: float = 0.0
+    time_conditioning: bool = True
+    cond_dim: int = 128  # width of the time embedding; SEDD's choice, small so adaLN costs few parameters
+    norm: str = "layernorm"  # or "rmsnorm"
+    rope_base: float = 10000.0
+
+    def check_trunk(self) -> None:
+        """Raise ValueError unless the input alphabet holds the clean tokens and the sizes are valid."""
+        if self.num_states < self.vocab_size:
+            raise ValueError(
+                f"num_states={self.num_states} < vocab_size={self.vocab_size}: use V for the uniform source "
+                "and V+1 (mask id V) for the masked source"
+            )
+        self.check_sizes(("max_len", "d_model", "n_layers", "n_heads", "cond_dim"))

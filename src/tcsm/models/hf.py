@@ -50,6 +50,15 @@ def _resolve_token_ids(token_ids, symbols, tokenizer, hf_vocab: int, vocab_size:
     return token_ids
 
 
+def _load(auto: str, name_or_path: str, token_ids, symbols, need_tokenizer: bool, local_files_only: bool, kwargs):
+    """(model, tokenizer or None, our token ids) of a Hugging Face model loaded with `transformers.<auto>`."""
+    tf = import_transformers()
+    model = getattr(tf, auto).from_pretrained(name_or_path, local_files_only=local_files_only, **kwargs)
+    tok = tf.AutoTokenizer.from_pretrained(name_or_path, local_files_only=local_files_only) if need_tokenizer else None
+    hf_vocab = model.get_input_embeddings().weight.shape[0]
+    return model, tok, _resolve_token_ids(token_ids, symbols, tok, hf_vocab, None)
+
+
 def _cache_to_list(cache) -> list[tuple[Tensor, Tensor]]:
     """Per-layer (keys, values) of a Hugging Face dynamic cache ([B, H, S, Dh] each)."""
     layers = getattr(cache, "layers", None)
@@ -112,17 +121,11 @@ class HFMaskedLM(_HFAdapter):
         **kwargs: Any,
     ) -> HFMaskedLM:
         """Load `AutoModelForMaskedLM` (and its tokenizer when `symbols` or the mask id must be looked up)."""
-        tf = import_transformers()
-        model = tf.AutoModelForMaskedLM.from_pretrained(
-            name_or_path, local_files_only=local_files_only, **kwargs
-        )
-        tok = None
-        if symbols is not None or mask_token_id is None:
-            tok = tf.AutoTokenizer.from_pretrained(name_or_path, local_files_only=local_files_only)
-        if mask_token_id is None:
-            mask_token_id = tok.mask_token_id
-        hf_vocab = model.get_input_embeddings().weight.shape[0]
-        return cls(model, _resolve_token_ids(token_ids, symbols, tok, hf_vocab, None), mask_token_id)
+        model, tok, ids = _load(
+            "AutoModelForMaskedLM", name_or_path, token_ids, symbols, symbols is not None or mask_token_id is None,
+            local_files_only, kwargs,
+        )  # fmt: skip
+        return cls(model, ids, tok.mask_token_id if mask_token_id is None else mask_token_id)
 
 
 class HFCausalLM(_HFAdapter):
@@ -192,12 +195,7 @@ class HFCausalLM(_HFAdapter):
         **kwargs: Any,
     ) -> HFCausalLM:
         """Load `AutoModelForCausalLM` (and its tokenizer when `symbols` must be mapped to ids)."""
-        tf = import_transformers()
-        model = tf.AutoModelForCausalLM.from_pretrained(
-            name_or_path, local_files_only=local_files_only, **kwargs
+        model, _, ids = _load(
+            "AutoModelForCausalLM", name_or_path, token_ids, symbols, symbols is not None, local_files_only, kwargs
         )
-        tok = None
-        if symbols is not None:
-            tok = tf.AutoTokenizer.from_pretrained(name_or_path, local_files_only=local_files_only)
-        hf_vocab = model.get_input_embeddings().weight.shape[0]
-        return cls(model, _resolve_token_ids(token_ids, symbols, tok, hf_vocab, None), bos_token_id)
+        return cls(model, ids, bos_token_id)

@@ -138,11 +138,6 @@ class RotaryEmbedding(nn.Module):
         return cos, sin
 
 
-def _rotate_half(x: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
-
-
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate x[..., L, head_dim] by position: x·cos + rotate_half(x)·sin (cos/sin are [L, head_dim], or any
     shape broadcastable to x, e.g. [L, 1, head_dim] for x laid out [B, L, heads, head_dim]).
@@ -403,3 +398,20 @@ class TransformerBlock(nn.Module):
         x = x + gate1[:, None, :] * self.drop(h)
         h = self.mlp(modulate(self.norm2(x), shift2, scale2))
         return x + gate2[:, None, :] * self.drop(h)
+
+
+def run_trunk(net: nn.Module, h: Tensor, rope, t: Tensor | None) -> Tensor:
+    """The shared trunk of the `Denoiser` and the DRE `RatioHead` over input embeddings h [B, L, D]: adaLN time
+    conditioning from `net.time_embed(t)` (when time-conditioned), `net.blocks`, `net.final_norm` and the final
+    adaLN modulation. Returns the final hidden states [B, L, D]."""
+    cond = None
+    if net.time_embed is not None:
+        t = torch.as_tensor(t, device=h.device).reshape(-1).expand(h.shape[0])
+        cond = net.time_embed(t)
+    for block in net.blocks:
+        h = block(h, rope, cond)
+    h = net.final_norm(h)
+    if net.final_adaLN is not None:
+        shift, scale = net.final_adaLN(cond).chunk(2, dim=-1)
+        h = modulate(h, shift, scale)
+    return h

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from tcsm.models.config import ModelConfig
+from tcsm.models.config import TrunkConfig
 from tcsm.models.layers import (
     ACTIVATIONS,
     KERNELS,
@@ -29,7 +29,7 @@ from tcsm.models.layers import (
     TransformerBlock,
     init_weights,
     make_norm,
-    modulate,
+    run_trunk,
     zero_init_,
 )
 
@@ -37,21 +37,9 @@ __all__ = ["PRESETS", "Denoiser", "DenoiserConfig", "build_denoiser", "count_par
 
 
 @dataclass
-class DenoiserConfig(ModelConfig):
-    """Architecture of a `Denoiser`. vocab_size = V clean tokens; num_states = size of the input alphabet."""
+class DenoiserConfig(TrunkConfig):
+    """Architecture of a `Denoiser`: the trunk (`TrunkConfig`) and its kernels."""
 
-    vocab_size: int
-    num_states: int
-    max_len: int
-    d_model: int
-    n_layers: int
-    n_heads: int
-    mlp_ratio: float = 4
-    dropout: float = 0.0
-    time_conditioning: bool = True
-    cond_dim: int = 128  # width of the time embedding; SEDD's choice, small so adaLN costs few parameters
-    norm: str = "layernorm"  # or "rmsnorm"
-    rope_base: float = 10000.0
     check_inputs: bool = True  # range-check token ids (an async device assertion on GPUs and under compile)
     attention: str = "auto"  # attention kernel: auto (fastest measured per device/dtype) | sdpa | math
     # MLP nonlinearity: exact GELU, 5× cheaper than the tanh form on a CPU in bf16; "gelu_tanh" is what checkpoints
@@ -61,12 +49,7 @@ class DenoiserConfig(ModelConfig):
     label: ClassVar[str] = "DenoiserConfig"
 
     def __post_init__(self) -> None:
-        if self.num_states < self.vocab_size:
-            raise ValueError(
-                f"num_states={self.num_states} < vocab_size={self.vocab_size}: use V for the uniform source "
-                "and V+1 (mask id V) for the masked source"
-            )
-        self.check_sizes(("max_len", "d_model", "n_layers", "n_heads", "cond_dim"))
+        self.check_trunk()
         if self.attention not in KERNELS:
             raise ValueError(f"attention must be one of {list(KERNELS)}, got {self.attention!r}")
         if self.activation not in ACTIVATIONS:
@@ -159,16 +142,7 @@ class Denoiser(nn.Module):
         x = self.embed(xt)
         # Rotary tables in the dtype the attention projections produce (bf16 under autocast): cast once here.
         rope = self.rotary(xt.shape[1], dtype=_compute_dtype(xt.device))
-        cond = None
-        if self.time_embed is not None:
-            t = torch.as_tensor(t, device=xt.device).reshape(-1).expand(xt.shape[0])
-            cond = self.time_embed(t)
-        for block in self.blocks:
-            x = block(x, rope, cond)
-        h = self.final_norm(x)
-        if self.final_adaLN is not None:
-            shift, scale = self.final_adaLN(cond).chunk(2, dim=-1)
-            h = modulate(h, shift, scale)
+        h = run_trunk(self, x, rope, t)
         # float32 logits: losses take log-softmax over V, which bf16 would quantise badly.
         return self.head(h).float()
 

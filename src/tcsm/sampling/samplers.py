@@ -29,28 +29,9 @@ import torch
 from torch import Tensor
 
 from tcsm.paths import ProbabilityPath
-from tcsm.sampling.common import (
-    GRIDS,
-    adjust_log_probs,
-    as_grid,
-    categorical,
-    jump_prob,
-    prefix_condition,
-    time_grid,
-)
+from tcsm.sampling.common import adjust_log_probs, as_grid, categorical, prefix_condition
 
-__all__ = [
-    "GRIDS",
-    "METHODS",
-    "SamplingStats",
-    "adjust_log_probs",
-    "categorical",
-    "jump_prob",
-    "may_cache",
-    "prefix_condition",
-    "sample",
-    "time_grid",
-]
+__all__ = ["METHODS", "SamplingStats", "may_cache", "sample"]
 
 Denoiser = Callable[[Tensor, Tensor], Tensor]
 #: (x_t LongTensor[b, L], t FloatTensor[b], generator) -> x̂_1 LongTensor[b, L] drawn jointly from p_{1|t}.

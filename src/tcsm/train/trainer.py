@@ -237,18 +237,11 @@ class Trainer(RunState):
 
     @classmethod
     def from_config(
-        cls,
-        cfg,
-        run_dir: str | Path | None,
-        *,
-        resume: str | Path | bool | None = None,
-        env: DistEnv | None = None,
-        log: Callable[[str], None] | None = None,
-        callbacks=(),
-        overwrite: bool = False,
+        cls, cfg, run_dir: str | Path | None, *, resume=None, env: DistEnv | None = None, overwrite: bool = False,
+        **kwargs,
     ) -> Trainer:
         """Build the run's components from `cfg` (seeded: initial weights depend on train.seed only; DDP also
-        broadcasts rank 0's weights) and wrap them in a Trainer."""
+        broadcasts rank 0's weights) and wrap them in a Trainer; `kwargs` (log, callbacks) go to its constructor."""
         env = env if env is not None else setup_distributed(cfg.train.device)
         if not resume and not overwrite and env.is_main:  # before data and models are built (rank 0 writes the run)
             refuse_existing_run(run_dir)
@@ -259,7 +252,7 @@ class Trainer(RunState):
         micro_batch_plan(cfg.train, env.world_size)  # a bad plan fails before data and models are built
         torch.manual_seed(cfg.train.seed)
         components = build_components(cfg, env.device)
-        return cls(components, cfg, run_dir, resume=resume, env=env, log=log, callbacks=callbacks, overwrite=overwrite)
+        return cls(components, cfg, run_dir, resume=resume, env=env, overwrite=overwrite, **kwargs)
 
     # ----------------------------------------------------------------------------------------------- state
 

@@ -14,6 +14,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from dre_oracles import energy_log_marginals, estimate_log_partition, strategy_i_loss, strategy_ii_loss
 
 from tcsm.models.transformer import build_denoiser
 from tcsm.paths import MaskedPath, UniformPath
@@ -21,13 +22,9 @@ from tcsm.posttrain.dre.losses import (
     DRE_LOSSES,
     draw_reference_samples,
     dre_loss,
-    energy_log_marginals,
     energy_log_ratio,
-    estimate_log_partition,
     factorized_log_ratio,
     log_mean_exp,
-    strategy_i_loss,
-    strategy_ii_loss,
 )
 from tcsm.posttrain.dre.ratio_head import RatioHead, RatioHeadConfig
 from tcsm.toy import EnumerableDistribution

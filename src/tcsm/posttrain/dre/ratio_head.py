@@ -15,14 +15,14 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from tcsm.models.config import ModelConfig
+from tcsm.models.config import TrunkConfig
 from tcsm.models.layers import (
     RotaryEmbedding,
     TimestepEmbedder,
     TransformerBlock,
     init_weights,
     make_norm,
-    modulate,
+    run_trunk,
     zero_init_,
 )
 
@@ -30,28 +30,13 @@ __all__ = ["RatioHead", "RatioHeadConfig"]
 
 
 @dataclass
-class RatioHeadConfig(ModelConfig):
-    """Architecture of a `RatioHead`; the fields shared with `DenoiserConfig` mean the same thing."""
-
-    vocab_size: int
-    num_states: int
-    max_len: int
-    d_model: int
-    n_layers: int
-    n_heads: int
-    mlp_ratio: float = 4
-    dropout: float = 0.0
-    time_conditioning: bool = True
-    cond_dim: int = 128
-    norm: str = "layernorm"
-    rope_base: float = 10000.0
+class RatioHeadConfig(TrunkConfig):
+    """Architecture of a `RatioHead`: the denoiser's trunk (`TrunkConfig`; the fields mean the same thing)."""
 
     label: ClassVar[str] = "RatioHeadConfig"
 
     def __post_init__(self) -> None:
-        if self.num_states < self.vocab_size:
-            raise ValueError(f"num_states={self.num_states} < vocab_size={self.vocab_size}")
-        self.check_sizes(("max_len", "d_model", "n_layers", "n_heads", "cond_dim"))
+        self.check_trunk()
 
 
 class RatioHead(nn.Module):
@@ -111,17 +96,8 @@ class RatioHead(nn.Module):
             raise ValueError(f"sequence length {x1.shape[1]} exceeds max_len={self.cfg.max_len}")
         h = self.embed(xt) + self.embed_clean(x1)
         rope = self.rotary(xt.shape[1])
-        cond = None
-        if self.time_embed is not None:
-            if t is None:
-                raise ValueError("this ratio head is time-conditioned: pass t of shape [batch]")
-            t = torch.as_tensor(t, device=xt.device).reshape(-1).expand(xt.shape[0])
-            cond = self.time_embed(t)
-        for block in self.blocks:
-            h = block(h, rope, cond)
-        h = self.final_norm(h)
-        if self.final_adaLN is not None:
-            shift, scale = self.final_adaLN(cond).chunk(2, dim=-1)
-            h = modulate(h, shift, scale)
+        if self.time_embed is not None and t is None:
+            raise ValueError("this ratio head is time-conditioned: pass t of shape [batch]")
+        h = run_trunk(self, h, rope, t)
         # Mean pooling keeps f's scale independent of L; float32 because f enters exp() in every loss.
         return self.out(h.mean(dim=1)).squeeze(-1).float()

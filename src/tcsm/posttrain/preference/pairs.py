@@ -25,8 +25,6 @@ gives a representative held-out set), or `train_path` / `valid_path` [/ `test_pa
 
 from __future__ import annotations
 
-import gzip
-import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +34,7 @@ import torch
 from torch import Tensor
 
 from tcsm.batch import Batch
-from tcsm.data.base import DataError, compact_dtype, split_by_fractions
+from tcsm.data.base import DataError, compact_dtype, jsonl_objects, split_by_fractions
 from tcsm.data.build import DATA_KINDS, build_data
 from tcsm.data.text import resolve_splits
 
@@ -141,38 +139,29 @@ def read_pair_records(
         raise DataError(f"preference pairs file not found: {p}")
     prompt_key, chosen_key, rejected_key = fields
     records = []
-    opener = gzip.open if p.suffix == ".gz" else open
-    try:
-        with opener(p, "rt", encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError:
-                    bad["unreadable JSON"] += 1
-                    continue
-                if not isinstance(obj, dict):
-                    bad["not a JSON object"] += 1
-                    continue
-                keys = [k for k in (prompt_key, chosen_key, rejected_key) if k is not None]
-                if any(k not in obj for k in keys):
-                    bad["missing field"] += 1
-                    continue
-                wrong = [k for k in keys if not isinstance(obj[k], str)]
-                if wrong:  # present, but a number, a list, null ...: say so, not "missing"
-                    bad[f"non-string {wrong[0]!r} field"] += 1
-                    continue
-                prompt = obj[prompt_key] if prompt_key is not None else ""
-                chosen, rejected = obj[chosen_key], obj[rejected_key]
-                if not chosen.strip() or not rejected.strip():
-                    bad["empty text"] += 1
-                elif chosen == rejected:
-                    bad["identical chosen and rejected"] += 1
-                else:
-                    records.append((n, prompt, chosen, rejected, _stored_ids(obj, signature, prompt_key)))
-    except (OSError, EOFError, UnicodeDecodeError) as e:
-        raise DataError(f"cannot read {p}: {type(e).__name__}: {e}") from None
+    for n, obj in jsonl_objects(p):
+        if obj is jsonl_objects.BAD:
+            bad["unreadable JSON"] += 1
+            continue
+        if not isinstance(obj, dict):
+            bad["not a JSON object"] += 1
+            continue
+        keys = [k for k in (prompt_key, chosen_key, rejected_key) if k is not None]
+        if any(k not in obj for k in keys):
+            bad["missing field"] += 1
+            continue
+        wrong = [k for k in keys if not isinstance(obj[k], str)]
+        if wrong:  # present, but a number, a list, null ...: say so, not "missing"
+            bad[f"non-string {wrong[0]!r} field"] += 1
+            continue
+        prompt = obj[prompt_key] if prompt_key is not None else ""
+        chosen, rejected = obj[chosen_key], obj[rejected_key]
+        if not chosen.strip() or not rejected.strip():
+            bad["empty text"] += 1
+        elif chosen == rejected:
+            bad["identical chosen and rejected"] += 1
+        else:
+            records.append((n, prompt, chosen, rejected, _stored_ids(obj, signature, prompt_key)))
     return records
 
 
