@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tcsm.builders.loading import load_checkpoint
+from tcsm.builders.frozen import load_frozen
 from tcsm.builders.registry import TARGETS, BuildContext
-from tcsm.errors import CheckpointError, ConfigError, TCSMError
+from tcsm.errors import ConfigError, TCSMError
 from tcsm.targets.parametric import TEACHERS, ParametricTarget, Teacher, make_teacher
 
 __all__ = ["ParametricTargetConfig", "load_teacher"]
@@ -61,17 +61,10 @@ def load_teacher(
 ) -> Teacher:
     """The frozen teacher of a clean-data checkpoint written by `tcsm train` (EMA weights by default).
     `options` go to the family's teacher (estimator / k / temperature for AR, max_tokens for MLM)."""
-    ck = load_checkpoint(path, device=device, ema=ema)
-    family = getattr(ck.model, "family", None)
-    if family not in TEACHERS:
-        raise CheckpointError(
-            f"checkpoint {str(ck.directory)!r} holds a {type(ck.model).__name__}, not a clean-data model "
-            "(train one with objective.name=clean_lm and model.name=mlm | causal | hollow)"
-        )
-    if vocab_size is not None and int(ck.data_info["vocab_size"]) != int(vocab_size):
-        raise CheckpointError(
-            f"teacher {str(ck.directory)!r} was trained on {ck.data_info['vocab_size']} tokens, the data has {vocab_size}"
-        )
+    model = load_frozen(
+        path, role="target.teacher", families=tuple(TEACHERS), ema=ema, device=device, vocab_size=vocab_size
+    ).model
+    family = model.family
     keep = {"causal": ("estimator", "k", "temperature", "max_tokens"), "mlm": ("max_tokens",), "hollow": ()}[
         family
     ]
@@ -82,7 +75,7 @@ def load_teacher(
             est, ()
         )
         opts = {k: v for k, v in opts.items() if k not in drop}
-    return make_teacher(ck.model, family, **opts)
+    return make_teacher(model, family, **opts)
 
 
 def _register_parametric() -> None:

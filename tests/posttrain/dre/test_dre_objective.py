@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from dre_oracles import strategy_i_loss, strategy_ii_loss
 
 from tcsm.batch import Batch
 from tcsm.checkpoint import save_checkpoint
@@ -17,7 +18,6 @@ from tcsm.models.transformer import build_denoiser
 from tcsm.paths import MaskedPath, UniformPath
 from tcsm.posttrain.dre.energy import EnergyModel
 from tcsm.posttrain.dre.likelihood import energy_integrand, evaluate_energy_estimate
-from dre_oracles import strategy_i_loss, strategy_ii_loss
 from tcsm.posttrain.dre.objective import DensityRatioObjective, EnergyObjective
 from tcsm.posttrain.dre.ratio_head import RatioHead
 from tcsm.posttrain.dre.references import EMAReference, PreviousIterateReference

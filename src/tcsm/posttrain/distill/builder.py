@@ -344,9 +344,11 @@ def load_distill_teacher(spec: TeacherSpec, device, *, vocab_size: int, ema: boo
             raise CheckpointError(f"cannot load teacher {str(spec.path)!r}: {str(e).splitlines()[0]}") from None
         model = model.to(device)
     else:
-        from tcsm.builders.loading import load_checkpoint
+        from tcsm.builders.frozen import load_frozen
 
-        model = load_checkpoint(spec.path, device=device, ema=ema).model
+        model = load_frozen(
+            spec.path, role="target.teacher", families=("causal",), ema=ema, device=device, vocab_size=vocab_size
+        ).model
     return model.eval().requires_grad_(False)
 
 

@@ -18,37 +18,14 @@ from typing import Any, Optional
 
 from tcsm.builders.components import DataInfo
 from tcsm.builders.config import to_dict
-from tcsm.builders.loading import load_checkpoint
+from tcsm.builders.frozen import load_frozen
 from tcsm.builders.registry import MODELS, OBJECTIVES, BuildContext
 from tcsm.errors import CheckpointError, ConfigError
 from tcsm.posttrain.dre.energy import EnergyModel
 from tcsm.posttrain.dre.ratio_head import RatioHead, RatioHeadConfig
 from tcsm.targets.base import freeze
 
-__all__ = ["DREObjectiveConfig", "EnergyModelConfig", "load_reference"]
-
-
-def load_reference(path: str, ctx: BuildContext, *, ema: bool = True, what: str = "reference"):
-    """The frozen diffusion denoiser of a `tcsm train` checkpoint, checked against the run: same clean vocabulary,
-    same noise source (hence input alphabet), long enough for the data. Returns (model, LoadedCheckpoint)."""
-    ck = load_checkpoint(path, device=ctx.device or "cpu", ema=ema)
-    where = str(ck.directory)
-    if getattr(ck.model, "family", None) is not None or isinstance(ck.model, EnergyModel):
-        raise CheckpointError(
-            f"{what} {where!r} holds a model of type {type(ck.model).__name__}, not a diffusion denoiser of a `tcsm train` run"
-        )
-    V, source = int(ck.data_info["vocab_size"]), ck.config.path.source
-    if V != ctx.vocab_size or source != ctx.path.kind:
-        raise CheckpointError(
-            f"{what} {where!r} is a {source} model over {V} tokens; this run has a {ctx.path.kind} path over "
-            f"{ctx.vocab_size} tokens: the ratio p/p^ref needs the same vocabulary and noise source"
-        )
-    max_len = getattr(getattr(ck.model, "cfg", None), "max_len", None)
-    if max_len is not None and ctx.seq_len > max_len:
-        raise CheckpointError(
-            f"{what} {where!r} allows sequences of at most {max_len}; the data has {ctx.seq_len}"
-        )
-    return freeze(ck.model), ck
+__all__ = ["DREObjectiveConfig", "EnergyModelConfig"]
 
 
 # --------------------------------------------------------------------------------------------------- model
@@ -112,9 +89,8 @@ def build_energy_model(node: dict, ctx: BuildContext) -> EnergyModel:
             raise ConfigError(
                 "model.reference must name the reference checkpoint (tcsm finetune dre --from RUN sets it)"
             )
-        reference, ck = load_reference(
-            node["reference"], ctx, ema=node["reference_ema"], what="model.reference"
-        )
+        frozen = load_frozen(node["reference"], ctx, role="model.reference", ema=node["reference_ema"])
+        reference, ck = frozen.model, frozen.checkpoint
         saved = {k: v for k, v in node["reference_model"].items() if v is not None}
         stored = {k: v for k, v in to_dict(ck.config.model).items() if v is not None}
         if saved and saved != stored:
@@ -208,9 +184,9 @@ def build_dre_objective(node: dict, ctx: BuildContext):
         if reference not in ("ema", "previous"):
             # Scoring a saved run (no target built) needs no reference: strategy i is evaluated as a denoiser.
             if ctx.target is not None:
-                ctx.reference, _ = load_reference(
-                    reference, ctx, ema=node["reference_ema"], what="objective.reference"
-                )
+                ctx.reference = load_frozen(
+                    reference, ctx, role="objective.reference", ema=node["reference_ema"]
+                ).model
             reference = ctx.reference
         return DensityRatioObjective(
             ctx.path, reference, level=node["level"], refresh_every=node["refresh_every"], **common

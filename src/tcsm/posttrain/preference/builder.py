@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tcsm.builders.loading import load_checkpoint
+from tcsm.builders.frozen import load_frozen
 from tcsm.builders.registry import OBJECTIVES, BuildContext
-from tcsm.errors import CheckpointError, ConfigError
-from tcsm.targets.base import DataTarget, freeze
+from tcsm.errors import ConfigError
+from tcsm.targets.base import DataTarget
 
 __all__ = ["PreferenceObjectiveConfig"]
 
@@ -59,13 +59,7 @@ def build_preference_objective(node: dict, ctx: BuildContext):
         raise ConfigError(
             "objective.reference must name the pre-trained checkpoint (tcsm finetune preference --from)"
         )
-    ck = load_checkpoint(node["reference"], device=ctx.device or "cpu", ema=node["reference_ema"])
-    if int(ck.data_info["vocab_size"]) != ctx.vocab_size or ck.config.path.source != ctx.path.kind:
-        raise CheckpointError(
-            f"reference {str(ck.directory)!r} is a {ck.config.path.source} model over {ck.data_info['vocab_size']} "
-            f"tokens; this run has a {ctx.path.kind} path over {ctx.vocab_size}"
-        )
-    ctx.reference = freeze(ck.model)
+    ctx.reference = load_frozen(node["reference"], ctx, role="objective.reference", ema=node["reference_ema"]).model
     try:
         return PreferenceObjective(
             ctx.path,

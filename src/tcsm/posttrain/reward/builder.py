@@ -6,14 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tcsm.builders.loading import load_checkpoint
+from tcsm.builders.frozen import load_frozen
 from tcsm.builders.registry import TARGETS
-from tcsm.errors import CheckpointError, ConfigError
+from tcsm.errors import ConfigError
 from tcsm.posttrain.reward.rewards import GridReward, make_reward
 from tcsm.posttrain.reward.targets import RewardFullTarget, RewardN1Target, RewardTarget
-from tcsm.targets.base import freeze
 
-__all__ = ["RewardTargetConfig", "build_reward_target", "check_reward_domain", "load_pretrained"]
+__all__ = ["RewardTargetConfig", "build_reward_target", "check_reward_domain"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -57,12 +56,6 @@ class RewardTargetConfig:
     reward_chunk: int = field(default=8192, metadata={"help": "sequences per reward call (memory)"})
 
 
-def load_pretrained(path: str, device="cpu", *, ema: bool = True):
-    """The frozen pre-trained denoiser of a `tcsm train` checkpoint and its `LoadedCheckpoint`."""
-    ck = load_checkpoint(path, device=device, ema=ema)
-    return freeze(ck.model), ck
-
-
 #: The data a reward is defined on: the grid reward scores points of a W × W grid (data.kind=grid), the text rewards
 #: score decoded text (data kinds whose tokens are text). Rewards not listed (hf, python) bring their own domain.
 GRID_KINDS = ("grid",)
@@ -96,12 +89,7 @@ def build_reward_target(node: dict, ctx) -> RewardTarget:
         raise ConfigError(
             "target.pretrained must name the pre-trained checkpoint (tcsm finetune reward --checkpoint)"
         )
-    pre, ck = load_pretrained(node["pretrained"], ctx.device or "cpu", ema=node["ema"])
-    if int(ck.data_info["vocab_size"]) != ctx.vocab_size or ck.config.path.source != ctx.path.kind:
-        raise CheckpointError(
-            f"pre-trained checkpoint {str(ck.directory)!r} is a {ck.config.path.source} model over "
-            f"{ck.data_info['vocab_size']} tokens; this run has a {ctx.path.kind} path over {ctx.vocab_size}"
-        )
+    pre = load_frozen(node["pretrained"], ctx, role="target.pretrained", ema=node["ema"]).model
     check_reward_domain(node["reward"], ctx)
     decode = getattr(ctx.data, "decode", None)
     try:

@@ -1,0 +1,79 @@
+"""The one way a run loads a frozen model from a checkpoint: the pre-trained model of a reward fine-tune, a
+parametric or distillation teacher, the reference of a DRE or preference fine-tune, an energy model's reference.
+
+`load_frozen` reads the checkpoint through `load_checkpoint`, freezes the model (eval mode, no gradients) and
+checks it against the run in one place, with one-line CheckpointErrors that name the role it plays:
+
+* family — a diffusion denoiser (`DENOISER`) or a clean-data model of the given families (teachers);
+* vocabulary — the same V clean tokens as the run's data;
+* source — a denoiser's noise source is the run's path (the input alphabet, and every ratio p / p^ref, needs it);
+* length — the model accepts the run's sequence length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tcsm.builders.loading import LoadedCheckpoint, load_checkpoint
+from tcsm.errors import CheckpointError
+from tcsm.targets.base import freeze
+
+__all__ = ["DENOISER", "Frozen", "load_frozen"]
+
+#: `families` value of a diffusion denoiser (a model with no clean-data `family`, not an energy model)
+DENOISER = ("denoiser",)
+
+
+@dataclass
+class Frozen:
+    """A frozen model and the checkpoint it came from."""
+
+    model: Any
+    checkpoint: LoadedCheckpoint
+
+
+def _family(model) -> str:
+    from tcsm.posttrain.dre.energy import EnergyModel
+
+    if isinstance(model, EnergyModel):
+        return "energy"
+    return getattr(model, "family", None) or "denoiser"
+
+
+def load_frozen(
+    path, ctx=None, *, role: str, families=DENOISER, ema: bool = True, device=None, vocab_size: int | None = None,
+    source: str | None = None, seq_len: int | None = None,
+) -> Frozen:
+    """The frozen model of the checkpoint `path` (a run, checkpoints or step directory) for `role` (how errors
+    name it, e.g. "target.pretrained"), checked against the run: `ctx` (a BuildContext) supplies the device,
+    vocabulary, noise source and sequence length, or give them (None: not checked). `families`: the model kinds
+    accepted (`DENOISER`, or clean-data families such as ("mlm", "causal", "hollow"))."""
+    if ctx is not None:
+        device = ctx.device if device is None else device
+        vocab_size = ctx.vocab_size if vocab_size is None else vocab_size
+        source = (ctx.path.kind if ctx.path is not None else None) if source is None else source
+        seq_len = ctx.seq_len if seq_len is None else seq_len
+    ck = load_checkpoint(path, device=device or "cpu", ema=ema)
+    where = str(ck.directory)
+    family = _family(ck.model)
+    if family not in families:
+        want = "it is not a diffusion denoiser of a `tcsm train` run" if families == DENOISER else (
+            f"it is not a clean-data model of the families {' | '.join(families)} (tcsm train with objective.name=clean_lm)"
+        )
+        raise CheckpointError(f"{role} {where!r} holds a model of type {type(ck.model).__name__}; {want}")
+    V = int(ck.data_info["vocab_size"])
+    if vocab_size is not None and V != int(vocab_size):
+        raise CheckpointError(
+            f"{role} {where!r} was trained on {V} tokens; this run's data has {vocab_size} (a frozen model needs the "
+            "same vocabulary and noise source as the run)"
+        )
+    if family == "denoiser" and source is not None and ck.config.path.source != source:
+        raise CheckpointError(
+            f"{role} {where!r} is a {ck.config.path.source} model; this run has a {source} path (a frozen model "
+            "needs the same vocabulary and noise source as the run)"
+        )
+    max_len = getattr(getattr(ck.model, "cfg", None), "max_len", None)
+    if seq_len is not None and max_len is not None and int(seq_len) > max_len:
+        raise CheckpointError(f"{role} {where!r} allows sequences of at most {max_len}; the data has {seq_len}")
+    return Frozen(freeze(ck.model), ck)
