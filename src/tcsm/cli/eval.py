@@ -54,8 +54,9 @@ def run(args) -> int:
 
     from tcsm.builders.components import DataInfo, build_objective_for_checkpoint
     from tcsm.builders.loading import load_checkpoint
-    from tcsm.cli.common import check_writable, format_bound, jsonable, write_atomically
+    from tcsm.cli.common import check_writable, format_bound, jsonable
     from tcsm.errors import ConfigError
+    from tcsm.fileio import write_atomically
     from tcsm.train.distributed import resolve_device
     from tcsm.train.trainer import autocast, evaluate_model
 

@@ -220,7 +220,8 @@ def run(args) -> int:
     from tqdm.auto import tqdm
 
     from tcsm.builders.loading import load_checkpoint
-    from tcsm.cli.common import check_writable, write_atomically
+    from tcsm.cli.common import check_writable
+    from tcsm.fileio import write_atomically
     from tcsm.train.distributed import resolve_device
 
     if args.method is not None and args.method not in METHODS:

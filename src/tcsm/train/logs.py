@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
+
+from tcsm.fileio import write_atomically
 
 __all__ = ["RunLogger", "plot_curves", "read_metrics", "trim_rows"]
 
@@ -112,9 +113,7 @@ def trim_rows(path: Path, last_step: int) -> int:
         else:
             removed += 1
     if removed:
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-        os.replace(tmp, path)
+        write_atomically(path, "".join(line + "\n" for line in kept))
     return removed
 
 

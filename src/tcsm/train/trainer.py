@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from tcsm.checkpoint import (
 )
 from tcsm.data import absolute_paths
 from tcsm.errors import ConfigError, TrainingError
+from tcsm.fileio import atomic_path
 from tcsm.likelihood import EvalResult
 from tcsm.protocols import Evaluates, StepInfo, TrainerCallback
 from tcsm.train.distributed import DistEnv, all_reduce_mean, barrier, setup_distributed
@@ -512,9 +512,8 @@ class Trainer(RunState):
         tokenizer = getattr(self.data, "tokenizer", None)
         if getattr(self.data_info, "chars", None) or not hasattr(tokenizer, "save"):
             return
-        tmp = self.run_dir / f".tokenizer.json.{os.getpid()}"
-        tokenizer.save(tmp)
-        os.replace(tmp, self.run_dir / "tokenizer.json")
+        with atomic_path(self.run_dir / "tokenizer.json") as tmp:
+            tokenizer.save(tmp)
 
     def summary(self) -> dict:
         out = {"step": self.step, "elapsed_s": round(self.elapsed, 2), "data": self.data_info.label}
