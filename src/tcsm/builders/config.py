@@ -38,6 +38,7 @@ __all__ = [
     "EvalConfig",
     "OptimConfig",
     "PathConfig",
+    "ReferenceConfig",
     "RunConfig",
     "SampleConfig",
     "TrainConfig",
@@ -180,6 +181,19 @@ class SampleConfig:
 
 
 @dataclass
+class ReferenceConfig:
+    """The frozen model a run is built against (`builders.frozen.load_frozen` loads and checks it): the pre-trained
+    model of a reward fine-tune, the teacher of a parametric student or a distillation, the reference of a DRE or
+    preference fine-tune or of an energy model."""
+
+    path: Optional[str] = field(  # noqa: UP045 (OmegaConf structured configs need Optional)
+        default=None,
+        metadata={"help": "run, checkpoints or step_* directory (a distillation teacher: also a HF causal-LM dir)"},
+    )
+    ema: bool = field(default=True, metadata={"help": "use its EMA weights when it has them"})
+
+
+@dataclass
 class RunConfig:
     description: str = field(default="", metadata={"help": "free text stored with the run"})
     plugins: list[str] = field(
@@ -197,6 +211,9 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "training loop"})
     eval: EvalConfig = field(default_factory=EvalConfig, metadata={"help": "likelihood evaluation"})
     sample: SampleConfig = field(default_factory=SampleConfig, metadata={"help": "sampling"})
+    reference: ReferenceConfig = field(
+        default_factory=ReferenceConfig, metadata={"help": "the frozen model the run is built against"}
+    )
 
 
 def schema_from_signature(fn, key: str, name: str) -> type:
@@ -386,7 +403,31 @@ MOVED_KEYS = {
     "objective.sir_k": "sample.sir_k",
     "objective.sir_window": "sample.sir_window",
     "objective.sir_temperature": "sample.sir_temperature",
+    # the one frozen model of a run, four names before
+    "target.pretrained": "reference.path",
+    "target.teacher": "reference.path",
+    "model.reference": "reference.path",
+    "objective.reference": "reference.path",
+    "target.ema": "reference.ema",
+    "model.reference_ema": "reference.ema",
+    "objective.reference_ema": "reference.ema",
 }
+
+#: old keys whose values listed here keep their meaning in place (objective.reference=ema | previous: strategy
+#: (i) of DRE refers to the trainer's own EMA or previous iterate, not to a frozen checkpoint)
+KEPT_VALUES = {"objective.reference": ("ema", "previous")}
+
+
+def without_reference(run_config: dict) -> dict:
+    """A run's config (plain dict) without its frozen model (`reference` and every old name of it): the base of a
+    recipe that starts from that run and chooses its own reference."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in run_config.items() if k != "reference"}
+    for old, new in MOVED_KEYS.items():
+        section, key = old.split(".", 1)
+        inside = isinstance(out.get(section), dict) and out[section].get(key) not in KEPT_VALUES.get(old, ())
+        if new.startswith("reference.") and inside:
+            out[section].pop(key, None)
+    return out
 
 _noted: set[str] = set()
 
@@ -396,11 +437,17 @@ def _move_keys(layer: DictConfig, label: str | None) -> DictConfig:
     moved = {}
     for old, new in MOVED_KEYS.items():
         value = OmegaConf.select(layer, old, default=_ABSENT)
-        if value is _ABSENT:
+        if value is _ABSENT or value in KEPT_VALUES.get(old, ()):
+            continue
+        if value is None:  # unset under its old name: nothing to carry over
+            moved[old] = (None, None)
             continue
         there = OmegaConf.select(layer, new, default=_ABSENT)
         if there is not _ABSENT and there != value:
             raise ConfigError(f"{old} (the old name of {new}) and {new} are both set, to different values")
+        earlier = next((v for n, v in moved.values() if n == new), _ABSENT)
+        if earlier is not _ABSENT and earlier != value:
+            raise ConfigError(f"{old} and another old name of {new} are both set, to different values")
         moved[old] = (new, value)
     if not moved:
         return layer
@@ -408,6 +455,8 @@ def _move_keys(layer: DictConfig, label: str | None) -> DictConfig:
     for old, (new, value) in moved.items():
         section, key = old.split(".", 1)
         del layer[section][key]
+        if new is None:
+            continue
         OmegaConf.update(layer, new, value, force_add=True)
         if label is not None and old not in _noted:
             _noted.add(old)

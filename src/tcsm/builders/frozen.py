@@ -46,7 +46,7 @@ def load_frozen(
     source: str | None = None, seq_len: int | None = None,
 ) -> Frozen:
     """The frozen model of the checkpoint `path` (a run, checkpoints or step directory) for `role` (how errors
-    name it, e.g. "target.pretrained"), checked against the run: `ctx` (a BuildContext) supplies the device,
+    name it, e.g. "reference.path (the teacher)"), checked against the run: `ctx` (a BuildContext) supplies the device,
     vocabulary, noise source and sequence length, or give them (None: not checked). `families`: the model kinds
     accepted (`DENOISER`, or clean-data families such as ("mlm", "causal", "hollow"))."""
     if ctx is not None:
