@@ -80,7 +80,9 @@ def evaluate_model(objective, model, data, path, e, *, generator=None, device=No
     own `evaluate`; every other model gets the diffusion likelihood bound (MATH.md §2.4). Both are `EvalResult`s.
     """
     if isinstance(objective, Evaluates):
-        result = objective.evaluate(model, data, batch_size=e.batch_size, generator=generator, device=device)
+        result = objective.evaluate(
+            model, data, batch_size=e.batch_size, generator=generator, device=device, progress=progress
+        )
         return EvalResult.of(result, f"{type(objective).__name__}.evaluate")
     from tcsm.likelihood import evaluate_bound
 
