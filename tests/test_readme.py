@@ -201,6 +201,7 @@ def _prerequisites(root: Path, commands: list[list[str]]) -> list[list[str]]:
     return [[*recipes[r][:1], "-o", r, *recipes[r][1:], *MODEL, *TRAIN] for r in dict.fromkeys(needed)]
 
 
+@pytest.mark.slow  # ~40 commands end to end: about 30 s of CPU
 @pytest.mark.timeout(300)
 def test_every_readme_command_line_runs(tmp_path, monkeypatch, capsys):
     lines = readme_commands()

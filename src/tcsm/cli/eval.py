@@ -112,7 +112,9 @@ def run(args) -> int:
     x = data.split(e.split)
     objective = build_objective_for_checkpoint(ckpt.config, ckpt.model, data, device)
     energy = isinstance(objective, EnergyObjective)
-    limit = e.max_examples or (int(ckpt.config.train.eval_examples) or None if energy else None)
+    # An energy run's estimate costs ~n(1 + L/2) energy calls per sequence and time: by default, as many sequences as
+    # its training evaluated (a run that evaluated none: the finetune-dre preset's 64), not the whole split.
+    limit = e.max_examples or ((int(ckpt.config.train.eval_examples) or 64) if energy else None)
     if limit:
         x = x[:limit]
     if x.shape[0] == 0:
