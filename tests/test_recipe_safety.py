@@ -168,3 +168,13 @@ def test_a_resume_of_another_recipes_run_is_refused_and_writes_nothing(runs, cap
     line = _error(capsys, ["finetune", "preference", "--resume", "-o", runs / "dre"])
     assert "`tcsm finetune dre` run" in line and "tcsm finetune dre --resume" in line
     assert _snapshot(runs / "dre") == before
+
+
+def test_a_grid_reward_on_a_sequence_model_is_refused_before_any_work(runs, tmp_path, capsys):
+    """`--reward grid` on a sequence model was accepted (by tcsm pairs and --eval-reward as well)."""
+    line = _error(capsys, ["pairs", "--from", runs / "pre", "--reward", "grid", "-n", "4", "-o", tmp_path / "p.jsonl"])
+    assert "grid" in line and "data.kind=grid" in line and not (tmp_path / "p.jsonl").exists()
+    argv = ["finetune", "preference", "--from", runs / "pre", "--pairs", runs / "pairs.jsonl", "--eval-reward", "grid",
+            "-o", tmp_path / "f", "--steps", "1"]
+    line = _error(capsys, argv)
+    assert "grid" in line and not (tmp_path / "f" / "checkpoints").exists()
