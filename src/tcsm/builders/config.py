@@ -485,6 +485,8 @@ def load_config(
     raw = OmegaConf.create({})
     for layer in layers:
         raw = OmegaConf.merge(_drop_replaced_components(raw, layer), layer)
+    if base is None:
+        raw = _max_len_follows_seq_len(raw, layers[-1])
     for section in COMPONENTS:
         if section in raw and not isinstance(raw[section], DictConfig):
             raise ConfigError(f"config section {section!r} must be a mapping of keys, got {raw[section]!r}")
@@ -499,6 +501,19 @@ def load_config(
     _validate(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def _max_len_follows_seq_len(raw: DictConfig, overrides: DictConfig) -> DictConfig:
+    """`data.seq_len=N` given without `model.max_len` sizes a new model for N: the presets tie the two (the
+    synthetic preset's model allows exactly its 32), and a user who changes the data's length means the model's
+    too. A saved run's model keeps its own length (its callers pass a base)."""
+    seq_len = OmegaConf.select(overrides, "data.seq_len")
+    model = overrides.get("model")
+    if not isinstance(seq_len, int) or isinstance(seq_len, bool) or (isinstance(model, DictConfig) and "max_len" in model):
+        return raw
+    if "max_len" not in _schema_for(raw).get("model", {}):  # e.g. a Hugging Face model: its own length
+        return raw
+    return OmegaConf.merge(raw, {"model": {"max_len": seq_len}})
 
 
 def _check(ok: bool, msg: str) -> None:

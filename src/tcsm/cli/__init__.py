@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, module_name in COMMANDS.items():
         if name in wanted:
             module = importlib.import_module(module_name)
-            p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+            p = sub.add_parser(name, help=module.HELP, description=module.HELP, epilog=getattr(module, "EPILOG", None))
             module.add_arguments(p)
             p.set_defaults(_run=module.run)
         else:

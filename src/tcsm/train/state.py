@@ -4,6 +4,7 @@ warm starts, and the exact resume that replays an uninterrupted run bit for bit.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -13,20 +14,30 @@ from tcsm.builders.config import load_config, to_dict
 from tcsm.builders.loading import check_same_architecture
 from tcsm.checkpoint import load_weights_into, read_state, read_weights, resolve_checkpoint, save_checkpoint
 from tcsm.errors import CheckpointError
-from tcsm.train.distributed import barrier
+from tcsm.train.distributed import all_reduce_mean, barrier
 
 __all__ = ["RunState"]
 
 
 class RunState:
     """The save / restore half of the Trainer: expects its `cfg`, `model`, `ema`, `optimizer`, `batches`, `env`,
-    `device`, `data_info`, `step`, `elapsed`, `last_eval`, `run_dir` and `check_finite`."""
+    `device`, `data_info`, `step`, `elapsed`, `last_eval`, `window` (`window_steps`, `window_start`, ...), `run_dir`
+    and `check_finite`."""
 
     @property
     def checkpoint_root(self) -> Path | None:
         return None if self.run_dir is None else self.run_dir / "checkpoints"
 
-    def state(self) -> dict:
+    def log_window_state(self) -> dict:
+        """The open logging window: metric sums since the last train row, their step count and wall time. Several
+        processes: the mean of their sums (a collective: call on every rank), so a replayed row equals the
+        uninterrupted one up to rounding; one process: the sums themselves, so it is identical."""
+        sums = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else float(v) for k, v in self.window.items()}
+        if self.env.distributed:
+            sums = all_reduce_mean({k: float(v) for k, v in sums.items()}, self.env)
+        return {"steps": self.window_steps, "sums": sums, "elapsed_s": time.perf_counter() - self.window_start}
+
+    def state(self, log_window: dict | None = None) -> dict:
         rng = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available() and self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
@@ -41,19 +52,21 @@ class RunState:
             "world_size": self.env.world_size,
             "elapsed_s": self.elapsed,
             "last_eval": self.last_eval,
+            "log_window": log_window if log_window is not None else self.log_window_state(),
         }
 
     def save(self) -> Path | None:
         """Write a checkpoint of the current step (rank 0) and wait for it on every rank."""
         self.check_finite()  # never write weights a non-finite update has corrupted
         path = None
+        log_window = self.log_window_state()
         if self.env.is_main and self.checkpoint_root is not None:
             path = save_checkpoint(
                 self.checkpoint_root,
                 self.step,
                 model=self.model,
                 ema_model=self.ema.model if self.ema is not None else None,
-                state=self.state(),
+                state=self.state(log_window),
                 config_yaml=OmegaConf.to_yaml(self.cfg),
                 keep_last=self.cfg.train.keep_last,
             )
@@ -109,5 +122,14 @@ class RunState:
         self.step = step
         self.elapsed = float(state.get("elapsed_s", 0.0))
         self.last_eval = dict(state.get("last_eval") or {})
+        window = state.get("log_window")
+        if window is None:  # saved before the window was: the next row averages fewer steps, and says so
+            self.window_lost = step % self.cfg.train.log_every != 0
+        else:
+            self.window = {
+                k: v.to(self.device) if isinstance(v, torch.Tensor) else float(v) for k, v in window["sums"].items()
+            }
+            self.window_steps = int(window["steps"])
+            self.window_elapsed_before = float(window["elapsed_s"])
         self.resumed_from = directory
 

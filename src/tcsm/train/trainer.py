@@ -80,7 +80,9 @@ def evaluate_model(objective, model, data, path, e, *, generator=None, device=No
     own `evaluate`; every other model gets the diffusion likelihood bound (MATH.md §2.4). Both are `EvalResult`s.
     """
     if isinstance(objective, Evaluates):
-        result = objective.evaluate(model, data, batch_size=e.batch_size, generator=generator, device=device)
+        result = objective.evaluate(
+            model, data, batch_size=e.batch_size, generator=generator, device=device, progress=progress
+        )
         return EvalResult.of(result, f"{type(objective).__name__}.evaluate")
     from tcsm.likelihood import evaluate_bound
 
@@ -221,6 +223,12 @@ class Trainer(RunState):
         self.step = 0
         self.elapsed = 0.0  # training wall time over all sessions of this run
         self.last_eval: dict[str, Any] = {}
+        # The open logging window (metric sums since the last train row), saved with a checkpoint so that a row
+        # replayed after a resume averages the same steps as the uninterrupted run's.
+        self.window: dict[str, Any] = {}
+        self.window_steps, self.window_start = 0, time.perf_counter()
+        self.window_elapsed_before = 0.0  # of the window restored from a checkpoint: its time before the save
+        self.window_lost = False  # restored from a checkpoint that predates saving the window
         if resume:
             self._restore(resume)
         if overwrite and not resume and run_dir is not None and self.env.is_main:
@@ -460,17 +468,19 @@ class Trainer(RunState):
         # Without a terminal tqdm hides itself; periodic lines then show progress (a log file, a batch job).
         progress_lines = env.is_main and t.progress and self._bar.disable
         progress = _Progress(self.step, t.steps, self.progress_every_s)
-        window: dict[str, Any] = {}
-        window_steps, window_start = 0, time.perf_counter()
+        self.window_start = time.perf_counter() - self.window_elapsed_before
+        self.window_elapsed_before = 0.0
         for cb in self.callbacks:
             cb.on_fit_start(self._info())
         tokens_per_step = t.batch_size * self.data_info.seq_len
         try:
             while self.step < t.steps:
                 metrics = self.train_step()
+                window = self.window
                 for k, v in metrics.items():
                     window[k] = window.get(k, 0.0) + v
-                window_steps += 1
+                self.window_steps += 1
+                window_steps, window_start = self.window_steps, self.window_start
                 self._bar.update(1)
                 final = self.step == t.steps
                 if self.step % t.log_every == 0 or final or self.step == 1:
@@ -482,9 +492,12 @@ class Trainer(RunState):
                     row["tokens_per_s"] = tokens_per_step * window_steps / max(now - window_start, 1e-9)
                     self.elapsed += now - window_start
                     row["elapsed_s"] = self.elapsed
+                    if self.window_lost:  # an older checkpoint: this row averages only the steps since the resume
+                        row["window_steps_since_resume"] = window_steps
+                        self.window_lost = False
                     self.logger.scalars("train", self.step, row)
                     self._bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{row['lr']:.2e}", refresh=False)
-                    window, window_steps, window_start = {}, 0, time.perf_counter()
+                    self.window, self.window_steps, self.window_start = {}, 0, time.perf_counter()
                 if progress_lines and progress.due(self.step, final):
                     self._print(progress.line(self.step))
                 did_eval = self._periodic(t.eval_every, final)
@@ -496,7 +509,7 @@ class Trainer(RunState):
                     self.save()
                 if did_eval:
                     barrier(env)
-                    window_start = time.perf_counter()  # evaluation time is not training throughput
+                    self.window_start = time.perf_counter()  # evaluation time is not training throughput
         finally:
             self._bar.close()
             self._bar = None
