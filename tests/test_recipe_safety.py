@@ -14,7 +14,13 @@ from train_helpers import restore_torch_threads, tiny  # noqa: F401
 from tcsm.cli import main
 
 QUIET = ("train.eval_every=0", "train.sample_every=0", "sample.num=0")
-FT = ("train.progress=false", "train.tensorboard=false", "train.batch_size=8", "train.device=cpu", "train.threads=1")
+FT = (
+    "train.progress=false",
+    "train.tensorboard=false",
+    "train.batch_size=8",
+    "train.device=cpu",
+    "train.threads=1",
+)
 
 
 def _error(capsys, argv) -> str:
@@ -37,14 +43,37 @@ def runs(tmp_path_factory):
     """A tiny synthetic denoiser run, an energy (DRE strategy ii) run from it, and a tiny causal-LM run."""
     root = tmp_path_factory.mktemp("runs")
     assert main(["train", "-o", str(root / "pre"), *tiny(*QUIET, "train.steps=2")]) == 0
-    argv = ["finetune", "dre", "--from", root / "pre", "-o", root / "dre", "--steps", "1", "--eval-examples", "0"]
+    argv = [
+        "finetune",
+        "dre",
+        "--from",
+        root / "pre",
+        "-o",
+        root / "dre",
+        "--steps",
+        "1",
+        "--eval-examples",
+        "0",
+    ]
     assert main([str(a) for a in [*argv, *FT, "objective.log_z_samples=[1]"]]) == 0
     keys = [o for o in tiny(*QUIET, "train.steps=2") if not o.startswith(("model.cond_dim", "eval.num_t"))]
-    ar = ["train", "-o", str(root / "ar"), "model.name=causal", "model.preset=tiny", "objective.name=clean_lm", *keys]
+    ar = [
+        "train",
+        "-o",
+        str(root / "ar"),
+        "model.name=causal",
+        "model.preset=tiny",
+        "objective.name=clean_lm",
+        *keys,
+    ]
     assert main(ar) == 0
     pairs = root / "pairs.jsonl"
-    pairs.write_text("".join(json.dumps({"prompt": "", "chosen": "abcdefgh" * 2, "rejected": "hgfedcba" * 2}) + "\n"
-                             for _ in range(8)))
+    pairs.write_text(
+        "".join(
+            json.dumps({"prompt": "", "chosen": "abcdefgh" * 2, "rejected": "hgfedcba" * 2}) + "\n"
+            for _ in range(8)
+        )
+    )
     return root
 
 
@@ -72,7 +101,11 @@ def test_an_overwrite_of_the_run_it_starts_from_is_refused(runs, tmp_path, capsy
     source = tmp_path / "x"
     shutil.copytree(runs / "pre", source)
     before = _snapshot(source)
-    extra = {"dre": [], "reward": ["--reward", "python:math:fsum"], "preference": ["--pairs", runs / "pairs.jsonl"]}
+    extra = {
+        "dre": [],
+        "reward": ["--reward", "python:math:fsum"],
+        "preference": ["--pairs", runs / "pairs.jsonl"],
+    }
     argv = ["finetune", recipe, "--from", source, *extra[recipe], "--steps", "1", *FT]
     for out in (source, source / "checkpoints"):
         line = _error(capsys, [*argv, "--overwrite", "-o", out])
@@ -99,10 +132,21 @@ def test_sample_draws_a_causal_lm_run_left_to_right(runs, capsys):
 
 
 def test_overrides_are_accepted_after_flags(runs, capsys):
-    """"unrecognized arguments: train.batch_size=16" when an override came after a flag."""
+    """ "unrecognized arguments: train.batch_size=16" when an override came after a flag."""
     capsys.readouterr()
-    argv = ["finetune", "dre", "--from", str(runs / "pre"), "--steps", "3", "train.batch_size=16", "--strategy",
-            "ii", "train.seed=7", "--print-config"]
+    argv = [
+        "finetune",
+        "dre",
+        "--from",
+        str(runs / "pre"),
+        "--steps",
+        "3",
+        "train.batch_size=16",
+        "--strategy",
+        "ii",
+        "train.seed=7",
+        "--print-config",
+    ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "batch_size: 16" in printed and "seed: 7" in printed and "steps: 3" in printed
@@ -115,22 +159,45 @@ def test_distill_has_the_overwrite_it_suggests(runs, tmp_path, capsys):
     line = _error(capsys, ["distill", "--teacher", runs / "ar", "-o", existing, "--steps", "1"])
     assert "--overwrite" in line
     student = [o for o in tiny(*QUIET, "optim.decay=constant") if not o.startswith("data.")]
-    argv = ["distill", "--teacher", runs / "ar", "-o", existing, "--overwrite", "--steps", "1", "--eval-samples",
-            "0", *student]
+    argv = [
+        "distill",
+        "--teacher",
+        runs / "ar",
+        "-o",
+        existing,
+        "--overwrite",
+        "--steps",
+        "1",
+        "--eval-samples",
+        "0",
+        *student,
+    ]
     assert main([str(a) for a in argv]) == 0
     assert "name: distill" in (existing / "config.yaml").read_text()
 
 
 def test_a_pairs_field_of_the_wrong_type_is_not_called_missing(runs, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
-    bad.write_text("".join(json.dumps({"prompt": "", "chosen": 12, "rejected": "ab"}) + "\n" for _ in range(4)))
-    line = _error(capsys, ["finetune", "preference", "--from", runs / "pre", "--pairs", bad, "-o", tmp_path / "p"])
+    bad.write_text(
+        "".join(json.dumps({"prompt": "", "chosen": 12, "rejected": "ab"}) + "\n" for _ in range(4))
+    )
+    line = _error(
+        capsys, ["finetune", "preference", "--from", runs / "pre", "--pairs", bad, "-o", tmp_path / "p"]
+    )
     assert "non-string 'chosen'" in line and "missing" not in line
 
 
 def test_reward_accepts_from_like_the_other_recipes(runs, capsys):
     capsys.readouterr()
-    argv = ["finetune", "reward", "--from", str(runs / "pre"), "--reward", "python:math:fsum", "--print-config"]
+    argv = [
+        "finetune",
+        "reward",
+        "--from",
+        str(runs / "pre"),
+        "--reward",
+        "python:math:fsum",
+        "--print-config",
+    ]
     assert main(argv) == 0
     assert str(runs / "pre") in capsys.readouterr().out
 
@@ -156,8 +223,21 @@ def test_eval_max_examples_zero_is_refused(runs, capsys):
 
 
 def test_dre_reference_outside_strategy_i_is_refused(runs, tmp_path, capsys):
-    line = _error(capsys, ["finetune", "dre", "--from", runs / "pre", "--strategy", "ii", "--reference", "ema",
-                           "-o", tmp_path / "d"])
+    line = _error(
+        capsys,
+        [
+            "finetune",
+            "dre",
+            "--from",
+            runs / "pre",
+            "--strategy",
+            "ii",
+            "--reference",
+            "ema",
+            "-o",
+            tmp_path / "d",
+        ],
+    )
     assert "--reference belongs to strategy i" in line
     assert not (tmp_path / "d").exists()
 
@@ -172,9 +252,23 @@ def test_a_resume_of_another_recipes_run_is_refused_and_writes_nothing(runs, cap
 
 def test_a_grid_reward_on_a_sequence_model_is_refused_before_any_work(runs, tmp_path, capsys):
     """`--reward grid` on a sequence model was accepted (by tcsm pairs and --eval-reward as well)."""
-    line = _error(capsys, ["pairs", "--from", runs / "pre", "--reward", "grid", "-n", "4", "-o", tmp_path / "p.jsonl"])
+    line = _error(
+        capsys, ["pairs", "--from", runs / "pre", "--reward", "grid", "-n", "4", "-o", tmp_path / "p.jsonl"]
+    )
     assert "grid" in line and "data.kind=grid" in line and not (tmp_path / "p.jsonl").exists()
-    argv = ["finetune", "preference", "--from", runs / "pre", "--pairs", runs / "pairs.jsonl", "--eval-reward", "grid",
-            "-o", tmp_path / "f", "--steps", "1"]
+    argv = [
+        "finetune",
+        "preference",
+        "--from",
+        runs / "pre",
+        "--pairs",
+        runs / "pairs.jsonl",
+        "--eval-reward",
+        "grid",
+        "-o",
+        tmp_path / "f",
+        "--steps",
+        "1",
+    ]
     line = _error(capsys, argv)
     assert "grid" in line and not (tmp_path / "f" / "checkpoints").exists()

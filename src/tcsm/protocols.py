@@ -35,7 +35,8 @@ class Evaluates(Protocol):
     def evaluate(
         self, model, data: Tensor, *, batch_size: int, generator=None, device=None, progress=False
     ) -> dict:
-        """`progress`: the caller wants progress on stderr (an evaluation that can take minutes should show it)."""
+        """`progress` (optional: an evaluator may leave it out): the caller wants progress on stderr, which an
+        evaluation that can take minutes should show."""
         ...
 
 

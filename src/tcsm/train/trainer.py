@@ -12,6 +12,7 @@ the same update (to float summation order), and a resumed run replays exactly th
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import sys
 import time
@@ -80,9 +81,11 @@ def evaluate_model(objective, model, data, path, e, *, generator=None, device=No
     own `evaluate`; every other model gets the diffusion likelihood bound (MATH.md §2.4). Both are `EvalResult`s.
     """
     if isinstance(objective, Evaluates):
-        result = objective.evaluate(
-            model, data, batch_size=e.batch_size, generator=generator, device=device, progress=progress
-        )
+        # `progress` is optional in the contract: evaluators written without it keep working
+        params = inspect.signature(objective.evaluate).parameters
+        wants = "progress" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+        extra = {"progress": progress} if wants else {}
+        result = objective.evaluate(model, data, batch_size=e.batch_size, generator=generator, device=device, **extra)
         return EvalResult.of(result, f"{type(objective).__name__}.evaluate")
     from tcsm.likelihood import evaluate_bound
 
