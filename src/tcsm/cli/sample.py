@@ -24,7 +24,7 @@ import types
 
 HELP = "draw samples from a trained checkpoint (prompts, infilling, temperature, top-p)"
 
-METHODS = ("ancestral", "analytic", "euler")
+METHODS = ("ancestral", "analytic", "euler", "random", "confidence", "margin", "entropy", "threshold")
 
 
 def _one_line_error(self, message: str):
@@ -66,7 +66,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sampler steps K (default: the run's sample.steps; a causal LM run takes one step per position)")
     p.add_argument("--method", default=None,
                    help=f"sampler: {' | '.join(METHODS)} (default: the run's sample.method, else ancestral for masked, "
-                        "analytic for uniform)")
+                        "analytic for uniform; the last five are decoding orders for masked models)")
+    p.add_argument("--block-length", type=_positive_int, default=None,
+                   help="masked models: decode blocks of this many positions left to right, --method inside each "
+                        "(default: the run's sample.block_length)")
+    p.add_argument("--threshold", type=_float_in(0.0, 1.0), default=None,
+                   help="--method threshold: unmask every position whose confidence exceeds this, in (0, 1] "
+                        "(default: the run's sample.threshold)")
     p.add_argument("--grid", default=None, help="time grid: uniform | cosine (default: the run's sample.grid)")
     p.add_argument("--temperature", type=_float_in(0.0, float("inf")), default=None,
                    help="softmax temperature > 0 (default: the run's sample.temperature)")
@@ -212,6 +218,7 @@ def _run_sampler(loaded, model, path, device, args):
         temperature=args.temperature, top_p=args.top_p, final_argmax=args.final_argmax or None,
         cache=False if args.no_cache else None, sir_k=args.sir_k,
         sir_window=None if args.sir_window is None else tuple(args.sir_window), sir_temperature=args.sir_temperature,
+        block_length=args.block_length, threshold=args.threshold,
     )  # fmt: skip
 
 
