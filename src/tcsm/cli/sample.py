@@ -255,9 +255,10 @@ def run(args) -> int:
     if ar and (args.infill or args.infill_json):
         raise ValueError("a causal LM run is sampled left to right: it can continue a --prompt, not fill a template "
                          "(--infill / --infill-json need a diffusion run)")
-    if ar and (args.method or args.final_argmax or args.grid or args.no_cache or args.steps):
+    if ar and (args.method or args.final_argmax or args.grid or args.no_cache or args.steps or args.block_length
+               or args.threshold is not None):
         raise ValueError("a causal LM run is sampled left to right, one token per step: --steps, --method, --grid, "
-                         "--final-argmax and --no-cache are diffusion sampler options")
+                         "--final-argmax, --no-cache, --block-length and --threshold are diffusion sampler options")
     if sir and (args.method or args.temperature is not None or args.top_p is not None or args.final_argmax):
         raise ValueError("an energy model is sampled by SIR: use --sir-k/--sir-window/--sir-temperature, not --method/"
                          "--temperature/--top-p/--final-argmax")

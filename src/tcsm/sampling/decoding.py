@@ -61,8 +61,6 @@ def check_decoding(
     if block < 1 or length % block:
         raise ValueError(f"block_length {block_length} does not divide the sample length {length}")
     blocks = length // block
-    if num_steps < blocks and method != "threshold":
-        raise ValueError(f"{num_steps} steps for {blocks} blocks: every block needs at least one step")
     if method in COUNTED and num_steps > length:
         raise ValueError(
             f"{num_steps} steps for {length} positions: the {method!r} order unmasks at least one position per "
@@ -146,7 +144,11 @@ def decode(
     V, mask = path.vocab_size, path.mask_id
     x = torch.where(fixed, values, torch.full((B, L), mask, dtype=torch.long, device=device))
     bl = L // nb
-    steps_per_block = [K // nb + (b < K % nb) for b in range(nb)]
+    # blocks that are wholly pinned (a prompt) need no steps; the others share the K steps
+    todo = [b for b in range(nb) if (~fixed[:, b * bl : (b + 1) * bl]).any()]
+    if K < len(todo) and method != "threshold":
+        raise ValueError(f"{K} steps for {len(todo)} blocks to decode: every block needs at least one step")
+    steps_per_block = {b: K // len(todo) + (j < K % len(todo)) for j, b in enumerate(todo)}
     stats = SamplingStats(method=method, num_steps=K, cached=time_independent, times=as_grid(grid, K, device))
     stats.row_calls = torch.zeros(B, dtype=torch.long, device=device)
     cache = torch.empty(0)
@@ -177,7 +179,7 @@ def decode(
             stats.row_calls[idx] += 1
 
     with torch.no_grad():
-        for b in range(nb):
+        for b in todo:
             lo, hi = b * bl, (b + 1) * bl
             region = torch.zeros(B, L, dtype=torch.bool, device=device)
             region[:, lo:hi] = True
