@@ -117,6 +117,11 @@ def _init(self, harness=None, tokenizer=None, checkpoint=None, **kwargs):
     _lm_base().__init__(self)
     for k in ("batch_size", "max_batch_size", "device_map"):  # lm-eval's CLI passes these to every model
         kwargs.pop(k, None)
+    import torch
+
+    # lm-eval's CLI asks every model for cuda unless told otherwise; without a GPU that means the CPU
+    if str(kwargs.get("device") or "cpu").startswith("cuda") and not torch.cuda.is_available():
+        kwargs["device"] = "cpu"
     _Adapter.__init__(self, harness, tokenizer, checkpoint, **kwargs)
 
 
