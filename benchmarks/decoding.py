@@ -31,8 +31,13 @@ DATA = Path(os.environ.get("TCSM_DATA_DIR") or Path(__file__).resolve().parents[
 TEXT8 = str(DATA / "text8" / "text8_prefix.txt.gz")
 
 
-def configurations(L: int, calls: list[int], thresholds: list[float], block: int) -> list[dict]:
+def configurations(
+    L: int, calls: list[int], thresholds: list[float], block: int, temps: list[float]
+) -> list[dict]:
     out = [{"label": "ancestral (cached)", "method": "ancestral", "steps": k} for k in calls + [2 * L, 4 * L]]
+    # the ancestral sampler cooled: the entropy-for-gen-PPL trade that confidence orders make, at its own cost
+    out += [{"label": f"ancestral (cached), T={t}", "method": "ancestral", "steps": k, "temperature": t}
+            for t in temps for k in calls + [2 * L]]  # fmt: skip
     for m in ("random", "confidence", "margin", "entropy"):
         out += [{"label": m, "method": m, "steps": k} for k in calls]
     out += [{"label": "threshold", "method": "threshold", "steps": L, "threshold": th} for th in thresholds]
@@ -55,12 +60,25 @@ def main() -> None:
     ap.add_argument("--calls", default="8,16,32,64", help="network-call budgets K (<= length)")
     ap.add_argument("--thresholds", default="0.3,0.5,0.7,0.9,0.99")
     ap.add_argument("--block-length", type=int, default=16)
+    ap.add_argument(
+        "--temperatures", default="", help="also the cached ancestral sampler at these temperatures"
+    )
+    ap.add_argument("--only", default=None, help="only configurations whose label contains this text")
     ap.add_argument("--num-samples", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=None)
     ap.add_argument("--plot", default=None)
+    ap.add_argument(
+        "--plot-from", default=None, help="comma-separated result JSONs: plot their rows together and exit"
+    )
     args = ap.parse_args()
+    if args.plot_from:
+        res = [json.loads(Path(f).read_text()) for f in args.plot_from.split(",")]
+        r0 = res[0]
+        title = f"{r0['data']}, L={r0['length']}, {r0['num_samples']} samples × {r0['rounds']} rounds"
+        plot([r for x in res for r in x["rows"]], r0["data_gen_ppl"], r0["data_entropy"], args.plot, title)
+        return
     torch.set_num_threads(args.threads)
     args.seed = 0
 
@@ -88,14 +106,17 @@ def main() -> None:
     print(f"data: gen-PPL {data_ppl:.2f}, entropy {data_ent:.3f}", flush=True)
 
     confs = configurations(L, [int(c) for c in args.calls.split(",")],
-                           [float(t) for t in args.thresholds.split(",")], args.block_length)  # fmt: skip
+                           [float(t) for t in args.thresholds.split(",")], args.block_length,
+                           [float(t) for t in args.temperatures.split(",") if t])  # fmt: skip
+    if args.only:
+        confs = [c for c in confs if args.only in c["label"]]
     runs: dict[int, list[dict]] = {i: [] for i in range(len(confs))}
     loads = []
     for r in range(args.rounds):
         loads.append(os.getloadavg()[0])
         for i, c in enumerate(confs):
             s = SampleSettings(steps=c["steps"], method=c["method"], threshold=c.get("threshold", 0.9),
-                               block_length=c.get("block_length"))  # fmt: skip
+                               block_length=c.get("block_length"), temperature=c.get("temperature", 1.0))  # fmt: skip
             g = torch.Generator().manual_seed(1000 * r + 1)
             t0, c0 = time.perf_counter(), time.process_time()
             x, st = draw(ckpt.model, path, args.num_samples, L, s, generator=g, device="cpu")
