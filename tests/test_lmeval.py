@@ -182,3 +182,24 @@ def test_lm_eval_runs_offline_on_local_tasks(tmp_path, monkeypatch):
     assert res["tcsm_lambada_ll"]["perplexity,none"] > 1.0
     assert 0.0 <= res["tcsm_lambada_gen"]["exact_match,none"] <= 1.0
     assert res["tcsm_lambada_roll"]["bits_per_byte,none"] > 0
+
+
+def test_the_adapter_reads_a_run_and_its_tokenizer(tmp_path):
+    """model_args arrive as strings: checkpoint, num_t and the sampler settings build the harness of a run."""
+    from train_helpers import tiny
+
+    from tcsm.builders.config import load_config
+    from tcsm.cli.lmeval import _Adapter
+    from tcsm.cli.train import train
+
+    with torch.random.fork_rng(devices=[]):
+        train(load_config("synthetic", tiny("train.steps=2", "train.eval_every=0", "sample.num=0")), tmp_path / "r",
+              log=lambda s: None)  # fmt: skip
+    lm = _Adapter(checkpoint=str(tmp_path / "r"), num_t="4", method="entropy", steps="3", no_ema="true")
+    assert (lm.harness.num_t, lm.harness.settings.method, lm.harness.settings.steps) == (4, "entropy", 3)
+    ((v, greedy),) = lm.loglikelihood([_request("ab", "ba")])
+    assert v < 0 and isinstance(greedy, bool) and len(lm.stderrs) == 1
+    (text,) = lm.generate_until([_request("ab", {"until": [], "max_gen_toks": 5})])
+    assert len(text) == 5
+    with pytest.raises(ValueError, match="checkpoint="):
+        _Adapter()
