@@ -77,7 +77,10 @@ def main() -> None:
         res = [json.loads(Path(f).read_text()) for f in args.plot_from.split(",")]
         r0 = res[0]
         title = f"{r0['data']}, L={r0['length']}, {r0['num_samples']} samples × {r0['rounds']} rounds"
-        plot([r for x in res for r in x["rows"]], r0["data_gen_ppl"], r0["data_entropy"], args.plot, title)
+        rows = [r for x in res for r in x["rows"]]
+        if args.plot:
+            plot(rows, r0["data_gen_ppl"], r0["data_entropy"], args.plot, title)
+        print(table(rows))
         return
     torch.set_num_threads(args.threads)
     args.seed = 0
@@ -151,6 +154,17 @@ def main() -> None:
             f"{data.label}, L={L}, {args.num_samples} samples × {args.rounds}",
         )
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=1))
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown: one line per configuration, in the order run."""
+    out = ["| sampler | K | threshold | calls / seq | gen-PPL (± sd over rounds) | entropy | CPU s | wall s |",
+           "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        out.append(f"| {r['label']} | {r['steps'] if r['method'] != 'threshold' else '–'} | {r.get('threshold', '–')} "
+                   f"| {r['calls']:.1f} | {r['gen_ppl']:.1f} ± {r['gen_ppl_sd']:.1f} | {r['entropy']:.3f} "
+                   f"| {r['cpu_s']:.2f} | {r['wall_s']:.1f} |")  # fmt: skip
+    return "\n".join(out)
 
 
 def plot(rows: list[dict], data_ppl: float, data_ent: float, out: str, title: str) -> None:
