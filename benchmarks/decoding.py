@@ -174,10 +174,16 @@ def plot(rows: list[dict], data_ppl: float, data_ent: float, out: str, title: st
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for label in dict.fromkeys(r["label"] for r in rows):
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    main = [lab for lab in labels if "T=" not in lab]
+    cooled = [lab for lab in labels if "T=" in lab]
+    for label in labels:
         rs = sorted((r for r in rows if r["label"] == label), key=lambda r: r["calls"])
-        style = "--" if "blocks" in label else "-"
-        kw = {"marker": "o", "linestyle": style, "label": label}
+        if label in cooled:  # the cooled ancestral sampler: grey, darker when colder
+            color, style, marker = str(0.25 + 0.5 * cooled.index(label) / max(1, len(cooled) - 1)), ":", "."
+        else:
+            color, style, marker = plt.cm.tab10(main.index(label)), "--" if "blocks" in label else "-", "o"
+        kw = {"marker": marker, "linestyle": style, "label": label, "color": color}
         a.errorbar(
             [r["calls"] for r in rs], [r["gen_ppl"] for r in rs], yerr=[r["gen_ppl_sd"] for r in rs], **kw
         )
