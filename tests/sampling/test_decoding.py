@@ -151,9 +151,16 @@ def test_temperature_and_top_p_reach_the_draws():
 def test_draw_routes_decoding_orders_and_blocks(dist):
     path = MaskedPath(dist.vocab_size)
     den = exact_denoiser(dist, path)
-    for s in (SampleSettings(steps=3, method="entropy"), SampleSettings(steps=3, block_length=1)):
+    for s, method in (
+        (SampleSettings(steps=3, method="entropy"), "entropy"),
+        (SampleSettings(steps=3, block_length=1), "ancestral"),
+    ):  # blocks of the path sampler's law
         x, st = draw(den, path, 5, dist.length, s, generator=torch.Generator().manual_seed(0))
-        assert x.shape == (5, 3) and st.method == s.method or st.method == "ancestral"
+        assert x.shape == (5, 3) and st.method == method and st.num_calls == 3
+    _, st = draw(
+        den, path, 5, dist.length, SampleSettings(steps=3), generator=torch.Generator().manual_seed(0)
+    )
+    assert st.method == "ancestral" and st.num_steps == 3  # no block, no order: the path sampler itself
 
 
 @pytest.mark.parametrize(
