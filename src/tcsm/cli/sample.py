@@ -305,7 +305,7 @@ def run(args) -> int:
     bar = tqdm(total=len(chunks) * steps, desc="sampling", unit="step", disable=args.no_progress,
                file=sys.stderr, leave=False)
     t0 = time.perf_counter()
-    records, calls = [], 0
+    records, calls, taken = [], 0, 0
     for g, b in chunks:
         kw = {}
         if g["fixed"] is not None:
@@ -317,10 +317,13 @@ def run(args) -> int:
         if sampler.own:
             bar.update(steps)
         calls += stats.num_calls
+        taken = max(taken, getattr(stats, "num_steps", 0))
         for row in tokens.cpu().tolist():
             records.append({"index": len(records), **g["info"], "text": tok.decode(row), "tokens": row})
     bar.close()
     elapsed = time.perf_counter() - t0
+    if settings.method == "threshold" and not sampler.own:  # its steps follow from the threshold: the most taken
+        steps = taken
 
     meta = {"checkpoint": str(loaded.directory), "step": loaded.step, "weights": loaded.weights,
             "method": stats.method, "steps": steps, "grid": settings.grid, "temperature": settings.temperature,

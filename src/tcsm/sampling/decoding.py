@@ -224,4 +224,6 @@ def decode(
                     callback(step, min(1.0, step / max(K, 1)), x)
     if (x >= V).any():
         raise RuntimeError("decoding left masks in the output")
+    if method == "threshold":
+        stats.num_steps = step  # its steps follow from the threshold, not from num_steps
     return x, stats
