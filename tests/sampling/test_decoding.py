@@ -131,6 +131,7 @@ def test_threshold_unmasks_more_per_call_as_it_falls():
         _, st = decode(peaked, path, batch_size=2, length=L, num_steps=L, method="threshold", threshold=thr,
                        generator=torch.Generator().manual_seed(0))  # fmt: skip
         calls[thr] = st.num_calls
+        assert st.num_steps == st.num_calls  # its steps follow from the threshold, each one call
     # above the threshold nearly all at once (a rare unlikely draw waits a call), else one position per call
     assert calls[0.9] <= 3 and calls[0.999] == L
 
