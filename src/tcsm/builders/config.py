@@ -166,7 +166,8 @@ class SampleConfig:
     seed: int = field(default=0, metadata={"help": "seed of the logged samples"})
     method: Optional[str] = field(  # noqa: UP045 (OmegaConf structured configs need Optional)
         default=None,
-        metadata={"help": "ancestral | analytic | euler | joint (null: ancestral for masked, analytic for uniform)"},
+        metadata={"help": "ancestral | analytic | euler | joint (null: ancestral for masked, analytic for uniform); "
+                          "masked models also random | confidence | margin | entropy | threshold (decoding orders)"},
     )
     grid: str = field(default="uniform", metadata={"help": "time grid: uniform | cosine"})
     temperature: float = field(default=1.0, metadata={"help": "softmax temperature of the denoiser's conditionals"})
@@ -178,6 +179,12 @@ class SampleConfig:
         metadata={"help": "energy runs: α_t window where SIR is used ([0, 1]: every step)"},
     )
     sir_temperature: float = field(default=1.0, metadata={"help": "energy runs: SIR selection ∝ softmax(f / T)"})
+    block_length: Optional[int] = field(  # noqa: UP045
+        default=None, metadata={"help": "masked models: decode blocks of this many positions left to right (null: one)"}
+    )
+    threshold: float = field(
+        default=0.9, metadata={"help": "method=threshold: unmask every position whose confidence exceeds this"}
+    )
 
 
 @dataclass
