@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from dre_oracles import strategy_i_loss, strategy_ii_loss
 
 from tcsm.batch import Batch
@@ -18,6 +19,7 @@ from tcsm.models.transformer import build_denoiser
 from tcsm.paths import MaskedPath, UniformPath
 from tcsm.posttrain.dre.energy import EnergyModel
 from tcsm.posttrain.dre.likelihood import energy_integrand, evaluate_energy_estimate
+from tcsm.posttrain.dre.losses import draw_reference_samples
 from tcsm.posttrain.dre.objective import DensityRatioObjective, EnergyObjective
 from tcsm.posttrain.dre.ratio_head import RatioHead
 from tcsm.posttrain.dre.references import EMAReference, PreviousIterateReference
@@ -97,6 +99,34 @@ def test_strategy_i_objective_is_strategy_i_loss(source, loss, dist):
         )
         scale = L if level == "token" else 1
         torch.testing.assert_close(got, want / scale, rtol=1e-5, atol=1e-6)
+
+
+def test_sequence_level_objective_by_hand(dist):
+    """Strategy (i) at the sequence level, composed by hand from the drawn tokens (not through the library's
+    log-ratio): log r = Σ_{i: x_t^i = M} [log m^θ_i − log m^ref_i](x_1^i), BCE = E_data softplus(−log r) +
+    E_ref softplus(log r) (MATH.md §5.1, §8 item 11). Carried positions must add nothing."""
+    path = MaskedPath(V)
+    ref, student = _denoiser(path, 1), _denoiser(path, 2)
+    x1 = dist.sample(8, _gen(5))
+    obj = DensityRatioObjective(path, ref, level="sequence", loss="bce", num_negatives=3)
+    got, _ = obj(student, x1, _gen(7))
+    g = _gen(7)
+    t = sample_times(8, antithetic=True, generator=g)
+    xt = path.sample(x1, t, g)
+    with torch.no_grad():
+        ref_lp = torch.log_softmax(ref(xt, t), -1)
+        stu_lp = torch.log_softmax(student(xt, t).float(), -1)
+    neg = draw_reference_samples(ref_lp, xt, path, 3, g)
+    masked = xt == path.mask_id
+    assert masked.any() and (~masked).any()
+
+    def log_r(x):  # x [8, L]
+        d = (stu_lp - ref_lp).gather(-1, x.unsqueeze(-1)).squeeze(-1)
+        return torch.stack([d[b][masked[b]].sum() for b in range(8)])
+
+    l_ref = torch.stack([log_r(neg[:, j]) for j in range(3)], 1)
+    want = F.softplus(-log_r(x1)).mean() + F.softplus(l_ref).mean()
+    torch.testing.assert_close(got.detach(), want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("loss", ["lsif", "bce", "gkl"])
