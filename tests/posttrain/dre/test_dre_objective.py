@@ -18,7 +18,7 @@ from tcsm.errors import CheckpointError, ConfigError
 from tcsm.models.transformer import build_denoiser
 from tcsm.paths import MaskedPath, UniformPath
 from tcsm.posttrain.dre.energy import EnergyModel
-from tcsm.posttrain.dre.likelihood import energy_integrand, evaluate_energy_estimate
+from tcsm.posttrain.dre.likelihood import energy_integrand, energy_nelbo_terms, evaluate_energy_estimate
 from tcsm.posttrain.dre.losses import draw_reference_samples
 from tcsm.posttrain.dre.objective import DensityRatioObjective, EnergyObjective
 from tcsm.posttrain.dre.ratio_head import RatioHead
@@ -347,6 +347,48 @@ def test_estimate_report_is_labelled_and_moves_with_the_number_of_samples(dist):
     )
     assert out0["bpc_estimate"] == pytest.approx(out0["reference_bpc"], abs=1e-9)
     assert out0["bpc_estimate_minus_reference"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_energy_estimate_reference_part_is_the_reference_bound(dist):
+    """The reference's part of `energy_nelbo_terms` estimates its valid masked bound without bias (MATH.md §2.2,
+    §2.4): with the exact posterior marginals as reference the bound is tight, so its p_1-average is the entropy of
+    p_1; with f ≡ 0 the estimate is the same number. (Without the weight κ_t it would be ∫ E[G] dt, far below.)"""
+    path = MaskedPath(V)
+    R = 24
+    x1 = dist.states.repeat(R, 1)
+    ref, est, _ = energy_nelbo_terms(
+        dist.denoiser(path),
+        lambda x, xt, t: torch.zeros(x.shape[0]),
+        x1,
+        path,
+        num_t=16,
+        num_samples=[1],
+        generator=_gen(0),
+    )
+    w = dist.probs.double().repeat(R) / R
+    mean = float((w * ref).sum())
+    se = math.sqrt(float((w * (ref - mean) ** 2).sum()) / R)
+    assert abs(mean - dist.entropy()) < 5 * se + 1e-3, (mean, dist.entropy(), se)
+    torch.testing.assert_close(est[0], ref)
+
+
+def test_student_and_reference_see_the_same_noisy_input(dist):
+    """r = p^θ_{1|t} / p^ref_{1|t} at one (x_t, t) (MATH.md §5.1): the objective calls both models on exactly the
+    drawn x_t and t (a time-conditioned reference at another t gives another ratio)."""
+    path = UniformPath(V)
+    seen = {}
+
+    def spy(name, model):
+        def fn(xt, t):
+            seen[name] = (xt.clone(), t.clone())
+            return model(xt, t)
+
+        return fn
+
+    obj = DensityRatioObjective(path, spy("reference", _denoiser(path, 1)), num_negatives=2)
+    obj(spy("student", _denoiser(path, 2)), dist.sample(8, _gen(0)), _gen(1))
+    assert torch.equal(seen["reference"][0], seen["student"][0])
+    assert torch.equal(seen["reference"][1], seen["student"][1])
 
 
 def test_energy_objective_sees_through_the_trainers_wrappers(dist):
