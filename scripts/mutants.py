@@ -172,6 +172,9 @@ MUTANTS: list[Mutant] = [
     M("lik.row_sequence", LIK, "z = x1[torch.arange(done, done + n, device=device) % B]",
       "z = x1[torch.arange(done, done + n, device=device) // B]",
       "row j scored against x_1 of j // B, not j mod B"),
+    M("lik.later_from_first", LIK, "((pos > j.unsqueeze(-1)) & later)", "((pos >= j.unsqueeze(-1)) & later)",
+      "later corrupted positions from the first one on",
+      equivalent="position j is already in the set through `pos == j`: the union is the same"),
     M("lik.bpt_length", LIK, "return nats / (length * _LN2)", "return nats / _LN2",
       "bits per token not divided by L"),
     # --- objectives (MATH.md §3, §7) ---
@@ -289,6 +292,9 @@ MUTANTS: list[Mutant] = [
       "chosen and rejected swapped"),
     M("pref.kl_direction", PREF, "per = (lp.exp() * (lp - lr)).sum(-1)",
       "per = (lr.exp() * (lr - lp)).sum(-1)", "KL(ref ‖ θ) reported as KL(θ ‖ ref)"),
+    M("pref.delta_unmasked", PREF, "return torch.where(loss_mask, per, 0.0).sum(-1)", "return per.sum(-1)",
+      "Δ sums every position",
+      equivalent="off the mask both rows are the same neutral zeros, so their log-ratio is exactly 0 there"),
     # --- distillation target (MATH.md §5.4) ---
     M("distill.kernel_time", DIST, "log_q = path.target_conditional(log_p1, xt, t)",
       "log_q = path.target_conditional(log_p1, xt, 1 - t)",
