@@ -350,7 +350,10 @@ def copy_tree(dest: Path, root: Path = ROOT, rev: str | None = None) -> None:
             ["git", "archive", "--format=tar", rev], cwd=root, check=True, capture_output=True
         ).stdout
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            tar.extractall(dest, filter="data")
+            try:
+                tar.extractall(dest, filter="data")
+            except TypeError:  # Python < 3.10.12 has no extraction filters (the archive is our own commit)
+                tar.extractall(dest)
         return
     out = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
@@ -436,12 +439,16 @@ class Workers:
         self.base = Path(tempfile.mkdtemp(prefix="tcsm-mutants-"))
         self.free: list[Path] = []
         self.lock = threading.Lock()
-        for i in range(jobs):
-            tree = self.base / f"tree{i}"
-            tree.mkdir()
-            copy_tree(tree, root, rev)
-            self.free.append(tree)
-        check_shadowing(self.free[0], python)
+        try:
+            for i in range(jobs):
+                tree = self.base / f"tree{i}"
+                tree.mkdir()
+                copy_tree(tree, root, rev)
+                self.free.append(tree)
+            check_shadowing(self.free[0], python)
+        except BaseException:
+            self.close()
+            raise
 
     def take(self) -> Path:
         with self.lock:
