@@ -255,3 +255,82 @@ def test_an_interrupted_prepare_leaves_no_index_and_a_rerun_starts_clean(tmp_pat
         prepare([str(tmp_path / "c.txt")], tmp_path / "out", "char", progress=False)
     again = prepare([str(tmp_path / "c.txt")], tmp_path / "out", "char", progress=False, overwrite=True)
     assert again["documents"] == 1 and not (tmp_path / "out" / "valid-00000.bin").exists()
+
+
+# --------------------------------------------------------------------------------------------------- end to end
+
+
+def test_sample_and_eval_decode_with_the_tokenizer_stored_with_the_run(tmp_path, capsys):
+    pytest.importorskip("tokenizers")
+    (tmp_path / "c.txt").write_text("\n".join(DOCS * 3), encoding="utf-8")
+    prepare([str(tmp_path / "c.txt")], tmp_path / "sh", "bpe:300", doc_separator="\n", progress=False,
+            valid_fraction=0.3, test_fraction=0)  # fmt: skip
+    run = tmp_path / "run"
+    assert main(_train_args(tmp_path / "sh", run, "train.steps=2", "train.save_every=2")) == 0
+    assert (run / "tokenizer.json").is_file()
+    assert main(["eval", str(run), "--json", "--max-examples", "4"]) == 0
+    tok = build_data({"kind": "shards", "path": str(tmp_path / "sh")}).tokenizer
+    import shutil
+
+    shutil.rmtree(tmp_path / "sh")  # sampling needs only the run
+    capsys.readouterr()
+    assert main(["sample", str(run), "-n", "2", "--steps", "4", "--format", "jsonl"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert len(rows) == 2 and all(r["text"] == tok.decode(r["tokens"]) for r in rows)
+
+
+# --------------------------------------------------------------------------------------------------- bad inputs
+
+
+def _error(capsys, argv) -> str:
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err, err
+    return err
+
+
+def _prep(capsys, inputs, out, *extra) -> str:
+    return _error(capsys, ["prepare", *map(str, inputs), "-o", str(out), "--tokenizer", "char", "--no-progress", *extra])
+
+
+def test_bad_inputs_get_one_line_and_exit_2(tmp_path, capsys):
+    (tmp_path / "empty.txt").write_text("   \n")
+    assert "holds no text" in _prep(capsys, [tmp_path / "empty.txt"], tmp_path / "o1")
+    (tmp_path / "blob.txt").write_bytes(b"ab\x00\x01\x02" * 100)
+    assert "looks binary" in _prep(capsys, [tmp_path / "blob.txt"], tmp_path / "o2")
+    (tmp_path / "x.jsonl").write_text(json.dumps({"content": "hi"}) + "\n")
+    assert "no string field 'text'" in _prep(capsys, [tmp_path / "x.jsonl"], tmp_path / "o3")
+    assert "matches no file" in _prep(capsys, [tmp_path / "nothing*.txt"], tmp_path / "o4")
+    (tmp_path / "tok.json").write_text('{"version": "1.0", "model": 3}')
+    err = _error(capsys, ["prepare", str(tmp_path / "x.jsonl"), "-o", str(tmp_path / "o5"), "--tokenizer",
+                          str(tmp_path / "tok.json")])  # fmt: skip
+    assert "does not parse" in err
+    for path in ("o1", "o2", "o3", "o5"):
+        assert not (tmp_path / path / "index.json").exists()
+
+
+def test_damaged_shards_and_another_tokenizer_are_refused(tmp_path, capsys):
+    out = _corpus(tmp_path)
+    run = tmp_path / "run"
+    assert main(_train_args(out, run, "train.steps=2", "train.save_every=2")) == 0
+    shard = out / "train-00000.bin"
+    good = shard.read_bytes()
+    shard.write_bytes(good[:-2])
+    assert "truncated" in _error(capsys, _train_args(out, tmp_path / "r2", "train.steps=1"))
+    shard.write_bytes(good[:10] + bytes([good[10] ^ 1]) + good[11:])
+    assert "sha256" in _error(capsys, _train_args(out, tmp_path / "r3", "train.steps=1"))
+    shard.write_bytes(good)
+    # the same text with another character set: other token ids
+    (tmp_path / "d.txt").write_text("\n".join(DOCS) + "\n~", encoding="utf-8")
+    prepare([str(tmp_path / "d.txt")], tmp_path / "other", "char", doc_separator="\n", progress=False)
+    err = _error(capsys, _train_args(tmp_path / "other", tmp_path / "r4", "train.steps=1", f"train.init_from={run}"))
+    assert "tokenizer" in err
+    err = _error(capsys, ["eval", str(run), f"data.path={tmp_path / 'other'}"])
+    assert "tokenizer" in err or "vocabulary" in err
+    err = _error(capsys, [*_train_args(tmp_path / "other", run, "train.steps=4"), "--resume"])
+    assert "tokenizer" in err or "vocabulary" in err
+    # the same folder prepared again from other text: the run's index checksum no longer matches
+    (tmp_path / "c.txt").write_text("\n".join(reversed(DOCS)), encoding="utf-8")
+    prepare([str(tmp_path / "c.txt")], out, "char", doc_separator="\n", progress=False, overwrite=True)
+    assert "index sha256" in _error(capsys, [*_train_args(out, run, "train.steps=4"), "--resume"])
