@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from tcsm.data.base import DataBundle, DataError
+from tcsm.data.base import DataBundle, DataError, compact_dtype
 from tcsm.data.tokenizer_spec import load_saved
 
 __all__ = ["FORMAT", "INDEX", "TokenRows", "build_shards", "index_checksum", "read_index", "verify_shards"]
@@ -192,7 +192,8 @@ def build_shards(
         else:
             # Held-out splits are read whole (they are small) so that evaluation gets an ordinary tensor.
             rows = TokenRows(arrays, seq_len, "chunks")
-            splits[split] = rows[:] if len(rows) else torch.zeros(0, seq_len, dtype=torch.long)
+            small = compact_dtype(int(index["vocab_size"]))
+            splits[split] = rows[:].to(small) if len(rows) else torch.zeros(0, seq_len, dtype=small)
     if len(splits["train"]) == 0:
         raise DataError(
             f"the training split of {directory} has {index['splits']['train']['tokens']} tokens, less than one "
