@@ -34,6 +34,8 @@ def build_hf(
     """A `datasets` folder or Parquet file(s) at `path`, tokenised with the spec `tokenizer` (see module doc)."""
     if not 0 <= valid_frac < 1 or not 0 <= test_frac < 1 or valid_frac + test_frac >= 1:
         raise DataError(f"valid_frac and test_frac must be in [0, 1) and sum below 1, got {valid_frac}, {test_frac}")
+    if not path or path == "???":
+        raise DataError("data.kind=hf needs data.path: a datasets.save_to_disk folder or Parquet file(s)")
     sources = expand_inputs([path])
     if not any(s.kind in ("datasets", "parquet") for s in sources):
         raise DataError(f"data.kind=hf reads a datasets folder or Parquet files; {path} holds neither")

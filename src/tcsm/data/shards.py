@@ -168,6 +168,8 @@ def build_shards(
     every shard's sha256 before use (about a second per GB of tokens); `False` checks sizes only."""
     if windows not in ("random", "chunks"):
         raise DataError(f"data.windows must be 'random' or 'chunks', got {windows!r}")
+    if not path or path == "???":
+        raise DataError("data.kind=shards needs data.path=DIR, a folder made by tcsm prepare")
     directory = Path(path).expanduser()
     index = read_index(directory)
     verify_shards(directory, index, checksums=bool(verify))
