@@ -185,6 +185,31 @@ def probe(data_args: list[str], steps: int) -> dict:
     return m
 
 
+def loader(shards: Path, rounds: int, calls: int = 100) -> dict:
+    """ms (wall and CPU) per `get_batch` of B × L random rows from the shards, for the CPU benchmark batch and the
+    GPU one (docs/benchmarks.md: the `small` step on an H100 is batch 128 × 256), interleaved in rounds."""
+    import torch
+
+    from tcsm.data import EpochBatches, build_data
+
+    torch.set_num_threads(1)
+    shapes = [(16, 128, "random"), (128, 256, "random"), (128, 256, "chunks")]
+    bundles = {(L, w): build_data({"kind": "shards", "path": str(shards), "seq_len": L, "windows": w})
+               for _, L, w in shapes}  # fmt: skip
+    out: dict[str, list] = {f"B{B}xL{L}-{w}": [] for B, L, w in shapes}
+    for _ in range(rounds):
+        for B, L, w in shapes:
+            bundle = bundles[(L, w)]
+            order = EpochBatches(len(bundle.train), B, seed=0)
+            t0, c0 = time.perf_counter(), time.process_time()
+            for _ in range(calls):
+                bundle.get_batch("train", next(order))
+            out[f"B{B}xL{L}-{w}"].append(
+                {"wall_ms": 1e3 * (time.perf_counter() - t0) / calls, "cpu_ms": 1e3 * (time.process_time() - c0) / calls,
+                 "load": os.getloadavg()[0]})  # fmt: skip
+    return out
+
+
 def repeat_shards(src: Path, dst: Path, times: int) -> dict:
     """A shard folder whose training split is `src`'s repeated `times` times (valid/test and tokenizer copied),
     written by tcsm's own shard writer, index last: a large corpus without tokenising it again."""
@@ -227,6 +252,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="workers that prepare the corpora of the train probes")
     ap.add_argument("--compare-inmemory", default="10,100", help="sizes also run with the in-memory bpe kind")
     ap.add_argument("--repeat", default="", help="SRC_MB:TIMES: also probe shards of SRC_MB's tokens repeated TIMES times")
+    ap.add_argument("--loader", default="", help="shard folder (under --work) to time get_batch on")
     ap.add_argument("--skip", default="", help="comma list of stages to skip: throughput,train")
     args = ap.parse_args()
     work = Path(args.work)
@@ -268,6 +294,10 @@ def main() -> None:
                 result["train"][f"bpe-inmemory-{mb}MB"] = r
                 print(f"bpe in memory {mb}MB", r, flush=True)
                 save()
+    if args.loader:
+        result["loader"] = loader(work / args.loader, args.rounds)
+        print("loader", result["loader"], flush=True)
+        save()
     if args.repeat:
         mb, times = (int(x) for x in args.repeat.split(":"))
         dst = work / f"shards-{mb}MBx{times}"
