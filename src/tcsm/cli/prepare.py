@@ -66,4 +66,11 @@ def run(args) -> int:
         f"V={index['vocab_size']}, {index['dtype']} in {sum(len(x['shards']) for x in s.values())} shard(s), "
         f"{index['seconds']:.1f}s"
     )
+    for split, fraction in (("valid", args.val_fraction), ("test", args.test_fraction)):
+        if fraction > 0 and s[split]["documents"] == 0:
+            print(
+                f"note: no document was held out for {split} ({index['documents']} documents × {fraction}); raise "
+                f"--{'val' if split == 'valid' else 'test'}-fraction, or cut files into documents with --doc-separator",
+                file=sys.stderr,
+            )
     return 0
