@@ -89,6 +89,8 @@ def test_parquet_and_datasets_folders(tmp_path):
     # the hf data kind reads the same inputs whole, with the same document split
     bundle = build_data({"kind": "hf", "path": str(tmp_path / "ds"), "tokenizer": "char", "seq_len": 8})
     assert bundle.train.shape[1] == 8 and bundle.meta["documents"]["train"] >= 5
+    from_parquet = build_data({"kind": "hf", "path": str(tmp_path / "p.parquet"), "tokenizer": "char", "seq_len": 8})
+    assert sum(from_parquet.meta["documents"].values()) == 20
     text = bundle.decode(bundle.train.reshape(-1))
     assert DOCS[20][:20] in text or any(d[:20] in text for d in DOCS[20:30])
     (tmp_path / "t.txt").write_text("plain text")
@@ -100,6 +102,7 @@ def test_parquet_and_datasets_folders(tmp_path):
 
 
 @needs_gpt2
+@pytest.mark.slow  # spawns two worker processes
 def test_gpt2_ids_are_gpt2s_and_workers_do_not_change_the_shards(tmp_path):
     (tmp_path / "in").mkdir()
     for i in range(0, 60, 10):
