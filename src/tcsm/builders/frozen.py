@@ -68,6 +68,12 @@ def load_frozen(
             f"{role} {where!r} was trained on {V} tokens; this run's data has {vocab_size} (a frozen model needs the "
             "same vocabulary and noise source as the run)"
         )
+    data = getattr(ctx, "data", None)
+    if data is not None and ck.data_info.get("tokenizer_identity"):
+        from tcsm.builders.components import DataInfo
+
+        known = {k: v for k, v in ck.data_info.items() if k in DataInfo.__dataclass_fields__}
+        DataInfo(**known).check_compatible(data, f"{role} {where}")
     if family == "denoiser" and source is not None and ck.config.path.source != source:
         raise CheckpointError(
             f"{role} {where!r} is a {ck.config.path.source} model; this run has a {source} path (a frozen model "

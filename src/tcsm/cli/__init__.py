@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "distill": "tcsm.cli.distill",  # AR teacher → diffusion student (MATH.md §5.4)
     "pairs": "tcsm.cli.pairs",  # preference pairs from a model's own samples, judged by a reward
     "demo": "tcsm.cli.demo",
+    "prepare": "tcsm.cli.prepare",  # a corpus → token shards for data.kind=shards
 }
 
 

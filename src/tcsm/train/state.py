@@ -76,10 +76,30 @@ class RunState:
     def _init_weights(self, where: str, ema: bool) -> None:
         """Load a trained model's weights (EMA ones if saved and requested) as the starting point."""
         directory = resolve_checkpoint(where)
+        self._check_same_tokens(read_state(directory)[1].get("data_info") or {}, str(directory))
         use_ema = ema and (directory / "ema.safetensors").is_file()
         load_weights_into(
             self.model, read_weights(directory, ema=use_ema, device=self.device), str(directory)
         )
+
+    def _check_same_tokens(self, saved_info: dict, where: str) -> None:
+        """CheckpointError unless this run's data has the token ids of the checkpoint's (vocabulary, tokenizer)."""
+        from tcsm.builders.components import DataInfo
+
+        if saved_info.get("tokenizer_identity"):
+            known = {k: v for k, v in saved_info.items() if k in DataInfo.__dataclass_fields__}
+            DataInfo(**known).check_compatible(self.data, where)
+
+    def _check_same_data(self, saved_info: dict, where: str) -> None:
+        """A resume must read the token stream the checkpoint was trained on: the same tokenizer and, for
+        prepared shards, the same index (its checksum)."""
+        self._check_same_tokens(saved_info, where)
+        before, now = saved_info.get("index_checksum"), self.data_info.index_checksum
+        if before and now and before != now:
+            raise CheckpointError(
+                f"cannot resume {where!r}: its shards had index sha256 {before[:12]}…, data.path now holds "
+                f"{now[:12]}…; resume with the shards it was trained on"
+            )
 
     def _restore(self, resume) -> None:
         if resume is True:
@@ -98,6 +118,7 @@ class RunState:
                     f"cannot resume {str(directory)!r} with train.{key}={self.cfg.train[key]}: it was trained with "
                     f"{saved.train[key]}; an exact resume needs the same value"
                 )
+        self._check_same_data(state.get("data_info") or {}, str(directory))
         load_weights_into(self.model, read_weights(directory, device=self.device), str(directory))
         if self.ema is not None:
             if (directory / "ema.safetensors").is_file():

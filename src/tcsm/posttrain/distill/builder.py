@@ -397,7 +397,8 @@ def build_distill_target(node: dict, ctx: BuildContext):
             node["proposal"],
             sample_steps=node["sample_steps"],
             audit_rows=node["audit_rows"],
-            ngram_rows=ctx.data.train if node["estimator"] == "topk_ngram" else None,
+            # [:] reads memory-mapped shards (data.kind=shards) into one tensor: the n-gram counts every row
+            ngram_rows=ctx.data.train[:] if node["estimator"] == "topk_ngram" else None,
             ngram_order=node["ngram_order"],
         )
     except ValueError as e:
