@@ -33,6 +33,7 @@ from tcsm.data import absolute_paths
 from tcsm.errors import ConfigError, TrainingError
 from tcsm.fileio import atomic_path
 from tcsm.likelihood import EvalResult
+from tcsm.progress import duration
 from tcsm.protocols import Evaluates, StepInfo, TrainerCallback
 from tcsm.train.distributed import DistEnv, all_reduce_mean, barrier, setup_distributed
 from tcsm.train.ema import EMA
@@ -127,13 +128,6 @@ def _with_absolute_data_paths(cfg):
     return set_values(cfg, {f"data.{k}": v for k, v in changed.items()}) if changed else cfg
 
 
-def _duration(seconds: float) -> str:
-    s = round(seconds)
-    if s >= 3600:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
-
-
 class _Progress:
     """Progress lines for output that is not a terminal: step, rate over this session, ETA. (The training loss is
     in metrics.jsonl; printed here it would be the one figure in nats among the bits of the validation lines.)"""
@@ -151,7 +145,7 @@ class _Progress:
 
     def line(self, step: int) -> str:
         rate = (step - self.start_step) / max(time.perf_counter() - self.start, 1e-9)
-        eta = _duration((self.total - step) / rate) if rate > 0 else "?"
+        eta = duration((self.total - step) / rate) if rate > 0 else "?"
         return f"step {step}/{self.total} ({100 * step / self.total:.1f}%), {rate:.3g} steps/s, ETA {eta}"
 
 
