@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "distill": "tcsm.cli.distill",  # AR teacher → diffusion student (MATH.md §5.4)
     "pairs": "tcsm.cli.pairs",  # preference pairs from a model's own samples, judged by a reward
     "demo": "tcsm.cli.demo",
+    "export": "tcsm.cli.export",  # a run as a Hugging Face-style directory
 }
 
 

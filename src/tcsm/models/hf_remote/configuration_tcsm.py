@@ -1,0 +1,29 @@
+"""Configuration of a tcsm model exported in Hugging Face format (`tcsm export`). Self-contained: it imports
+`transformers` only, so the exported directory loads where tcsm is not installed (trust_remote_code=True)."""
+
+from transformers import PretrainedConfig
+
+
+class TCSMConfig(PretrainedConfig):
+    """`kind`: "denoiser" (logits over the V clean tokens) or "energy" (a denoiser reference and a log-ratio head).
+    `denoiser` / `ratio_head`: the architecture fields of tcsm's DenoiserConfig / RatioHeadConfig. `source`: the
+    noise source ("masked": input id V is [MASK]; "uniform"). Time runs from t = 0 (all noise) to t = 1 (clean).
+    `sampling`: the run's sampler settings; `tcsm`: the run's config and provenance (what tcsm reads back)."""
+
+    model_type = "tcsm"
+
+    def __init__(
+        self, kind="denoiser", denoiser=None, ratio_head=None, source="masked", mask_token_id=None, sampling=None,
+        tcsm=None, **kwargs,
+    ):
+        self.kind = kind
+        self.denoiser = dict(denoiser or {})
+        self.ratio_head = dict(ratio_head) if ratio_head else None
+        self.source = source
+        self.mask_token_id = mask_token_id
+        self.sampling = dict(sampling or {})
+        self.tcsm = dict(tcsm or {})
+        kwargs.setdefault("tie_word_embeddings", False)
+        if self.denoiser:
+            kwargs.setdefault("vocab_size", self.denoiser.get("vocab_size"))
+        super().__init__(**kwargs)
