@@ -6,6 +6,7 @@ becomes bidirectional, and such a model trains with a TCSM objective, post-train
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -93,14 +94,15 @@ def _hf_run(hf_dir, *extra):
 
 
 def test_pretrained_denoiser_trains_post_trains_and_exports(hf_dirs, tmp_path):
+    gpt2 = shutil.copytree(hf_dirs["gpt2"], tmp_path / "gpt2")
     with torch.random.fork_rng(devices=[]):
-        cfg = load_config("synthetic", _hf_run(hf_dirs["gpt2"], "model.time_conditioning=true", "train.steps=4",
+        cfg = load_config("synthetic", _hf_run(gpt2, "model.time_conditioning=true", "train.steps=4",
                                                "train.eval_every=4", "sample.num=0"))  # fmt: skip
         train(cfg, tmp_path / "run", log=lambda s: None)
     rows = [json.loads(r) for r in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any(r.get("kind") == "valid" for r in rows)
     loaded = load_checkpoint(tmp_path / "run").model
-    pretrained = tf.AutoModelForCausalLM.from_pretrained(hf_dirs["gpt2"]).state_dict()
+    pretrained = tf.AutoModelForCausalLM.from_pretrained(gpt2).state_dict()
     moved = loaded.hf.state_dict()
     assert any(not torch.equal(moved[k], pretrained[k]) for k in pretrained if k in moved)
     # post-training: DRE strategy (i) from the run
@@ -112,9 +114,13 @@ def test_pretrained_denoiser_trains_post_trains_and_exports(hf_dirs, tmp_path):
     out = tcsm.export(tmp_path / "dre", tmp_path / "hf")
     want = load_checkpoint(tmp_path / "dre").model
     x, t = _xt()
-    back = tcsm.from_pretrained(out)
+    assert (out / "base_model" / "config.json").is_file()
     with torch.no_grad():
-        assert torch.equal(back(x, t), want(x, t))
+        want_logits = want(x, t)
+        shutil.rmtree(gpt2)  # the export carries the architecture it needs
+        assert torch.equal(tcsm.from_pretrained(out)(x, t), want_logits)
+        hf = tf.AutoModelForMaskedLM.from_pretrained(str(out), trust_remote_code=True).eval()
+        torch.testing.assert_close(hf(input_ids=x, timesteps=t).logits, want_logits, atol=1e-5, rtol=0)
 
 
 def test_a_causal_lm_with_another_vocabulary_is_one_line(hf_dirs, tmp_path, capsys):

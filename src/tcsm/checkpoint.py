@@ -396,6 +396,10 @@ def _read_export(d: Path) -> tuple[int, dict]:
         V = int(meta["data_info"]["vocab_size"])
     except (OSError, ValueError, KeyError, TypeError):
         raise CheckpointError(f"export {str(d)!r} has a corrupt config.json (no tcsm section)") from None
+    model = state["config"].get("model") if isinstance(state["config"], dict) else None
+    base = model.get("name_or_path") if isinstance(model, dict) else None
+    if isinstance(base, str) and not Path(base).is_absolute() and (d / base).is_dir():
+        model["name_or_path"] = str((d / base).resolve())  # a pretrained model's architecture, carried in the export
     n = tokenizer_vocab_size(d)
     if n is not None and n != V:
         raise CheckpointError(

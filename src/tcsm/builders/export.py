@@ -39,6 +39,7 @@ __all__ = ["char_tokenizer_json", "export", "from_pretrained"]
 
 _REMOTE_CODE = Path(__file__).resolve().parents[1] / "models" / "hf_remote"
 _CODE_FILES = ("configuration_tcsm.py", "modeling_tcsm.py")
+BASE_MODEL = "base_model"
 
 
 def from_pretrained(directory: str | os.PathLike, device: str | torch.device = "cpu") -> torch.nn.Module:
@@ -47,10 +48,13 @@ def from_pretrained(directory: str | os.PathLike, device: str | torch.device = "
 
 
 def _kind(model) -> str:
+    from tcsm.models.hf_denoiser import HFDenoiser
     from tcsm.posttrain.dre.energy import EnergyModel
 
     if isinstance(model, EnergyModel):
         return "energy"
+    if isinstance(model, HFDenoiser):
+        return "hf_denoiser"
     return getattr(model, "family", None) or "denoiser"
 
 
@@ -98,7 +102,18 @@ def _hf_config(ck, model, kind: str) -> dict[str, Any]:
             "data_info": dict(ck.data_info),
         },
     }
-    if kind == "denoiser":
+    if kind == "hf_denoiser":
+        # Where the pretrained architecture travels: base_model/config.json, named relative to the export.
+        cfg["model"]["name_or_path"] = BASE_MODEL
+        out["denoiser"] = model.cfg.to_dict()
+        out["base_model"] = model.hf.config.to_dict()
+        out["architectures"] = ["TCSMHFDenoiserForMaskedLM"]
+        out["auto_map"] = {
+            "AutoConfig": "configuration_tcsm.TCSMHFDenoiserConfig",
+            "AutoModel": "modeling_tcsm.TCSMHFDenoiserForMaskedLM",
+            "AutoModelForMaskedLM": "modeling_tcsm.TCSMHFDenoiserForMaskedLM",
+        }
+    elif kind == "denoiser":
         out["denoiser"] = model.cfg.to_dict()
         out["architectures"] = ["TCSMForMaskedLM"]
         out["auto_map"] = {
@@ -110,7 +125,10 @@ def _hf_config(ck, model, kind: str) -> dict[str, Any]:
         out["denoiser"] = model.reference.cfg.to_dict()
         out["ratio_head"] = model.head.cfg.to_dict()
         out["architectures"] = ["TCSMEnergyModel"]
-        out["auto_map"] = {"AutoConfig": "configuration_tcsm.TCSMConfig", "AutoModel": "modeling_tcsm.TCSMEnergyModel"}
+        out["auto_map"] = {
+            "AutoConfig": "configuration_tcsm.TCSMEnergyConfig",
+            "AutoModel": "modeling_tcsm.TCSMEnergyModel",
+        }
     # Clean-data models (mlm / causal / hollow teachers) and Hugging Face-backed models load through tcsm only.
     return out
 
@@ -168,8 +186,8 @@ def _card(ck, hf: dict, summary: dict | None, n_params: int, source_dir: Path) -
         "```",
     ]
     if "auto_map" in hf:
-        auto = "AutoModelForMaskedLM" if hf["kind"] == "denoiser" else "AutoModel"
-        call = "model(input_ids=x_t, timesteps=t).logits" if hf["kind"] == "denoiser" else (
+        auto = "AutoModel" if hf["kind"] == "energy" else "AutoModelForMaskedLM"
+        call = "model(input_ids=x_t, timesteps=t).logits" if hf["kind"] != "energy" else (
             "model(input_ids=x_1, noisy_ids=x_t, timesteps=t).energy"
         )
         lines += [
@@ -226,6 +244,8 @@ def export(
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(hf, indent=1) + "\n", encoding="utf-8")
         (tmp / "sampling_config.json").write_text(json.dumps(hf["sampling"], indent=1) + "\n", encoding="utf-8")
+        if kind == "hf_denoiser":
+            model.hf.config.save_pretrained(tmp / BASE_MODEL)
         if "auto_map" in hf:
             for name in _CODE_FILES:
                 shutil.copyfile(_REMOTE_CODE / name, tmp / name)

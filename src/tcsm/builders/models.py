@@ -262,15 +262,22 @@ def build_hf_denoiser(node: dict, ctx: BuildContext):
         raise ConfigError(f"model: cannot load {where!r}: {str(e).splitlines()[0]}") from None
     kind = _hf_kind(config, node["kind"], where)
     auto = tf.AutoModelForMaskedLM if kind == "mlm" else tf.AutoModelForCausalLM
-    try:
-        tok = tf.AutoTokenizer.from_pretrained(where, local_files_only=local)
-    except (OSError, ValueError, TypeError):
-        tok = None
-    ids = _hf_token_ids(node, ctx, tok, int(config.vocab_size), kind, where)  # before any weight is read
+    tok = None
+    if not isinstance(ctx.data, DataInfo):
+        try:
+            tok = tf.AutoTokenizer.from_pretrained(where, local_files_only=local)
+        except (OSError, ValueError, TypeError):
+            pass
+    loading = isinstance(ctx.data, DataInfo)
+    if loading:
+        # A checkpoint (or export) holds the token map, the [MASK] vector and BOS id: only the sizes matter here.
+        ids, node["special_token_id"] = list(range(int(ctx.vocab_size))), node["special_token_id"] or 0
+    else:
+        ids = _hf_token_ids(node, ctx, tok, int(config.vocab_size), kind, where)  # before any weight is read
     tf.utils.logging.disable_progress_bar()  # stderr stays for messages a user must read
     try:
         # Loading a checkpoint needs the architecture only: its weights replace the pretrained ones.
-        hf = auto.from_config(config) if isinstance(ctx.data, DataInfo) else auto.from_pretrained(where, local_files_only=local)
+        hf = auto.from_config(config) if loading else auto.from_pretrained(where, local_files_only=local)
     except (OSError, ValueError) as e:
         raise ConfigError(f"model: cannot load {where!r}: {str(e).splitlines()[0]}") from None
     finally:

@@ -27,3 +27,17 @@ class TCSMConfig(PretrainedConfig):
         if self.denoiser:
             kwargs.setdefault("vocab_size", self.denoiser.get("vocab_size"))
         super().__init__(**kwargs)
+
+
+# One config class per model class: transformers registers each (config class → model class) pair it loads with
+# trust_remote_code, so two kinds sharing a config class would load as whichever came first in a process.
+class TCSMEnergyConfig(TCSMConfig):
+    pass
+
+
+class TCSMHFDenoiserConfig(TCSMConfig):
+    """`base_model`: the pretrained Hugging Face model's config (its architecture; the weights are ours)."""
+
+    def __init__(self, base_model=None, **kwargs):
+        self.base_model = dict(base_model or {})
+        super().__init__(**kwargs)

@@ -19,7 +19,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import MaskedLMOutput, ModelOutput
 
-from .configuration_tcsm import TCSMConfig
+from .configuration_tcsm import TCSMConfig, TCSMEnergyConfig, TCSMHFDenoiserConfig
 
 
 class LayerNorm(nn.Module):
@@ -246,6 +246,8 @@ class TCSMEnergyModel(TCSMPreTrainedModel):
     """An energy (strategy-ii DRE) run: p(x_1 | x_t) ∝ p^ref(x_1 | x_t) e^{f(x_1, x_t, t)}. forward(input_ids = x_1,
     noisy_ids = x_t, timesteps = t) → energy f [B] and the reference's logits [B, L, V] at x_t."""
 
+    config_class = TCSMEnergyConfig
+
     def __init__(self, config):
         super().__init__(config)
         self.reference = Denoiser(config.denoiser)
@@ -261,3 +263,55 @@ class TCSMEnergyModel(TCSMPreTrainedModel):
         if not return_dict:
             return energy, logits
         return ModelOutput(energy=energy, logits=logits)
+
+
+class TCSMHFDenoiserForMaskedLM(TCSMPreTrainedModel):
+    """A denoiser tcsm adapted from a pretrained Hugging Face masked or causal LM (`model.name=hf_denoiser`): the
+    base architecture (`config.base_model`) under `hf`, our V tokens' HF ids (`token_ids`), a trainable [MASK]
+    vector, and for a causal LM a BOS at position 0 whose outputs 0..L−1 give the logits of x^0..x^{L−1}, with
+    bidirectional attention unless `denoiser.bidirectional` is false. forward(input_ids = x_t, timesteps = t)."""
+
+    config_class = TCSMHFDenoiserConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
+
+        c = config.denoiser
+        base = dict(config.base_model)
+        inner = AutoConfig.for_model(base.pop("model_type"), **base)
+        auto = AutoModelForMaskedLM if c["kind"] == "mlm" else AutoModelForCausalLM
+        self.hf = auto.from_config(inner)
+        V, d = c["vocab_size"], self.hf.get_input_embeddings().weight.shape[1]
+        self.register_buffer("token_ids", torch.arange(V))
+        self.mask_embed = nn.Parameter(torch.zeros(d)) if c["num_states"] == V + 1 else None
+        if c["kind"] == "causal":
+            self.register_buffer("bos_id", torch.tensor(0))
+        tc = bool(c.get("time_conditioning"))
+        self.time_embed = TimestepEmbedder(c["cond_dim"]) if tc else None
+        self.time_proj = nn.Linear(c["cond_dim"], d) if tc else None
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.hf.get_input_embeddings()
+
+    def forward(self, input_ids, timesteps=None, return_dict=True, **kwargs):
+        c, emb = self.config.denoiser, self.hf.get_input_embeddings()
+        V = c["vocab_size"]
+        h = emb(self.token_ids[input_ids.clamp(max=V - 1)])
+        if self.mask_embed is not None:
+            h = torch.where((input_ids >= V)[..., None], self.mask_embed.to(h.dtype), h)
+        if self.time_embed is not None:
+            if timesteps is None:
+                raise ValueError("this model is time-conditioned: pass timesteps (t in [0, 1], t = 1 clean)")
+            t = torch.as_tensor(timesteps, device=h.device).reshape(-1).expand(h.shape[0])
+            h = h + self.time_proj(self.time_embed(t)).to(h.dtype)[:, None, :]
+        extra = {}
+        if c["kind"] == "causal":
+            h = torch.cat([emb(self.bos_id.expand(h.shape[0], 1)), h], dim=1)
+            if c.get("bidirectional", True):
+                n = h.shape[1]
+                extra["attention_mask"] = torch.zeros(h.shape[0], 1, n, n, dtype=h.dtype, device=h.device)
+        logits = self.hf(inputs_embeds=h, **extra).logits[:, : input_ids.shape[1]]
+        logits = logits[..., self.token_ids].float()
+        return MaskedLMOutput(logits=logits) if return_dict else (logits,)
