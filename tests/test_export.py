@@ -204,3 +204,16 @@ def test_char_tokenizer_file_matches_the_runs_tokenizer():
     tok = tokenizers.Tokenizer.from_str(json.dumps(char_tokenizer_json(chars, mask=True)))
     assert tok.encode(text).ids == CharTokenizer(chars).encode(text)
     assert tok.decode(tok.encode(text).ids) == text and tok.token_to_id("[MASK]") == len(chars)
+
+
+def test_a_recipe_starts_from_an_export(runs, tmp_path):
+    """`--from EXPORT`: the reference and the start are the exported weights (strategy i: log r ≡ 0 at step 1)."""
+    out = tcsm.export(runs["masked"], tmp_path / "hf")
+    rc = main(["finetune", "dre", "--from", str(out), "-o", str(tmp_path / "i"), "--strategy", "i", "--loss", "bce",
+               "--steps", "1", "--eval-examples", "4", "train.progress=false", "train.tensorboard=false",
+               "train.log_every=1", "train.batch_size=8", "train.device=cpu", "train.threads=1", "eval.num_t=2",
+               "sample.num=0"])  # fmt: skip
+    assert rc == 0
+    first = next(json.loads(r) for r in (tmp_path / "i" / "metrics.jsonl").read_text().splitlines()
+                 if json.loads(r)["kind"] == "train")  # fmt: skip
+    assert first["log_r_data"] == 0.0 and first["accuracy"] == 0.5
