@@ -90,7 +90,7 @@ def _hf_config(ck, model, kind: str) -> dict[str, Any]:
         "kind": kind,
         "source": source,
         "vocab_size": V,
-        "mask_token_id": V if source == "masked" else None,
+        "mask_id": V if source == "masked" else None,  # input id of [MASK] (not HF's mask_token_id: that must be < V)
         "torch_dtype": "float32",
         "tie_word_embeddings": False,
         "sampling": dict(cfg.get("sample") or {}),

@@ -13,14 +13,14 @@ class TCSMConfig(PretrainedConfig):
     model_type = "tcsm"
 
     def __init__(
-        self, kind="denoiser", denoiser=None, ratio_head=None, source="masked", mask_token_id=None, sampling=None,
+        self, kind="denoiser", denoiser=None, ratio_head=None, source="masked", mask_id=None, sampling=None,
         tcsm=None, **kwargs,
     ):
         self.kind = kind
         self.denoiser = dict(denoiser or {})
         self.ratio_head = dict(ratio_head) if ratio_head else None
         self.source = source
-        self.mask_token_id = mask_token_id
+        self.mask_id = mask_id
         self.sampling = dict(sampling or {})
         self.tcsm = dict(tcsm or {})
         kwargs.setdefault("tie_word_embeddings", False)
