@@ -151,7 +151,7 @@ def test_method_folders_are_layered_too():
     assert _layer("tcsm.posttrain.dre.builder") == _layer("tcsm.builders.models") == 1
     assert _layer("tcsm.posttrain.preference.recipe") == LAYERS.index("tcsm.recipes") + 1
     methods = sorted(p.name for p in (PACKAGE / "posttrain").iterdir() if (p / "__init__.py").is_file())
-    assert methods == ["distill", "dre", "preference", "reward"], methods
+    assert methods == ["distill", "dre", "preference", "reward", "sft"], methods
     for method in methods:
         for path in (PACKAGE / "posttrain" / method).glob("*.py"):
             name = _module_name(path)

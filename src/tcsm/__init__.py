@@ -10,6 +10,7 @@ cheap and no submodule is imported before it is asked for):
     bound = tcsm.evaluate_bound(model, test, path)                   # valid NLL bound, bits per token
     x = tcsm.sample(model, path, batch_size=8, length=64, num_steps=64)
     ckpt = tcsm.load_checkpoint("runs/demo")                         # a trained run → .model, .build_path()
+    tcsm.export("runs/demo", "hf/demo"); model = tcsm.from_pretrained("hf/demo")   # Hugging Face-style directory
     tcsm.Trainer.from_config(tcsm.load_config("synthetic"), "runs/demo").fit()
 """
 
@@ -60,6 +61,8 @@ _EXPORTS = {
     "load_config": "tcsm.builders",
     "build_components": "tcsm.builders",
     "load_checkpoint": "tcsm.builders",
+    "export": "tcsm.builders.export",
+    "from_pretrained": "tcsm.builders.export",
     "Trainer": "tcsm.train",
     "fit": "tcsm.train",
 }

@@ -40,19 +40,24 @@ from tcsm.errors import CheckpointError
 from tcsm.fileio import file_digest, fsync_dir, fsync_file
 
 __all__ = [
+    "EXPORT_FORMAT",
     "FORMAT",
     "clean_leftovers",
+    "is_export_dir",
     "list_checkpoints",
     "pack",
     "read_state",
     "read_weights",
     "resolve_checkpoint",
     "save_checkpoint",
+    "tokenizer_vocab_size",
     "unpack",
     "validate_checkpoint",
 ]
 
 FORMAT = "tcsm-checkpoint/1"
+#: an exported model directory (`tcsm export`): Hugging Face layout, read by the same functions as a checkpoint
+EXPORT_FORMAT = "tcsm-export/1"
 PREFIX = "step_"
 LATEST = "latest"
 MANIFEST = "manifest.json"
@@ -237,7 +242,7 @@ def validate_checkpoint(directory: str | os.PathLike, verify_hashes: bool = True
     try:
         manifest = json.loads(mpath.read_text(encoding="utf-8"))
         files = manifest["files"]
-        if manifest.get("format") != FORMAT:
+        if manifest.get("format") not in (FORMAT, EXPORT_FORMAT):
             raise CheckpointError(
                 f"checkpoint {str(d)!r} has format {manifest.get('format')!r}, expected {FORMAT!r}"
             )
@@ -287,11 +292,15 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
         raise CheckpointError(
             f"{str(p)!r} is a file; give a checkpoint directory (step_*) or a run directory"
         )
-    if (p / MANIFEST).exists() or _is_checkpoint_dir(p):
+    if (p / MANIFEST).exists() or _is_checkpoint_dir(p) or is_export_dir(p):
         validate_checkpoint(p)
+        if is_export_dir(p):
+            _read_export(p)  # the model card's tokenizer and config are checked before any weight is used
         return p
     root = _checkpoints_root(p)
     if root is None:
+        if (p / "config.json").is_file():
+            raise CheckpointError(_not_an_export(p))
         raise CheckpointError(f"no checkpoint found in {str(p)!r}")
     candidates = list(reversed(list_checkpoints(root)))
     try:
@@ -318,9 +327,69 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
     raise CheckpointError(f"no checkpoint found in {str(p)!r}")
 
 
+def is_export_dir(directory: str | os.PathLike) -> bool:
+    """True if `directory` holds a `tcsm export` (a config.json whose `tcsm.format` is EXPORT_FORMAT)."""
+    f = Path(directory) / "config.json"
+    try:
+        meta = json.loads(f.read_text(encoding="utf-8")) if f.is_file() else None
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and isinstance(meta.get("tcsm"), dict) and meta["tcsm"].get("format") == EXPORT_FORMAT
+
+
+def _not_an_export(d: Path) -> str:
+    try:
+        kind = json.loads((d / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        kind = None
+    what = f"a Hugging Face {kind!r} model" if kind else "a directory with a config.json"
+    return (
+        f"{str(d)!r} is {what}, not a tcsm export or run (a tcsm export has config.json with model_type 'tcsm' "
+        "and a manifest.json; make one with `tcsm export RUN -o DIR`)"
+    )
+
+
+def tokenizer_vocab_size(directory: str | os.PathLike) -> int | None:
+    """Number of regular (non-added) token ids of the Hugging Face `tokenizer.json` in `directory`, or None."""
+    f = Path(directory) / "tokenizer.json"
+    if not f.is_file():
+        return None
+    try:
+        vocab = json.loads(f.read_text(encoding="utf-8"))["model"]["vocab"]
+        ids = vocab.values() if isinstance(vocab, dict) else range(len(vocab))  # Unigram: a list of pieces
+        return max(int(i) for i in ids) + 1
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raise CheckpointError(f"{str(f)!r} is not a readable Hugging Face tokenizer.json") from None
+
+
+def _read_export(d: Path) -> tuple[int, dict]:
+    """(step, {"config", "data_info"}) of an export directory, after checking its tokenizer fits the weights."""
+    try:
+        meta = json.loads((d / "config.json").read_text(encoding="utf-8"))["tcsm"]
+        step, state = int(meta["step"]), {"config": meta["config"], "data_info": meta["data_info"]}
+        V = int(meta["data_info"]["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise CheckpointError(f"export {str(d)!r} has a corrupt config.json (no tcsm section)") from None
+    model = state["config"].get("model") if isinstance(state["config"], dict) else None
+    base = model.get("name_or_path") if isinstance(model, dict) else None
+    if isinstance(base, str) and not Path(base).is_absolute() and (d / base).is_dir():
+        model["name_or_path"] = str((d / base).resolve())  # a pretrained model's architecture, carried in the export
+    n = tokenizer_vocab_size(d)
+    if n is not None and n != V:
+        raise CheckpointError(
+            f"export {str(d)!r}: its tokenizer.json has {n} tokens but the model was trained on {V}; the tokenizer "
+            "does not belong to these weights (export the run again, or restore its own tokenizer.json)"
+        )
+    return step, state
+
+
 def read_state(directory: str | os.PathLike) -> tuple[int, dict]:
-    """(step, training state) of a validated checkpoint directory."""
+    """(step, training state) of a validated checkpoint directory (for an export: its config and data only)."""
     d = Path(directory)
+    if is_export_dir(d):
+        step, state = _read_export(d)
+        _migrate_config(state["config"])
+        return step, state
     try:
         meta = json.loads((d / "state.json").read_text(encoding="utf-8"))
         tensors = load_file(str(d / "state.safetensors"))

@@ -174,3 +174,126 @@ def _register_hf() -> None:
 
 
 _register_hf()
+
+
+# --------------------------------------------------------------------------------------------------- registry
+# `model.name: hf_denoiser`: the denoiser itself initialised from a pretrained Hugging Face masked or causal LM.
+
+
+@dataclass
+class HFDenoiserModelConfig:
+    name: str = "hf_denoiser"
+    name_or_path: str | None = field(default=None, metadata={"help": "local Hugging Face model directory"})
+    kind: str = field(default="auto", metadata={"help": "auto (from the HF config) | mlm | causal"})
+    token_ids: list[int] | None = field(default=None, metadata={"help": "HF id of each clean token"})
+    symbols: str | None = field(
+        default=None, metadata={"help": "tokens of the clean ids in order (null: the data's characters)"}
+    )
+    special_token_id: int | None = field(
+        default=None, metadata={"help": "HF [MASK] (mlm) or BOS (causal) id; null: the tokenizer's / config's"}
+    )
+    time_conditioning: bool = field(default=False, metadata={"help": "add t through a zero-initialised path"})
+    cond_dim: int = 128
+    bidirectional: bool = field(default=True, metadata={"help": "causal LMs: attend both ways (false: keep AR)"})
+    local_files_only: bool = field(default=True, metadata={"help": "never contact the Hub"})
+
+
+def _hf_kind(config, kind: str, where: str) -> str:
+    if kind != "auto":
+        if kind not in ("mlm", "causal"):
+            raise ConfigError(f"model.kind must be auto, mlm or causal, got {kind!r}")
+        return kind
+    archs = " ".join(getattr(config, "architectures", None) or [])
+    if "MaskedLM" in archs:
+        return "mlm"
+    if "CausalLM" in archs or "LMHead" in archs:
+        return "causal"
+    raise ConfigError(f"model.name_or_path {where!r}: cannot tell a masked from a causal LM ({archs or 'no architectures'}); set model.kind")
+
+
+def _hf_token_ids(node: dict, ctx: BuildContext, tok, hf_vocab: int, kind: str, where: str) -> list[int]:
+    """Our V clean tokens as HF ids: model.token_ids, else the data's characters (or model.symbols) through the HF
+    tokenizer, else ids 0..V−1 when the two vocabularies have the same size."""
+    V = int(ctx.vocab_size)
+    if node["token_ids"] is not None:
+        ids = [int(i) for i in node["token_ids"]]
+        if len(ids) != V or len(set(ids)) != V or min(ids) < 0 or max(ids) >= hf_vocab:
+            raise ConfigError(f"model.token_ids must be {V} distinct ids in [0, {hf_vocab}) (one per data token)")
+        return ids
+    symbols = node["symbols"]
+    if symbols is None and tok is not None:
+        symbols = getattr(getattr(ctx.data, "tokenizer", None), "chars", None) or getattr(ctx.data, "chars", None)
+    if symbols is None:
+        if V != hf_vocab:
+            raise ConfigError(
+                f"the {kind} LM {where!r} has a vocabulary of {hf_vocab} tokens but the data has {V}; a pretrained "
+                "model must share the data's vocabulary: use its tokenizer for the data, or map the data's tokens with "
+                "model.token_ids / model.symbols"
+            )
+        return list(range(V))
+    if tok is None:
+        raise ConfigError(f"model.name_or_path {where!r} has no tokenizer to map the data's characters; set model.token_ids")
+    vocab = tok.get_vocab()
+    missing = [c for c in symbols if c not in vocab]
+    if missing or len(symbols) != V:
+        raise ConfigError(
+            f"the {kind} LM {where!r} vocabulary does not hold the data's token {missing[0]!r} ({len(missing)} of {V} "
+            "missing); a pretrained model must share the data's vocabulary (or set model.token_ids)"
+            if missing else f"model.symbols has {len(symbols)} tokens but the data has {V}"
+        )  # fmt: skip
+    return [int(vocab[c]) for c in symbols]
+
+
+@MODELS.register("hf_denoiser", schema=HFDenoiserModelConfig,
+                 help="the denoiser initialised from a local Hugging Face masked or causal LM (needs `transformers`)")  # fmt: skip
+def build_hf_denoiser(node: dict, ctx: BuildContext):
+    from tcsm.builders.components import DataInfo
+    from tcsm.models.hf import import_transformers
+    from tcsm.models.hf_denoiser import HFDenoiser
+
+    tf = import_transformers()
+    where = node.get("name_or_path")
+    if not where:
+        raise ConfigError("model.name_or_path must name a local Hugging Face model directory")
+    local = bool(node["local_files_only"])
+    try:
+        config = tf.AutoConfig.from_pretrained(where, local_files_only=local)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model: cannot load {where!r}: {str(e).splitlines()[0]}") from None
+    kind = _hf_kind(config, node["kind"], where)
+    auto = tf.AutoModelForMaskedLM if kind == "mlm" else tf.AutoModelForCausalLM
+    tok = None
+    if not isinstance(ctx.data, DataInfo):
+        try:
+            tok = tf.AutoTokenizer.from_pretrained(where, local_files_only=local)
+        except (OSError, ValueError, TypeError):
+            pass
+    loading = isinstance(ctx.data, DataInfo)
+    if loading:
+        # A checkpoint (or export) holds the token map, the [MASK] vector and BOS id: only the sizes matter here.
+        ids, node["special_token_id"] = list(range(int(ctx.vocab_size))), node["special_token_id"] or 0
+    else:
+        ids = _hf_token_ids(node, ctx, tok, int(config.vocab_size), kind, where)  # before any weight is read
+    tf.utils.logging.disable_progress_bar()  # stderr stays for messages a user must read
+    try:
+        # Loading a checkpoint needs the architecture only: its weights replace the pretrained ones.
+        hf = auto.from_config(config) if loading else auto.from_pretrained(where, local_files_only=local)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model: cannot load {where!r}: {str(e).splitlines()[0]}") from None
+    finally:
+        tf.utils.logging.enable_progress_bar()
+    special = node["special_token_id"]
+    if special is None and kind == "mlm":
+        special = getattr(tok, "mask_token_id", None)
+        if special is None and ctx.path.num_states > ctx.vocab_size:
+            raise ConfigError(f"{where!r} has no tokenizer with a mask token; set model.special_token_id")
+    try:
+        model = HFDenoiser(
+            hf, ids, kind=kind, num_states=ctx.path.num_states, special_token_id=special,
+            time_conditioning=node["time_conditioning"], cond_dim=node["cond_dim"], bidirectional=node["bidirectional"],
+        )  # fmt: skip
+    except ValueError as e:
+        raise ConfigError(f"model: {e}") from None
+    if ctx.seq_len > model.cfg.max_len:
+        raise ConfigError(f"data sequences have length {ctx.seq_len} but {where!r} allows at most {model.cfg.max_len}")
+    return model

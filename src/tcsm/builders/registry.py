@@ -133,6 +133,7 @@ BUILDER_MODULES = (
     "tcsm.builders.objectives",
     "tcsm.posttrain.dre.builder",
     "tcsm.posttrain.preference.builder",
+    "tcsm.posttrain.sft.builder",
     "tcsm.posttrain.distill.builder",
     "tcsm.posttrain.reward.builder",
 )

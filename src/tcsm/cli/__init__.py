@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "pairs": "tcsm.cli.pairs",  # preference pairs from a model's own samples, judged by a reward
     "demo": "tcsm.cli.demo",
     "prepare": "tcsm.cli.prepare",  # a corpus → token shards for data.kind=shards
+    "export": "tcsm.cli.export",  # a run as a Hugging Face-style directory
 }
 
 

@@ -220,7 +220,7 @@ def command_of(cfg) -> str:
         return None if node is None else node.get("name")
 
     objective, target = get("objective"), get("target")
-    if objective in ("dre", "preference"):
+    if objective in ("dre", "preference", "sft"):
         return f"tcsm finetune {objective}"
     if target == "reward":
         return "tcsm finetune reward"

@@ -19,6 +19,7 @@ RECIPES: dict[str, str] = {
     "reward": "tcsm.cli.finetune_reward",
     "dre": "tcsm.cli.finetune_dre",
     "preference": "tcsm.cli.finetune_preference",
+    "sft": "tcsm.cli.finetune_sft",
 }
 
 

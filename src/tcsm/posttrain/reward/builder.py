@@ -66,6 +66,8 @@ def check_reward_domain(spec, ctx, what: str = "target.reward=") -> None:
     `config.data.kind`, `vocab_size` and `seq_len`; `what` names the setting in the message (a flag, a key)."""
     name = spec.get("name") if isinstance(spec, dict) else str(spec).partition(":")[0]
     kind = str(ctx.config.data.kind) if ctx.config is not None else None
+    if kind in ("pairs", "sft") and ctx.config.data.get("tokenizer"):  # records tokenized by a text run's tokenizer
+        kind = str(ctx.config.data.tokenizer.get("kind"))
     shape = f"data.kind={kind}, V={ctx.vocab_size}, L={ctx.seq_len}"
     if name == "grid" and (kind not in GRID_KINDS or ctx.seq_len != 2):
         raise ConfigError(

@@ -1,0 +1,295 @@
+"""Models that leave tcsm: `export(run, out_dir)` writes a trained run as a Hugging Face-style directory, and
+`from_pretrained(out_dir)` reads it back (no `transformers` needed).
+
+The directory (`tcsm.checkpoint.EXPORT_FORMAT`):
+
+    config.json              model_type "tcsm", auto_map for trust_remote_code, the architecture, the sampler
+                             defaults (`sampling`) and, under `tcsm`, the run's config, data and step
+    model.safetensors        the run's weights (EMA ones when it kept them), tcsm's parameter names
+    modeling_tcsm.py         self-contained modeling code (torch + transformers, no tcsm import), with
+    configuration_tcsm.py    AutoModelForMaskedLM (denoisers) and AutoModel (energy models) in `auto_map`
+    tokenizer.json           the run's tokenizer (its BPE file, or the character vocabulary as a tokenizers file)
+    sampling_config.json     the run's `sample:` settings (what `tcsm sample DIR` uses by default)
+    README.md                a model card with the run's measured figures (summary.json)
+    manifest.json            sha256 of config.json and model.safetensors; written last
+
+Everything that reads checkpoints (`load_checkpoint`, `train.init_from`, frozen references, `tcsm sample`,
+`tcsm eval`) reads an export directory too, through `tcsm.checkpoint`. It is built in a hidden temporary
+directory and renamed into place; an existing directory is replaced only if it holds an export.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from tcsm.builders.config import to_dict
+from tcsm.builders.loading import load_checkpoint
+from tcsm.checkpoint import EXPORT_FORMAT, MANIFEST, _fsync_dir, _fsync_file, _sha256, is_export_dir
+from tcsm.errors import CheckpointError
+
+__all__ = ["char_tokenizer_json", "export", "from_pretrained"]
+
+_REMOTE_CODE = Path(__file__).resolve().parents[1] / "models" / "hf_remote"
+_CODE_FILES = ("configuration_tcsm.py", "modeling_tcsm.py")
+BASE_MODEL = "base_model"
+
+
+def from_pretrained(directory: str | os.PathLike, device: str | torch.device = "cpu") -> torch.nn.Module:
+    """The model of an export directory (or of any run / checkpoint directory), in eval mode."""
+    return load_checkpoint(directory, device=device).model
+
+
+def _kind(model) -> str:
+    from tcsm.models.hf_denoiser import HFDenoiser
+    from tcsm.posttrain.dre.energy import EnergyModel
+
+    if isinstance(model, EnergyModel):
+        return "energy"
+    if isinstance(model, HFDenoiser):
+        return "hf_denoiser"
+    return getattr(model, "family", None) or "denoiser"
+
+
+def char_tokenizer_json(chars: str, mask: bool) -> dict:
+    """A Hugging Face `tokenizers` file for a character vocabulary: each character is one token (a BPE model
+    with no merges over the whole text), ids in the order of `chars`; [MASK] = V added when `mask`."""
+    vocab = {c: i for i, c in enumerate(chars)}
+    added = (
+        [{"id": len(chars), "content": "[MASK]", "single_word": False, "lstrip": False, "rstrip": False,
+          "normalized": False, "special": True}]
+        if mask
+        else []
+    )  # fmt: skip
+    return {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
+        "pre_tokenizer": None, "post_processor": None, "decoder": {"type": "Fuse"},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": []},
+    }  # fmt: skip
+
+
+def _run_dir(directory: Path) -> Path | None:
+    return directory.parent.parent if directory.parent.name == "checkpoints" else None
+
+
+def _hf_config(ck, model, kind: str) -> dict[str, Any]:
+    cfg = to_dict(ck.config)
+    source = cfg["path"]["source"]
+    V = int(ck.data_info["vocab_size"])
+    out: dict[str, Any] = {
+        "model_type": "tcsm",
+        "kind": kind,
+        "source": source,
+        "vocab_size": V,
+        "mask_id": V if source == "masked" else None,  # input id of [MASK] (not HF's mask_token_id: that must be < V)
+        "torch_dtype": "float32",
+        "tie_word_embeddings": False,
+        "sampling": dict(cfg.get("sample") or {}),
+        "tcsm": {
+            "format": EXPORT_FORMAT,
+            "step": int(ck.step),
+            "weights": ck.weights,
+            "config": cfg,
+            "data_info": dict(ck.data_info),
+        },
+    }
+    if kind == "hf_denoiser":
+        # Where the pretrained architecture travels: base_model/config.json, named relative to the export.
+        cfg["model"]["name_or_path"] = BASE_MODEL
+        out["denoiser"] = model.cfg.to_dict()
+        out["base_model"] = model.hf.config.to_dict()
+        out["architectures"] = ["TCSMHFDenoiserForMaskedLM"]
+        out["auto_map"] = {
+            "AutoConfig": "configuration_tcsm.TCSMHFDenoiserConfig",
+            "AutoModel": "modeling_tcsm.TCSMHFDenoiserForMaskedLM",
+            "AutoModelForMaskedLM": "modeling_tcsm.TCSMHFDenoiserForMaskedLM",
+        }
+    elif kind == "denoiser":
+        out["denoiser"] = model.cfg.to_dict()
+        out["architectures"] = ["TCSMForMaskedLM"]
+        out["auto_map"] = {
+            "AutoConfig": "configuration_tcsm.TCSMConfig",
+            "AutoModel": "modeling_tcsm.TCSMForMaskedLM",
+            "AutoModelForMaskedLM": "modeling_tcsm.TCSMForMaskedLM",
+        }
+    elif kind == "energy":
+        out["denoiser"] = model.reference.cfg.to_dict()
+        out["ratio_head"] = model.head.cfg.to_dict()
+        out["architectures"] = ["TCSMEnergyModel"]
+        out["auto_map"] = {
+            "AutoConfig": "configuration_tcsm.TCSMEnergyConfig",
+            "AutoModel": "modeling_tcsm.TCSMEnergyModel",
+        }
+    # Clean-data models (mlm / causal / hollow teachers) and Hugging Face-backed models load through tcsm only.
+    return out
+
+
+def _card(ck, hf: dict, summary: dict | None, n_params: int, source_dir: Path) -> str:
+    cfg = hf["tcsm"]["config"]
+    info = ck.data_info
+    lines = [
+        "---",
+        "library_name: tcsm",
+        "tags: [discrete-diffusion, tcsm]",
+        "---",
+        "",
+        f"# tcsm {hf['kind']} ({hf['source']} source)",
+        "",
+        (
+            f"A {hf['kind']} trained with tcsm (Target Concrete Score Matching), exported from "
+            f"`{source_dir}` at step {ck.step} ({ck.weights} weights), {n_params / 1e6:.2f}M parameters."
+        ),
+        "",
+        "| | |",
+        "|---|---|",
+        f"| data | {info.get('label') or info.get('name')} (V = {info['vocab_size']} tokens, length {info['seq_len']}) |",
+        f"| path | {cfg['path']['source']}, {cfg['path']['schedule']} schedule |",
+        f"| objective | {json.dumps(cfg.get('objective'))} |",
+        f"| steps | {cfg['train']['steps']} × batch {cfg['train']['batch_size']} |",
+    ]
+    if summary:
+        bound = summary.get("bound", "?")
+        if "bpc" in summary:
+            lines.append(
+                f"| validation ({bound}) | {summary['bpc']:.4f} ± {summary.get('bpc_stderr', float('nan')):.4f} bits "
+                f"per token over {summary.get('num_sequences', '?')} sequences |"
+            )
+        if summary.get("perplexity") is not None:
+            lines.append(
+                f"| perplexity | {summary['perplexity']:.4f} ± {summary.get('perplexity_stderr', float('nan')):.4f} |"
+            )
+        test = summary.get("test")
+        if isinstance(test, dict) and "bpc" in test:
+            lines.append(f"| test ({test.get('bound', bound)}) | {test['bpc']:.4f} ± {test.get('bpc_stderr', 0):.4f} bits per token |")
+        if "elapsed_s" in summary:
+            lines.append(f"| training time | {summary['elapsed_s']:.0f} s |")
+    else:
+        lines.append("| figures | none measured (the run has no summary.json) |")
+    lines += [
+        "",
+        "Figures are the run's own (`summary.json`); a bound is an upper bound on the NLL, labelled by its type.",
+        "",
+        "## Use",
+        "",
+        "```python",
+        "import tcsm",
+        "model = tcsm.from_pretrained(DIR)            # no transformers needed",
+        "```",
+    ]
+    if "auto_map" in hf:
+        auto = "AutoModel" if hf["kind"] == "energy" else "AutoModelForMaskedLM"
+        call = "model(input_ids=x_t, timesteps=t).logits" if hf["kind"] != "energy" else (
+            "model(input_ids=x_1, noisy_ids=x_t, timesteps=t).energy"
+        )
+        lines += [
+            "```python",
+            f"from transformers import {auto}",
+            f"model = {auto}.from_pretrained(DIR, trust_remote_code=True)",
+            f"out = {call}   # t in [0, 1], t = 1 is clean; [MASK] = V",
+            "```",
+        ]
+    lines += [
+        "",
+        "`tcsm sample DIR`, `tcsm eval DIR` and `train.init_from=DIR` take the directory as they take a run.",
+        "Sampler defaults: `sampling_config.json`. The run's full config: `config.json` → `tcsm.config`.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _prepare_target(out: Path, overwrite: bool) -> None:
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise CheckpointError(f"export target {str(out)!r} is a file; choose a directory")
+    if any(out.iterdir()) and not is_export_dir(out):
+        raise CheckpointError(
+            f"export target {str(out)!r} exists and does not hold a tcsm export; choose a new or empty directory"
+        )
+    if is_export_dir(out) and not overwrite:
+        raise CheckpointError(f"export target {str(out)!r} already holds an export; pass --overwrite to replace it")
+
+
+def export(
+    run: str | os.PathLike, out_dir: str | os.PathLike, *, ema: bool = True, overwrite: bool = False
+) -> Path:
+    """Write the model of `run` (a run, checkpoints, step or export directory) to `out_dir` (see the module
+    docstring); returns `out_dir`. Refuses a non-empty `out_dir` that is not an export, and an existing export
+    unless `overwrite`."""
+    out = Path(out_dir)
+    _prepare_target(out, overwrite)
+    ck = load_checkpoint(run, device="cpu", ema=ema)
+    model, kind = ck.model, _kind(ck.model)
+    hf = _hf_config(ck, model, kind)
+    run_dir = _run_dir(ck.directory)
+    summary = None
+    for where in (run_dir, ck.directory):
+        if where is not None and (where / "summary.json").is_file():
+            summary = json.loads((where / "summary.json").read_text(encoding="utf-8"))
+            break
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".tmp-export-{out.name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        weights = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
+        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(hf, indent=1) + "\n", encoding="utf-8")
+        (tmp / "sampling_config.json").write_text(json.dumps(hf["sampling"], indent=1) + "\n", encoding="utf-8")
+        if kind == "hf_denoiser":
+            model.hf.config.save_pretrained(tmp / BASE_MODEL)
+        if "auto_map" in hf:
+            for name in _CODE_FILES:
+                shutil.copyfile(_REMOTE_CODE / name, tmp / name)
+        _write_tokenizer(tmp, ck, run_dir, hf["source"] == "masked")
+        n_params = sum(p.numel() for p in model.parameters())
+        (tmp / "README.md").write_text(_card(ck, hf, summary, n_params, ck.directory), encoding="utf-8")
+        files = {}
+        for name in ("config.json", "model.safetensors"):
+            _fsync_file(tmp / name)
+            files[name] = {"sha256": _sha256(tmp / name), "bytes": (tmp / name).stat().st_size}
+        manifest = {"format": EXPORT_FORMAT, "step": int(ck.step), "files": files}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+        _fsync_file(tmp / MANIFEST)
+        _fsync_dir(tmp)
+        if out.exists():
+            trash = out.parent / f".old-export-{out.name}-{uuid.uuid4().hex[:8]}"
+            os.replace(out, trash)
+            os.replace(tmp, out)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+        _fsync_dir(out.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _write_tokenizer(tmp: Path, ck, run_dir: Path | None, mask: bool) -> None:
+    """The run's tokenizer as tokenizer.json: a character vocabulary as a tokenizers file, a BPE run's own file
+    (saved in its run directory, or the export it came from), else rebuilt from the run's data section."""
+    chars = ck.data_info.get("chars")
+    # transformers.AutoTokenizer reads tokenizer.json through this class; [MASK] is the masked source's input V.
+    special = {"tokenizer_class": "PreTrainedTokenizerFast", **({"mask_token": "[MASK]"} if mask and chars else {})}
+    if chars:
+        (tmp / "tokenizer.json").write_text(json.dumps(char_tokenizer_json(chars, mask)), encoding="utf-8")
+    else:
+        found = [w / "tokenizer.json" for w in (run_dir, ck.directory) if w is not None and (w / "tokenizer.json").is_file()]
+        if found:
+            shutil.copyfile(found[0], tmp / "tokenizer.json")
+        else:
+            tok = getattr(ck.build_data(), "tokenizer", None)
+            if not hasattr(tok, "save"):
+                return  # e.g. synthetic data: token ids are the data, there is no text
+            tok.save(tmp / "tokenizer.json")
+        special["eos_token"] = "<|endoftext|>"
+    (tmp / "tokenizer_config.json").write_text(json.dumps(special, indent=1) + "\n", encoding="utf-8")

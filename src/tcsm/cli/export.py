@@ -1,0 +1,24 @@
+"""`tcsm export RUN -o DIR`: a trained run as a Hugging Face-style directory (tcsm.builders.export), loadable with
+`tcsm.from_pretrained(DIR)`, `transformers.AutoModelForMaskedLM.from_pretrained(DIR, trust_remote_code=True)`,
+`train.init_from=DIR`, `tcsm sample DIR` and `tcsm eval DIR`."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "export a run as a Hugging Face-style directory (config.json, model.safetensors, modeling code, card)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", help="run directory, its checkpoints/ directory, a step_* checkpoint or an export")
+    p.add_argument("-o", "--output", required=True, help="directory to write (new, empty, or an earlier export)")
+    p.add_argument("--weights", choices=("ema", "model"), default="ema", help="EMA (default, when saved) or raw")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --output")
+
+
+def run(args) -> int:
+    from tcsm.builders.export import export
+
+    out = export(args.run, args.output, ema=args.weights == "ema", overwrite=args.overwrite)
+    print(f"exported {args.run} to {out} (load with tcsm.from_pretrained or transformers, trust_remote_code=True)")
+    return 0

@@ -1,0 +1,329 @@
+"""Instruction data (the `sft` data kind): JSON lines of prompts and completions, in TRL's dataset formats.
+
+Record formats (`prompt_field` / `completion_field` / `messages_field` rename the keys):
+
+* prompt / completion texts: `{"prompt": "...", "completion": "..."}`;
+* conversational prompt / completion: `{"prompt": [messages], "completion": [messages]}`;
+* conversation: `{"messages": [{"role": ..., "content": ...}, ...]}`, whose last message is the assistant's answer
+  (the completion) and the ones before it the prompt.
+
+Messages are rendered to text with a chat template (`chat_template`: the Jinja text, a `.jinja` file, or a Hugging
+Face tokenizer directory whose tokenizer_config.json holds one): the prompt with `add_generation_prompt=True`,
+the completion as what rendering the whole conversation adds to it. A record whose roles the template does not
+name (e.g. ShareGPT's "human" / "gpt" against a user / assistant template) is not used.
+
+The conventions are the preference pairs' (`tcsm.posttrain.preference.pairs`): the run's tokenizer (`tokenizer`:
+the pre-trained run's data section), one row of `seq_len` tokens per record, `encode(prompt) + encode(completion)`
+padded after the completion with the end-of-text token (or `pad`) — the padding is part of the response the model
+learns to produce, so it learns to stop — and the prompt positions are conditioning (`Batch.cond_mask`): never
+noised, never scored, so the loss is on completion tokens only. Bad records are counted by reason; too-long
+records are refused unless `truncate`; a file with no usable record is a one-line DataError.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tcsm.batch import Batch
+from tcsm.data.base import DataError, compact_dtype, jsonl_objects, split_by_fractions
+from tcsm.data.build import DATA_KINDS, build_data
+from tcsm.data.text import resolve_splits
+from tcsm.posttrain.preference.pairs import _encode, _pad_id
+
+__all__ = ["ChatTemplate", "SFTBundle", "SFTRows", "build_sft", "read_sft_records"]
+
+
+@dataclass(frozen=True)
+class SFTRows:
+    """Tokenised records of one split: ids [N, L] and the prompt mask [N, L]; sliced and sized like a tensor."""
+
+    x1: Tensor
+    prompt_mask: Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.x1.shape
+
+    def __len__(self) -> int:
+        return int(self.x1.shape[0])
+
+    def __getitem__(self, index) -> SFTRows:
+        if isinstance(index, int):
+            index = slice(index, index + 1)
+        return SFTRows(self.x1[index], self.prompt_mask[index])
+
+    def to_batch(self, device=None) -> Batch:
+        return Batch(x1=self.x1.to(device=device, dtype=torch.long), cond_mask=self.prompt_mask.to(device=device))
+
+
+@dataclass
+class SFTBundle:
+    """Train / valid / test `SFTRows` and their tokenizer: the DataBundle surface the trainer uses."""
+
+    name: str
+    vocab_size: int
+    seq_len: int
+    train: SFTRows
+    valid: SFTRows
+    test: SFTRows
+    tokenizer: Any
+    eos_id: int | None = None
+    label: str = ""
+    nats_per_token_floor: float | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.label = self.label or self.name
+        if len(self.train) == 0:
+            raise DataError(f"{self.name}: no usable record is left for training; lower valid_frac / test_frac")
+
+    def split(self, name: str) -> SFTRows:
+        if name not in ("train", "valid", "test"):
+            raise DataError(f"unknown split {name!r}; choose train, valid or test")
+        return getattr(self, name)
+
+    def get_batch(self, split: str, indices, device=None) -> Batch:
+        return self.split(split)[torch.as_tensor(indices, dtype=torch.long)].to_batch(device)
+
+    def encode(self, text: str) -> Tensor:
+        return torch.tensor(self.tokenizer.encode(text), dtype=torch.long)
+
+    def decode(self, ids) -> str:
+        if isinstance(ids, Tensor):
+            ids = ids.reshape(-1).tolist()
+        return self.tokenizer.decode(list(ids))
+
+    def summary(self) -> str:
+        sizes = ", ".join(f"{s}={len(getattr(self, s))}" for s in ("train", "valid", "test"))
+        bad = self.meta.get("bad_records") or {}
+        skipped = "; skipped " + ", ".join(f"{n} {why}" for why, n in bad.items()) if bad else ""
+        cut = f"; {self.meta['truncated']} truncated to fit" if self.meta.get("truncated") else ""
+        return f"{self.label}: V={self.vocab_size}, L={self.seq_len}, prompt/completion records {sizes}{skipped}{cut}"
+
+
+# --------------------------------------------------------------------------------------------------- chat
+
+
+class ChatTemplate:
+    """A Hugging Face chat template (Jinja) rendered the way transformers renders it, without transformers."""
+
+    def __init__(self, source: str):
+        self.text = _template_text(source)
+        try:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+        except ImportError:  # pragma: no cover - jinja2 comes with torch
+            raise DataError("chat templates need the `jinja2` package: pip install jinja2") from None
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+        def raise_exception(message):
+            raise DataError(f"chat template: {message}")
+
+        env.globals["raise_exception"] = raise_exception
+        try:
+            self.template = env.from_string(self.text)
+        except Exception as e:  # noqa: BLE001  (jinja2's TemplateSyntaxError and friends)
+            raise DataError(f"chat template does not parse: {e}") from None
+
+    def knows(self, role: str) -> bool:
+        """Whether the template names `role` (as a quoted string), the roles it can render distinctly."""
+        return f"'{role}'" in self.text or f'"{role}"' in self.text
+
+    def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+        return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt, bos_token="",
+                                    eos_token="")  # fmt: skip
+
+
+def _template_text(source: str) -> str:
+    if "{%" in source or "{{" in source:
+        return source
+    p = Path(source).expanduser()
+    if p.is_dir():
+        for name in ("chat_template.jinja", "tokenizer_config.json"):
+            f = p / name
+            if f.is_file():
+                if name.endswith(".jinja"):
+                    return f.read_text(encoding="utf-8")
+                import json
+
+                text = json.loads(f.read_text(encoding="utf-8")).get("chat_template")
+                if isinstance(text, str):
+                    return text
+        raise DataError(f"{p} holds no chat template (chat_template.jinja or tokenizer_config.json's chat_template)")
+    if p.is_file():
+        return p.read_text(encoding="utf-8")
+    raise DataError(f"data.chat_template must be Jinja text, a .jinja file or a tokenizer directory, got {source!r}")
+
+
+def _messages(value) -> list[dict] | None:
+    ok = isinstance(value, list) and value and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value
+    )
+    return value if ok else None
+
+
+# --------------------------------------------------------------------------------------------------- reading
+
+
+def read_sft_records(path, fields: tuple[str, str, str], template: ChatTemplate | None, bad: Counter):
+    """(line number, prompt text, completion text) of every usable record; the others are counted in `bad`."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise DataError(f"instruction data file not found: {p}")
+    prompt_key, completion_key, messages_key = fields
+    records = []
+    for n, obj in jsonl_objects(p):
+        if obj is jsonl_objects.BAD or not isinstance(obj, dict):
+            bad["unreadable JSON or not an object"] += 1
+            continue
+        if messages_key in obj:
+            msgs = _messages(obj[messages_key])
+            if msgs is None:
+                bad[f"{messages_key!r} is not a list of role/content messages"] += 1
+                continue
+            prompt, completion = msgs[:-1], msgs[-1:]
+        elif prompt_key in obj and completion_key in obj:
+            prompt, completion = obj[prompt_key], obj[completion_key]
+            if isinstance(prompt, str) and isinstance(completion, str):
+                if not completion.strip():
+                    bad["empty completion"] += 1
+                else:
+                    records.append((n, prompt, completion))
+                continue
+            prompt, completion = _messages(prompt), _messages(completion)
+            if prompt is None or completion is None:
+                bad["prompt / completion neither texts nor messages"] += 1
+                continue
+        else:
+            bad["missing field"] += 1
+            continue
+        if template is None:
+            raise DataError(
+                f"{p}:{n} is a chat record (role/content messages) but no chat template is set; give data.chat_template "
+                "(Jinja text, a .jinja file or a tokenizer directory with one), or write prompt/completion texts"
+            )
+        unknown = sorted({m["role"] for m in prompt + completion if not template.knows(m["role"])})
+        if unknown:
+            bad[f"roles the chat template does not name ({', '.join(unknown)})"] += 1
+            continue
+        if not prompt or completion[-1]["role"] != "assistant":
+            bad["conversation does not end with an assistant answer after a prompt"] += 1
+            continue
+        head = template.render(prompt, add_generation_prompt=True)
+        whole = template.render(prompt + completion, add_generation_prompt=False)
+        if not whole.startswith(head) or not whole[len(head):].strip():
+            bad["chat template does not extend the prompt with the answer"] += 1
+            continue
+        records.append((n, head, whole[len(head):]))
+    return records
+
+
+def tokenize_sft(records, tokenizer, seq_len: int, *, truncate: bool, pad_id: int | None, bad: Counter, where: str):
+    """(SFTRows, number truncated): `encode(prompt) + encode(completion)` padded with `pad_id` to `seq_len`."""
+    L = int(seq_len)
+    rows, too_long, truncated = [], [], 0
+    for n, prompt, completion in records:
+        p, c = _encode(tokenizer, prompt), _encode(tokenizer, completion)
+        if p is None or c is None:
+            bad["text outside the tokenizer's vocabulary"] += 1
+            continue
+        if len(p) + len(c) > L:
+            if not truncate:
+                too_long.append((n, len(p) + len(c)))
+                continue
+            if len(p) >= L:
+                bad["prompt leaves no room for a completion"] += 1
+                continue
+            c, truncated = c[: L - len(p)], truncated + 1
+        if len(p) + len(c) < L and pad_id is None:
+            raise DataError(
+                f"{where}:{n}: a completion is shorter than the {L - len(p)} tokens after its prompt and the tokenizer "
+                "has no end-of-text token to pad with; set data.pad to a one-token string"
+            )
+        rows.append((p, c))
+    if too_long:
+        n, longest = too_long[0]
+        raise DataError(
+            f"{len(too_long)} record(s) of {where} do not fit the model's {L} tokens (first: line {n}, {longest} "
+            "tokens with its prompt); shorten them, or set data.truncate=true (--truncate) to cut completions"
+        )
+    dtype = compact_dtype(max(int(getattr(tokenizer, "vocab_size", 0)), (pad_id or 0) + 1))
+    x1 = torch.zeros(len(rows), L, dtype=dtype)
+    mask = torch.zeros(len(rows), L, dtype=torch.bool)
+    for k, (p, c) in enumerate(rows):
+        x1[k] = torch.tensor(p + c + [pad_id] * (L - len(p) - len(c)), dtype=dtype)
+        mask[k, : len(p)] = True
+    return SFTRows(x1, mask), truncated
+
+
+def build_sft(
+    path: str | None = None,
+    train_path: str | None = None,
+    valid_path: str | None = None,
+    test_path: str | None = None,
+    tokenizer: dict | None = None,
+    seq_len: int | None = None,
+    truncate: bool = False,
+    pad: str | None = None,
+    prompt_field: str = "prompt",
+    completion_field: str = "completion",
+    messages_field: str = "messages",
+    chat_template: str | None = None,
+    valid_frac: float = 0.1,
+    test_frac: float = 0.0,
+    seed: int = 0,
+    name: str | None = None,
+) -> SFTBundle:
+    """The `sft` data kind (see the module docstring)."""
+    if not isinstance(tokenizer, dict) or "kind" not in tokenizer:
+        raise DataError(
+            "sft data needs `tokenizer`: the data section (with its `kind`) of the run it fine-tunes; "
+            "`tcsm finetune sft --from RUN` sets it"
+        )
+    if tokenizer["kind"] in ("sft", "pairs"):
+        raise DataError("sft data: `tokenizer` must name a text data section, not another sft / pairs section")
+    mode, files = resolve_splits(path, train_path, valid_path, test_path, valid_frac, test_frac, "sft")
+    base = build_data(tokenizer)
+    tok = base.tokenizer
+    L = int(seq_len if seq_len is not None else base.seq_len)
+    pad_id = _pad_id(tok, base, pad)
+    template = ChatTemplate(chat_template) if chat_template else None
+    bad: Counter = Counter()
+    fields = (prompt_field, completion_field, messages_field)
+    opts = {"truncate": bool(truncate), "pad_id": pad_id, "bad": bad}
+    if mode == "fractions":
+        src = files["path"]
+        rows, truncated = tokenize_sft(read_sft_records(src, fields, template, bad), tok, L, where=src, **opts)
+        order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(int(seed)))
+        a, b = split_by_fractions(len(rows), valid_frac, test_frac)
+        splits = {"train": rows[order[:a]], "valid": rows[order[a:b]], "test": rows[order[b:]]}
+    else:
+        src, splits, truncated = files["train"], {}, 0
+        for split, f in files.items():
+            records = [] if f is None else read_sft_records(f, fields, template, bad)
+            splits[split], cut = tokenize_sft(records, tok, L, where=f or "", **opts)
+            truncated += cut
+    if sum(len(s) for s in splits.values()) == 0:
+        reasons = ", ".join(f"{n} {why}" for why, n in bad.items()) or "the file holds no records"
+        raise DataError(
+            f"no usable prompt/completion record in {src} ({reasons}); each JSON line needs "
+            f"{prompt_field!r} and {completion_field!r} texts (or messages), or {messages_field!r}"
+        )
+    return SFTBundle(
+        name=name or f"{Path(src).name.split('.')[0]}-sft",
+        vocab_size=int(base.vocab_size),
+        seq_len=L,
+        tokenizer=tok,
+        eos_id=getattr(base, "eos_id", None),
+        meta={"files": files, "bad_records": dict(bad), "truncated": truncated, "pad_id": pad_id,
+              "tokenizer_data": base.label},
+        **splits,
+    )
+
+
+DATA_KINDS["sft"] = build_sft

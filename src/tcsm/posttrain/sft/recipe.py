@@ -1,0 +1,32 @@
+"""The instruction fine-tuning run config: the pre-trained run's path and model, the `sft` data kind over the
+records with the pre-trained run's tokenizer, `objective.name: sft`, and the pre-trained weights as the start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tcsm.builders.config import load_config, set_values
+from tcsm.builders.source import source_run
+from tcsm.errors import ConfigError
+
+__all__ = ["sft_config"]
+
+
+def sft_config(checkpoint, records, preset: str | None = "finetune-sft", overrides=(), values: dict | None = None):
+    """Pre-trained run's config < preset < overrides < `values`, with `data` the records file tokenized by the
+    pre-trained run's tokenizer and `train.init_from` the checkpoint (set train.init_from=null to start afresh)."""
+    directory, base = source_run(checkpoint, "sft")
+    records = Path(records).expanduser()
+    if not records.is_file():
+        raise ConfigError(f"instruction data file not found: {records}")
+    text_data = dict(base.get("data") or {})
+    if text_data.get("kind") in ("pairs", "sft"):  # a fine-tune of a fine-tune: keep the original tokenizer
+        text_data = dict(text_data["tokenizer"])
+    base["data"] = {"kind": "sft", "path": str(records.resolve()), "tokenizer": text_data}
+    base["target"] = {"name": "data"}
+    base["train"] = {**base.get("train", {}), "out_dir": None}  # never write into the pre-trained run
+    cfg = load_config(preset, list(overrides), base=base)
+    if cfg.objective.name != "sft":
+        raise ConfigError(f"an instruction fine-tune needs objective.name=sft, got {cfg.objective.name!r}")
+    start = {"train.init_from": str(directory), "train.init_weights": "ema"}
+    return set_values(cfg, {**{k: v for k, v in start.items() if k not in (values or {})}, **(values or {})})
