@@ -32,8 +32,9 @@ from safetensors.torch import save_file
 
 from tcsm.builders.config import to_dict
 from tcsm.builders.loading import load_checkpoint
-from tcsm.checkpoint import EXPORT_FORMAT, MANIFEST, _fsync_dir, _fsync_file, _sha256, is_export_dir
+from tcsm.checkpoint import EXPORT_FORMAT, MANIFEST, is_export_dir
 from tcsm.errors import CheckpointError
+from tcsm.fileio import file_digest, fsync_dir, fsync_file
 
 __all__ = ["char_tokenizer_json", "export", "from_pretrained"]
 
@@ -254,12 +255,12 @@ def export(
         (tmp / "README.md").write_text(_card(ck, hf, summary, n_params, ck.directory), encoding="utf-8")
         files = {}
         for name in ("config.json", "model.safetensors"):
-            _fsync_file(tmp / name)
-            files[name] = {"sha256": _sha256(tmp / name), "bytes": (tmp / name).stat().st_size}
+            fsync_file(tmp / name)
+            files[name] = {"sha256": file_digest(tmp / name), "bytes": (tmp / name).stat().st_size}
         manifest = {"format": EXPORT_FORMAT, "step": int(ck.step), "files": files}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-        _fsync_file(tmp / MANIFEST)
-        _fsync_dir(tmp)
+        fsync_file(tmp / MANIFEST)
+        fsync_dir(tmp)
         if out.exists():
             trash = out.parent / f".old-export-{out.name}-{uuid.uuid4().hex[:8]}"
             os.replace(out, trash)
@@ -267,7 +268,7 @@ def export(
             shutil.rmtree(trash, ignore_errors=True)
         else:
             os.replace(tmp, out)
-        _fsync_dir(out.parent)
+        fsync_dir(out.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
