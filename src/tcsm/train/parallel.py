@@ -8,6 +8,8 @@
   master weights and the optimizer never leave fp32. `train.cpu_offload` keeps the shards and the optimizer step
   on the host (GPU runs only). Frozen parameters (a reference or teacher inside the model, e.g. the energy
   model's p^ref) are left out of the shards and stay replicated, so code may call those submodules directly.
+  A model whose other methods run the network (a causal LM's `kv_cache` / `extend`) names them in
+  `forward_methods`, so they gather the weights as `forward` does.
   Checkpoints are sharded (`torch.distributed.checkpoint`, see `tcsm.train.sharded`).
 
 `train.activation_checkpointing` recomputes each transformer block's activations in the backward pass
@@ -139,7 +141,7 @@ class Parallel:
         return None
 
     def _shard(self, model: nn.Module, frozen: set[str], mp_policy) -> None:
-        from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+        from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard, register_fsdp_forward_method
 
         kw = {}
         if mp_policy is not None:
@@ -153,6 +155,9 @@ class Parallel:
             if any(n.startswith(prefix) and n not in frozen for n, _ in model.named_parameters()):
                 fully_shard(block, ignored_params=ignored, **kw)
         fully_shard(model, ignored_params=ignored, **kw)
+        # Entry points other than forward (an AR model's kv_cache / extend, ...) must gather the root's weights too.
+        for name in getattr(model, "forward_methods", ()):
+            register_fsdp_forward_method(model, name)
 
     def accumulate(self, forward_model: nn.Module, last: bool):
         """The context of one micro-batch's forward and backward: gradients are synchronised only on the last."""
