@@ -423,13 +423,21 @@ def consolidate_shards(directory: str | os.PathLike, which: str = "model", devic
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     d = Path(directory)
     out: dict = {}
     try:
         with warnings.catch_warnings():  # DCP's note that it reads in one process: what we ask for
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(out, checkpoint_id=d / SHARDS, planner=_EmptyStateDictLoadPlanner(keys={which}), no_dist=True)
+            # The loader behind dcp.load, which copies its argument: only this one fills a dict with no template
+            # (torch.distributed.checkpoint.format_utils reads DCP into one file the same way).
+            _load_state_dict(
+                out,
+                storage_reader=dcp.FileSystemReader(d / SHARDS),
+                planner=_EmptyStateDictLoadPlanner(keys={which}),
+                no_dist=True,
+            )
     except (CheckpointException, OSError, RuntimeError, ValueError) as e:
         raise CheckpointError(f"checkpoint {str(d)!r}: cannot read its sharded {which} weights: {e}") from None
     if which not in out:

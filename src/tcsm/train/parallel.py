@@ -22,6 +22,7 @@ all but the last micro-batch), `grad_norm` (a plain tensor) and the flags `shard
 from __future__ import annotations
 
 import contextlib
+import functools
 import types
 from dataclasses import dataclass
 
@@ -68,6 +69,22 @@ def checkpoint_blocks(model: nn.Module) -> int:
             block.forward = types.MethodType(_checkpointed_forward, block)
             block._tcsm_checkpointed = True
     return len(blocks)
+
+
+@functools.cache
+def _ddp_class():
+    from torch.nn.parallel import DistributedDataParallel
+
+    class DDP(DistributedDataParallel):
+        """DDP that answers for the model's own attributes (an objective asks the model for its mask_id, ...)."""
+
+        def __getattr__(self, name):
+            try:
+                return super().__getattr__(name)
+            except AttributeError:
+                return getattr(self.module, name)
+
+    return DDP
 
 
 @dataclass
@@ -127,10 +144,8 @@ class Parallel:
                 self._shard(ema_model, frozen, None)
             return model
         if self.env.distributed:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
             ids = [self.env.device.index] if self.env.device.type == "cuda" else None
-            return DDP(model, device_ids=ids)
+            return _ddp_class()(model, device_ids=ids)
         return model
 
     def _mp_policy(self):

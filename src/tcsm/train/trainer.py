@@ -35,7 +35,7 @@ from tcsm.likelihood import EvalResult
 from tcsm.protocols import Evaluates, StepInfo, TrainerCallback
 from tcsm.train.distributed import DistEnv, all_reduce_mean, barrier, setup_distributed
 from tcsm.train.ema import EMA
-from tcsm.train.logs import RunLogger, plot_curves
+from tcsm.train.logs import LOGGERS, RunLogger, plot_curves
 from tcsm.train.optim import build_optimizer, lr_at, set_lr
 from tcsm.train.parallel import Parallel
 from tcsm.train.rundir import clear_run, refuse_existing_run, refuse_overwriting_sources
@@ -204,6 +204,8 @@ class Trainer(RunState):
             self._init_weights(t.init_from, ema=t.init_weights == "ema")
         self.precision = resolve_precision(t.precision, self.device, self.model)
         self.parallel = Parallel.of(t, self.env, self.precision)
+        if t.logger not in LOGGERS:  # before anything is written (an --overwrite clears the old run below)
+            raise ConfigError(f"train.logger must be one of {list(LOGGERS)}, got {t.logger!r}")
         self.data_info = DataInfo.of(self.data)
         self.ema = EMA(self.model, t.ema) if t.ema > 0 else None
         # Wrapped (DDP) or sharded (FSDP) before the optimizer is built: FSDP replaces the parameters.
@@ -231,6 +233,8 @@ class Trainer(RunState):
             enabled=self.env.is_main,
             tensorboard=t.tensorboard,
             resume_step=self.step if resume else None,
+            backend=t.logger,
+            config=OmegaConf.to_container(self.cfg, resolve=True),
         )
 
     @classmethod
