@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import types
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -139,6 +140,11 @@ class Parallel:
             # Units and replicated (frozen) parameters are chosen by name on the model, so that its EMA copy (all
             # of whose parameters are frozen) is sharded the same way and the EMA update stays shard-local.
             frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+            # Models return logits that are views (Linear over [B, L, D]). FSDP warns on every forward that an
+            # in-place op on such a view would skip the pre-backward gather; the root is the one returning them and
+            # the root keeps its weights gathered until backward ends, and the gradients equal DDP's
+            # (tests/test_fsdp.py), so the warning only floods the log.
+            warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor")
             self._shard(model, frozen, self._mp_policy())
             if ema_model is not None:  # fp32, never trained
                 self._shard(ema_model, frozen, None)
