@@ -181,9 +181,11 @@ class Parallel:
             register_fsdp_forward_method(model, name)
 
     def accumulate(self, forward_model: nn.Module, last: bool):
-        """The context of one micro-batch's forward and backward: gradients are synchronised only on the last."""
+        """The context of one micro-batch's forward and backward: DDP synchronises gradients on the last only; FSDP
+        reduce-scatters every micro-batch, so gradients accumulate sharded (skipping the sync would keep a whole
+        unsharded gradient per rank until the last micro-batch: measured, it costs more memory than DDP on 2 CPU
+        processes, docs/benchmarks.md)."""
         if self.fsdp:
-            forward_model.set_requires_gradient_sync(last)
             return contextlib.nullcontext()
         if last or not self.env.distributed:
             return contextlib.nullcontext()
