@@ -182,9 +182,9 @@ class Parallel:
 
     def accumulate(self, forward_model: nn.Module, last: bool):
         """The context of one micro-batch's forward and backward: DDP synchronises gradients on the last only; FSDP
-        reduce-scatters every micro-batch, so gradients accumulate sharded (skipping the sync would keep a whole
-        unsharded gradient per rank until the last micro-batch: measured, it costs more memory than DDP on 2 CPU
-        processes, docs/benchmarks.md)."""
+        reduce-scatters every micro-batch, so gradients accumulate sharded (ZeRO-3's trade: more communication for
+        1/W of the gradient memory; skipping the sync would hold a whole unsharded gradient per rank until the last
+        micro-batch). On 2 CPU processes peak RSS showed no difference between the two (docs/benchmarks.md)."""
         if self.fsdp:
             return contextlib.nullcontext()
         if last or not self.env.distributed:
