@@ -14,6 +14,22 @@ from tcsm.train.logs import read_metrics
 from tcsm.train.trainer import Trainer
 
 
+def _records(raw: bytes, block: int = 32768) -> bytes:
+    """The concatenated record payloads of a W&B transaction log (LevelDB log format after a 7-byte file header:
+    32 KiB blocks of chunks, each with a 7-byte header), in which protobuf records carry our keys in clear. Without
+    this, a key that straddles a block boundary would be cut by a chunk header."""
+    out, pos = bytearray(), 7
+    while pos + 7 <= len(raw):
+        left = block - pos % block
+        if left < 7:  # block trailer padding
+            pos += left
+            continue
+        length = int.from_bytes(raw[pos + 4 : pos + 6], "little")
+        out += raw[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+    return bytes(out)
+
+
 def _fit(run_dir, *extra):
     cfg = load_config("synthetic", tiny("train.steps=3", "train.eval_every=3", *extra))
     return Trainer.from_config(cfg, run_dir, log=lambda s: None).fit()
@@ -26,8 +42,8 @@ def test_wandb_offline_gets_the_metrics_the_samples_and_the_config(tmp_path, mon
     _fit(tmp_path, "train.logger=wandb", "train.tensorboard=true")
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and not (tmp_path / "tensorboard").exists()
-    (record,) = runs[0].glob("run-*.wandb")  # wandb's binary log: protobuf records with our keys in clear
-    raw = record.read_bytes()
+    (record,) = runs[0].glob("run-*.wandb")
+    raw = _records(record.read_bytes())
     rows = read_metrics(tmp_path)
     for kind in ("train", "valid"):
         numbers = (k for r in rows if r["kind"] == kind for k, v in r.items() if isinstance(v, (int, float)))

@@ -109,7 +109,12 @@ class RunLogger:
             self._tb.close()
             self._tb = None
         if self._wandb is not None:
+            import wandb
+
             self._wandb.finish()
+            # finish() returns before W&B's service has written everything to the run's files; teardown waits for
+            # it, so the offline run is complete when the logger is closed (and `wandb sync` can follow at once).
+            wandb.teardown()
             self._wandb = None
         self.enabled = False
 
