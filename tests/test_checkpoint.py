@@ -14,7 +14,6 @@ from train_helpers import final_weights, restore_torch_threads, tiny  # noqa: F4
 from tcsm.builders.config import load_config
 from tcsm.builders.loading import load_checkpoint
 from tcsm.checkpoint import (
-    _sha256,
     list_checkpoints,
     pack,
     read_state,
@@ -24,6 +23,7 @@ from tcsm.checkpoint import (
     validate_checkpoint,
 )
 from tcsm.errors import CheckpointError
+from tcsm.fileio import file_digest
 from tcsm.train.trainer import Trainer
 
 
@@ -172,7 +172,7 @@ def test_a_checkpoint_saved_before_the_activation_field_rebuilds_its_tanh_gelu(t
     del meta["state"]["config"]["model"]["activation"]  # as written before the field existed
     (step_dir / "state.json").write_text(json.dumps(meta))
     manifest = json.loads((step_dir / "manifest.json").read_text())
-    manifest["files"]["state.json"] = {"sha256": _sha256(step_dir / "state.json"),
+    manifest["files"]["state.json"] = {"sha256": file_digest(step_dir / "state.json"),
                                        "bytes": (step_dir / "state.json").stat().st_size}
     (step_dir / "manifest.json").write_text(json.dumps(manifest))
     old = load_checkpoint(tmp_path)

@@ -80,7 +80,7 @@ def test_finetune_cli_config_and_errors(tmp_path, capsys):
     assert (
         ft.model.name == "grid_mlp" and ft.model.hidden == 16 and ft.data.width == 8 and ft.optim.lr == 1e-3
     )
-    assert ft.train.out_dir is None and str(pre) in ft.target.pretrained
+    assert ft.train.out_dir is None and str(pre) in ft.reference.path
 
     out = tmp_path / "ft"
     argv = [

@@ -561,6 +561,27 @@ def test_nelbo_is_differentiable_and_autocast_safe(kind, bound):
     torch.testing.assert_close(lo, val.detach(), rtol=0.05, atol=0.05)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_masked_integrand_gradient_is_kappa_times_softmax_minus_onehot(dtype):
+    """§2.2: ∂(κ_t G)/∂logits^i = κ_t (softmax(logits^i) − onehot(x_1^i)) at masked positions, 0 at carried ones.
+    The value tests cannot see a wrong gradient with the right value (e.g. a detached log-partition, which gives
+    −κ_t onehot), yet training follows the gradient."""
+    V, L = 5, 4
+    path = MaskedPath(V)
+    g = torch.Generator().manual_seed(0)
+    x1 = torch.randint(0, V, (3, L), generator=g)
+    t = torch.tensor([0.2, 0.5, 0.9], dtype=torch.float64)
+    masked = torch.tensor([[1, 0, 1, 1], [0, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    xt = torch.where(masked, path.mask_id, x1)
+    logits = (2.0 * torch.randn(3, L, V, generator=g, dtype=torch.float64)).to(dtype).requires_grad_(True)
+    (grad,) = torch.autograd.grad(nelbo_integrand(logits, x1, xt, t, path).sum(), logits)
+    kappa = path.kappa(t).reshape(-1, 1, 1)
+    want = kappa * (torch.softmax(logits.detach().double(), -1) - torch.nn.functional.one_hot(x1, V))
+    want = torch.where(masked.unsqueeze(-1), want, torch.zeros(()))
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(grad.double(), want, atol=tol, rtol=tol)
+
+
 def test_every_evaluation_is_a_typed_result_the_trainer_formats():
     """`EvalResult`: the bound's entries are attributes, the label names a bound as "<name> bound" and a clean
     model's metric by its own word; an evaluator that forgets a required entry fails by name where it is called."""

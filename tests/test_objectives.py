@@ -421,6 +421,21 @@ def test_explicit_kl_is_soft_cross_entropy_and_mc_is_its_sample():
     torch.testing.assert_close(avg, soft)
 
 
+def test_clamped_mc_cross_entropy_is_the_floored_token_log_loss():
+    """MATH.md §3.4, §8 item 6: with a clamp the Monte Carlo L_distrib is −max(log m^i(x_1^i), clamp) per loss
+    position — the plain cross-entropy where the model gives x_1^i more than e^clamp, the floor elsewhere."""
+    path = UniformPath(5)
+    batch, logits = _random_batch(path, B=3, L=4, dtype=F64)
+    logits = logits.clone()
+    logits[0, 0] = 0.0
+    logits[0, 0, batch.x1[0, 0]] = -100.0  # far below the floor
+    log_m = torch.log_softmax(logits, -1).gather(-1, batch.x1.unsqueeze(-1)).squeeze(-1)
+    got = distrib_loss(logits, batch, path, clamp=-30.0)
+    torch.testing.assert_close(got, torch.where(batch.loss_mask, -log_m.clamp_min(-30.0), 0.0))
+    assert got[0, 0] == 30.0
+    torch.testing.assert_close(distrib_loss(logits, batch, path, clamp=-1e9), distrib_loss(logits, batch, path))
+
+
 def test_reduce_loss_per_token_and_sequence_weights():
     """Reduction (MATH.md §3.4): (1/B) Σ_b ω_b w_b (1/L) Σ_{i ∈ mask} ℓ_b^i; [B]-shaped losses are taken as summed."""
     B, L = 3, 4

@@ -338,5 +338,5 @@ def test_presets_load():
         assert cfg.model.name == family and cfg.objective.name == "clean_lm"
         # Only the AR model can be sampled (ancestrally); the others have no sampler and log none.
         assert cfg.sample.num == (4 if family == "causal" else 0)
-    cfg = load_config("parametric-student", ["target.teacher=runs/x"])
+    cfg = load_config("parametric-student", ["reference.path=runs/x"])
     assert cfg.target.name == "parametric" and cfg.model.name == "denoiser"

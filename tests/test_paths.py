@@ -95,6 +95,27 @@ def test_linear_and_loglinear_closed_forms():
     torch.testing.assert_close(clipped.kappa(t), 1 / (1 - t))
 
 
+def test_cosine_is_md4s_schedule_and_its_docstring_says_how_it_corrupts():
+    """α_t = 1 − cos(πt/2) is MD4's cosine (1 − cos(π(1 − u)/2) in MD4's time u = 1 − t), not MDLM's CosineNoise
+    (α = cos(πu/2), i.e. sin(πt/2) here). Leaving the clean end it corrupts π/2 × faster than linear; the
+    docstring must say so (it once claimed the opposite)."""
+    import math
+
+    s, t = CosineSchedule(), INTERIOR
+    u = 1 - t  # MD4's and MDLM's time: u = 0 is clean
+    torch.testing.assert_close(s.alpha(t), 1 - torch.cos(math.pi * (1 - u) / 2))
+    assert not torch.allclose(s.alpha(t), torch.cos(math.pi * u / 2))  # not MDLM's CosineNoise
+    ends = torch.tensor([0.0, 1.0], dtype=F64)
+    torch.testing.assert_close(s.alpha_dot(ends), torch.tensor([0.0, math.pi / 2], dtype=F64))
+    # 1 − α near t = 1 (the fraction a step back from clean corrupts) is π/2 × linear's
+    delta = torch.tensor([1e-3, 1e-6], dtype=F64)
+    ratio = s.one_minus_alpha(1 - delta) / LinearSchedule().one_minus_alpha(1 - delta)
+    torch.testing.assert_close(ratio, torch.full_like(ratio, math.pi / 2), rtol=1e-6, atol=0)
+    doc = " ".join(CosineSchedule.__doc__.split())
+    assert "MD4" in doc and "faster than linear" in doc and "slower corruption near the clean end" not in doc
+    assert "CosineNoise" in doc
+
+
 def test_schedule_errors():
     """Bad names and parameters raise ValueError."""
     with pytest.raises(ValueError, match="unknown schedule"):

@@ -96,6 +96,62 @@ def test_in_process_resume_is_exact(tmp_path):
         assert_same_weights(final_weights(tmp_path / "full", which), final_weights(tmp_path / "part", which))
 
 
+class _Killed(Exception):
+    pass
+
+
+@dataclass
+class _KillAfter:
+    step: int
+
+    def on_fit_start(self, info):
+        pass
+
+    def on_step_end(self, info):
+        if info.step == self.step:
+            raise _Killed
+
+
+TIMING = ("tokens_per_s", "elapsed_s", "time")
+
+
+def test_a_row_replayed_after_a_resume_equals_the_uninterrupted_runs(tmp_path):
+    """Issue 21 item 6: killed at step 5 after logging step 4 (its window: steps 2-4) and resumed from the step-3
+    checkpoint, the replayed step-4 row averaged only step 4. The checkpoint now carries the open logging window,
+    so every row of the resumed run equals the uninterrupted run's (wall-clock fields aside)."""
+    keys = ("train.steps=8", "train.save_every=3", "train.log_every=4")
+    _fit(tmp_path / "full", *keys)
+    trainer = Trainer.from_config(_cfg(*keys), tmp_path / "part", log=lambda s: None, callbacks=[_KillAfter(5)])
+    with pytest.raises(_Killed):
+        trainer.fit()
+    killed = [r["step"] for r in read_metrics(tmp_path / "part") if r["kind"] == "train"]
+    assert killed == [1, 4]  # step 4 was logged; the last checkpoint is step 3's
+    _fit(tmp_path / "part", *keys, resume=True)
+    rows = {}
+    for run in ("full", "part"):
+        rows[run] = [
+            {k: v for k, v in r.items() if k not in TIMING} for r in read_metrics(tmp_path / run) if r["kind"] == "train"
+        ]
+    assert [r["step"] for r in rows["part"]] == [1, 4, 8]
+    assert rows["part"] == rows["full"]
+
+
+def test_a_row_replayed_from_an_older_checkpoint_says_it_averages_fewer_steps(tmp_path, monkeypatch):
+    """A checkpoint written before the logging window was saved cannot replay the window: the row says so."""
+    from tcsm.train.state import RunState
+
+    keys = ("train.steps=8", "train.save_every=3", "train.log_every=4")
+    plain_state = RunState.state
+    with monkeypatch.context() as m:
+        m.setattr(RunState, "state", lambda self, w=None: {k: v for k, v in plain_state(self, w).items() if k != "log_window"})
+        trainer = Trainer.from_config(_cfg(*keys), tmp_path, log=lambda s: None, callbacks=[_KillAfter(5)])
+        with pytest.raises(_Killed):
+            trainer.fit()
+    _fit(tmp_path, *keys, resume=True)
+    rows = {r["step"]: r for r in read_metrics(tmp_path) if r["kind"] == "train"}
+    assert rows[4]["window_steps_since_resume"] == 1 and "window_steps_since_resume" not in rows[8]
+
+
 def test_a_trainer_fit_again_with_more_steps_keeps_logging(tmp_path):
     # fit() closes the logs when it returns; extending train.steps and fitting again (as a chunked benchmark does)
     # must append to them, not drop every later row silently.

@@ -303,6 +303,22 @@ def test_a_text_file_ending_in_a_newline_is_a_character_corpus(tmp_path, capsys)
     assert "data.kind=text" in readme and "data.oov" in readme
 
 
+def test_the_models_length_follows_a_data_length_given_without_one(tmp_path, capsys):
+    """Issue 21 item 4: `data.seq_len=128` alone (the README's text example) used to fail on the synthetic preset's
+    model.max_len=32; an explicit model.max_len still wins, and a saved run's model keeps its own length."""
+    from tcsm.builders.config import load_config
+
+    assert load_config("synthetic", ["data.seq_len=128"]).model.max_len == 128
+    assert load_config("clean-causal", ["data.seq_len=512"]).model.max_len == 512
+    assert load_config("synthetic", ["data.seq_len=16", "model.max_len=64"]).model.max_len == 64
+    assert load_config(base={"data": {"seq_len": 32}, "model": {"max_len": 32}}, overrides=["data.seq_len=64"]).model.max_len == 32
+    p = tmp_path / "book.txt"
+    p.write_text("once upon a time there was a tiny corpus " * 40)
+    args = ["train", "-o", tmp_path / "run", "data.kind=text", f"data.path={p}", "data.seq_len=128"]
+    keys = [o for o in tiny(*QUIET, "train.steps=1") if not o.startswith(("data.", "model.max_len"))]
+    assert main([str(a) for a in [*args, *keys]]) == 0
+
+
 # --------------------------------------------------------------------------------------------------- 7 resume tidy
 
 

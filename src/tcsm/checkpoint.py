@@ -26,7 +26,6 @@ JSON lacks, and `unpack` inverts it exactly.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import shutil
@@ -41,6 +40,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from tcsm.errors import CheckpointError
+from tcsm.fileio import file_digest, fsync_dir, fsync_file
 
 __all__ = [
     "FORMAT",
@@ -115,32 +115,6 @@ def unpack(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
 # --------------------------------------------------------------------------------------------------- writing
 
 
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # some platforms cannot open directories; the rename is still atomic there
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _state_dict_for_save(module: torch.nn.Module | dict) -> dict[str, torch.Tensor]:
     """A state dict safetensors accepts: contiguous CPU copies, tied weights stored once per name."""
     sd = module if isinstance(module, dict) else module.state_dict()
@@ -150,9 +124,9 @@ def _state_dict_for_save(module: torch.nn.Module | dict) -> dict[str, torch.Tens
 def _write_pointer(root: Path, name: str) -> None:
     tmp = root / f".{LATEST}.{uuid.uuid4().hex}"
     tmp.write_text(name + "\n", encoding="utf-8")
-    _fsync_file(tmp)
+    fsync_file(tmp)
     os.replace(tmp, root / LATEST)
-    _fsync_dir(root)
+    fsync_dir(root)
 
 
 def save_checkpoint(
@@ -195,14 +169,14 @@ def save_checkpoint(
             (tmp / "config.yaml").write_text(config_yaml, encoding="utf-8")
         files = {}
         for f in sorted(p for p in tmp.rglob("*") if p.is_file()):
-            _fsync_file(f)
-            files[f.relative_to(tmp).as_posix()] = {"sha256": _sha256(f), "bytes": f.stat().st_size}
+            fsync_file(f)
+            files[f.relative_to(tmp).as_posix()] = {"sha256": file_digest(f), "bytes": f.stat().st_size}
         for d in sorted(p for p in tmp.rglob("*") if p.is_dir()):
-            _fsync_dir(d)
+            fsync_dir(d)
         manifest = {"format": FORMAT, "step": int(step), "files": files}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-        _fsync_file(tmp / MANIFEST)
-        _fsync_dir(tmp)
+        fsync_file(tmp / MANIFEST)
+        fsync_dir(tmp)
         final = root / name
         if final.exists():  # re-saving a step (e.g. after a resume): move the old one out of the way first
             trash = root / f".old-{name}-{uuid.uuid4().hex[:8]}"
@@ -211,7 +185,7 @@ def save_checkpoint(
             shutil.rmtree(trash, ignore_errors=True)
         else:
             os.replace(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
         _write_pointer(root, name)
     except (OSError, SafetensorError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -286,7 +260,7 @@ def validate_checkpoint(directory: str | os.PathLike, verify_hashes: bool = True
         f = d / fname
         if not f.is_file():
             raise CheckpointError(f"checkpoint {str(d)!r} is missing {fname}")
-        if f.stat().st_size != meta["bytes"] or (verify_hashes and _sha256(f) != meta["sha256"]):
+        if f.stat().st_size != meta["bytes"] or (verify_hashes and file_digest(f) != meta["sha256"]):
             raise CheckpointError(f"checkpoint {str(d)!r} is corrupt: {fname} does not match its checksum")
     return manifest
 

@@ -32,13 +32,27 @@ class TrainingObjective(Protocol):
 
 @runtime_checkable
 class Evaluates(Protocol):
-    def evaluate(self, model, data: Tensor, *, batch_size: int, generator=None, device=None) -> dict: ...
+    def evaluate(
+        self, model, data: Tensor, *, batch_size: int, generator=None, device=None, progress=False
+    ) -> dict:
+        """`progress` (optional: an evaluator may leave it out): the caller wants progress on stderr, which an
+        evaluation that can take minutes should show."""
+        ...
 
 
 @runtime_checkable
 class Samples(Protocol):
     def sample(
-        self, model, num: int, length: int, generator=None, device=None, *, settings=None, fixed=None, values=None
+        self,
+        model,
+        num: int,
+        length: int,
+        generator=None,
+        device=None,
+        *,
+        settings=None,
+        fixed=None,
+        values=None,
     ) -> tuple[Tensor | None, Any]:
         """(tokens [num, length] or None when the model has no sampler, stats with `.method` and `.num_calls`).
         `settings`: a `tcsm.sampling.SampleSettings` (None: its defaults); `fixed` / `values` [num, length] pin

@@ -57,7 +57,14 @@ class LinearSchedule(Schedule):
 
 
 class CosineSchedule(Schedule):
-    """α_t = 1 − cos(πt/2), κ_t = (π/2) tan(πt/2): slower corruption near the clean end."""
+    """α_t = 1 − cos(πt/2), κ_t = (π/2) tan(πt/2): MD4's cosine schedule (Shi et al. 2024), in this library's
+    time direction (t = 1 clean; MD4 writes α_t = 1 − cos(π(1 − t)/2) with t = 0 clean).
+
+    Near the clean end it corrupts faster than linear: α̇_1 = π/2 ≈ 1.57 against linear's 1, so a step back
+    from t = 1 masks π/2 times as many tokens. Near the source end it is slower (α̇_0 = 0): it lingers where
+    almost everything is noise. MDLM's `CosineNoise` is the other one, α_t = sin(πt/2) here (MDLM writes
+    α_t = cos(πt/2) with t = 0 clean), which is slower near the clean end (α̇_1 = 0) and starts at π/2.
+    """
 
     def alpha(self, t: Tensor) -> Tensor:
         # 2 sin²(πt/4) keeps relative accuracy near t = 0; the other branch makes α_1 = 1 exactly.

@@ -106,3 +106,40 @@ def test_an_energy_run_samples_by_sir_with_its_own_settings_in_both(tmp_path, ca
     assert main(["sample", str(run), "--no-progress", "-n", "2", "--seed", "2"]) == 0
     out = capsys.readouterr()
     assert out.out.splitlines() == logged and "sir sampler" in out.err
+
+
+def test_decoding_orders_through_tcsm_sample(run, capsys):
+    """The decoding orders and blocks are selectable from the command line; the run's prompt is kept."""
+    for flags in (["--method", "margin", "--steps", "4"], ["--method", "threshold", "--threshold", "0.5"],
+                  ["--method", "confidence", "--steps", "4", "--block-length", "4"]):
+        capsys.readouterr()
+        assert main(["sample", str(run), "--no-progress", "-n", "2", "--length", "8", *flags]) == 0
+        out = capsys.readouterr()
+        assert len(out.out.splitlines()) == 2 and flags[1] + " sampler" in out.err
+
+
+@pytest.mark.parametrize(
+    "flags, match",
+    [(["--method", "greedy"], "unknown --method 'greedy'"),
+     (["--method", "margin", "--block-length", "3"], "block_length 3 does not divide the sample length 8"),
+     (["--method", "threshold", "--threshold", "1.5"], r"expected a number in \(0.0, 1.0\]"),
+     (["--method", "entropy", "--steps", "9"], "9 steps for 8 positions")],
+)
+def test_bad_decoding_requests_are_one_line_errors(run, capsys, flags, match):
+    import re
+
+    capsys.readouterr()
+    try:
+        rc = main(["sample", str(run), "--no-progress", "--length", "8", *flags])
+    except SystemExit as e:  # argparse rejects a bad value before the command runs
+        rc = e.code
+    assert rc != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(match, err), err
+
+
+@pytest.mark.parametrize("bad, match", [("sample.threshold=0", "threshold"), ("sample.block_length=0", "block_length"),
+                                        ("sample.method=greedy", "method")])
+def test_bad_decoding_settings_are_config_errors(bad, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config("synthetic", [bad])

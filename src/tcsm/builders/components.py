@@ -50,11 +50,16 @@ class DataInfo:
     label: str = ""
     nats_per_token_floor: float | None = None
     chars: str | None = None  # the character vocabulary, for character-level tokenizers
+    #: sha256 of the tokenizer (tcsm.data.tokenizer_spec.identity), when the data records it (shards, hf)
+    tokenizer_identity: str | None = None
+    #: sha256 of a prepared corpus' index.json (data.kind=shards): the exact token stream the run trained on
+    index_checksum: str | None = None
 
     @classmethod
     def of(cls, bundle) -> DataInfo:
         floor = getattr(bundle, "nats_per_token_floor", None)
         chars = getattr(getattr(bundle, "tokenizer", None), "chars", None)
+        meta = getattr(bundle, "meta", None) or {}
         return cls(
             bundle.name,
             int(bundle.vocab_size),
@@ -62,6 +67,8 @@ class DataInfo:
             getattr(bundle, "label", bundle.name),
             None if floor is None else float(floor),
             chars if isinstance(chars, str) else None,
+            meta.get("tokenizer_identity"),
+            meta.get("index_checksum"),
         )
 
     def check_compatible(self, bundle, where: str) -> None:
@@ -69,6 +76,12 @@ class DataInfo:
         from tcsm.errors import CheckpointError
 
         other = DataInfo.of(bundle)
+        if self.tokenizer_identity and other.tokenizer_identity and self.tokenizer_identity != other.tokenizer_identity:
+            raise CheckpointError(
+                f"the data was tokenised with another tokenizer than the one {where!r} was trained with "
+                f"(tokenizer sha256 {other.tokenizer_identity[:12]}… vs {self.tokenizer_identity[:12]}…); prepare "
+                "the corpus with the run's tokenizer.json"
+            )
         if other.vocab_size != self.vocab_size or (self.chars and other.chars and other.chars != self.chars):
             hint = f"; pass data.vocab={self.chars!r}" if self.chars else ""
             raise CheckpointError(

@@ -38,6 +38,7 @@ __all__ = [
     "EvalConfig",
     "OptimConfig",
     "PathConfig",
+    "ReferenceConfig",
     "RunConfig",
     "SampleConfig",
     "TrainConfig",
@@ -192,7 +193,8 @@ class SampleConfig:
     seed: int = field(default=0, metadata={"help": "seed of the logged samples"})
     method: Optional[str] = field(  # noqa: UP045 (OmegaConf structured configs need Optional)
         default=None,
-        metadata={"help": "ancestral | analytic | euler | joint (null: ancestral for masked, analytic for uniform)"},
+        metadata={"help": "ancestral | analytic | euler | joint (null: ancestral for masked, analytic for uniform); "
+                          "masked models also random | confidence | margin | entropy | threshold (decoding orders)"},
     )
     grid: str = field(default="uniform", metadata={"help": "time grid: uniform | cosine"})
     temperature: float = field(default=1.0, metadata={"help": "softmax temperature of the denoiser's conditionals"})
@@ -204,6 +206,25 @@ class SampleConfig:
         metadata={"help": "energy runs: α_t window where SIR is used ([0, 1]: every step)"},
     )
     sir_temperature: float = field(default=1.0, metadata={"help": "energy runs: SIR selection ∝ softmax(f / T)"})
+    block_length: Optional[int] = field(  # noqa: UP045
+        default=None, metadata={"help": "masked models: decode blocks of this many positions left to right (null: one)"}
+    )
+    threshold: float = field(
+        default=0.9, metadata={"help": "method=threshold: unmask every position whose confidence exceeds this"}
+    )
+
+
+@dataclass
+class ReferenceConfig:
+    """The frozen model a run is built against (`builders.frozen.load_frozen` loads and checks it): the pre-trained
+    model of a reward fine-tune, the teacher of a parametric student or a distillation, the reference of a DRE or
+    preference fine-tune or of an energy model."""
+
+    path: Optional[str] = field(  # noqa: UP045 (OmegaConf structured configs need Optional)
+        default=None,
+        metadata={"help": "run, checkpoints or step_* directory (a distillation teacher: also a HF causal-LM dir)"},
+    )
+    ema: bool = field(default=True, metadata={"help": "use its EMA weights when it has them"})
 
 
 @dataclass
@@ -224,6 +245,9 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "training loop"})
     eval: EvalConfig = field(default_factory=EvalConfig, metadata={"help": "likelihood evaluation"})
     sample: SampleConfig = field(default_factory=SampleConfig, metadata={"help": "sampling"})
+    reference: ReferenceConfig = field(
+        default_factory=ReferenceConfig, metadata={"help": "the frozen model the run is built against"}
+    )
 
 
 def schema_from_signature(fn, key: str, name: str) -> type:
@@ -413,7 +437,31 @@ MOVED_KEYS = {
     "objective.sir_k": "sample.sir_k",
     "objective.sir_window": "sample.sir_window",
     "objective.sir_temperature": "sample.sir_temperature",
+    # the one frozen model of a run, four names before
+    "target.pretrained": "reference.path",
+    "target.teacher": "reference.path",
+    "model.reference": "reference.path",
+    "objective.reference": "reference.path",
+    "target.ema": "reference.ema",
+    "model.reference_ema": "reference.ema",
+    "objective.reference_ema": "reference.ema",
 }
+
+#: old keys whose values listed here keep their meaning in place (objective.reference=ema | previous: strategy
+#: (i) of DRE refers to the trainer's own EMA or previous iterate, not to a frozen checkpoint)
+KEPT_VALUES = {"objective.reference": ("ema", "previous")}
+
+
+def without_reference(run_config: dict) -> dict:
+    """A run's config (plain dict) without its frozen model (`reference` and every old name of it): the base of a
+    recipe that starts from that run and chooses its own reference."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in run_config.items() if k != "reference"}
+    for old, new in MOVED_KEYS.items():
+        section, key = old.split(".", 1)
+        inside = isinstance(out.get(section), dict) and out[section].get(key) not in KEPT_VALUES.get(old, ())
+        if new.startswith("reference.") and inside:
+            out[section].pop(key, None)
+    return out
 
 _noted: set[str] = set()
 
@@ -423,11 +471,17 @@ def _move_keys(layer: DictConfig, label: str | None) -> DictConfig:
     moved = {}
     for old, new in MOVED_KEYS.items():
         value = OmegaConf.select(layer, old, default=_ABSENT)
-        if value is _ABSENT:
+        if value is _ABSENT or value in KEPT_VALUES.get(old, ()):
+            continue
+        if value is None:  # unset under its old name: nothing to carry over
+            moved[old] = (None, None)
             continue
         there = OmegaConf.select(layer, new, default=_ABSENT)
         if there is not _ABSENT and there != value:
             raise ConfigError(f"{old} (the old name of {new}) and {new} are both set, to different values")
+        earlier = next((v for n, v in moved.values() if n == new), _ABSENT)
+        if earlier is not _ABSENT and earlier != value:
+            raise ConfigError(f"{old} and another old name of {new} are both set, to different values")
         moved[old] = (new, value)
     if not moved:
         return layer
@@ -435,6 +489,8 @@ def _move_keys(layer: DictConfig, label: str | None) -> DictConfig:
     for old, (new, value) in moved.items():
         section, key = old.split(".", 1)
         del layer[section][key]
+        if new is None:
+            continue
         OmegaConf.update(layer, new, value, force_add=True)
         if label is not None and old not in _noted:
             _noted.add(old)
@@ -463,6 +519,8 @@ def load_config(
     raw = OmegaConf.create({})
     for layer in layers:
         raw = OmegaConf.merge(_drop_replaced_components(raw, layer), layer)
+    if base is None:
+        raw = _max_len_follows_seq_len(raw, layers[-1])
     for section in COMPONENTS:
         if section in raw and not isinstance(raw[section], DictConfig):
             raise ConfigError(f"config section {section!r} must be a mapping of keys, got {raw[section]!r}")
@@ -477,6 +535,19 @@ def load_config(
     _validate(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def _max_len_follows_seq_len(raw: DictConfig, overrides: DictConfig) -> DictConfig:
+    """`data.seq_len=N` given without `model.max_len` sizes a new model for N: the presets tie the two (the
+    synthetic preset's model allows exactly its 32), and a user who changes the data's length means the model's
+    too. A saved run's model keeps its own length (its callers pass a base)."""
+    seq_len = OmegaConf.select(overrides, "data.seq_len")
+    model = overrides.get("model")
+    if not isinstance(seq_len, int) or isinstance(seq_len, bool) or (isinstance(model, DictConfig) and "max_len" in model):
+        return raw
+    if "max_len" not in _schema_for(raw).get("model", {}):  # e.g. a Hugging Face model: its own length
+        return raw
+    return OmegaConf.merge(raw, {"model": {"max_len": seq_len}})
 
 
 def _check(ok: bool, msg: str) -> None:

@@ -46,7 +46,7 @@ def load_frozen(
     source: str | None = None, seq_len: int | None = None,
 ) -> Frozen:
     """The frozen model of the checkpoint `path` (a run, checkpoints or step directory) for `role` (how errors
-    name it, e.g. "target.pretrained"), checked against the run: `ctx` (a BuildContext) supplies the device,
+    name it, e.g. "reference.path (the teacher)"), checked against the run: `ctx` (a BuildContext) supplies the device,
     vocabulary, noise source and sequence length, or give them (None: not checked). `families`: the model kinds
     accepted (`DENOISER`, or clean-data families such as ("mlm", "causal", "hollow"))."""
     if ctx is not None:
@@ -68,6 +68,12 @@ def load_frozen(
             f"{role} {where!r} was trained on {V} tokens; this run's data has {vocab_size} (a frozen model needs the "
             "same vocabulary and noise source as the run)"
         )
+    data = getattr(ctx, "data", None)
+    if data is not None and ck.data_info.get("tokenizer_identity"):
+        from tcsm.builders.components import DataInfo
+
+        known = {k: v for k, v in ck.data_info.items() if k in DataInfo.__dataclass_fields__}
+        DataInfo(**known).check_compatible(data, f"{role} {where}")
     if family == "denoiser" and source is not None and ck.config.path.source != source:
         raise CheckpointError(
             f"{role} {where!r} is a {ck.config.path.source} model; this run has a {source} path (a frozen model "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tcsm.builders.config import without_reference
 from tcsm.checkpoint import read_state, resolve_checkpoint
 from tcsm.errors import CheckpointError
 
@@ -23,13 +24,14 @@ NOT_DENOISERS = {
 
 
 def source_run(checkpoint, recipe: str) -> tuple[Path, dict]:
-    """(checkpoint directory, its run config) of the run `checkpoint` names; CheckpointError (one line) if it holds
-    no run config or its model is not a diffusion denoiser, which every recipe of `tcsm finetune` needs."""
+    """(checkpoint directory, its run config without its own frozen model) of the run `checkpoint` names — the base
+    of a recipe, which sets its own `reference`; CheckpointError (one line) if it holds no run config or its model
+    is not a diffusion denoiser, which every recipe of `tcsm finetune` needs."""
     directory = resolve_checkpoint(checkpoint)
     state = read_state(directory)[1]
     if "config" not in state:
         raise CheckpointError(f"{str(directory)!r} holds no run config; it was not written by `tcsm train`")
-    base = dict(state["config"])
+    base = without_reference(dict(state["config"]))
     name = (base.get("model") or {}).get("name", "denoiser")
     if name in NOT_DENOISERS:
         raise CheckpointError(

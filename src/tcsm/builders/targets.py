@@ -31,17 +31,14 @@ def build_data_target(node: dict, ctx: BuildContext):
 
 
 # --------------------------------------------------------------------------------------------------- registry
-# `target.name: parametric` with `teacher: <checkpoint of a clean-data run>` (`tcsm train -c clean-...`).
+# `target.name: parametric` with `reference.path: <checkpoint of a clean-data run>` (`tcsm train -c clean-...`).
 
 
 @dataclass
 class ParametricTargetConfig:
+    """The teacher is the run's frozen model, `reference.path` (a clean-data run: tcsm train -c clean-...)."""
+
     name: str = "parametric"
-    teacher: str | None = field(
-        default=None,
-        metadata={"help": "checkpoint (run, checkpoints or step_* directory) of a clean-data model"},
-    )
-    ema: bool = field(default=True, metadata={"help": "use the teacher's EMA weights when it has them"})
     estimator: str = field(
         default="exact", metadata={"help": "AR teachers: exact | topk | taylor (MATH.md §5.4)"}
     )
@@ -62,7 +59,7 @@ def load_teacher(
     """The frozen teacher of a clean-data checkpoint written by `tcsm train` (EMA weights by default).
     `options` go to the family's teacher (estimator / k / temperature for AR, max_tokens for MLM)."""
     model = load_frozen(
-        path, role="target.teacher", families=tuple(TEACHERS), ema=ema, device=device, vocab_size=vocab_size
+        path, role="reference.path (the teacher)", families=tuple(TEACHERS), ema=ema, device=device, vocab_size=vocab_size
     ).model
     family = model.family
     keep = {"causal": ("estimator", "k", "temperature", "max_tokens"), "mlm": ("max_tokens",), "hollow": ()}[
@@ -81,12 +78,12 @@ def load_teacher(
 def _register_parametric() -> None:
     def build(node: dict, ctx):
         node = dict(node)
-        path = node.pop("teacher")
+        path, ema = ctx.config.reference.path, ctx.config.reference.ema
         if not path:
             raise ConfigError(
-                "target.teacher must name the checkpoint of a clean-data run (tcsm train -c clean-mlm ...)"
+                "reference.path must name the teacher: the checkpoint of a clean-data run (tcsm train -c clean-mlm ...)"
             )
-        ema, cache_size = node.pop("ema"), node.pop("cache_size")
+        cache_size = node.pop("cache_size")
         try:
             teacher = load_teacher(path, ctx.device or "cpu", ema=ema, vocab_size=ctx.vocab_size, **node)
         except TCSMError:

@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "distill": "tcsm.cli.distill",  # AR teacher → diffusion student (MATH.md §5.4)
     "pairs": "tcsm.cli.pairs",  # preference pairs from a model's own samples, judged by a reward
     "demo": "tcsm.cli.demo",
+    "prepare": "tcsm.cli.prepare",  # a corpus → token shards for data.kind=shards
 }
 
 
@@ -92,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, module_name in COMMANDS.items():
         if name in wanted:
             module = importlib.import_module(module_name)
-            p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+            p = sub.add_parser(name, help=module.HELP, description=module.HELP, epilog=getattr(module, "EPILOG", None))
             module.add_arguments(p)
             p.set_defaults(_run=module.run)
         else:

@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tcsm.fileio import write_atomically
+
 #: the preset `tcsm train` runs without --config
 DEFAULT_PRESET = "synthetic"
 
@@ -121,19 +123,6 @@ def check_writable(path) -> None:
         raise ConfigError(f"cannot write output {str(p)!r}: {e.strerror or e}") from None
     if not existed:
         os.unlink(p)
-
-
-def write_atomically(path, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same folder, so a failure never leaves half a file."""
-    import os
-
-    p = Path(path)
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, p)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def write_json_report(path, report: dict) -> None:
@@ -263,6 +252,27 @@ def resolve_recipe(args, preset: str, flags: dict[str, str], new_config: Callabl
     if run_dir is None:
         run_dir = Path(cfg.train.out_dir) if cfg.train.out_dir else default_run_dir(preset)
     return cfg, run_dir, None
+
+
+def add_source_run_argument(p, help: str, *, required: bool = False) -> None:
+    """The run a command starts from or reads: `--from RUN` (aliases `-k`, `--checkpoint`) in every command."""
+    p.add_argument("--from", "-k", "--checkpoint", dest="checkpoint", metavar="RUN", required=required, help=help)
+
+
+def lazy_report(spec: str, count: int, *args, **kwargs) -> Callable[[Path], dict] | None:
+    """`run_dir -> module.function(run_dir, count, *args, **kwargs)` for spec "module:function", importing the
+    module only when the report is made (a recipe's evaluation imports what `--help` should not); None when
+    `count` (the examples or samples it evaluates) is 0: the evaluation is off."""
+    if count <= 0:
+        return None
+
+    def report(run_dir: Path) -> dict:
+        import importlib
+
+        module, name = spec.split(":")
+        return getattr(importlib.import_module(module), name)(run_dir, count, *args, **kwargs)
+
+    return report
 
 
 def run_recipe(

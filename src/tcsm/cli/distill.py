@@ -120,23 +120,18 @@ def _describe(report: dict) -> str:
 
 
 def run(args) -> int:
-    from tcsm.cli.common import check_overwrite, run_recipe
+    from tcsm.cli.common import check_overwrite, lazy_report, run_recipe
 
     check_overwrite(args)
     cfg, run_dir, resume = resolve(args)
-    steps = _eval_steps(args.eval_steps)
-
-    def report(directory) -> dict:
-        from tcsm.posttrain.distill.recipe import distill_report
-
-        return distill_report(directory, args.eval_samples, steps)
+    report = lazy_report("tcsm.posttrain.distill.recipe:distill_report", args.eval_samples, _eval_steps(args.eval_steps))
 
     return run_recipe(
         args,
         cfg,
         run_dir,
         resume,
-        report=report if args.eval_samples > 0 else None,
+        report=report,
         report_file="distill_eval.json",
         describe=_describe,
         summarize=lambda _summary: cost_summary(run_dir, cfg),

@@ -6,8 +6,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 
 HELP = "evaluate a checkpoint: likelihood bound (or a clean model's NLL) as bits per token and perplexity"
+EPILOG = textwrap.fill(
+    "Cost: a pre-trained run's bound makes one denoiser call per sequence and time (--num-t). An energy model "
+    "(tcsm finetune dre, strategy ii) has no tractable bound; its importance-sampling estimate makes n * (1 + "
+    "masked positions) energy calls per sequence and time, n = the largest --log-z-samples (16): about 270 times "
+    "as many at length 32. So by default it evaluates the run's train.eval_examples sequences (64 in the "
+    "finetune-dre preset), prints the number of calls before it starts and its progress with an ETA; raise the "
+    "cost with --max-examples (more sequences, a smaller stderr), --num-t or --log-z-samples (a less biased log Z)."
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -18,7 +27,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", choices=("train", "valid", "test"), help="data split (default: eval.split)")
     p.add_argument("--num-t", type=int, help="time samples per sequence (default: eval.num_t)")
     p.add_argument("--batch-size", type=int, help="sequences per batch (default: eval.batch_size)")
-    p.add_argument("--max-examples", type=int, help="evaluate the first N sequences only")
+    p.add_argument(
+        "--max-examples",
+        type=int,
+        help="evaluate the first N sequences only (default: the whole split; an energy model's: train.eval_examples)",
+    )
+    p.add_argument(
+        "--log-z-samples",
+        metavar="N,N,...",
+        help="energy models: reference draws n for log Z, one estimate per n; the cost grows with the largest "
+        "(default: the run's objective.log_z_samples, 1,4,16)",
+    )
     p.add_argument("--bound", help="likelihood bound (default: the path's, see tcsm.likelihood)")
     p.add_argument("--weights", choices=("ema", "model"), help="EMA or raw weights (default: EMA when saved)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
@@ -54,13 +73,17 @@ def run(args) -> int:
 
     from tcsm.builders.components import DataInfo, build_objective_for_checkpoint
     from tcsm.builders.loading import load_checkpoint
-    from tcsm.cli.common import check_writable, format_bound, jsonable, write_atomically
+    from tcsm.cli.common import check_writable, format_bound, jsonable
     from tcsm.errors import ConfigError
+    from tcsm.fileio import write_atomically
+    from tcsm.posttrain.dre.objective import EnergyObjective
     from tcsm.train.distributed import resolve_device
     from tcsm.train.trainer import autocast, evaluate_model
 
     if args.max_examples is not None and args.max_examples < 1:
-        raise ConfigError(f"--max-examples must be >= 1 (leave it out to evaluate the whole split), got {args.max_examples}")
+        raise ConfigError(
+            f"--max-examples must be >= 1 (leave it out to evaluate the whole split), got {args.max_examples}"
+        )
     overrides = list(args.overrides)
     for key, value in (
         ("split", args.split),
@@ -73,6 +96,8 @@ def run(args) -> int:
             overrides.append(f"eval.{key}={value}")
     if args.weights is not None:
         overrides.append(f"eval.ema={args.weights == 'ema'}")
+    if args.log_z_samples is not None:
+        overrides.append(f"objective.log_z_samples=[{_positive_list(args.log_z_samples, '--log-z-samples')}]")
     if args.output:  # before any work
         check_writable(args.output)
     device = resolve_device(args.device)
@@ -86,11 +111,17 @@ def run(args) -> int:
     if max_len is not None and data.seq_len > max_len:
         raise ConfigError(f"data sequences have length {data.seq_len} but the model allows at most {max_len}")
     x = data.split(e.split)
-    if e.max_examples:
-        x = x[: e.max_examples]
+    objective = build_objective_for_checkpoint(ckpt.config, ckpt.model, data, device)
+    energy = isinstance(objective, EnergyObjective)
+    # An energy run's estimate costs ~n(1 + L/2) energy calls per sequence and time: by default, as many sequences as
+    # its training evaluated (a run that evaluated none: the finetune-dre preset's 64), not the whole split.
+    limit = e.max_examples or ((int(ckpt.config.train.eval_examples) or 64) if energy else None)
+    if limit:
+        x = x[:limit]
     if x.shape[0] == 0:
         raise ConfigError(f"the {e.split} split is empty")
-    objective = build_objective_for_checkpoint(ckpt.config, ckpt.model, data, device)
+    if energy and not args.json:
+        print(_energy_cost_line(objective, x, data.split(e.split).shape[0], e), file=sys.stderr, flush=True)
     generator = torch.Generator(device=device).manual_seed(e.seed)
     with autocast(device, args.precision):
         result = evaluate_model(
@@ -101,7 +132,7 @@ def run(args) -> int:
             e,
             generator=generator,
             device=device,
-            progress=sys.stderr.isatty() and not args.json,
+            progress=energy or (sys.stderr.isatty() and not args.json),
         )
     floor = data.nats_per_token_floor
     if floor is not None:
@@ -123,3 +154,30 @@ def run(args) -> int:
         print(f"{ckpt.directory} (step {ckpt.step}, {ckpt.weights} weights) on {data.label} {e.split}:")
         print(f"  {format_bound(result)}")
     return 0
+
+
+def _positive_list(text: str, flag: str) -> str:
+    from tcsm.errors import ConfigError
+
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise ConfigError(f"{flag} must be comma-separated positive integers, e.g. 1,4,16; got {text!r}")
+    return ",".join(map(str, values))
+
+
+def _energy_cost_line(objective, x, split_size: int, e) -> str:
+    """What the energy model's estimate will cost, before it starts, and how to change it."""
+    from tcsm.posttrain.dre.likelihood import energy_estimate_cost
+
+    N, L = x.shape
+    ns = objective.log_z_samples
+    rows = energy_estimate_cost(objective.path, N, L, objective.eval_num_t, max(ns))
+    which = f"the first {N} of {split_size}" if N < split_size else f"all {N}"
+    return (
+        f"energy-model estimate on {which} {e.split} sequences x {objective.eval_num_t} times x n={max(ns)} reference "
+        f"draws: about {rows:,.0f} energy calls (a pre-trained bound: {N * e.num_t:,}); more with --max-examples, "
+        "--num-t, --log-z-samples"
+    )

@@ -20,6 +20,7 @@ import time
 from tcsm.cli import eval as _base
 
 HELP = _base.HELP + "; zero-shot (--zeroshot) and generative (--genppl) perplexity"
+EPILOG = _base.EPILOG
 
 
 def _add(p: argparse.ArgumentParser, group, *names, **kw) -> None:

@@ -35,11 +35,9 @@ DRE_FLAGS = {
 
 
 def add_arguments(r: argparse.ArgumentParser) -> None:
-    from tcsm.cli.common import add_config_arguments, add_steps_and_resume_arguments
+    from tcsm.cli.common import add_config_arguments, add_source_run_argument, add_steps_and_resume_arguments
 
-    r.add_argument(
-        "--from", dest="checkpoint", metavar="RUN", help="reference run, checkpoints or step_* directory"
-    )
+    add_source_run_argument(r, "reference run, checkpoints or step_* directory")
     add_config_arguments(r, "finetune-dre")
     r.add_argument(
         "--strategy", choices=("i", "ii"), help="i: student over p^ref | ii: energy model p^ref·e^f"
@@ -90,17 +88,9 @@ def _describe(report: dict) -> str:
 
 
 def run(args) -> int:
-    from tcsm.cli.common import run_recipe
+    from tcsm.cli.common import lazy_report, run_recipe
 
-    def report(run_dir) -> dict:
-        from tcsm.posttrain.dre.recipe import dre_report
-
-        return dre_report(run_dir, args.eval_examples)
-
-    return run_recipe(
-        args,
-        *resolve(args),
-        report=report if args.eval_examples > 0 else None,
-        report_file="dre_eval.json",
-        describe=lambda r: f"{r['split']} split, {args.eval_examples} sequences: {_describe(r)}",
-    )
+    report = lazy_report("tcsm.posttrain.dre.recipe:dre_report", args.eval_examples)
+    n = args.eval_examples
+    describe = lambda r: f"{r['split']} split, {n} sequences: {_describe(r)}"
+    return run_recipe(args, *resolve(args), report=report, report_file="dre_eval.json", describe=describe)

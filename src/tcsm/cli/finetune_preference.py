@@ -36,15 +36,9 @@ PREFERENCE_FLAGS = {
 
 
 def add_arguments(r: argparse.ArgumentParser) -> None:
-    from tcsm.cli.common import add_config_arguments, add_steps_and_resume_arguments
+    from tcsm.cli.common import add_config_arguments, add_source_run_argument, add_steps_and_resume_arguments
 
-    r.add_argument(
-        "--from",
-        "-k",
-        "--checkpoint",
-        dest="checkpoint",
-        help="pre-trained run, checkpoints or step_* directory (the reference and the start)",
-    )
+    add_source_run_argument(r, "pre-trained run, checkpoints or step_* directory (the reference and the start)")
     r.add_argument("--pairs", help="JSONL file of {prompt, chosen, rejected} records")
     add_config_arguments(r, "finetune-preference")
     r.add_argument("--loss", choices=("paper", "dpo"), help="paper BCE (margin β) or DPO-style (β_DPO)")
@@ -102,12 +96,12 @@ def _held_out_line(summary: dict) -> str | None:
 
 
 def run(args) -> int:
-    from tcsm.cli.common import run_recipe
+    from tcsm.cli.common import lazy_report, run_recipe
 
-    def report(run_dir) -> dict:
-        from tcsm.posttrain.preference.recipe import preference_report
-
-        return preference_report(run_dir, args.eval_samples, args.eval_reward, prompt=args.eval_prompt)
+    report = lazy_report(
+        "tcsm.posttrain.preference.recipe:preference_report", args.eval_samples, args.eval_reward,
+        prompt=args.eval_prompt,
+    )  # fmt: skip
 
     def describe(report: dict) -> str:
         return (
@@ -127,7 +121,7 @@ def run(args) -> int:
         cfg,
         run_dir,
         resume,
-        report=report if args.eval_reward and args.eval_samples > 0 else None,
+        report=report if args.eval_reward else None,
         report_file="preference_eval.json",
         describe=describe,
         summarize=_held_out_line,

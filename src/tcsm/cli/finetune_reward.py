@@ -35,11 +35,9 @@ REWARD_FLAGS = {
 
 
 def add_arguments(r: argparse.ArgumentParser) -> None:
-    from tcsm.cli.common import add_config_arguments, add_steps_and_resume_arguments
+    from tcsm.cli.common import add_config_arguments, add_source_run_argument, add_steps_and_resume_arguments
 
-    r.add_argument(
-        "-k", "--checkpoint", "--from", dest="checkpoint", help="pre-trained run, checkpoints or step_* directory"
-    )
+    add_source_run_argument(r, "pre-trained run, checkpoints or step_* directory")
     add_config_arguments(r, "finetune-reward")
     r.add_argument(
         "--reward", help="reward spec: grid | vader | profanity | hf:PATH[,label=1] | python:mod:fn"
@@ -87,17 +85,7 @@ def _describe(report: dict) -> str:
 
 
 def run(args) -> int:
-    from tcsm.cli.common import run_recipe
+    from tcsm.cli.common import lazy_report, run_recipe
 
-    def report(run_dir) -> dict:
-        from tcsm.posttrain.reward.recipe import reward_report
-
-        return reward_report(run_dir, args.eval_samples)
-
-    return run_recipe(
-        args,
-        *resolve(args),
-        report=report if args.eval_samples > 0 else None,
-        report_file="reward_eval.json",
-        describe=_describe,
-    )
+    report = lazy_report("tcsm.posttrain.reward.recipe:reward_report", args.eval_samples)
+    return run_recipe(args, *resolve(args), report=report, report_file="reward_eval.json", describe=_describe)

@@ -19,14 +19,9 @@ HELP = "sample a trained model, judge the samples with a reward, write chosen/re
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--from",
-        "-k",
-        "--checkpoint",
-        dest="checkpoint",
-        required=True,
-        help="trained run, checkpoints or step_* directory to sample",
-    )
+    from tcsm.cli.common import add_source_run_argument
+
+    add_source_run_argument(p, "trained run, checkpoints or step_* directory to sample", required=True)
     p.add_argument(
         "--reward",
         required=True,

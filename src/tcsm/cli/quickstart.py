@@ -33,8 +33,9 @@ def run(args) -> int:
 
     from tcsm.builders.config import load_config
     from tcsm.builders.loading import load_checkpoint
-    from tcsm.cli.common import claim_run_dir, default_run_dir, format_bound, jsonable, write_atomically
+    from tcsm.cli.common import claim_run_dir, default_run_dir, format_bound, jsonable
     from tcsm.cli.train import train
+    from tcsm.fileio import write_atomically
     from tcsm.likelihood import evaluate_bound
     from tcsm.sampling import sample
 

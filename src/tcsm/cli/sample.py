@@ -24,7 +24,7 @@ import types
 
 HELP = "draw samples from a trained checkpoint (prompts, infilling, temperature, top-p)"
 
-METHODS = ("ancestral", "analytic", "euler")
+METHODS = ("ancestral", "analytic", "euler", "random", "confidence", "margin", "entropy", "threshold")
 
 
 def _one_line_error(self, message: str):
@@ -66,7 +66,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sampler steps K (default: the run's sample.steps; a causal LM run takes one step per position)")
     p.add_argument("--method", default=None,
                    help=f"sampler: {' | '.join(METHODS)} (default: the run's sample.method, else ancestral for masked, "
-                        "analytic for uniform)")
+                        "analytic for uniform; the last five are decoding orders for masked models)")
+    p.add_argument("--block-length", type=_positive_int, default=None,
+                   help="masked models: decode blocks of this many positions left to right, --method inside each "
+                        "(default: the run's sample.block_length)")
+    p.add_argument("--threshold", type=_float_in(0.0, 1.0), default=None,
+                   help="--method threshold: unmask every position whose confidence exceeds this, in (0, 1] "
+                        "(default: the run's sample.threshold)")
     p.add_argument("--grid", default=None, help="time grid: uniform | cosine (default: the run's sample.grid)")
     p.add_argument("--temperature", type=_float_in(0.0, float("inf")), default=None,
                    help="softmax temperature > 0 (default: the run's sample.temperature)")
@@ -212,6 +218,7 @@ def _run_sampler(loaded, model, path, device, args):
         temperature=args.temperature, top_p=args.top_p, final_argmax=args.final_argmax or None,
         cache=False if args.no_cache else None, sir_k=args.sir_k,
         sir_window=None if args.sir_window is None else tuple(args.sir_window), sir_temperature=args.sir_temperature,
+        block_length=args.block_length, threshold=args.threshold,
     )  # fmt: skip
 
 
@@ -220,7 +227,8 @@ def run(args) -> int:
     from tqdm.auto import tqdm
 
     from tcsm.builders.loading import load_checkpoint
-    from tcsm.cli.common import check_writable, write_atomically
+    from tcsm.cli.common import check_writable
+    from tcsm.fileio import write_atomically
     from tcsm.train.distributed import resolve_device
 
     if args.method is not None and args.method not in METHODS:
@@ -248,9 +256,10 @@ def run(args) -> int:
     if ar and (args.infill or args.infill_json):
         raise ValueError("a causal LM run is sampled left to right: it can continue a --prompt, not fill a template "
                          "(--infill / --infill-json need a diffusion run)")
-    if ar and (args.method or args.final_argmax or args.grid or args.no_cache or args.steps):
+    if ar and (args.method or args.final_argmax or args.grid or args.no_cache or args.steps or args.block_length
+               or args.threshold is not None):
         raise ValueError("a causal LM run is sampled left to right, one token per step: --steps, --method, --grid, "
-                         "--final-argmax and --no-cache are diffusion sampler options")
+                         "--final-argmax, --no-cache, --block-length and --threshold are diffusion sampler options")
     if sir and (args.method or args.temperature is not None or args.top_p is not None or args.final_argmax):
         raise ValueError("an energy model is sampled by SIR: use --sir-k/--sir-window/--sir-temperature, not --method/"
                          "--temperature/--top-p/--final-argmax")
@@ -297,7 +306,7 @@ def run(args) -> int:
     bar = tqdm(total=len(chunks) * steps, desc="sampling", unit="step", disable=args.no_progress,
                file=sys.stderr, leave=False)
     t0 = time.perf_counter()
-    records, calls = [], 0
+    records, calls, taken = [], 0, 0
     for g, b in chunks:
         kw = {}
         if g["fixed"] is not None:
@@ -309,10 +318,13 @@ def run(args) -> int:
         if sampler.own:
             bar.update(steps)
         calls += stats.num_calls
+        taken = max(taken, getattr(stats, "num_steps", 0))
         for row in tokens.cpu().tolist():
             records.append({"index": len(records), **g["info"], "text": tok.decode(row), "tokens": row})
     bar.close()
     elapsed = time.perf_counter() - t0
+    if settings.method == "threshold" and not sampler.own:  # its steps follow from the threshold: the most taken
+        steps = taken
 
     meta = {"checkpoint": str(loaded.directory), "step": loaded.step, "weights": loaded.weights,
             "method": stats.method, "steps": steps, "grid": settings.grid, "temperature": settings.temperature,

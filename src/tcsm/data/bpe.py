@@ -47,11 +47,13 @@ class BPETokenizer:
         self.vocab_size = hf_tokenizer.get_vocab_size()
         self.eos_id = hf_tokenizer.token_to_id(EOS_TOKEN)
 
+    # Without the tokenizer's post-processor: a BERT or Llama tokenizer would wrap every text in [CLS] … [SEP] or
+    # <s>; documents are ended by the EOS the packing adds (GPT-2's byte-level BPE has no post-processor).
     def encode(self, text: str) -> list[int]:
-        return self.hf.encode(text).ids
+        return self.hf.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self.hf.encode_batch(texts)]
+        return [e.ids for e in self.hf.encode_batch(texts, add_special_tokens=False)]
 
     def decode(self, ids) -> str:
         return self.hf.decode([int(i) for i in ids], skip_special_tokens=False)

@@ -12,6 +12,11 @@
   min_frequency=2, doc_separator=None, eos=True; seq_len defaults to 128 (tcsm.data.bpe).
 * `grid` — width=128, num_modes=8, radius=0.32, std=1/40, seed=0, num_train, num_valid, num_test: points of a
   W × W grid as length-2 sequences, a ring of Gaussian modes (tcsm.data.grid; the reward demo's data).
+* `shards` — path (a folder made by `tcsm prepare`), seq_len=128 (the prepared length with `--packing pad`),
+  windows="random" | "chunks", seed=0, verify=True: memory-mapped token shards (tcsm.data.shards).
+* `hf` — path (a `datasets.save_to_disk` folder, Parquet files or a folder of them), tokenizer (a spec as in
+  `tcsm prepare`), seq_len=128, valid_frac, test_frac, text_field="text": a small corpus read whole, in memory
+  (tcsm.data.hf; needs tcsm[datasets]).
 * `pairs` — preference pairs (JSONL prompt / chosen / rejected) tokenized with another data section's tokenizer;
   registered by tcsm.posttrain.preference.pairs, which builds that section with `build_data` (preference fine-tuning, MATH.md §5.3).
 
@@ -33,6 +38,7 @@ from typing import Any
 from tcsm.data.base import DataBundle, DataError
 from tcsm.data.bpe import build_bpe
 from tcsm.data.grid import build_grid
+from tcsm.data.shards import build_shards
 from tcsm.data.synthetic import build_synthetic
 from tcsm.data.text import build_text
 from tcsm.data.text8 import build_text8
@@ -45,11 +51,12 @@ DATA_KINDS: dict[str, Callable[..., DataBundle]] = {
     "text": build_text,
     "bpe": build_bpe,
     "grid": build_grid,
+    "shards": build_shards,
 }
 
 #: Kinds registered by a module outside this package (which itself builds data with `build_data`, so it cannot be
 #: imported here): imported on first use, by name.
-PLUGIN_KINDS = {"pairs": "tcsm.posttrain.preference.pairs"}
+PLUGIN_KINDS = {"pairs": "tcsm.posttrain.preference.pairs", "hf": "tcsm.data.hf"}
 
 #: Keys of the data kinds that name files or folders (relative ones are read from the current directory).
 PATH_KEYS = ("path", "train_path", "valid_path", "test_path", "bpe_dir", "encoder_json", "vocab_bpe", "cache_dir")

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from tcsm.data.base import CharTokenizer, DataBundle, DataError, chunk, read_text, split_by_fractions
+from tcsm.fileio import file_digest
 
 __all__ = ["ALPHABET", "TEXT8_URL", "build_text8", "default_cache_dir", "fetch"]
 
@@ -47,14 +48,6 @@ def default_cache_dir() -> Path:
     return Path(base).expanduser() / "tcsm"
 
 
-def _sha1_file(path: Path) -> str:
-    h = hashlib.sha1()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def fetch(url: str, dest: str | Path, sha1: str | None) -> Path:
     """Download url to dest (atomically, via dest.part) and check its SHA-1; DataError on any failure."""
     dest = Path(dest)
@@ -69,7 +62,7 @@ def fetch(url: str, dest: str | Path, sha1: str | None) -> Path:
             f"download of {url} failed ({e}); download it yourself and pass its local path"
         ) from None
     if sha1 is not None:
-        got = _sha1_file(part)
+        got = file_digest(part, "sha1")
         if got != sha1:
             part.unlink(missing_ok=True)
             raise DataError(

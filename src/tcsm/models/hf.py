@@ -96,11 +96,32 @@ class _HFAdapter(nn.Module):
         logits = out.logits if hasattr(out, "logits") else out[0]
         return logits[..., self.token_ids].float()
 
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str,
+        token_ids: Sequence[int] | None = None,
+        symbols: Sequence[str] | None = None,
+        local_files_only: bool = False,
+        **kwargs: Any,
+    ):
+        """Load `transformers.<AUTO>` (and its tokenizer when `symbols` must be mapped to ids or the special id
+        looked up). The special id is the keyword `SPECIAL` (`mask_token_id` / `bos_token_id`); None: the
+        tokenizer's [MASK] for a masked LM, the model config's BOS for a causal LM. Other keywords go to
+        `from_pretrained` of transformers."""
+        special = kwargs.pop(cls.SPECIAL, None)
+        need_tokenizer = symbols is not None or (special is None and cls.SPECIAL == "mask_token_id")
+        model, tok, ids = _load(cls.AUTO, name_or_path, token_ids, symbols, need_tokenizer, local_files_only, kwargs)
+        if special is None and cls.SPECIAL == "mask_token_id":
+            special = tok.mask_token_id
+        return cls(model, ids, special)
+
 
 class HFMaskedLM(_HFAdapter):
     """Any HF masked LM as a `MaskedLM`: ids {0..V} (V = [MASK]) → logits [B, L, V] over our clean tokens."""
 
     family = "mlm"
+    AUTO, SPECIAL = "AutoModelForMaskedLM", "mask_token_id"
 
     def __init__(self, model: nn.Module, token_ids: Sequence[int], mask_token_id: int):
         super().__init__(model, token_ids, mask_token_id)
@@ -110,28 +131,12 @@ class HFMaskedLM(_HFAdapter):
         """Logits [B, L, V] of the HF MLM head restricted to our V tokens (MATH.md §4, BERT/MLM)."""
         return self._logits(input_ids=self.table[x])
 
-    @classmethod
-    def from_pretrained(
-        cls,
-        name_or_path: str,
-        token_ids: Sequence[int] | None = None,
-        symbols: Sequence[str] | None = None,
-        mask_token_id: int | None = None,
-        local_files_only: bool = False,
-        **kwargs: Any,
-    ) -> HFMaskedLM:
-        """Load `AutoModelForMaskedLM` (and its tokenizer when `symbols` or the mask id must be looked up)."""
-        model, tok, ids = _load(
-            "AutoModelForMaskedLM", name_or_path, token_ids, symbols, symbols is not None or mask_token_id is None,
-            local_files_only, kwargs,
-        )  # fmt: skip
-        return cls(model, ids, tok.mask_token_id if mask_token_id is None else mask_token_id)
-
 
 class HFCausalLM(_HFAdapter):
     """Any HF causal LM as a `CausalLM`: x [B, L] → next-token logits [B, L, V] with BOS prepended."""
 
     family = "causal"
+    AUTO, SPECIAL = "AutoModelForCausalLM", "bos_token_id"
     #: methods besides forward that run the network (a sharded model gathers its weights for them too)
     forward_methods = ("forward_soft", "log_prob", "kv_cache", "extend")
 
@@ -185,19 +190,3 @@ class HFCausalLM(_HFAdapter):
         """log p^AR(x) = Σ_j log p(x^j | x^{<j}) over our V tokens: [B]."""
         logp = torch.log_softmax(self.forward(x), dim=-1)
         return logp.gather(-1, x.unsqueeze(-1)).squeeze(-1).sum(-1)
-
-    @classmethod
-    def from_pretrained(
-        cls,
-        name_or_path: str,
-        token_ids: Sequence[int] | None = None,
-        symbols: Sequence[str] | None = None,
-        bos_token_id: int | None = None,
-        local_files_only: bool = False,
-        **kwargs: Any,
-    ) -> HFCausalLM:
-        """Load `AutoModelForCausalLM` (and its tokenizer when `symbols` must be mapped to ids)."""
-        model, _, ids = _load(
-            "AutoModelForCausalLM", name_or_path, token_ids, symbols, symbols is not None, local_files_only, kwargs
-        )
-        return cls(model, ids, bos_token_id)

@@ -400,6 +400,30 @@ class TransformerBlock(nn.Module):
         return x + gate2[:, None, :] * self.drop(h)
 
 
+def build_trunk(net: nn.Module, cfg, **embeddings: int) -> None:
+    """Give `net` the modules `run_trunk` runs, from a `TrunkConfig`: `embed` (input states → d_model), one more
+    input embedding per keyword (name → rows, registered after `embed` in that order), `rotary`, `time_embed`,
+    `blocks`, `final_norm` and the zero-initialised `final_adaLN`. Configs without `attention` / `activation`
+    get the block's defaults."""
+    net.embed = nn.Embedding(cfg.num_states, cfg.d_model)
+    for name, rows in embeddings.items():
+        setattr(net, name, nn.Embedding(rows, cfg.d_model))
+    net.rotary = RotaryEmbedding(cfg.d_model // cfg.n_heads, cfg.max_len, cfg.rope_base)
+    cond_dim = cfg.cond_dim if cfg.time_conditioning else None
+    net.time_embed = TimestepEmbedder(cfg.cond_dim) if cfg.time_conditioning else None
+    kernel, activation = getattr(cfg, "attention", "auto"), getattr(cfg, "activation", "gelu_tanh")
+    net.blocks = nn.ModuleList(
+        TransformerBlock(
+            cfg.d_model, cfg.n_heads, cfg.mlp_ratio, cfg.dropout, cond_dim, False, cfg.norm, kernel, activation
+        )
+        for _ in range(cfg.n_layers)
+    )
+    net.final_norm = make_norm(cfg.norm, cfg.d_model)
+    net.final_adaLN = (
+        nn.Sequential(nn.SiLU(), zero_init_(nn.Linear(cfg.cond_dim, 2 * cfg.d_model))) if cfg.time_conditioning else None
+    )
+
+
 def run_trunk(net: nn.Module, h: Tensor, rope, t: Tensor | None) -> Tensor:
     """The shared trunk of the `Denoiser` and the DRE `RatioHead` over input embeddings h [B, L, D]: adaLN time
     conditioning from `net.time_embed(t)` (when time-conditioned), `net.blocks`, `net.final_norm` and the final

@@ -24,11 +24,8 @@ from tcsm.models.config import TrunkConfig
 from tcsm.models.layers import (
     ACTIVATIONS,
     KERNELS,
-    RotaryEmbedding,
-    TimestepEmbedder,
-    TransformerBlock,
+    build_trunk,
     init_weights,
-    make_norm,
     run_trunk,
     zero_init_,
 )
@@ -74,30 +71,7 @@ class Denoiser(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.vocab_size, self.num_states = cfg.vocab_size, cfg.num_states
-        self.embed = nn.Embedding(cfg.num_states, cfg.d_model)
-        self.rotary = RotaryEmbedding(cfg.d_model // cfg.n_heads, cfg.max_len, cfg.rope_base)
-        cond_dim = cfg.cond_dim if cfg.time_conditioning else None
-        self.time_embed = TimestepEmbedder(cfg.cond_dim) if cfg.time_conditioning else None
-        self.blocks = nn.ModuleList(
-            TransformerBlock(
-                cfg.d_model,
-                cfg.n_heads,
-                cfg.mlp_ratio,
-                cfg.dropout,
-                cond_dim,
-                False,
-                cfg.norm,
-                cfg.attention,
-                cfg.activation,
-            )
-            for _ in range(cfg.n_layers)
-        )
-        self.final_norm = make_norm(cfg.norm, cfg.d_model)
-        self.final_adaLN = (
-            nn.Sequential(nn.SiLU(), zero_init_(nn.Linear(cfg.cond_dim, 2 * cfg.d_model)))
-            if cfg.time_conditioning
-            else None
-        )
+        build_trunk(self, cfg)
         # Zero head: initial logits are exactly 0, i.e. uniform over V, so the first loss is log V for every
         # objective and no early step is spent undoing a random prior.
         self.head = zero_init_(nn.Linear(cfg.d_model, cfg.vocab_size, bias=True))

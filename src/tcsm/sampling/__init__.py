@@ -1,6 +1,7 @@
 """Sampling (MATH.md §6): `common` holds the shared building blocks (time grids, exact Gumbel-max draws,
 temperature / top-p, prompt pinning), `samplers` the path samplers (Euler / τ-leaping, analytic reversal, cached
-masked ancestral, joint-x̂_1 bridge) and `sample`. A method that brings its own sampler (SIR over an energy model,
+masked ancestral, joint-x̂_1 bridge) and `sample`, `decoding` the decoding orders of masked models (confidence,
+margin, entropy, threshold, random; semi-autoregressive blocks) and `decode`. A method that brings its own sampler (SIR over an energy model,
 `tcsm.posttrain.dre.sir`; left-to-right for an autoregressive model) declares it through `tcsm.protocols.Samples`."""
 
 from tcsm.sampling.common import (
@@ -12,15 +13,18 @@ from tcsm.sampling.common import (
     prefix_condition,
     time_grid,
 )
+from tcsm.sampling.decoding import DECODERS, decode
 from tcsm.sampling.samplers import METHODS, SamplingStats, may_cache, sample
 
 __all__ = [
+    "DECODERS",
     "GRIDS",
     "METHODS",
     "SamplingStats",
     "adjust_log_probs",
     "as_grid",
     "categorical",
+    "decode",
     "jump_prob",
     "may_cache",
     "prefix_condition",

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from tcsm.protocols import Samples
 from tcsm.sampling.common import GRIDS
+from tcsm.sampling.decoding import DECODERS, decode
 from tcsm.sampling.samplers import METHODS, may_cache, sample
 
 __all__ = ["SampleSettings", "draw"]
@@ -26,7 +27,9 @@ class SampleSettings:
     """Sampler settings. Path samplers: `steps`, `method` (None: the path's default), `grid`, `temperature`,
     `top_p`, `final_argmax`, `cache` (MDLM's cache where `may_cache` allows it). SIR (an energy model, §6.3):
     `steps`, `grid`, `sir_k` candidates per step inside the α_t window `sir_window`, selection ∝ softmax(f/T)
-    with T = `sir_temperature`."""
+    with T = `sir_temperature`. Masked models also take the decoding orders of `tcsm.sampling.decoding`
+    (`method` "random" | "confidence" | "margin" | "entropy" | "threshold", the last with `threshold`), and
+    `block_length` (semi-autoregressive blocks, any method inside a block)."""
 
     steps: int = 128
     method: str | None = None
@@ -38,19 +41,25 @@ class SampleSettings:
     sir_k: int = 2
     sir_window: tuple[float, float] = (0.4, 0.6)
     sir_temperature: float = 1.0
+    block_length: int | None = None
+    threshold: float = 0.9
 
     def __post_init__(self):
         lo, hi = (float(v) for v in self.sir_window)
         object.__setattr__(self, "sir_window", (lo, hi))
         checks = [
             (int(self.steps) >= 1, f"steps must be >= 1, got {self.steps}"),
-            (self.method is None or self.method in METHODS, f"method must be one of {list(METHODS)}, got {self.method!r}"),
+            (self.method is None or self.method in METHODS + DECODERS,
+             f"method must be one of {list(METHODS + DECODERS)}, got {self.method!r}"),
             (self.grid in GRIDS, f"grid must be one of {list(GRIDS)}, got {self.grid!r}"),
             (self.temperature > 0, f"temperature must be > 0, got {self.temperature}"),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
             (int(self.sir_k) >= 1, f"sir_k must be >= 1, got {self.sir_k}"),
             (0.0 <= lo <= hi <= 1.0, f"sir_window must be [lo, hi] with 0 <= lo <= hi <= 1, got {[lo, hi]}"),
             (self.sir_temperature > 0, f"sir_temperature must be > 0, got {self.sir_temperature}"),
+            (0 < self.threshold <= 1, f"threshold must be in (0, 1], got {self.threshold}"),
+            (self.block_length is None or int(self.block_length) >= 1,
+             f"block_length must be >= 1 or null, got {self.block_length}"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -78,6 +87,16 @@ def draw(
         return objective.sample(
             model, num, length, generator=generator, device=device, settings=settings, fixed=fixed, values=values
         )
+    if settings.method in DECODERS or settings.block_length is not None:
+        # blocks run the path sampler's law as "ancestral" (for a masked path §6.1 and §6.2 coincide)
+        method = settings.method if settings.method in DECODERS else "ancestral"
+        return decode(
+            model, path, batch_size=num, length=length, num_steps=settings.steps, method=method,
+            grid=settings.grid, temperature=settings.temperature, top_p=settings.top_p,
+            threshold=settings.threshold, block_length=settings.block_length, final_argmax=settings.final_argmax,
+            time_independent=settings.cache and may_cache(model, path), fixed=fixed, values=values,
+            generator=generator, device=device, callback=callback,
+        )  # fmt: skip
     return sample(
         model,
         path,

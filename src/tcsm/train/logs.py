@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tcsm.errors import ConfigError
+from tcsm.fileio import write_atomically
 
 __all__ = ["LOGGERS", "RunLogger", "plot_curves", "read_metrics", "trim_rows"]
 
@@ -166,9 +167,7 @@ def trim_rows(path: Path, last_step: int) -> int:
         else:
             removed += 1
     if removed:
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-        os.replace(tmp, path)
+        write_atomically(path, "".join(line + "\n" for line in kept))
     return removed
 
 

@@ -81,10 +81,7 @@ def clear_run(run_dir: str | Path) -> list[str]:
 #: pre-trained model of a reward tilt, AR teacher, energy model's reference), with the flag that usually sets them.
 SOURCE_KEYS = {
     "train.init_from": "train.init_from",
-    "model.reference": "--from",
-    "objective.reference": "--from / --reference",
-    "target.pretrained": "-k / --from",
-    "target.teacher": "--teacher",
+    "reference.path": "--from / --reference / --teacher",
 }
 
 

@@ -12,8 +12,8 @@ the same update (to float summation order), and a resumed run replays exactly th
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -31,7 +31,9 @@ from tcsm.checkpoint import (
 )
 from tcsm.data import absolute_paths
 from tcsm.errors import ConfigError, TrainingError
+from tcsm.fileio import atomic_path
 from tcsm.likelihood import EvalResult
+from tcsm.progress import duration
 from tcsm.protocols import Evaluates, StepInfo, TrainerCallback
 from tcsm.train.distributed import DistEnv, all_reduce_mean, barrier, setup_distributed
 from tcsm.train.ema import EMA
@@ -81,7 +83,11 @@ def evaluate_model(objective, model, data, path, e, *, generator=None, device=No
     own `evaluate`; every other model gets the diffusion likelihood bound (MATH.md §2.4). Both are `EvalResult`s.
     """
     if isinstance(objective, Evaluates):
-        result = objective.evaluate(model, data, batch_size=e.batch_size, generator=generator, device=device)
+        # `progress` is optional in the contract: evaluators written without it keep working
+        params = inspect.signature(objective.evaluate).parameters
+        wants = "progress" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+        extra = {"progress": progress} if wants else {}
+        result = objective.evaluate(model, data, batch_size=e.batch_size, generator=generator, device=device, **extra)
         return EvalResult.of(result, f"{type(objective).__name__}.evaluate")
     from tcsm.likelihood import evaluate_bound
 
@@ -123,13 +129,6 @@ def _with_absolute_data_paths(cfg):
     return set_values(cfg, {f"data.{k}": v for k, v in changed.items()}) if changed else cfg
 
 
-def _duration(seconds: float) -> str:
-    s = round(seconds)
-    if s >= 3600:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
-
-
 class _Progress:
     """Progress lines for output that is not a terminal: step, rate over this session, ETA. (The training loss is
     in metrics.jsonl; printed here it would be the one figure in nats among the bits of the validation lines.)"""
@@ -147,7 +146,7 @@ class _Progress:
 
     def line(self, step: int) -> str:
         rate = (step - self.start_step) / max(time.perf_counter() - self.start, 1e-9)
-        eta = _duration((self.total - step) / rate) if rate > 0 else "?"
+        eta = duration((self.total - step) / rate) if rate > 0 else "?"
         return f"step {step}/{self.total} ({100 * step / self.total:.1f}%), {rate:.3g} steps/s, ETA {eta}"
 
 
@@ -221,6 +220,12 @@ class Trainer(RunState):
         self.step = 0
         self.elapsed = 0.0  # training wall time over all sessions of this run
         self.last_eval: dict[str, Any] = {}
+        # The open logging window (metric sums since the last train row), saved with a checkpoint so that a row
+        # replayed after a resume averages the same steps as the uninterrupted run's.
+        self.window: dict[str, Any] = {}
+        self.window_steps, self.window_start = 0, time.perf_counter()
+        self.window_elapsed_before = 0.0  # of the window restored from a checkpoint: its time before the save
+        self.window_lost = False  # restored from a checkpoint that predates saving the window
         if resume:
             self._restore(resume)
         if overwrite and not resume and run_dir is not None and self.env.is_main:
@@ -466,17 +471,19 @@ class Trainer(RunState):
         # Without a terminal tqdm hides itself; periodic lines then show progress (a log file, a batch job).
         progress_lines = env.is_main and t.progress and self._bar.disable
         progress = _Progress(self.step, t.steps, self.progress_every_s)
-        window: dict[str, Any] = {}
-        window_steps, window_start = 0, time.perf_counter()
+        self.window_start = time.perf_counter() - self.window_elapsed_before
+        self.window_elapsed_before = 0.0
         for cb in self.callbacks:
             cb.on_fit_start(self._info())
         tokens_per_step = t.batch_size * self.data_info.seq_len
         try:
             while self.step < t.steps:
                 metrics = self.train_step()
+                window = self.window
                 for k, v in metrics.items():
                     window[k] = window.get(k, 0.0) + v
-                window_steps += 1
+                self.window_steps += 1
+                window_steps, window_start = self.window_steps, self.window_start
                 self._bar.update(1)
                 final = self.step == t.steps
                 if self.step % t.log_every == 0 or final or self.step == 1:
@@ -488,9 +495,12 @@ class Trainer(RunState):
                     row["tokens_per_s"] = tokens_per_step * window_steps / max(now - window_start, 1e-9)
                     self.elapsed += now - window_start
                     row["elapsed_s"] = self.elapsed
+                    if self.window_lost:  # an older checkpoint: this row averages only the steps since the resume
+                        row["window_steps_since_resume"] = window_steps
+                        self.window_lost = False
                     self.logger.scalars("train", self.step, row)
                     self._bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{row['lr']:.2e}", refresh=False)
-                    window, window_steps, window_start = {}, 0, time.perf_counter()
+                    self.window, self.window_steps, self.window_start = {}, 0, time.perf_counter()
                 if progress_lines and progress.due(self.step, final):
                     self._print(progress.line(self.step))
                 did_eval = self._periodic(t.eval_every, final)
@@ -502,7 +512,7 @@ class Trainer(RunState):
                     self.save()
                 if did_eval:
                     barrier(env)
-                    window_start = time.perf_counter()  # evaluation time is not training throughput
+                    self.window_start = time.perf_counter()  # evaluation time is not training throughput
         finally:
             self._bar.close()
             self._bar = None
@@ -518,9 +528,8 @@ class Trainer(RunState):
         tokenizer = getattr(self.data, "tokenizer", None)
         if getattr(self.data_info, "chars", None) or not hasattr(tokenizer, "save"):
             return
-        tmp = self.run_dir / f".tokenizer.json.{os.getpid()}"
-        tokenizer.save(tmp)
-        os.replace(tmp, self.run_dir / "tokenizer.json")
+        with atomic_path(self.run_dir / "tokenizer.json") as tmp:
+            tokenizer.save(tmp)
 
     def summary(self) -> dict:
         out = {"step": self.step, "elapsed_s": round(self.elapsed, 2), "data": self.data_info.label}

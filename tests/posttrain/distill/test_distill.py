@@ -156,6 +156,52 @@ def test_topk_ngram_equals_exact_when_candidates_cover_the_vocabulary(k, ngram_k
     assert got.stats["seq_scores"] == (V - 1) * L + 1  # all of 𝒳 scored, each changed sequence once
 
 
+@pytest.mark.parametrize("source", ["masked", "uniform"])
+def test_distill_target_is_the_parametric_target_on_both_sources(source):
+    """log q^i = log_softmax[log p^AR(· | x^{≠i}) + log k_t(x_t^i | ·)] at the drawn (t, x_t) (MATH.md §1.3, §5.4):
+    equal to `ParametricTarget` with the same teacher, and to the formula. On the masked source the kernel is flat
+    at masked positions, so only the uniform source sees the kernel's time (k at 1 − t differs by nats there)."""
+    V, L, B = 5, 4, 6
+    model = _random_causal(V, seed=9, n_layers=1)
+    path = {"masked": MaskedPath, "uniform": UniformPath}[source](V)
+    x = torch.randint(0, V, (B, L), generator=torch.Generator().manual_seed(0))
+    t = torch.tensor([0.05, 0.2, 0.35, 0.6, 0.8, 0.95])
+    got = DistillTarget(ARTeacher(model, "exact"))(x, t, path, torch.Generator().manual_seed(1))
+    ref = ParametricTarget(ARTeacher(model, "exact"))(x, t, path, torch.Generator().manual_seed(1))
+    assert torch.equal(got.xt, ref.xt) and torch.equal(got.loss_mask, ref.loss_mask)
+    finite = torch.isfinite(ref.log_q)
+    assert torch.equal(finite, torch.isfinite(got.log_q))
+    torch.testing.assert_close(got.log_q[finite], ref.log_q[finite], atol=1e-5, rtol=0)
+    cond = ExactARScore().conditionals(model, x).double()
+    want = torch.log_softmax(cond + path.log_kernel(got.xt, t.double()), -1)
+    torch.testing.assert_close(got.log_q.double()[finite], want[finite], atol=1e-5, rtol=0)
+
+
+def test_proposals_are_what_gets_noised_and_prompts_are_never_scored():
+    """x_t ~ p_{t|1}(· | x_1) of the proposal x_1 itself (MATH.md §3.1, §5.4: the pair (x_1, x_t) is drawn from h),
+    not of the data batch; prompt positions stay clean and out of the loss on the uniform source too, where every
+    other position is free."""
+    from tcsm.batch import Batch
+
+    V, L, B = 5, 4, 32
+    model = _random_causal(V, seed=10)
+    path = MaskedPath(V)
+    data = torch.zeros(B, L, dtype=torch.long)
+    tb = DistillTarget(ARTeacher(model, "topk", k=2), "teacher")(
+        data, torch.full((B,), 0.6), path, torch.Generator().manual_seed(0)
+    )
+    kept = tb.xt != path.mask_id
+    assert kept.any() and torch.equal(tb.xt[kept], tb.x1[kept]) and (tb.x1[kept] != 0).any()
+    prompt = torch.zeros(B, L, dtype=torch.bool)
+    prompt[:, :2] = True
+    x = torch.randint(0, V, (B, L), generator=torch.Generator().manual_seed(1))
+    tb = DistillTarget(ARTeacher(model, "exact"))(
+        Batch(x, cond_mask=prompt), torch.full((B,), 0.3), UniformPath(V), torch.Generator().manual_seed(2)
+    )
+    assert torch.equal(tb.xt[prompt], x[prompt])
+    assert not tb.loss_mask[prompt].any() and tb.loss_mask[~prompt].all()
+
+
 def test_estimator_option_errors_are_value_errors():
     """Options of another estimator and a missing n-gram are user errors (one line in the CLI), not crashes."""
     from tcsm.targets.ar import make_ar_estimator

@@ -160,3 +160,60 @@ def test_config_assembly_and_flag_errors(reference, tmp_path, capsys):
     assert main(["finetune", "dre", "--from", str(reference), "-n", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("tcsm finetune: error:") for line in err)
+
+
+def test_eval_of_an_energy_run_says_its_cost_shows_progress_and_defaults_to_the_runs_eval_size(
+    reference, tmp_path, capsys, monkeypatch
+):
+    """Issue 21 item 3: `tcsm eval` on an energy run printed nothing for 15 minutes (the whole split, ~270 times a
+    pre-trained bound's calls). Now it evaluates the run's train.eval_examples sequences unless told otherwise,
+    says what that costs before it starts, reports progress with an ETA, and --help says how to raise the cost."""
+    from tcsm.progress import WorkProgress
+
+    out = tmp_path / "ii"
+    assert _finetune(reference, out, "-n", "2", "--steps", "1", "--eval-examples", "0") == 0
+    capsys.readouterr()
+    monkeypatch.setattr(WorkProgress, "EVERY_S", 0.0)  # a line at every chunk of energy rows
+    assert main(["eval", str(out), "--json", "objective.eval_max_rows=64"]) == 0
+    cap = capsys.readouterr()
+    result = json.loads(cap.out)
+    assert result["num_sequences"] == 8 and result["log_z_samples"] == 4  # the run's train.eval_examples, n
+    progress = [line for line in cap.err.splitlines() if line.startswith("energy-model estimate:")]
+    assert len(progress) > 2 and all("ETA" in line and "energy rows" in line for line in progress)
+    assert main(["eval", str(out), "--max-examples", "12", "--log-z-samples", "2", "--num-t", "1"]) == 0
+    cap = capsys.readouterr()
+    assert "first 12 of 32 valid sequences x 1 times x n=2" in cap.err and "energy calls" in cap.err
+    assert "n=2 draws" in cap.out and "12 sequences" in cap.out
+    assert main(["eval", str(out), "--log-z-samples", "0,4"]) == 2
+    assert "--log-z-samples" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    assert "--log-z-samples" in (help_text := " ".join(capsys.readouterr().out.split())) and "energy calls" in help_text
+    assert "--max-examples" in help_text.split("Cost:")[1]
+
+
+def test_the_estimates_cost_is_what_it_calls_and_progress_counts_it():
+    """energy_estimate_cost is the expected number of energy rows, and the ticks add up to the rows computed."""
+    from tcsm.paths import MaskedPath
+    from tcsm.posttrain.dre.likelihood import energy_estimate_cost, energy_nelbo_terms
+
+    V, L, B, num_t, n = 4, 6, 64, 8, 3
+    path = MaskedPath(V)
+    calls = []
+
+    def energy(x1, xt, t):
+        calls.append(x1.shape[0])
+        return torch.zeros(x1.shape[0])
+
+    def reference(xt, t):
+        return torch.zeros(*xt.shape, V)
+
+    ticks = []
+    g = torch.Generator().manual_seed(0)
+    x1 = torch.randint(0, V, (B, L), generator=g)
+    energy_nelbo_terms(reference, energy, x1, path, num_t=num_t, num_samples=[1, n], generator=g, max_rows=50,
+                       tick=ticks.append)
+    assert ticks == calls and max(calls) <= 50
+    expected = energy_estimate_cost(path, B, L, num_t, n)
+    assert expected == pytest.approx(B * num_t * n * (1 + L / 2))  # linear schedule: half the tokens masked
+    assert sum(calls) == pytest.approx(expected, rel=0.1)

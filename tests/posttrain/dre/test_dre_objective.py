@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from dre_oracles import strategy_i_loss, strategy_ii_loss
 
 from tcsm.batch import Batch
@@ -17,7 +18,8 @@ from tcsm.errors import CheckpointError, ConfigError
 from tcsm.models.transformer import build_denoiser
 from tcsm.paths import MaskedPath, UniformPath
 from tcsm.posttrain.dre.energy import EnergyModel
-from tcsm.posttrain.dre.likelihood import energy_integrand, evaluate_energy_estimate
+from tcsm.posttrain.dre.likelihood import energy_integrand, energy_nelbo_terms, evaluate_energy_estimate
+from tcsm.posttrain.dre.losses import draw_reference_samples
 from tcsm.posttrain.dre.objective import DensityRatioObjective, EnergyObjective
 from tcsm.posttrain.dre.ratio_head import RatioHead
 from tcsm.posttrain.dre.references import EMAReference, PreviousIterateReference
@@ -97,6 +99,34 @@ def test_strategy_i_objective_is_strategy_i_loss(source, loss, dist):
         )
         scale = L if level == "token" else 1
         torch.testing.assert_close(got, want / scale, rtol=1e-5, atol=1e-6)
+
+
+def test_sequence_level_objective_by_hand(dist):
+    """Strategy (i) at the sequence level, composed by hand from the drawn tokens (not through the library's
+    log-ratio): log r = Σ_{i: x_t^i = M} [log m^θ_i − log m^ref_i](x_1^i), BCE = E_data softplus(−log r) +
+    E_ref softplus(log r) (MATH.md §5.1, §8 item 11). Carried positions must add nothing."""
+    path = MaskedPath(V)
+    ref, student = _denoiser(path, 1), _denoiser(path, 2)
+    x1 = dist.sample(8, _gen(5))
+    obj = DensityRatioObjective(path, ref, level="sequence", loss="bce", num_negatives=3)
+    got, _ = obj(student, x1, _gen(7))
+    g = _gen(7)
+    t = sample_times(8, antithetic=True, generator=g)
+    xt = path.sample(x1, t, g)
+    with torch.no_grad():
+        ref_lp = torch.log_softmax(ref(xt, t), -1)
+        stu_lp = torch.log_softmax(student(xt, t).float(), -1)
+    neg = draw_reference_samples(ref_lp, xt, path, 3, g)
+    masked = xt == path.mask_id
+    assert masked.any() and (~masked).any()
+
+    def log_r(x):  # x [8, L]
+        d = (stu_lp - ref_lp).gather(-1, x.unsqueeze(-1)).squeeze(-1)
+        return torch.stack([d[b][masked[b]].sum() for b in range(8)])
+
+    l_ref = torch.stack([log_r(neg[:, j]) for j in range(3)], 1)
+    want = F.softplus(-log_r(x1)).mean() + F.softplus(l_ref).mean()
+    torch.testing.assert_close(got.detach(), want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("loss", ["lsif", "bce", "gkl"])
@@ -317,6 +347,48 @@ def test_estimate_report_is_labelled_and_moves_with_the_number_of_samples(dist):
     )
     assert out0["bpc_estimate"] == pytest.approx(out0["reference_bpc"], abs=1e-9)
     assert out0["bpc_estimate_minus_reference"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_energy_estimate_reference_part_is_the_reference_bound(dist):
+    """The reference's part of `energy_nelbo_terms` estimates its valid masked bound without bias (MATH.md §2.2,
+    §2.4): with the exact posterior marginals as reference the bound is tight, so its p_1-average is the entropy of
+    p_1; with f ≡ 0 the estimate is the same number. (Without the weight κ_t it would be ∫ E[G] dt, far below.)"""
+    path = MaskedPath(V)
+    R = 24
+    x1 = dist.states.repeat(R, 1)
+    ref, est, _ = energy_nelbo_terms(
+        dist.denoiser(path),
+        lambda x, xt, t: torch.zeros(x.shape[0]),
+        x1,
+        path,
+        num_t=16,
+        num_samples=[1],
+        generator=_gen(0),
+    )
+    w = dist.probs.double().repeat(R) / R
+    mean = float((w * ref).sum())
+    se = math.sqrt(float((w * (ref - mean) ** 2).sum()) / R)
+    assert abs(mean - dist.entropy()) < 5 * se + 1e-3, (mean, dist.entropy(), se)
+    torch.testing.assert_close(est[0], ref)
+
+
+def test_student_and_reference_see_the_same_noisy_input(dist):
+    """r = p^θ_{1|t} / p^ref_{1|t} at one (x_t, t) (MATH.md §5.1): the objective calls both models on exactly the
+    drawn x_t and t (a time-conditioned reference at another t gives another ratio)."""
+    path = UniformPath(V)
+    seen = {}
+
+    def spy(name, model):
+        def fn(xt, t):
+            seen[name] = (xt.clone(), t.clone())
+            return model(xt, t)
+
+        return fn
+
+    obj = DensityRatioObjective(path, spy("reference", _denoiser(path, 1)), num_negatives=2)
+    obj(spy("student", _denoiser(path, 2)), dist.sample(8, _gen(0)), _gen(1))
+    assert torch.equal(seen["reference"][0], seen["student"][0])
+    assert torch.equal(seen["reference"][1], seen["student"][1])
 
 
 def test_energy_objective_sees_through_the_trainers_wrappers(dist):

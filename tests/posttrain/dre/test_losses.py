@@ -239,6 +239,27 @@ def test_main_text_bce_sign_diverges(dist):
     assert float(pb.loss(f_star, "bce")) <= float(pb.loss(f, "bce"))
 
 
+def test_factorized_log_ratio_counts_only_the_loss_mask():
+    """Strategy (i): log r = Σ_{i∈M(x_t)} [log m^θ_i − log m^ref_i](x_1^i), and per token exactly 0 off M(x_t)
+    (carry-over positions; MATH.md §5.1, §5.3), for one x_1 per row and for n per row, checked term by term.
+    The minimiser tests cannot see extra carried terms: self-normalisation absorbs a constant per x_t."""
+    B, n, Lx = 3, 4, 5
+    g = torch.Generator().manual_seed(0)
+    stu = torch.log_softmax(torch.randn(B, Lx, V, generator=g, dtype=torch.float64), -1)
+    ref = torch.log_softmax(torch.randn(B, Lx, V, generator=g, dtype=torch.float64), -1)
+    mask = torch.tensor([[1, 0, 1, 0, 0], [0, 0, 0, 0, 0], [1, 1, 0, 1, 1]], dtype=torch.bool)
+    for x1 in (torch.randint(0, V, (B, Lx), generator=g), torch.randint(0, V, (B, n, Lx), generator=g)):
+        per = factorized_log_ratio(stu, ref, x1, mask, per_token=True)
+        seq = factorized_log_ratio(stu, ref, x1, mask)
+        assert per.shape == x1.shape and seq.shape == x1.shape[:-1]
+        flat, per_flat = x1.reshape(B, -1, Lx), per.reshape(B, -1, Lx)
+        for b, j, i in itertools.product(range(B), range(flat.shape[1]), range(Lx)):
+            y = flat[b, j, i]
+            want = float(stu[b, i, y] - ref[b, i, y]) if mask[b, i] else 0.0
+            assert float(per_flat[b, j, i]) == pytest.approx(want, abs=1e-12)
+        torch.testing.assert_close(seq, per.sum(-1))
+
+
 # --- negatives, reference gradients, models ---------------------------------------------------------------------
 
 

@@ -180,6 +180,32 @@ def test_window_and_candidate_cache(dist):
     assert st.energy_rows == 5 * st.reference_rows
 
 
+def test_candidate_cache_is_dropped_when_x_t_changes(dist):
+    """With f ≡ 0 and k = 1 the pick is a draw from the factorized reference at the current x_t, so K = 64 masked
+    steps (about one token revealed per step, each from the exact marginal given the revealed ones) land on p_1
+    (exact law: TV ≈ 0.005 here). A pick reused after x_t changed is stuck at the all-mask draw, i.e. the product
+    of p_1's marginals (TV 0.175) — invisible with the exact energy, where any posterior draw lands on p_1. Each
+    row must call the reference once per distinct x_t that still has a masked position: ≈ L = 2 times, not 1."""
+    path = MaskedPath(dist.vocab_size)
+    n = 12_000
+    x, st = sample_sir(
+        exact_reference(dist, path),
+        lambda x1, xt, t: torch.zeros(x1.shape[0], dtype=torch.float64),
+        path,
+        batch_size=n,
+        length=dist.length,
+        num_steps=64,
+        num_candidates=1,
+        window=(0.0, 1.0),
+        seed=11,
+        return_stats=True,
+    )
+    calls = st.row_calls.double().mean().item()
+    got = tv(empirical(dist, x), dist.probs)
+    print(f"f = 0, k = 1, K = 64: TV {got:.4f}, reference calls per row {calls:.3f}")
+    assert got < 0.05 and calls > 1.8 and int(st.row_calls.max()) <= dist.length
+
+
 @pytest.mark.parametrize("source", ["masked", "uniform"])
 def test_prompt_positions_are_kept(source, dist):
     path = PATHS[source](dist.vocab_size)

@@ -158,6 +158,10 @@ def test_sequence_log_ratio_sums_scored_positions_only_and_ignores_the_rest():
     torch.testing.assert_close(got, want.detach(), atol=1e-12, rtol=0)
     got.sum().backward()
     assert torch.isfinite(logits.grad).all() and (logits.grad[~mask] == 0).all()
+    # The NaN as the model's own output (a leaf, not behind a torch.where that already stops its gradient).
+    leaf = poisoned.detach().requires_grad_(True)
+    sequence_log_ratio(leaf, ref_poisoned, x1, mask).sum().backward()
+    assert torch.isfinite(leaf.grad).all() and (leaf.grad[~mask] == 0).all()
 
 
 @pytest.mark.parametrize("source", sorted(PATHS))
@@ -283,6 +287,31 @@ def test_evaluate_is_zero_at_the_reference_and_sees_a_model_that_prefers_the_cho
     assert got["reward_margin"] > 0 and got["pref_accuracy"] > 0.5 and got["kl_ref"] > 0
     assert {"bpc", "bpc_stderr", "perplexity", "bound", "num_sequences"} <= set(got)
     assert got["num_pairs"] == 64 and "chosen | prompt" in got["bound"]
+
+
+def test_evaluate_kl_is_student_to_reference_summed_over_scored_positions():
+    """kl_ref = E Σ_{i scored} KL(m^θ_i ‖ m^ref_i) (MATH.md §5.3 evaluation). On the uniform source every response
+    position is scored at every t, so for models that ignore x_t and t it is exactly Σ_{i ≥ P} KL, in that direction
+    (KL(ref ‖ θ) differs: the two tables are far from symmetric)."""
+    V, L, P = 4, 5, 2
+    g = torch.Generator().manual_seed(3)
+    student_tab, ref_tab = 2.0 * torch.randn(L, V, generator=g, dtype=torch.float64), torch.zeros(L, V)
+    ref_tab[:, 0] = 3.0
+
+    class Const(torch.nn.Module):
+        def __init__(self, tab):
+            super().__init__()
+            self.tab = tab
+
+        def forward(self, xt, t):
+            return self.tab.expand(xt.shape[0], L, V)
+
+    obj = PreferenceObjective(UniformPath(V), reference=Const(ref_tab.double()), eval_num_t=2)
+    got = obj.evaluate(Const(student_tab), _pairs(8, L, V, P, seed=1), batch_size=8)
+    lp, lr = torch.log_softmax(student_tab, -1), torch.log_softmax(ref_tab.double(), -1)
+    want = (lp.exp() * (lp - lr)).sum(-1)[P:].sum()
+    backward = (lr.exp() * (lr - lp)).sum(-1)[P:].sum()
+    assert got["kl_ref"] == pytest.approx(float(want), rel=1e-9) and abs(float(want - backward)) > 0.5
 
 
 # --------------------------------------------------------------------------------------------------- data

@@ -34,11 +34,10 @@ __all__ = [
 
 @dataclass
 class DistillTargetConfig:
+    """The teacher is the run's frozen model, `reference.path`: a tcsm causal-LM run (tcsm train -c clean-causal)
+    or a Hugging Face causal-LM directory."""
+
     name: str = "distill"
-    teacher: str | None = field(
-        default=None, metadata={"help": "tcsm causal-LM run (tcsm train -c clean-causal) or HF causal-LM directory"}
-    )
-    ema: bool = field(default=True, metadata={"help": "tcsm teacher: use its EMA weights when it has them"})
     estimator: str = field(
         default="topk_ngram", metadata={"help": "exact | topk | topk_ngram | taylor (MATH.md §5.4)"}
     )
@@ -347,7 +346,7 @@ def load_distill_teacher(spec: TeacherSpec, device, *, vocab_size: int, ema: boo
         from tcsm.builders.frozen import load_frozen
 
         model = load_frozen(
-            spec.path, role="target.teacher", families=("causal",), ema=ema, device=device, vocab_size=vocab_size
+            spec.path, role="reference.path (the teacher)", families=("causal",), ema=ema, device=device, vocab_size=vocab_size
         ).model
     return model.eval().requires_grad_(False)
 
@@ -360,12 +359,13 @@ def build_distill_target(node: dict, ctx: BuildContext):
     from tcsm.targets.parametric import ARTeacher
 
     node = dict(node)
-    if not node.get("teacher"):
-        raise ConfigError("target.teacher must name the AR teacher: a tcsm causal-LM run or a HF causal-LM directory")
+    ref = ctx.config.reference
+    if not ref.path:
+        raise ConfigError("reference.path must name the AR teacher: a tcsm causal-LM run or a HF causal-LM directory")
     if node["proposal"] not in PROPOSALS:
         raise ConfigError(f"target.proposal must be one of {list(PROPOSALS)}, got {node['proposal']!r}")
     device = torch.device(ctx.device or "cpu")
-    spec = inspect_teacher(node["teacher"], ema=node["ema"])
+    spec = inspect_teacher(ref.path, ema=ref.ema)
     check_teacher_vocabulary(spec, ctx.data, OmegaConf.to_container(ctx.config.data, resolve=True))
     if spec.max_len is not None and spec.max_len < ctx.seq_len:
         raise ConfigError(
@@ -388,7 +388,7 @@ def build_distill_target(node: dict, ctx: BuildContext):
     if node["estimator"] not in options:
         raise ConfigError(f"target.estimator must be one of {sorted(options)}, got {node['estimator']!r}")
     model = load_distill_teacher(
-        spec, device, vocab_size=ctx.vocab_size, ema=node["ema"], bos_token_id=node["bos_token_id"]
+        spec, device, vocab_size=ctx.vocab_size, ema=ref.ema, bos_token_id=node["bos_token_id"]
     )
     try:
         teacher = ARTeacher(model, node["estimator"], autocast=node["autocast"], **options[node["estimator"]])
@@ -397,7 +397,8 @@ def build_distill_target(node: dict, ctx: BuildContext):
             node["proposal"],
             sample_steps=node["sample_steps"],
             audit_rows=node["audit_rows"],
-            ngram_rows=ctx.data.train if node["estimator"] == "topk_ngram" else None,
+            # [:] reads memory-mapped shards (data.kind=shards) into one tensor: the n-gram counts every row
+            ngram_rows=ctx.data.train[:] if node["estimator"] == "topk_ngram" else None,
             ngram_order=node["ngram_order"],
         )
     except ValueError as e:

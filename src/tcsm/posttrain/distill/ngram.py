@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from tcsm.fileio import atomic_path
 from tcsm.targets.ar import first_occurrence
 
 __all__ = ["NGRAM_FORMAT", "NgramTable", "RightContextNgram"]
@@ -197,12 +197,8 @@ class RightContextNgram:
         path.parent.mkdir(parents=True, exist_ok=True)
         tensors, meta = self.state()
         meta["info"] = json.dumps(info or {}, sort_keys=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-        try:
+        with atomic_path(path) as tmp:
             save_file(tensors, str(tmp), metadata=meta)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
         return path
 
     @classmethod

@@ -2,7 +2,7 @@
 report of what it learned from its teacher.
 
 A distillation run is an ordinary run of the one Trainer: the teacher run's `data` section (a Hugging Face
-teacher brings none: give `data.*`) < the `distill` preset < overrides < values, with `target.teacher`
+teacher brings none: give `data.*`) < the `distill` preset < overrides < values, with `reference.path`
 pointing at the teacher's resolved checkpoint (so a resumed run keeps the same teacher even if the teacher's
 run trains on). The student is whatever the `model` section describes; it starts from scratch unless
 `train.init_from` says otherwise.
@@ -26,12 +26,12 @@ __all__ = ["distill_config", "distill_report", "teacher_nll"]
 
 def distill_config(teacher, preset: str | None = "distill", overrides=(), values: dict | None = None):
     """The student's config: teacher data < preset < overrides < `values` (dotted key → value), with
-    `target.teacher` set to the teacher (a tcsm run resolved to its checkpoint, or a HF directory). An override
+    `reference.path` set to the teacher (a tcsm run resolved to its checkpoint, or a HF directory). An override
     `target.name=data` gives the baseline: the same student on the teacher's data, without the teacher."""
     spec = inspect_teacher(teacher)
     base = {"data": dict(spec.state["config"]["data"])} if spec.kind == "tcsm" else None
     cfg = load_config(preset, list(overrides), base=base)
-    own = {"target.teacher": str(spec.path)} if cfg.target.name == "distill" else {}
+    own = {"reference.path": str(spec.path)} if cfg.target.name == "distill" else {}
     return set_values(cfg, {**own, **(values or {})})
 
 
@@ -50,16 +50,17 @@ def distill_report(
 ) -> dict:
     """Gen-PPL under the teacher and unigram sample entropy of the student's (EMA) samples for each number of
     sampling steps (MATH.md §6), next to the same numbers for the teacher's own samples. `teacher` defaults to
-    the run's target.teacher (give it for a student trained without one, e.g. on data alone)."""
+    the run's reference.path (give it for a student trained without one, e.g. on data alone)."""
     from tcsm.targets.ar import sample_ar
 
     student = load_checkpoint(run_dir, device=device)
     cfg = student.config
     V, L = int(student.data_info["vocab_size"]), int(student.data_info["seq_len"])
     own = cfg.target.name == "distill"
-    spec = inspect_teacher(teacher or cfg.target.teacher, ema=cfg.target.ema if own else True)
+    ema = cfg.reference.ema if own else True
+    spec = inspect_teacher(teacher or cfg.reference.path, ema=ema)
     teacher = load_distill_teacher(
-        spec, device, vocab_size=V, ema=cfg.target.ema if own else True,
+        spec, device, vocab_size=V, ema=ema,
         bos_token_id=cfg.target.bos_token_id if own else None,
     )  # fmt: skip
     path = student.build_path()

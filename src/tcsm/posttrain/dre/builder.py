@@ -1,11 +1,11 @@
 """Density-ratio post-training builders (MATH.md §5.1): the energy model, the DRE objective.
 
-* `model.name: energy` — frozen reference p^ref (from `model.reference`, a tcsm checkpoint) + `RatioHead` f_θ,
+* `model.name: energy` — frozen reference p^ref (the run's `reference.path`, a tcsm checkpoint) + `RatioHead` f_θ,
   trained as the strategy-(ii) energy model. The reference's weights are part of the run's own weights, so a
   checkpoint loads without the reference run (its architecture is `model.reference_model`, which `tcsm finetune
   dre` copies from the reference run).
-* `objective.name: dre` — strategy i (the student denoiser against `objective.reference`: a checkpoint, `ema` or
-  `previous`) or ii (an energy model), with loss lsif | bce | gkl and `num_negatives` reference draws per x_t.
+* `objective.name: dre` — strategy i (the student denoiser against the frozen `reference.path`, or
+  `objective.reference` = `ema` | `previous`) or ii (an energy model), with loss lsif | bce | gkl and `num_negatives` reference draws per x_t.
 
 A reference whose vocabulary or noise source differs from the run's is refused with a one-line CheckpointError.
 """
@@ -36,13 +36,6 @@ _HEAD_KEYS = ("d_model", "n_layers", "n_heads", "cond_dim", "mlp_ratio", "dropou
 @dataclass
 class EnergyModelConfig:
     name: str = "energy"
-    reference: Optional[str] = field(  # noqa: UP045 (OmegaConf structured configs need Optional)
-        default=None,
-        metadata={"help": "checkpoint of the frozen reference p^ref (a masked/uniform tcsm run)"},
-    )
-    reference_ema: bool = field(
-        default=True, metadata={"help": "use the reference's EMA weights when it has them"}
-    )
     reference_model: dict[str, Any] = field(
         default_factory=dict,
         metadata={
@@ -67,13 +60,11 @@ def _reference_architecture(node: dict, ctx: BuildContext):
     """The reference denoiser with its architecture only (weights follow from the energy run's checkpoint)."""
     arch = dict(node["reference_model"])
     if not arch:
-        if not node.get("reference"):
-            raise ConfigError(
-                "model.reference_model (or model.reference) must describe the reference denoiser"
-            )
+        if not ctx.config.reference.path:
+            raise ConfigError("model.reference_model (or reference.path) must describe the reference denoiser")
         from tcsm.checkpoint import read_state, resolve_checkpoint
 
-        arch = dict(read_state(resolve_checkpoint(node["reference"]))[1]["config"]["model"])
+        arch = dict(read_state(resolve_checkpoint(ctx.config.reference.path))[1]["config"]["model"])
     name = arch.pop("name", "denoiser")
     return MODELS.build(name, arch, ctx)
 
@@ -85,18 +76,17 @@ def build_energy_model(node: dict, ctx: BuildContext) -> EnergyModel:
         # Loading a checkpoint: only the architecture is needed, the checkpoint holds both sets of weights.
         reference = freeze(_reference_architecture(node, ctx))
     else:
-        if not node.get("reference"):
-            raise ConfigError(
-                "model.reference must name the reference checkpoint (tcsm finetune dre --from RUN sets it)"
-            )
-        frozen = load_frozen(node["reference"], ctx, role="model.reference", ema=node["reference_ema"])
+        ref = ctx.config.reference
+        if not ref.path:
+            raise ConfigError("reference.path must name the reference checkpoint (tcsm finetune dre --from RUN sets it)")
+        frozen = load_frozen(ref.path, ctx, role="reference.path", ema=ref.ema)
         reference, ck = frozen.model, frozen.checkpoint
         saved = {k: v for k, v in node["reference_model"].items() if v is not None}
         stored = {k: v for k, v in to_dict(ck.config.model).items() if v is not None}
         if saved and saved != stored:
             raise CheckpointError(
                 f"model.reference_model does not describe the reference checkpoint {str(ck.directory)!r}; "
-                "remove it (it is read from the checkpoint) or point model.reference at the matching run"
+                "remove it (it is read from the checkpoint) or point reference.path at the matching run"
             )
     overrides = {k: node[k] for k in _HEAD_KEYS if node.get(k) is not None}
     try:
@@ -125,12 +115,7 @@ class DREObjectiveConfig:
     level: str = field(default="token", metadata={"help": "strategy i: token (N^1 conditionals) | sequence"})
     reference: Optional[str] = field(  # noqa: UP045
         default=None,
-        metadata={
-            "help": "strategy i: a checkpoint | ema | previous (ii: the energy model's model.reference)"
-        },
-    )
-    reference_ema: bool = field(
-        default=True, metadata={"help": "load the reference checkpoint's EMA weights"}
+        metadata={"help": "strategy i: ema | previous | null (the frozen reference.path); ii: null"},
     )
     refresh_every: int = field(default=100, metadata={"help": "reference=previous: steps between refreshes"})
     antithetic: bool = field(default=True, metadata={"help": "antithetic t across each micro-batch"})
@@ -162,7 +147,7 @@ def build_dre_objective(node: dict, ctx: BuildContext):
                 raise ConfigError("objective.strategy=ii trains an energy model: set model.name=energy")
             if reference is not None:
                 raise ConfigError(
-                    "objective.reference is strategy i's; strategy ii's reference is model.reference"
+                    f"objective.reference={reference} is strategy i's; strategy ii's reference is reference.path"
                 )
             return EnergyObjective(
                 ctx.path,
@@ -177,16 +162,17 @@ def build_dre_objective(node: dict, ctx: BuildContext):
             raise ConfigError(
                 "objective.strategy=i trains the student denoiser itself: use model.name=denoiser"
             )
-        if reference is None:
-            raise ConfigError("objective.reference must be a checkpoint, ema or previous for strategy i")
+        if reference not in (None, "ema", "previous"):
+            raise ConfigError(f"objective.reference must be ema, previous or null (reference.path), got {reference!r}")
+        if reference is None and not ctx.config.reference.path:
+            raise ConfigError("strategy i needs a reference: reference.path (a checkpoint), or objective.reference=ema | previous")
         if reference == "ema" and not ctx.config.train.ema > 0:
             raise ConfigError("objective.reference=ema needs the trainer's EMA: set train.ema > 0")
-        if reference not in ("ema", "previous"):
+        if reference is None:
             # Scoring a saved run (no target built) needs no reference: strategy i is evaluated as a denoiser.
             if ctx.target is not None:
-                ctx.reference = load_frozen(
-                    reference, ctx, role="objective.reference", ema=node["reference_ema"]
-                ).model
+                ref = ctx.config.reference
+                ctx.reference = load_frozen(ref.path, ctx, role="reference.path", ema=ref.ema).model
             reference = ctx.reference
         return DensityRatioObjective(
             ctx.path, reference, level=node["level"], refresh_every=node["refresh_every"], **common

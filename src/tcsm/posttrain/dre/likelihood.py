@@ -24,19 +24,41 @@ from torch import Tensor
 from tcsm.likelihood import evaluate_bound, summarise_nats
 from tcsm.paths import ProbabilityPath
 from tcsm.posttrain.dre.losses import EnergyFn, draw_reference_samples, log_mean_exp, reference_log_probs
+from tcsm.progress import WorkProgress
 from tcsm.timesteps import stratified_times
 
-__all__ = ["energy_integrand", "energy_nelbo_terms", "evaluate_energy_estimate"]
+__all__ = ["energy_estimate_cost", "energy_integrand", "energy_nelbo_terms", "evaluate_energy_estimate"]
 
 Denoiser = Callable[[Tensor, Tensor], Tensor]
+Tick = Callable[[int], None]
 
 
-def _chunked(energy: EnergyFn, x1: Tensor, xt: Tensor, t: Tensor, max_rows: int) -> Tensor:
-    """f for rows [N, L] in calls of at most `max_rows` rows (the evaluation's memory bound)."""
-    parts = [
-        energy(x1[s : s + max_rows], xt[s : s + max_rows], t[s : s + max_rows])
-        for s in range(0, x1.shape[0], max_rows)
-    ]
+def energy_estimate_cost(
+    path: ProbabilityPath, num_sequences: int, length: int, num_t: int, num_samples: int
+) -> float:
+    """Expected energy-model rows (calls of f on one sequence) of `evaluate_energy_estimate`: per sequence and
+    time, n = max(num_samples) draws for Ẑ plus n for each masked position's Ẑ_i, i.e. n · (1 + L · E[1 − α_t])
+    with t ~ U(0, 1). A pre-trained model's bound costs one denoiser row per sequence and time instead."""
+    schedule = getattr(path, "schedule", None)
+    if schedule is None:
+        masked = 0.5
+    else:  # E_t[1 − α_t] by the midpoint rule
+        masked = float(
+            schedule.one_minus_alpha((torch.arange(1000, dtype=torch.float64) + 0.5) / 1000).mean()
+        )
+    return float(num_sequences) * num_t * num_samples * (1.0 + length * masked)
+
+
+def _chunked(
+    energy: EnergyFn, x1: Tensor, xt: Tensor, t: Tensor, max_rows: int, tick: Tick | None = None
+) -> Tensor:
+    """f for rows [N, L] in calls of at most `max_rows` rows (the evaluation's memory bound); `tick(rows)` after
+    each call."""
+    parts = []
+    for s in range(0, x1.shape[0], max_rows):
+        parts.append(energy(x1[s : s + max_rows], xt[s : s + max_rows], t[s : s + max_rows]))
+        if tick is not None:
+            tick(parts[-1].shape[0])
     return torch.cat(parts) if parts else x1.new_zeros(0, dtype=torch.float32)
 
 
@@ -51,12 +73,13 @@ def energy_integrand(
     num_samples: Sequence[int] = (16,),
     generator: torch.Generator | None = None,
     max_rows: int = 8192,
+    tick: Tick | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The masked-bound integrand at given (t, x_t) draws of x1 [R, L] (MATH.md §2.2, §5.1): (w = κ_t [R],
     G_ref [R] = Σ_{i: x_t^i = M} −log m^ref_i(x_1^i), G_est [len(ns), R] = G_ref + Σ_i [log Ẑ − log Ẑ_i(x_1^i)],
     log Ẑ [len(ns), R]), the normalisers from the first n of one set of reference draws for each n in
     `num_samples` (sorted). As n → ∞, −log m̂ → −log m^θ_i, the marginals of p^ref e^f / Z.
-    Cost: max(n) · (1 + #masked) energy rows per row of x_t."""
+    Cost: max(n) · (1 + #masked) energy rows per row of x_t; `tick(rows)` is called as they are done."""
     if path.mask_id is None or "masked" not in path.bounds:
         raise ValueError(f"the energy-model estimate uses the masked bound; this is a {path.kind} path")
     ns = sorted({int(n) for n in num_samples})
@@ -71,7 +94,7 @@ def energy_integrand(
     n = x_hat.shape[1]
     tf = t.float()
     f_base = _chunked(
-        energy, x_hat.reshape(R * n, L), xt.repeat_interleave(n, 0), tf.repeat_interleave(n), max_rows
+        energy, x_hat.reshape(R * n, L), xt.repeat_interleave(n, 0), tf.repeat_interleave(n), max_rows, tick
     ).reshape(R, n)
     rows, pos = (xt == path.mask_id).nonzero(as_tuple=True)  # one pair per masked position
     subst = x_hat[rows].clone()  # [P, n, L]
@@ -82,6 +105,7 @@ def energy_integrand(
         xt[rows].repeat_interleave(n, 0),
         tf[rows].repeat_interleave(n),
         max_rows,
+        tick,
     ).reshape(-1, n)
     wd = g_ref.dtype
     g_est, log_zs = [], []
@@ -105,6 +129,7 @@ def energy_nelbo_terms(
     num_samples: Sequence[int] = (16,),
     generator: torch.Generator | None = None,
     max_rows: int = 8192,
+    tick: Tick | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Per-sequence masked-bound integrals in nats for x1 [B, L] (MATH.md §2.2, §2.4, §5.1), from `num_t`
     stratified times and one x_t ~ p_{t|1} per time:
@@ -117,7 +142,16 @@ def energy_nelbo_terms(
     z1 = x1.repeat(num_t, 1)
     xt = path.sample(z1, t, generator)
     w, g_ref, g_est, log_z = energy_integrand(
-        reference, energy, z1, xt, t, path, num_samples=num_samples, generator=generator, max_rows=max_rows
+        reference,
+        energy,
+        z1,
+        xt,
+        t,
+        path,
+        num_samples=num_samples,
+        generator=generator,
+        max_rows=max_rows,
+        tick=tick,
     )
 
     def integral(g: Tensor) -> Tensor:  # w may be huge where nothing is masked (g = 0): never form 0 · inf
@@ -139,26 +173,42 @@ def evaluate_energy_estimate(
     generator: torch.Generator | None = None,
     max_rows: int = 8192,
     device=None,
+    progress: bool = False,
 ) -> dict:
     """Dataset report of the energy model (MATH.md §2.4, §5.1, §8 item 14): the reference's valid bound as
     `bpc` / `nats_per_token` / ... (the keys every bound report has, `bound` naming what they are) and the
     energy model's IS estimate as `bpc_estimate` (largest n) and `bpc_estimate_n{n}` for every n, each with a
     stderr, the paired difference `bpc_estimate_minus_reference`, and mean log Ẑ per n (`log_z_mean_n{n}`).
 
-    On a path without a masked bound there is no estimate: the reference's bound alone, so labelled."""
+    On a path without a masked bound there is no estimate: the reference's bound alone, so labelled.
+    `progress`: report energy rows done, with rate and ETA, on stderr (`tcsm.progress`); the cost is
+    `energy_estimate_cost`, hundreds of times a pre-trained model's bound at the same settings."""
     data = torch.as_tensor(data)
     if data.dim() != 2 or data.shape[0] == 0:
         raise ValueError(f"data must be a non-empty LongTensor [N, L], got shape {tuple(data.shape)}")
     device = data.device if device is None else torch.device(device)
     if path.mask_id is None or "masked" not in path.bounds:
         out = evaluate_bound(
-            reference, data, path, batch_size=batch_size, num_t=num_t, generator=generator, device=device
+            reference,
+            data,
+            path,
+            batch_size=batch_size,
+            num_t=num_t,
+            generator=generator,
+            device=device,
+            progress=progress,
         )
         out["bound"] = f"reference p^ref {out['bound']}; no energy-model estimate for the {path.kind} source"
         return out
     ns = sorted({int(n) for n in num_samples})
     N, L = data.shape
     refs, ests, zs = [], [], []
+    bar = WorkProgress(
+        energy_estimate_cost(path, N, L, num_t, ns[-1]),
+        "energy-model estimate",
+        "energy rows",
+        enabled=progress,
+    )
     with torch.no_grad():
         for s in range(0, N, int(batch_size)):
             x1 = data[s : s + int(batch_size)].to(device=device, dtype=torch.long)
@@ -171,10 +221,12 @@ def evaluate_energy_estimate(
                 num_samples=ns,
                 generator=generator,
                 max_rows=max_rows,
+                tick=bar.update,
             )
             refs.append(r.double().cpu())
             ests.append(e.double().cpu())
             zs.append(z.double().cpu())
+    bar.close()
     ref, est, log_z = torch.cat(refs) / L, torch.cat(ests, dim=1) / L, torch.cat(zs, dim=1)
     top = summarise_nats(est[-1], L, "estimate")
     label = (

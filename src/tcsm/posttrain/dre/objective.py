@@ -232,7 +232,9 @@ class EnergyObjective(_DRE):
         metrics["log_z_plugin"] = log_mean_exp(f[:, 1:].detach().float(), dim=-1).mean()
         return loss, metrics
 
-    def evaluate(self, model, data: Tensor, *, batch_size: int, generator=None, device=None) -> dict:
+    def evaluate(
+        self, model, data: Tensor, *, batch_size: int, generator=None, device=None, progress=False
+    ) -> dict:
         net = self._energy_model(model)
         return evaluate_energy_estimate(
             net.reference,
@@ -245,10 +247,21 @@ class EnergyObjective(_DRE):
             generator=generator,
             max_rows=self.eval_max_rows,
             device=device,
+            progress=progress,
         )
 
-    def sample(self, model, num: int, length: int, generator=None, device=None, *, settings=None, fixed=None,
-               values=None):
+    def sample(
+        self,
+        model,
+        num: int,
+        length: int,
+        generator=None,
+        device=None,
+        *,
+        settings=None,
+        fixed=None,
+        values=None,
+    ):
         """SIR over the energy model's frozen reference (MATH.md §6.3) with the run's `SampleSettings`: `steps`,
         `grid`, `sir_k` candidates inside `sir_window`, selection temperature `sir_temperature`."""
         from tcsm.sampling.settings import SampleSettings

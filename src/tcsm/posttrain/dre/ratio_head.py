@@ -16,15 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from tcsm.models.config import TrunkConfig
-from tcsm.models.layers import (
-    RotaryEmbedding,
-    TimestepEmbedder,
-    TransformerBlock,
-    init_weights,
-    make_norm,
-    run_trunk,
-    zero_init_,
-)
+from tcsm.models.layers import build_trunk, init_weights, run_trunk, zero_init_
 
 __all__ = ["RatioHead", "RatioHeadConfig"]
 
@@ -46,21 +38,7 @@ class RatioHead(nn.Module):
         super().__init__()
         self.cfg = cfg
         # `embed` (x_t) and the trunk use the Denoiser's names, so `from_denoiser` can copy by name.
-        self.embed = nn.Embedding(cfg.num_states, cfg.d_model)
-        self.embed_clean = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.rotary = RotaryEmbedding(cfg.d_model // cfg.n_heads, cfg.max_len, cfg.rope_base)
-        cond_dim = cfg.cond_dim if cfg.time_conditioning else None
-        self.time_embed = TimestepEmbedder(cfg.cond_dim) if cfg.time_conditioning else None
-        self.blocks = nn.ModuleList(
-            TransformerBlock(cfg.d_model, cfg.n_heads, cfg.mlp_ratio, cfg.dropout, cond_dim, False, cfg.norm)
-            for _ in range(cfg.n_layers)
-        )
-        self.final_norm = make_norm(cfg.norm, cfg.d_model)
-        self.final_adaLN = (
-            nn.Sequential(nn.SiLU(), zero_init_(nn.Linear(cfg.cond_dim, 2 * cfg.d_model)))
-            if cfg.time_conditioning
-            else None
-        )
+        build_trunk(self, cfg, embed_clean=cfg.vocab_size)
         self.out = zero_init_(nn.Linear(cfg.d_model, 1, bias=True))
         self.apply(init_weights)
 

@@ -4,7 +4,7 @@ A DRE fine-tune is an ordinary run over the reference run's data and path: the r
 `finetune-dre` preset < overrides < `values`. Strategy (ii) replaces the model section by an energy model
 (`model.name: energy`) around the frozen reference — only its head trains, and its trunk starts as a copy of the
 reference's; strategy (i) keeps the reference's denoiser, starts the student from the reference's weights through
-`train.init_from` and uses the reference checkpoint as `objective.reference` unless `ema` / `previous` is asked.
+`train.init_from` and uses the reference checkpoint as `reference.path` unless `ema` / `previous` is asked.
 """
 
 from __future__ import annotations
@@ -43,20 +43,24 @@ def dre_config(checkpoint, preset: str | None = "finetune-dre", overrides=(), va
     # Never write into the reference run, and never inherit its own warm start.
     base["train"] = {**base.get("train", {}), "out_dir": None, "init_from": None}
     strategy = _strategy(preset, overrides, values)
-    if strategy != "i" and values.get("objective.reference") is not None:
+    given = values.pop("objective.reference", None)  # --reference: ema | previous | a checkpoint
+    if given is not None:
+        values["objective.reference" if given in ("ema", "previous") else "reference.path"] = given
+    if strategy != "i" and given is not None:
         raise ConfigError(
             f"--reference belongs to strategy i (the student's frozen reference); strategy {strategy}'s reference "
             "is the --from run itself: drop --reference, or give --strategy i"
         )
     start: dict = {}
     if strategy == "ii":
-        base["model"] = {"name": "energy", "reference": str(directory), "reference_model": base["model"]}
+        base["model"] = {"name": "energy", "reference_model": base["model"]}
+        start["reference.path"] = str(directory)
     elif strategy == "i":
         weights = "ema" if (directory / "ema.safetensors").is_file() else "model"
         start = {"train.init_from": str(directory), "train.init_weights": weights}
     cfg = load_config(preset, list(overrides), base=base)
-    if strategy == "i" and cfg.objective.reference is None:
-        start["objective.reference"] = str(directory)
+    if strategy == "i" and cfg.objective.reference is None and cfg.reference.path is None:
+        start["reference.path"] = str(directory)
     return set_values(cfg, {**{k: v for k, v in start.items() if k not in values}, **values})
 
 
@@ -89,11 +93,7 @@ def dre_report(run_dir, num_examples: int, seed: int = 0) -> dict:
         keep = [k for k in res if k.startswith(("reference_bpc", "bpc_estimate", "log_z_mean"))]
         out.update({k: res[k] for k in keep}, log_z_samples=list(cfg.objective.log_z_samples))
     else:
-        ref = (
-            load_checkpoint(cfg.objective.reference)
-            if cfg.objective.reference not in ("ema", "previous")
-            else None
-        )
+        ref = load_checkpoint(cfg.reference.path) if cfg.objective.reference is None else None
         for name, model in (("reference", ref.model if ref else None), ("finetuned", post.model)):
             if model is None:
                 continue

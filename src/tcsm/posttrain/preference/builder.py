@@ -1,6 +1,6 @@
 """Preference fine-tuning builders (MATH.md §5.3): the pairwise objectives and their frozen reference.
 
-`objective.name: preference` loads the pre-trained run named by `objective.reference`, freezes it and puts it in
+`objective.name: preference` loads the pre-trained run named by `reference.path`, freezes it and puts it in
 `ctx.reference`, which the trainer hands to the objective on every step (`Components.reference`); the student
 itself starts from the same weights through `train.init_from` (tcsm.posttrain.preference.recipe sets both).
 """
@@ -19,12 +19,9 @@ __all__ = ["PreferenceObjectiveConfig"]
 
 @dataclass
 class PreferenceObjectiveConfig:
+    """The frozen pre-trained reference is the run's frozen model, `reference.path`."""
+
     name: str = "preference"
-    reference: str | None = field(
-        default=None,
-        metadata={"help": "checkpoint of the frozen pre-trained reference (run, checkpoints or step_*)"},
-    )
-    reference_ema: bool = field(default=True, metadata={"help": "use the reference's EMA weights when saved"})
     loss: str = field(
         default="paper", metadata={"help": "paper (BCE, logits Δ − log β) | dpo (−log σ(β_dpo (Δ_w − Δ_l)))"}
     )
@@ -55,11 +52,10 @@ def build_preference_objective(node: dict, ctx: BuildContext):
         raise ConfigError(
             f"objective preference noises the pairs itself: use target.name=data, not {type(ctx.target).__name__}"
         )
-    if not node.get("reference"):
-        raise ConfigError(
-            "objective.reference must name the pre-trained checkpoint (tcsm finetune preference --from)"
-        )
-    ctx.reference = load_frozen(node["reference"], ctx, role="objective.reference", ema=node["reference_ema"]).model
+    ref = ctx.config.reference
+    if not ref.path:
+        raise ConfigError("reference.path must name the pre-trained checkpoint (tcsm finetune preference --from RUN)")
+    ctx.reference = load_frozen(ref.path, ctx, role="reference.path", ema=ref.ema).model
     try:
         return PreferenceObjective(
             ctx.path,

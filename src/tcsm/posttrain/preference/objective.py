@@ -165,7 +165,7 @@ class PreferenceObjective:
         ref = reference if reference is not None else self.reference
         if ref is None:
             raise ValueError(
-                "the preference objective needs the frozen reference model (objective.reference)"
+                "the preference objective needs the frozen reference model (reference.path)"
             )
         return ref
 

@@ -26,15 +26,14 @@ gives a representative held-out set), or `train_path` / `valid_path` [/ `test_pa
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from tcsm.batch import Batch
-from tcsm.data.base import DataError, compact_dtype, jsonl_objects, split_by_fractions
+from tcsm.data.base import DataBundle, DataError, compact_dtype, jsonl_objects, split_by_fractions
 from tcsm.data.build import DATA_KINDS, build_data
 from tcsm.data.text import resolve_splits
 
@@ -75,44 +74,21 @@ class PairRows:
 
 
 @dataclass
-class PairsBundle:
-    """Train / valid / test `PairRows` and their tokenizer: the `DataBundle` surface the trainer uses
-    (`split`, `get_batch`, `encode`, `decode`, `summary`), with batches that are preference `Batch`es."""
+class PairsBundle(DataBundle):
+    """Train / valid / test `PairRows` and their tokenizer: a `DataBundle` whose batches are preference `Batch`es
+    (chosen = x1, rejected, prompt = cond_mask)."""
 
-    name: str
-    vocab_size: int
-    seq_len: int
     train: PairRows
     valid: PairRows
     test: PairRows
-    tokenizer: Any
-    eos_id: int | None = None
-    label: str = ""
-    nats_per_token_floor: float | None = None
-    source: Any = None
-    meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.label = self.label or self.name
         if len(self.train) == 0:
             raise DataError(f"{self.name}: no usable pair is left for training; lower valid_frac / test_frac")
 
-    def split(self, name: str) -> PairRows:
-        if name not in ("train", "valid", "test"):
-            raise DataError(f"unknown split {name!r}; choose train, valid or test")
-        return getattr(self, name)
-
     def get_batch(self, split: str, indices, device=None) -> Batch:
-        """Pairs `indices` of a split as a preference Batch (chosen = x1, rejected, prompt = cond_mask)."""
         return self.split(split)[torch.as_tensor(indices, dtype=torch.long)].to_batch(device)
-
-    def encode(self, text: str) -> Tensor:
-        return torch.tensor(self.tokenizer.encode(text), dtype=torch.long)
-
-    def decode(self, ids) -> str:
-        if isinstance(ids, Tensor):
-            ids = ids.reshape(-1).tolist()
-        return self.tokenizer.decode(list(ids))
 
     def summary(self) -> str:
         sizes = ", ".join(f"{s}={len(getattr(self, s))}" for s in ("train", "valid", "test"))

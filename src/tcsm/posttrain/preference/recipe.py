@@ -6,7 +6,7 @@ and its before/after report.
   rejected; `write_pairs` writes them in the `pairs` data kind's JSONL format (prompt / chosen / rejected).
 * `preference_config` — an ordinary run: the pre-trained run's config (path, model) < the `finetune-preference`
   preset < overrides, with `data.kind: pairs` over the pairs file (tokenized with the pre-trained run's tokenizer),
-  the frozen reference in `objective.reference` and the student's start in `train.init_from`.
+  the frozen reference in `reference.path` and the student's start in `train.init_from`.
 * `preference_report` — mean reward and sample entropy of the pre-trained and the fine-tuned model.
 """
 
@@ -24,6 +24,7 @@ from tcsm.builders.loading import load_checkpoint
 from tcsm.builders.source import source_run
 from tcsm.errors import ConfigError
 from tcsm.evaluation.genppl import sample_entropy
+from tcsm.fileio import write_atomically
 from tcsm.posttrain.preference.pairs import tokenizer_signature
 from tcsm.posttrain.reward.rewards import evaluate_reward, make_reward
 from tcsm.sampling import may_cache, sample
@@ -130,10 +131,7 @@ def write_pairs(records: list[dict], out: str | os.PathLike) -> Path:
     """Write `records` as JSON lines to `out`, atomically (a partial file never replaces a good one)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-    os.replace(tmp, out)
+    write_atomically(out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     return out
 
 
@@ -144,7 +142,7 @@ def preference_config(
     checkpoint, pairs, preset: str | None = "finetune-preference", overrides=(), values: dict | None = None
 ):
     """The fine-tuning config: pre-trained run's config < preset < overrides < `values` (dotted key → value),
-    with `data` the pairs file tokenized by the pre-trained run's tokenizer, `objective.reference` and
+    with `data` the pairs file tokenized by the pre-trained run's tokenizer, `reference.path` and
     `train.init_from` the checkpoint directory (set train.init_from=null in `values` to start afresh)."""
     directory, base = source_run(checkpoint, "preference")
     pairs = Path(pairs).expanduser()
@@ -157,14 +155,14 @@ def preference_config(
     base["target"] = {"name": "data"}
     base["train"] = {**base.get("train", {}), "out_dir": None}  # never write into the pre-trained run
     cfg = load_config(preset, list(overrides), base=base)
-    cfg = set_values(cfg, {"objective.reference": str(directory), **(values or {})})
+    cfg = set_values(cfg, {"reference.path": str(directory), **(values or {})})
     if cfg.objective.name != "preference":
         raise ConfigError(
             f"a preference fine-tune needs objective.name=preference, got {cfg.objective.name!r}"
         )
     start = {
         "train.init_from": str(directory),
-        "train.init_weights": "ema" if cfg.objective.reference_ema else "model",
+        "train.init_weights": "ema" if cfg.reference.ema else "model",
     }
     return set_values(cfg, {k: v for k, v in start.items() if k not in (values or {})})
 
@@ -181,7 +179,7 @@ def check_eval_reward(reward: str, cfg) -> None:
     from tcsm.checkpoint import read_state, resolve_checkpoint
     from tcsm.posttrain.reward.builder import check_reward_domain
 
-    state = read_state(resolve_checkpoint(cfg.objective.reference))[1]
+    state = read_state(resolve_checkpoint(cfg.reference.path))[1]
     data = dict(state["config"].get("data") or {})
     if data.get("kind") == "pairs":
         data = dict(data.get("tokenizer") or {})
@@ -208,7 +206,7 @@ def preference_report(
     reference and of the fine-tuned (EMA) model, same sampler and seed; plus the run's last held-out metrics."""
     post = load_checkpoint(run_dir)
     cfg = post.config
-    pre = load_checkpoint(cfg.objective.reference, ema=cfg.objective.reference_ema)
+    pre = load_checkpoint(cfg.reference.path, ema=cfg.reference.ema)
     data, path = post.build_data(), post.build_path()
     try:
         reward_fn = make_reward(reward, decode=data.decode, vocab_size=data.vocab_size)

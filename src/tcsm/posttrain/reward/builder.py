@@ -22,12 +22,9 @@ __all__ = ["RewardTargetConfig", "build_reward_target", "check_reward_domain"]
 
 @dataclass
 class RewardTargetConfig:
+    """The pre-trained diffusion model p_1 is tilted around is the run's frozen model, `reference.path`."""
+
     name: str = "reward"
-    pretrained: str | None = field(
-        default=None,
-        metadata={"help": "checkpoint of the pre-trained diffusion model (run, checkpoints or step_*)"},
-    )
-    ema: bool = field(default=True, metadata={"help": "use the pre-trained EMA weights when it has them"})
     reward: str = field(
         default="grid",
         metadata={"help": "reward spec: grid | vader | profanity | hf:PATH | python:mod:fn (tcsm.posttrain.reward.rewards)"},
@@ -85,11 +82,10 @@ def check_reward_domain(spec, ctx, what: str = "target.reward=") -> None:
 def build_reward_target(node: dict, ctx) -> RewardTarget:
     """`target.name: reward`: N^full / N^1 reward-tilted target around a frozen pre-trained checkpoint (§5.2)."""
     node = dict(node)
-    if not node.get("pretrained"):
-        raise ConfigError(
-            "target.pretrained must name the pre-trained checkpoint (tcsm finetune reward --checkpoint)"
-        )
-    pre = load_frozen(node["pretrained"], ctx, role="target.pretrained", ema=node["ema"]).model
+    ref = ctx.config.reference
+    if not ref.path:
+        raise ConfigError("reference.path must name the pre-trained checkpoint (tcsm finetune reward --from RUN)")
+    pre = load_frozen(ref.path, ctx, role="reference.path (the pre-trained model)", ema=ref.ema).model
     check_reward_domain(node["reward"], ctx)
     decode = getattr(ctx.data, "decode", None)
     try:

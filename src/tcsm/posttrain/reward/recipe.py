@@ -1,7 +1,7 @@
 """Reward fine-tuning as a recipe (MATH.md §5.2): the run config of a fine-tune, and its before/after report.
 
 A fine-tune is an ordinary run: the pre-trained run's config (data, path, model) < the `finetune-reward` preset
-< overrides, with `target.pretrained` and `train.init_from` pointing at the pre-trained checkpoint, trained by
+< overrides, with `reference.path` and `train.init_from` pointing at the pre-trained checkpoint, trained by
 the same Trainer (`tcsm.train.fit`).
 """
 
@@ -22,14 +22,14 @@ def reward_config(
     checkpoint, preset: str | None = "finetune-reward", overrides=(), values: dict | None = None
 ):
     """The fine-tuning config: pre-trained run's config < preset < overrides < `values` (dotted key → value),
-    with `target.pretrained` and `train.init_from` set to the checkpoint directory (set train.init_from=null in
+    with `reference.path` and `train.init_from` set to the checkpoint directory (set train.init_from=null in
     `values` to start the student afresh)."""
     directory, base = source_run(checkpoint, "reward")
     base["train"] = {**base.get("train", {}), "out_dir": None}  # never write into the pre-trained run
     cfg = load_config(preset, list(overrides), base=base)
-    cfg = set_values(cfg, {"target.pretrained": str(directory), **(values or {})})
+    cfg = set_values(cfg, {"reference.path": str(directory), **(values or {})})
     # The student starts from the pre-trained weights through the trainer's init_from, like any warm start.
-    start = {"train.init_from": str(directory), "train.init_weights": "ema" if cfg.target.ema else "model"}
+    start = {"train.init_from": str(directory), "train.init_weights": "ema" if cfg.reference.ema else "model"}
     return set_values(cfg, {k: v for k, v in start.items() if k not in (values or {})})
 
 
@@ -37,7 +37,7 @@ def reward_report(run_dir, num_samples: int, seed: int = 0) -> dict:
     """Mean reward of `num_samples` samples of the pre-trained and of the fine-tuned (EMA) model, same sampler."""
     post = load_checkpoint(run_dir)
     cfg = post.config
-    pre = load_checkpoint(cfg.target.pretrained)
+    pre = load_checkpoint(cfg.reference.path)
     data = post.build_data()
     path = post.build_path()
     reward = make_reward(cfg.target.reward, decode=data.decode, vocab_size=data.vocab_size)

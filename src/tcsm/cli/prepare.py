@@ -1,0 +1,76 @@
+"""`tcsm prepare`: tokenise a corpus once into memory-mapped token shards, for `data.kind=shards`.
+
+INPUT is any mix of files, globs and folders: .txt / .gz (a file is one document, or pieces between
+--doc-separator), .jsonl(.gz) (one document per line, its --text-field), .parquet and `datasets.save_to_disk`
+folders (tcsm[datasets]). --tokenizer is char, gpt2:DIR (encoder.json + vocab.bpe), bpe:N (trained here on the
+training documents), or a Hugging Face tokenizer.json or tokenizer folder. Documents are held out for validation
+and test by a hash of their text. See tcsm.data.prepare and tcsm.data.shards.
+
+    tcsm prepare my_texts/ -o shards/mine --tokenizer gpt2:../shared/data/gpt2_bpe --workers 4
+    tcsm train data.kind=shards data.path=shards/mine data.seq_len=128 -o runs/mine
+"""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "tokenise files, folders, JSONL, Parquet or datasets into token shards (data.kind=shards)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help="files, globs or folders")
+    p.add_argument("-o", "--output", required=True, help="folder to write the shards and index.json into")
+    p.add_argument("--tokenizer", required=True, help="char | gpt2:DIR | bpe:N | PATH/tokenizer.json | tokenizer folder")
+    p.add_argument("--workers", type=int, default=1, help="tokenising processes (default 1)")
+    p.add_argument("--val-fraction", type=float, default=0.005, help="share of documents held out for validation")
+    p.add_argument("--test-fraction", type=float, default=0.005, help="share of documents held out for test")
+    p.add_argument("--packing", choices=("eos", "pad"), default="eos",
+                   help="eos: concatenate documents, each ended by EOS (default); pad: one row of --seq-len per document")  # fmt: skip
+    p.add_argument("--seq-len", type=int, help="row length for --packing pad")
+    p.add_argument("--text-field", default="text", help="JSONL field / Parquet or datasets column (default text)")
+    p.add_argument("--doc-separator", help="split text files into documents at this string (e.g. '<|endoftext|>')")
+    p.add_argument("--eos", help="the token that ends a document (default: the tokenizer's own)")
+    p.add_argument("--shard-tokens", type=int, default=1 << 28, help="tokens per shard file (default 2^28)")
+    p.add_argument("--overwrite", action="store_true", help="replace shards already in the output folder")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args) -> int:
+    import shlex
+    import sys
+
+    from tcsm.data.prepare import prepare
+
+    separator = args.doc_separator.encode().decode("unicode_escape") if args.doc_separator else None
+    index = prepare(
+        args.inputs,
+        args.output,
+        args.tokenizer,
+        workers=args.workers,
+        valid_fraction=args.val_fraction,
+        test_fraction=args.test_fraction,
+        packing=args.packing,
+        seq_len=args.seq_len,
+        text_field=args.text_field,
+        doc_separator=separator,
+        eos=args.eos,
+        shard_tokens=args.shard_tokens,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+        command=shlex.join(["tcsm", *sys.argv[1:]]),
+    )
+    s = index["splits"]
+    print(
+        f"{args.output}: {index['documents']} documents, {index['tokens']} tokens "
+        f"(train {s['train']['tokens']}, valid {s['valid']['tokens']}, test {s['test']['tokens']}), "
+        f"V={index['vocab_size']}, {index['dtype']} in {sum(len(x['shards']) for x in s.values())} shard(s), "
+        f"{index['seconds']:.1f}s"
+    )
+    for split, fraction in (("valid", args.val_fraction), ("test", args.test_fraction)):
+        if fraction > 0 and s[split]["documents"] == 0:
+            print(
+                f"note: no document was held out for {split} ({index['documents']} documents × {fraction}); raise "
+                f"--{'val' if split == 'valid' else 'test'}-fraction, or cut files into documents with --doc-separator",
+                file=sys.stderr,
+            )
+    return 0

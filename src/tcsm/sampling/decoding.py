@@ -1,0 +1,229 @@
+"""Decoding orders for masked models (MATH.md §6): which masked positions a step unmasks, and how many.
+
+The path samplers (`tcsm.sampling.samplers`) reveal every masked position independently with probability λ. The
+samplers here choose the positions instead, from the denoiser's conditionals m^i = softmax(logits^i / T) (top-p
+truncated) at the masked positions, and draw the revealed tokens x̂^i ~ m^i:
+
+* ``"random"``: a uniformly random subset (MaskGIT's order with random scores).
+* ``"confidence"``: the positions whose drawn token is most probable, m^i(x̂^i) (LLaDA's low-confidence remasking).
+* ``"margin"``: the largest gap m^i(top 1) − m^i(top 2).
+* ``"entropy"``: the lowest entropy H(m^i).
+* ``"threshold"`` (Fast-dLLM): every position with m^i(x̂^i) > `threshold`, and at least the most confident one;
+  the number of steps follows from the threshold, not from `num_steps`.
+* ``"ancestral"``: the path sampler's law (each masked position revealed with probability λ_{t→s}) — useful
+  inside blocks, where it is BD3-LM's sampler.
+
+The count schedule: a region with M masked positions at its start unmasks c_{k+1} − c_k positions at step k, with
+c_k = round(M·a_k) and a_k = (α(t_k) − α(t_0)) / (α(1) − α(t_0)) on the time grid (uniform grid, linear α: an even
+split, LLaDA's schedule); a step with nothing to unmask makes no network call.
+
+Which are exact: with the exact denoiser and one position per step (K = L, T = 1, top-p = 1), "random", "margin"
+and "entropy" draw exactly from p_1: the position chosen at each step is a function of the tokens revealed so far
+(or of independent noise), so the draw is the chain rule of p_1 in an adaptive order. "confidence" and "threshold"
+choose the position after seeing the draws, which favours likely tokens: they are heuristics even then (the tests
+measure the bias). Several positions per step add the usual factorization error to every order.
+
+Semi-autoregressive blocks (`block_length`, LLaDA / BD3-LM): the sequence is cut into L / block_length blocks
+decoded left to right, each with its share of the steps and any of the orders above; later blocks stay masked
+while earlier ones are clean. The denoisers of this project attend bidirectionally, so a clean prefix's
+activations depend on the masks after it: there is no exact per-block key/value cache to reuse, and none is
+approximated. A time-independent denoiser's output is reused while a row does not change (the MDLM cache), which
+only saves calls for "ancestral" steps that reveal nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from tcsm.paths import ProbabilityPath
+from tcsm.sampling.common import adjust_log_probs, as_grid, categorical
+from tcsm.sampling.samplers import SamplingStats, _infer_device
+
+__all__ = ["COUNTED", "DECODERS", "check_decoding", "count_schedule", "decode"]
+
+DECODERS = ("random", "confidence", "margin", "entropy", "threshold")
+#: orders whose per-step count comes from the schedule (at least one position per step)
+COUNTED = ("random", "confidence", "margin", "entropy")
+
+
+def check_decoding(
+    method: str, length: int, num_steps: int, block_length: int | None, threshold: float
+) -> int:
+    """Validate a decoding request; returns the number of blocks. Raises ValueError with a one-line message."""
+    if method not in DECODERS + ("ancestral",):
+        raise ValueError(
+            f"unknown decoding order {method!r}; choose one of {list(DECODERS + ('ancestral',))}"
+        )
+    if not 0.0 < threshold <= 1.0:
+        raise ValueError(f"threshold must be in (0, 1], got {threshold}")
+    block = length if block_length is None else int(block_length)
+    if block < 1 or length % block:
+        raise ValueError(f"block_length {block_length} does not divide the sample length {length}")
+    blocks = length // block
+    if method in COUNTED and num_steps > length:
+        raise ValueError(
+            f"{num_steps} steps for {length} positions: the {method!r} order unmasks at least one position per "
+            "step, so steps must be <= the sample length"
+        )
+    return blocks
+
+
+def count_schedule(masked: Tensor, grid: Tensor, path: ProbabilityPath) -> Tensor:
+    """[B, K] positions to unmask per step: c_{k+1} − c_k with c_k = round(M·a_k), a_k the normalised α on `grid`."""
+    alpha = path.schedule.alpha(grid.double())
+    a = (alpha - alpha[0]) / (alpha[-1] - alpha[0])
+    c = torch.round(masked.double().unsqueeze(1) * a.to(masked.device).unsqueeze(0)).long()
+    c[:, -1] = masked
+    return c[:, 1:] - c[:, :-1]
+
+
+def _scores(method: str, lp: Tensor, drawn: Tensor, generator) -> Tensor:
+    if method == "random":
+        return torch.rand(drawn.shape, dtype=torch.float64, device=lp.device, generator=generator)
+    if method in ("confidence", "threshold"):
+        return lp.gather(-1, drawn.unsqueeze(-1)).squeeze(-1).exp()
+    p = lp.exp()
+    if method == "margin":
+        top = p.topk(min(2, p.shape[-1]), dim=-1).values
+        return top[..., 0] - (top[..., 1] if top.shape[-1] > 1 else 0.0)
+    if method == "entropy":
+        return (p * lp.clamp_min(-1e30)).sum(-1)  # −H(m^i): 0 · log 0 counts as 0
+    raise ValueError(f"no score for {method!r}")
+
+
+def _top_n(scores: Tensor, eligible: Tensor, n: Tensor) -> Tensor:
+    """Per row, the n[row] eligible positions of highest score (ties: the leftmost)."""
+    s = scores.masked_fill(~eligible, -torch.inf)
+    order = s.argsort(dim=-1, descending=True, stable=True)
+    rank = torch.empty_like(order).scatter_(
+        -1, order, torch.arange(s.shape[-1], device=s.device).expand_as(order)
+    )
+    return eligible & (rank < n.unsqueeze(-1))
+
+
+def decode(
+    denoiser,
+    path: ProbabilityPath,
+    *,
+    batch_size: int,
+    length: int,
+    num_steps: int,
+    method: str = "confidence",
+    grid="uniform",
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    threshold: float = 0.9,
+    block_length: int | None = None,
+    final_argmax: bool = False,
+    time_independent: bool = False,
+    fixed: Tensor | None = None,
+    values: Tensor | None = None,
+    generator: torch.Generator | None = None,
+    device=None,
+    callback=None,
+) -> tuple[Tensor, SamplingStats]:
+    """Draw `batch_size` sequences of `length` tokens from a masked model by unmasking positions in the order
+    `method` (module docstring), `num_steps` steps in all, block by block when `block_length` is given.
+    `fixed` / `values` [B, L] pin positions (prompts, infilling) from the start. Returns (tokens, stats) with
+    `stats.num_calls` the batched denoiser calls."""
+    if path.mask_id is None or not path.absorbing:
+        raise ValueError(
+            f"decoding order {method!r} unmasks positions: it needs a masked path, not {path.kind!r}"
+        )
+    B, L, K = int(batch_size), int(length), int(num_steps)
+    nb = check_decoding(method, L, K, block_length, threshold)
+    if not temperature > 0 or not 0.0 < top_p <= 1.0:
+        raise ValueError(f"temperature must be > 0 and top_p in (0, 1], got {temperature}, {top_p}")
+    device = torch.device(device if device is not None else _infer_device(denoiser, values))
+    if fixed is None:
+        fixed = torch.zeros(B, L, dtype=torch.bool, device=device)
+        values = torch.zeros(B, L, dtype=torch.long, device=device)
+    fixed = torch.as_tensor(fixed, dtype=torch.bool, device=device).expand(B, L)
+    values = torch.as_tensor(values, dtype=torch.long, device=device).expand(B, L)
+    V, mask = path.vocab_size, path.mask_id
+    x = torch.where(fixed, values, torch.full((B, L), mask, dtype=torch.long, device=device))
+    bl = L // nb
+    # blocks that are wholly pinned (a prompt) need no steps; the others share the K steps
+    todo = [b for b in range(nb) if (~fixed[:, b * bl : (b + 1) * bl]).any()]
+    if K < len(todo) and method != "threshold":
+        raise ValueError(f"{K} steps for {len(todo)} blocks to decode: every block needs at least one step")
+    steps_per_block = {b: K // len(todo) + (j < K % len(todo)) for j, b in enumerate(todo)}
+    stats = SamplingStats(method=method, num_steps=K, cached=time_independent, times=as_grid(grid, K, device))
+    stats.row_calls = torch.zeros(B, dtype=torch.long, device=device)
+    cache = torch.empty(0)
+    valid = torch.zeros(B, dtype=torch.bool, device=device)
+    free_total = (~fixed).sum(-1).clamp_min(1)
+    step = 0
+    if callback is not None:
+        callback(0, 0.0, x)
+
+    def call(rows: Tensor):
+        nonlocal cache
+        need = rows & ~valid if time_independent else rows
+        if need.any():
+            idx = need.nonzero().squeeze(1)
+            revealed = 1.0 - (x[idx] == mask).sum(-1).double() / free_total[idx]
+            t = revealed.clamp(0.0, 1.0 - 1e-6).to(torch.get_default_dtype())  # p_{1|t} ignores t (§1.3)
+            out = denoiser(x[idx], t)
+            if out.shape != (idx.numel(), L, V):
+                raise ValueError(
+                    f"denoiser returned shape {tuple(out.shape)}, expected {(idx.numel(), L, V)}"
+                )
+            if cache.shape != (B, L, V):
+                cache = torch.zeros(B, L, V, dtype=out.dtype, device=device)
+            cache[idx] = out
+            valid[idx] = True
+            stats.num_calls += 1
+            stats.num_rows += idx.numel()
+            stats.row_calls[idx] += 1
+
+    with torch.no_grad():
+        for b in todo:
+            lo, hi = b * bl, (b + 1) * bl
+            region = torch.zeros(B, L, dtype=torch.bool, device=device)
+            region[:, lo:hi] = True
+            Kb = steps_per_block[b]
+            g = as_grid(grid, max(Kb, 1), device)
+            counts = count_schedule(((x == mask) & region).sum(-1), g, path) if method in COUNTED else None
+            k = 0
+            while True:
+                open_ = (x == mask) & region
+                if not open_.any() or (method != "threshold" and k >= Kb):
+                    break
+                last = method != "threshold" and k == Kb - 1
+                if method in COUNTED:
+                    n = counts[:, k]
+                    rows = open_.any(-1) & (n > 0)
+                elif method == "ancestral":
+                    lam = 1.0 if last else float(path.jump_prob(g[k].reshape(1), g[k + 1].reshape(1)))
+                    u = torch.rand((B, L), dtype=torch.float64, device=device, generator=generator)
+                    move = open_ & (u < lam)
+                    rows = open_.any(-1)
+                else:
+                    rows = open_.any(-1)
+                if rows.any():
+                    call(rows)
+                    lp = adjust_log_probs(cache[:, lo:hi], temperature, top_p)
+                    drawn = lp.argmax(-1) if (last and final_argmax) else categorical(lp, generator)
+                    eligible = open_[:, lo:hi] & rows.unsqueeze(-1)
+                    if method in COUNTED:
+                        pick = _top_n(_scores(method, lp, drawn, generator), eligible, n)
+                    elif method == "ancestral":
+                        pick = move[:, lo:hi] & eligible
+                    else:
+                        conf = _scores(method, lp, drawn, generator).masked_fill(~eligible, -1.0)
+                        pick = (conf > threshold) & eligible
+                        pick |= _top_n(conf, eligible, eligible.any(-1).long())
+                    before = x[:, lo:hi]
+                    x[:, lo:hi] = torch.where(pick, drawn, before)
+                    valid &= ~pick.any(-1)
+                k += 1
+                step += 1
+                if callback is not None:
+                    callback(step, min(1.0, step / max(K, 1)), x)
+    if (x >= V).any():
+        raise RuntimeError("decoding left masks in the output")
+    if method == "threshold":
+        stats.num_steps = step  # its steps follow from the threshold, not from num_steps
+    return x, stats

@@ -1,0 +1,190 @@
+"""Decoding orders of masked models (tcsm.sampling.decoding) against exact enumeration (tcsm.toy).
+
+Exact where a law exists: with the exact denoiser and one position per step, the random, margin and entropy
+orders reproduce p_1 (the chain rule in an order that depends only on what is revealed), alone and inside blocks.
+The confidence and threshold orders pick positions after seeing the draws: the tests measure their bias instead.
+Everything else is checked by its properties: network calls, pinned positions, block order, one-line errors.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_samplers import empirical, exact_denoiser, tv, tv_tol
+
+from tcsm.paths import MaskedPath, UniformPath
+from tcsm.sampling import DECODERS, decode
+from tcsm.sampling.decoding import count_schedule
+from tcsm.sampling.settings import SampleSettings, draw
+from tcsm.toy import EnumerableDistribution
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def dist():
+    # V = 3, L = 3: correlated enough that any factorization error or order bias shows in the TV.
+    return EnumerableDistribution.random(3, 3, seed=3, concentration=0.3)
+
+
+def _draw(dist, method, steps, n=20000, seed=0, **kw):
+    path = MaskedPath(dist.vocab_size)
+    return decode(exact_denoiser(dist, path), path, batch_size=n, length=dist.length, num_steps=steps,
+                  method=method, generator=torch.Generator().manual_seed(seed), **kw)  # fmt: skip
+
+
+@pytest.mark.parametrize("method", ["random", "margin", "entropy"])
+def test_one_position_per_step_in_a_revealed_only_order_is_exact(method, dist):
+    n = 20000
+    x, st = _draw(dist, method, dist.length, n)
+    assert tv(empirical(dist, x), dist.probs) < tv_tol(dist.states.shape[0], n)
+    assert st.num_calls == dist.length and int(st.row_calls.max()) == dist.length
+
+
+@pytest.mark.parametrize("method", ["confidence", "threshold"])
+def test_orders_that_look_at_the_draws_are_biased(method, dist):
+    # Heuristics: choosing the position after drawing favours likely tokens (a larger TV than the sampling noise).
+    n = 20000
+    x, _ = _draw(dist, method, dist.length, n, threshold=1.0)
+    assert tv(empirical(dist, x), dist.probs) > 3 * tv_tol(dist.states.shape[0], n)
+
+
+def test_several_positions_per_step_carry_the_factorization_error(dist):
+    n = 20000
+    x, st = _draw(dist, "margin", 1, n)
+    assert st.num_calls == 1
+    assert tv(empirical(dist, x), dist.probs) > 3 * tv_tol(dist.states.shape[0], n)
+
+
+@pytest.mark.parametrize("method", ["margin", "random"])
+def test_blocks_of_one_exact_order_stay_exact(method):
+    d = EnumerableDistribution.random(2, 4, seed=4, concentration=0.3)
+    n = 20000
+    x, st = _draw(d, method, 4, n, block_length=2)
+    assert tv(empirical(d, x), d.probs) < tv_tol(d.states.shape[0], n)
+    assert st.num_calls == 4
+
+
+def test_blocks_of_one_position_are_the_left_to_right_chain_rule():
+    d = EnumerableDistribution.random(2, 4, seed=4, concentration=0.3)
+    n = 20000
+    for method in ("ancestral", "confidence"):  # one candidate position per block: every order is exact
+        x, st = _draw(d, method, 4, n, block_length=1, seed=1)
+        assert tv(empirical(d, x), d.probs) < tv_tol(d.states.shape[0], n)
+        assert st.num_calls == 4
+
+
+def test_count_schedule_splits_evenly_and_sums_to_the_masked():
+    path = MaskedPath(5)
+    grid = torch.linspace(0, 1, 5, dtype=torch.float64)
+    c = count_schedule(torch.tensor([4, 10, 0]), grid, path)
+    assert c.tolist()[0] == [1, 1, 1, 1] and c.sum(-1).tolist() == [4, 10, 0] and (c[1] >= 2).all()
+
+
+class Recorder:
+    """A time-independent uniform denoiser that records each input (to check which positions were open)."""
+
+    time_independent = False
+
+    def __init__(self, V):
+        self.V, self.inputs = V, []
+
+    def __call__(self, xt, t):
+        self.inputs.append(xt.clone())
+        g = torch.Generator().manual_seed(len(self.inputs))
+        return torch.randn(xt.shape[0], xt.shape[1], self.V, generator=g)
+
+
+@pytest.mark.parametrize("method", DECODERS + ("ancestral",))
+def test_blocks_are_decoded_left_to_right_and_pinned_positions_kept(method):
+    V, L, bl = 5, 12, 4
+    path = MaskedPath(V)
+    fixed = torch.zeros(3, L, dtype=torch.bool)
+    fixed[:, [0, 5, 11]] = True
+    values = torch.randint(0, V, (3, L), generator=torch.Generator().manual_seed(0))
+    rec = Recorder(V)
+    x, st = decode(rec, path, batch_size=3, length=L, num_steps=6, method=method, block_length=bl, fixed=fixed,
+                   values=values, threshold=0.5, generator=torch.Generator().manual_seed(1))  # fmt: skip
+    assert (x < V).all() and torch.equal(x[fixed], values[fixed])
+    assert st.num_calls == len(rec.inputs)
+    for inp in rec.inputs:
+        masked = inp == V
+        # a later block is entirely masked (but pinned positions) until every earlier block is clean
+        for b in range(L // bl - 1):
+            here, later = masked[:, b * bl : (b + 1) * bl], masked[:, (b + 1) * bl :]
+            assert not (here.any(-1) & (later.sum(-1) < (~fixed[:, (b + 1) * bl :]).sum(-1))).any()
+    if method in ("random", "confidence", "margin", "entropy"):
+        assert st.num_calls == 6  # 2 steps per block, each unmasks >= 1 position
+
+
+def test_threshold_unmasks_more_per_call_as_it_falls():
+    V, L = 4, 32
+    path = MaskedPath(V)
+
+    def peaked(xt, t):  # every conditional puts 0.993 on token 0
+        out = torch.full((xt.shape[0], xt.shape[1], V), -6.0)
+        out[..., 0] = 0.0
+        return out
+
+    calls = {}
+    for thr in (0.9, 0.999):
+        _, st = decode(peaked, path, batch_size=2, length=L, num_steps=L, method="threshold", threshold=thr,
+                       generator=torch.Generator().manual_seed(0))  # fmt: skip
+        calls[thr] = st.num_calls
+        assert st.num_steps == st.num_calls  # its steps follow from the threshold, each one call
+    # above the threshold nearly all at once (a rare unlikely draw waits a call), else one position per call
+    assert calls[0.9] <= 3 and calls[0.999] == L
+
+
+def test_temperature_and_top_p_reach_the_draws():
+    V, L = 4, 16
+    path = MaskedPath(V)
+    logits = torch.log(torch.tensor([0.6, 0.3, 0.05, 0.05]))
+    den = lambda xt, t: logits.expand(xt.shape[0], xt.shape[1], V)
+    x, _ = decode(den, path, batch_size=200, length=L, num_steps=4, method="margin", top_p=0.8,
+                  generator=torch.Generator().manual_seed(0))  # fmt: skip
+    assert set(x.unique().tolist()) <= {0, 1}
+    x, _ = decode(den, path, batch_size=200, length=L, num_steps=4, method="random", temperature=0.05,
+                  generator=torch.Generator().manual_seed(0))  # fmt: skip
+    assert (x == 0).double().mean() > 0.99
+
+
+def test_draw_routes_decoding_orders_and_blocks(dist):
+    path = MaskedPath(dist.vocab_size)
+    den = exact_denoiser(dist, path)
+    for s, method in (
+        (SampleSettings(steps=3, method="entropy"), "entropy"),
+        (SampleSettings(steps=3, block_length=1), "ancestral"),
+    ):  # blocks of the path sampler's law
+        x, st = draw(den, path, 5, dist.length, s, generator=torch.Generator().manual_seed(0))
+        assert x.shape == (5, 3) and st.method == method and st.num_calls == 3
+    _, st = draw(
+        den, path, 5, dist.length, SampleSettings(steps=3), generator=torch.Generator().manual_seed(0)
+    )
+    assert st.method == "ancestral" and st.num_steps == 3  # no block, no order: the path sampler itself
+
+
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        ({"method": "bogus"}, "unknown decoding order"),
+        ({"block_length": 2}, "does not divide"),
+        ({"method": "threshold", "threshold": 0.0}, "threshold must be in (0, 1]"),
+        ({"method": "threshold", "threshold": 1.5}, "threshold must be in (0, 1]"),
+        ({"num_steps": 4}, "steps must be <= the sample length"),
+    ],
+)
+def test_bad_requests_fail_in_one_line(kw, msg, dist):
+    path = MaskedPath(dist.vocab_size)
+    args = {"batch_size": 2, "length": 3, "num_steps": 3, "method": "margin"} | kw
+    with pytest.raises(ValueError, match=msg.replace("(", r"\(").replace(")", r"\)").replace("]", r"\]")):
+        decode(exact_denoiser(dist, path), path, **args)
+
+
+def test_settings_and_paths_are_checked():
+    with pytest.raises(ValueError, match="method must be one of"):
+        SampleSettings(method="greedy")
+    with pytest.raises(ValueError, match="threshold"):
+        SampleSettings(threshold=0.0)
+    with pytest.raises(ValueError, match="needs a masked path"):
+        decode(lambda x, t: torch.zeros(1, 2, 3), UniformPath(3), batch_size=1, length=2, num_steps=2)
