@@ -6,6 +6,9 @@ Layout of `<run>/checkpoints/step_00001000/`:
     state.safetensors   every tensor of the training state (optimizer moments, RNG states, ...)
     state.json          the rest of that state (step, optimizer hyper-parameters, data position, config)
     config.yaml         the run config, for people
+    sharded/            (FSDP runs) every rank's shards of weights, EMA and optimizer, written with
+                        torch.distributed.checkpoint (`tcsm.train.sharded`); model.safetensors may then be absent,
+                        and `read_weights` consolidates the shards
     manifest.json       sha256 and size of every file above; written last
 
 A checkpoint is built in a hidden temporary directory, every file and the directory are fsync'ed, and only
@@ -43,6 +46,7 @@ __all__ = [
     "EXPORT_FORMAT",
     "FORMAT",
     "clean_leftovers",
+    "consolidate_shards",
     "is_export_dir",
     "list_checkpoints",
     "pack",
@@ -61,6 +65,7 @@ EXPORT_FORMAT = "tcsm-export/1"
 PREFIX = "step_"
 LATEST = "latest"
 MANIFEST = "manifest.json"
+SHARDS = "sharded"
 
 
 # --------------------------------------------------------------------------------------------------- pack
@@ -115,9 +120,10 @@ def unpack(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
 # --------------------------------------------------------------------------------------------------- writing
 
 
-def _state_dict_for_save(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+def _state_dict_for_save(module: torch.nn.Module | dict) -> dict[str, torch.Tensor]:
     """A state dict safetensors accepts: contiguous CPU copies, tied weights stored once per name."""
-    return {k: v.detach().cpu().contiguous().clone() for k, v in module.state_dict().items()}
+    sd = module if isinstance(module, dict) else module.state_dict()
+    return {k: v.detach().cpu().contiguous().clone() for k, v in sd.items()}
 
 
 def _write_pointer(root: Path, name: str) -> None:
@@ -132,23 +138,28 @@ def save_checkpoint(
     root: str | os.PathLike,
     step: int,
     *,
-    model: torch.nn.Module,
-    ema_model: torch.nn.Module | None = None,
+    model: torch.nn.Module | dict | None,
+    ema_model: torch.nn.Module | dict | None = None,
     state: dict | None = None,
     config_yaml: str | None = None,
     keep_last: int = 0,
+    staged: Path | None = None,
 ) -> Path:
     """Write `root/step_{step:08d}` atomically, point `root/latest` at it, keep the `keep_last` newest.
 
-    `state` is any nested structure of dicts, lists, tuples, numbers, strings and tensors (see `pack`).
+    `state` is any nested structure of dicts, lists, tuples, numbers, strings and tensors (see `pack`). `model` and
+    `ema_model` are modules or state dicts; `staged` is a hidden directory under `root` that already holds files
+    of this checkpoint written by other processes (sharded weights): it is completed, listed in the manifest and
+    renamed like a directory of our own.
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     name = f"{PREFIX}{int(step):08d}"
-    tmp = root / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
+    tmp = staged if staged is not None else root / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(exist_ok=staged is not None)
     try:
-        save_file(_state_dict_for_save(model), str(tmp / "model.safetensors"), metadata={"format": FORMAT})
+        if model is not None:
+            save_file(_state_dict_for_save(model), str(tmp / "model.safetensors"), metadata={"format": FORMAT})
         if ema_model is not None:
             save_file(
                 _state_dict_for_save(ema_model), str(tmp / "ema.safetensors"), metadata={"format": FORMAT}
@@ -162,9 +173,11 @@ def save_checkpoint(
         if config_yaml is not None:
             (tmp / "config.yaml").write_text(config_yaml, encoding="utf-8")
         files = {}
-        for f in sorted(tmp.iterdir()):
+        for f in sorted(p for p in tmp.rglob("*") if p.is_file()):
             fsync_file(f)
-            files[f.name] = {"sha256": file_digest(f), "bytes": f.stat().st_size}
+            files[f.relative_to(tmp).as_posix()] = {"sha256": file_digest(f), "bytes": f.stat().st_size}
+        for d in sorted(p for p in tmp.rglob("*") if p.is_dir()):
+            fsync_dir(d)
         manifest = {"format": FORMAT, "step": int(step), "files": files}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
         fsync_file(tmp / MANIFEST)
@@ -414,8 +427,11 @@ def _migrate_config(config: dict | None) -> None:
 
 
 def read_weights(directory: str | os.PathLike, ema: bool = False, device="cpu") -> dict[str, torch.Tensor]:
-    """The model (or EMA) state dict of a checkpoint directory."""
+    """The model (or EMA) state dict of a checkpoint directory (consolidated from its shards if it has no
+    single-file weights)."""
     f = Path(directory) / ("ema.safetensors" if ema else "model.safetensors")
+    if not f.is_file() and (Path(directory) / SHARDS).is_dir():
+        return consolidate_shards(directory, "ema" if ema else "model", device)
     if not f.is_file():
         raise CheckpointError(
             f"checkpoint {str(directory)!r} has no {'EMA ' if ema else ''}weights ({f.name})"
@@ -442,6 +458,34 @@ def load_weights_into(model: torch.nn.Module, weights: dict[str, torch.Tensor], 
         )
         raise CheckpointError(f"checkpoint {where!r} does not match the model architecture: {detail}")
     model.load_state_dict(weights)
+
+
+def consolidate_shards(directory: str | os.PathLike, which: str = "model", device="cpu") -> dict[str, torch.Tensor]:
+    """The whole `which` ("model" or "ema") state dict from a sharded checkpoint's `sharded/` directory, read in
+    this process alone whatever the number of processes that wrote it (torch.distributed.checkpoint)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    d = Path(directory)
+    out: dict = {}
+    try:
+        with warnings.catch_warnings():  # DCP's note that it reads in one process: what we ask for
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            # The loader behind dcp.load, which copies its argument: only this one fills a dict with no template
+            # (torch.distributed.checkpoint.format_utils reads DCP into one file the same way).
+            _load_state_dict(
+                out,
+                storage_reader=dcp.FileSystemReader(d / SHARDS),
+                planner=_EmptyStateDictLoadPlanner(keys={which}),
+                no_dist=True,
+            )
+    except (CheckpointException, OSError, RuntimeError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {str(d)!r}: cannot read its sharded {which} weights: {e}") from None
+    if which not in out:
+        raise CheckpointError(f"checkpoint {str(d)!r} has no {'EMA ' if which == 'ema' else ''}weights")
+    return {k: v.to(device) for k, v in out[which].items()}
 
 
 # --------------------------------------------------------------------------------------------------- public

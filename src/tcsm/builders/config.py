@@ -131,6 +131,33 @@ class TrainConfig:
         default=True, metadata={"help": "write TensorBoard scalars when tensorboard is installed"}
     )
     compile: bool = field(default=False, metadata={"help": "torch.compile the model (GPU runs)"})
+    strategy: str = field(
+        default="ddp",
+        metadata={
+            "help": "ddp (whole model per rank) | fsdp (FSDP2: parameters, gradients and optimizer state sharded "
+            "per transformer block; sharded checkpoints)"
+        },
+    )
+    activation_checkpointing: bool = field(
+        default=False, metadata={"help": "recompute each transformer block's activations in the backward pass"}
+    )
+    cpu_offload: bool = field(
+        default=False, metadata={"help": "fsdp on GPUs: keep parameter shards and the optimizer step on the host"}
+    )
+    consolidated_weights: bool = field(
+        default=True,
+        metadata={
+            "help": "fsdp: also write each checkpoint's whole weights (model.safetensors) from rank 0, for tcsm "
+            "sample / eval / export; false writes shards only (read_weights then consolidates on load)"
+        },
+    )
+    logger: str = field(
+        default="tensorboard",
+        metadata={
+            "help": "tensorboard | wandb (tcsm[wandb]; WANDB_MODE=offline needs no network) | jsonl; "
+            "metrics.jsonl is always written"
+        },
+    )
     threads: int | None = field(
         default=None,
         metadata={"help": "CPU threads per process (torch.set_num_threads); null = torch default"},

@@ -75,6 +75,12 @@ def _one_line(e: BaseException) -> str:
     return text
 
 
+def _rank_tag() -> str:
+    """"[rank r/W] " under torchrun with several processes (each rank reports its own failure), else ""."""
+    world = os.environ.get("WORLD_SIZE", "1")
+    return f"[rank {os.environ.get('RANK', '0')}/{world}] " if world.isdigit() and int(world) > 1 else ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `tcsm` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -113,5 +119,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _user_errors() as e:
         if os.environ.get("TCSM_TRACEBACK"):
             raise
-        print(f"tcsm {args.command}: error: {_one_line(e)}", file=sys.stderr)
+        print(f"{_rank_tag()}tcsm {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return 2

@@ -12,9 +12,11 @@ offers what the AR score estimators (`tcsm.targets.ar`) need:
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from tcsm.models.clean import CleanLMConfig, CleanTransformer
 from tcsm.models.layers import TransformerBlock, apply_rotary
@@ -23,6 +25,20 @@ __all__ = ["CausalLM", "KVCache"]
 
 #: One (key, value) pair per layer, each [N, H, S, head_dim] with rotary already applied to the keys.
 KVCache = list[tuple[Tensor, Tensor]]
+
+
+@contextlib.contextmanager
+def _gathered(block: nn.Module):
+    """The block's whole weights while the cached path runs: it calls the block's layers directly, which skips the
+    gather a block sharded by FSDP (train.strategy=fsdp) does in its own forward."""
+    if not hasattr(block, "unshard"):  # not sharded
+        yield
+        return
+    block.unshard()
+    try:
+        yield
+    finally:
+        block.reshard()
 
 
 def _block_with_cache(block: TransformerBlock, x: Tensor, rope, past):
@@ -55,6 +71,8 @@ class CausalLM(CleanTransformer):
     """x [B, L] clean ids → next-token logits [B, L, V]: logits[:, j] = log p(· | x^{<j}) (+ const), BOS id V."""
 
     family = "causal"
+    #: methods besides forward that run the network (a sharded model gathers its weights for them too)
+    forward_methods = ("forward_soft", "log_prob", "kv_cache", "extend")
 
     def __init__(self, cfg: CleanLMConfig):
         super().__init__(cfg, causal=True)
@@ -106,6 +124,7 @@ class CausalLM(CleanTransformer):
         rope = self.rotary(ids.shape[1], offset=start)
         new_cache: KVCache = []
         for li, block in enumerate(self.blocks):
-            h, kv = _block_with_cache(block, h, rope, None if cache is None else cache[li])
+            with _gathered(block):
+                h, kv = _block_with_cache(block, h, rope, None if cache is None else cache[li])
             new_cache.append(kv)
         return self.head(self.final_norm(h)).float(), new_cache

@@ -137,6 +137,8 @@ class HFCausalLM(_HFAdapter):
 
     family = "causal"
     AUTO, SPECIAL = "AutoModelForCausalLM", "bos_token_id"
+    #: methods besides forward that run the network (a sharded model gathers its weights for them too)
+    forward_methods = ("forward_soft", "log_prob", "kv_cache", "extend")
 
     def __init__(self, model: nn.Module, token_ids: Sequence[int], bos_token_id: int | None = None):
         if bos_token_id is None:

@@ -34,6 +34,8 @@ class HollowTransformer(nn.Module):
     """x [B, L] clean ids → logits [B, L, V] with logits[:, i] = log p(x^i = · | x^{≠i}) (+ const)."""
 
     family = "hollow"
+    #: methods besides forward that run the network (a sharded model gathers its weights for them too)
+    forward_methods = ("streams",)
 
     def __init__(self, cfg: CleanLMConfig):
         super().__init__()

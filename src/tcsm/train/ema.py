@@ -32,9 +32,15 @@ class EMA:
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
         d = self.current_decay()
-        ema_params = list(self.model.parameters())
-        params = [p.detach().to(e.dtype) for e, p in zip(ema_params, model.parameters())]
-        torch._foreach_lerp_(ema_params, params, 1.0 - d)
+        # Under FSDP sharded parameters are DTensors and replicated (frozen) ones plain tensors; a foreach kernel
+        # takes one kind at a time.
+        groups: dict[type, tuple[list, list]] = {}
+        for e, p in zip(self.model.parameters(), model.parameters()):
+            ema_list, src_list = groups.setdefault(type(e), ([], []))
+            ema_list.append(e)
+            src_list.append(p.detach().to(e.dtype))
+        for ema_list, src_list in groups.values():
+            torch._foreach_lerp_(ema_list, src_list, 1.0 - d)
         for e, b in zip(self.model.buffers(), model.buffers()):
             e.copy_(b)
         self.num_updates += 1

@@ -1,17 +1,25 @@
-"""Run logs: metrics.jsonl (always), TensorBoard scalars and text (if installed), a loss-curve PNG (if
-matplotlib is installed), samples.jsonl. Only rank 0 writes; other ranks get a disabled logger."""
+"""Run logs: metrics.jsonl and samples.jsonl (always), a loss-curve PNG (if matplotlib is installed), and one tracker
+chosen by `train.logger`: TensorBoard scalars and text (if installed), Weights & Biases (the `tcsm[wandb]` extra;
+offline unless WANDB_MODE=online, so it needs no network: `wandb sync <run>/wandb/offline-run-*` uploads later), or
+none ("jsonl"). Every tracker gets the same rows as metrics.jsonl and the run's config. Only rank 0 writes; other
+ranks get a disabled logger."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
+from tcsm.errors import ConfigError
 from tcsm.fileio import write_atomically
 
-__all__ = ["RunLogger", "plot_curves", "read_metrics", "trim_rows"]
+__all__ = ["LOGGERS", "RunLogger", "plot_curves", "read_metrics", "trim_rows"]
+
+LOGGERS = ("tensorboard", "wandb", "jsonl")
 
 
 class RunLogger:
@@ -25,12 +33,18 @@ class RunLogger:
         enabled: bool = True,
         tensorboard: bool = True,
         resume_step: int | None = None,
+        backend: str = "tensorboard",
+        config: dict | None = None,
     ):
+        if backend not in LOGGERS:
+            raise ConfigError(f"train.logger must be one of {list(LOGGERS)}, got {backend!r}")
         self.wanted = enabled and run_dir is not None
         self.enabled = False  # True while the files are open
         self.run_dir = Path(run_dir) if run_dir is not None else None
-        self._tensorboard = tensorboard
+        self._tensorboard = tensorboard and backend == "tensorboard"
         self._tb = None
+        self._wandb = None
+        self._backend, self._config = backend, config or {}
         if not self.wanted:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -54,6 +68,10 @@ class RunLogger:
                 SummaryWriter = None
             if SummaryWriter is not None:
                 self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+                if self._config:
+                    self._tb.add_text("config", "    " + json.dumps(self._config, indent=1).replace("\n", "\n    "))
+        if self._backend == "wandb":
+            self._wandb = _open_wandb(self.run_dir, self._config)
 
     def scalars(self, kind: str, step: int, values: dict[str, Any]) -> None:
         if not self.enabled:
@@ -66,6 +84,9 @@ class RunLogger:
             for k, v in values.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
                     self._tb.add_scalar(f"{kind}/{k}", v, step)
+        if self._wandb is not None:
+            numbers = {f"{kind}/{k}": v for k, v in row.items() if k not in ("kind", "step", "time")}
+            self._wandb.log({k: v for k, v in numbers.items() if isinstance(v, (int, float))}, step=int(step))
 
     def samples(self, step: int, texts: list[str]) -> None:
         if not self.enabled:
@@ -75,6 +96,10 @@ class RunLogger:
         if self._tb is not None:
             body = "\n\n".join(f"    {t}" for t in texts)  # indented: TensorBoard renders markdown
             self._tb.add_text("samples", body, step)
+        if self._wandb is not None:
+            import wandb
+
+            self._wandb.log({"samples": wandb.Table(columns=["sample"], data=[[t] for t in texts])}, step=int(step))
 
     def close(self) -> None:
         if not self.enabled:
@@ -84,7 +109,36 @@ class RunLogger:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        if self._wandb is not None:
+            import wandb
+
+            self._wandb.finish()
+            # finish() returns before W&B's service has written everything to the run's files; teardown waits for
+            # it, so the offline run is complete when the logger is closed (and `wandb sync` can follow at once).
+            wandb.teardown()
+            self._wandb = None
         self.enabled = False
+
+
+def _open_wandb(run_dir: Path, config: dict):
+    """A W&B run in `run_dir/wandb`, offline unless WANDB_MODE says otherwise, continued (same id) on resume."""
+    try:
+        import wandb
+    except ImportError:
+        raise ConfigError("train.logger=wandb needs the wandb package: pip install 'tcsm[wandb]'") from None
+    id_file = run_dir / "wandb_id.txt"
+    run_id = id_file.read_text(encoding="utf-8").strip() if id_file.is_file() else uuid.uuid4().hex[:12]
+    id_file.write_text(run_id + "\n", encoding="utf-8")
+    return wandb.init(
+        project=os.environ.get("WANDB_PROJECT", "tcsm"),
+        name=run_dir.name,
+        id=run_id,
+        resume="allow",
+        dir=str(run_dir),
+        mode=os.environ.get("WANDB_MODE") or "offline",
+        config=config,
+        settings=wandb.Settings(console="off", silent=True),  # our stdout stays ours
+    )
 
 
 def _jsonable(v: Any) -> Any:

@@ -12,7 +12,14 @@ from omegaconf import OmegaConf
 
 from tcsm.builders.config import load_config, to_dict
 from tcsm.builders.loading import check_same_architecture
-from tcsm.checkpoint import load_weights_into, read_state, read_weights, resolve_checkpoint, save_checkpoint
+from tcsm.checkpoint import (
+    SHARDS,
+    load_weights_into,
+    read_state,
+    read_weights,
+    resolve_checkpoint,
+    save_checkpoint,
+)
 from tcsm.errors import CheckpointError
 from tcsm.train.distributed import all_reduce_mean, barrier
 
@@ -38,13 +45,15 @@ class RunState:
         return {"steps": self.window_steps, "sums": sums, "elapsed_s": time.perf_counter() - self.window_start}
 
     def state(self, log_window: dict | None = None) -> dict:
+        """Everything but the weights; sharded runs keep the optimizer in their shards (`tcsm.train.sharded`)."""
         rng = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available() and self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
         return {
             "config": to_dict(self.cfg),
             "data_info": self.data_info.to_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": None if self.parallel.sharded else self.optimizer.state_dict(),
+            "strategy": self.parallel.strategy,
             "lr_schedule": {"step": self.step},  # lr_at is a pure function of the step
             "batches": self.batches.state_dict(),
             "ema": self.ema.state() if self.ema is not None else None,
@@ -58,6 +67,8 @@ class RunState:
     def save(self) -> Path | None:
         """Write a checkpoint of the current step (rank 0) and wait for it on every rank."""
         self.check_finite()  # never write weights a non-finite update has corrupted
+        if self.parallel.sharded:
+            return self._save_sharded()
         path = None
         log_window = self.log_window_state()
         if self.env.is_main and self.checkpoint_root is not None:
@@ -69,6 +80,35 @@ class RunState:
                 state=self.state(log_window),
                 config_yaml=OmegaConf.to_yaml(self.cfg),
                 keep_last=self.cfg.train.keep_last,
+            )
+        barrier(self.env)
+        return path
+
+    def _save_sharded(self) -> Path | None:
+        """Every rank writes its shards into a staging directory; rank 0 completes it (state, whole weights,
+        manifest) and renames it into place (tcsm.train.sharded)."""
+        from tcsm.train import sharded
+
+        if self.checkpoint_root is None:
+            return None
+        ema_model = self.ema.model if self.ema is not None else None
+        log_window = self.log_window_state()  # a collective: every rank, before rank 0 alone writes the state
+        staged = sharded.staging_dir(self.checkpoint_root, self.step, self.env)
+        sharded.write_shards(staged, self.model, self.optimizer, ema_model, self.env)
+        consolidated = self.cfg.train.consolidated_weights
+        weights = sharded.full_weights(self.model, self.env) if consolidated else None
+        ema_weights = sharded.full_weights(ema_model, self.env) if consolidated and ema_model is not None else None
+        path = None
+        if self.env.is_main:
+            path = save_checkpoint(
+                self.checkpoint_root,
+                self.step,
+                model=weights,
+                ema_model=ema_weights,
+                state=self.state(log_window),
+                config_yaml=OmegaConf.to_yaml(self.cfg),
+                keep_last=self.cfg.train.keep_last,
+                staged=staged,
             )
         barrier(self.env)
         return path
@@ -119,21 +159,10 @@ class RunState:
                     f"{saved.train[key]}; an exact resume needs the same value"
                 )
         self._check_same_data(state.get("data_info") or {}, str(directory))
-        load_weights_into(self.model, read_weights(directory, device=self.device), str(directory))
-        if self.ema is not None:
-            if (directory / "ema.safetensors").is_file():
-                load_weights_into(
-                    self.ema.model, read_weights(directory, ema=True, device=self.device), str(directory)
-                )
-                self.ema.load_state(state["ema"])
-            else:  # EMA switched on at resume: start it from the current weights
-                self.ema.model.load_state_dict(self.model.state_dict())
-        try:
-            self.optimizer.load_state_dict(state["optimizer"])
-        except (ValueError, KeyError) as e:
-            raise CheckpointError(
-                f"checkpoint {str(directory)!r}: optimizer state does not fit: {e}"
-            ) from None
+        if (directory / SHARDS).is_dir():
+            self._restore_shards(directory, state)
+        else:
+            self._restore_whole(directory, state)
         self.batches.load_state_dict(state["batches"])
         rng = state.get("rng", {})
         if "torch" in rng:
@@ -154,3 +183,43 @@ class RunState:
             self.window_elapsed_before = float(window["elapsed_s"])
         self.resumed_from = directory
 
+    def _restore_whole(self, directory: Path, state: dict) -> None:
+        """Weights, EMA and optimizer of a checkpoint that rank 0 wrote whole (ddp or one process)."""
+        if self.parallel.sharded:
+            raise CheckpointError(
+                f"checkpoint {str(directory)!r} was written whole (train.strategy={state.get('strategy', 'ddp')}); "
+                "resume it with that strategy, or start an FSDP run from its weights with train.init_from"
+            )
+        load_weights_into(self.model, read_weights(directory, device=self.device), str(directory))
+        if self.ema is not None:
+            if (directory / "ema.safetensors").is_file():
+                load_weights_into(
+                    self.ema.model, read_weights(directory, ema=True, device=self.device), str(directory)
+                )
+                self.ema.load_state(state["ema"])
+            else:  # EMA switched on at resume: start it from the current weights
+                self.ema.model.load_state_dict(self.model.state_dict())
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(
+                f"checkpoint {str(directory)!r}: optimizer state does not fit: {e}"
+            ) from None
+
+    def _restore_shards(self, directory: Path, state: dict) -> None:
+        """Weights, EMA and optimizer of a sharded checkpoint, re-sharded to this run's processes and strategy."""
+        from tcsm.train import sharded
+
+        has_ema = state.get("ema") is not None
+        ema_model = self.ema.model if (self.ema is not None and has_ema) else None
+        try:
+            sharded.read_shards(directory, self.model, self.optimizer, ema_model, self.env)
+        except (RuntimeError, ValueError, KeyError) as e:
+            raise CheckpointError(f"checkpoint {str(directory)!r}: sharded state does not fit: {e}") from None
+        if self.ema is not None:
+            if has_ema:
+                self.ema.load_state(state["ema"])
+            else:  # EMA switched on at resume: start it from the current weights
+                with torch.no_grad():
+                    for e, p in zip(self.ema.model.parameters(), self.model.parameters()):
+                        e.copy_(p)

@@ -37,8 +37,9 @@ from tcsm.progress import duration
 from tcsm.protocols import Evaluates, StepInfo, TrainerCallback
 from tcsm.train.distributed import DistEnv, all_reduce_mean, barrier, setup_distributed
 from tcsm.train.ema import EMA
-from tcsm.train.logs import RunLogger, plot_curves
+from tcsm.train.logs import LOGGERS, RunLogger, plot_curves
 from tcsm.train.optim import build_optimizer, lr_at, set_lr
+from tcsm.train.parallel import Parallel
 from tcsm.train.rundir import clear_run, refuse_existing_run, refuse_overwriting_sources
 from tcsm.train.state import RunState
 
@@ -201,15 +202,14 @@ class Trainer(RunState):
         if t.init_from and not resume:
             self._init_weights(t.init_from, ema=t.init_weights == "ema")
         self.precision = resolve_precision(t.precision, self.device, self.model)
+        self.parallel = Parallel.of(t, self.env, self.precision)
+        if t.logger not in LOGGERS:  # before anything is written (an --overwrite clears the old run below)
+            raise ConfigError(f"train.logger must be one of {list(LOGGERS)}, got {t.logger!r}")
         self.data_info = DataInfo.of(self.data)
         self.ema = EMA(self.model, t.ema) if t.ema > 0 else None
+        # Wrapped (DDP) or sharded (FSDP) before the optimizer is built: FSDP replaces the parameters.
+        self.forward_model = self.parallel.prepare(self.model, self.ema.model if self.ema is not None else None)
         self.optimizer = build_optimizer(self.model, cfg.optim)
-        self.forward_model = self.model
-        if self.env.distributed:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            self.forward_model = DDP(self.model, device_ids=ids)
         if t.compile:
             self.forward_model = torch.compile(self.forward_model)
 
@@ -238,6 +238,8 @@ class Trainer(RunState):
             enabled=self.env.is_main,
             tensorboard=t.tensorboard,
             resume_step=self.step if resume else None,
+            backend=t.logger,
+            config=OmegaConf.to_container(self.cfg, resolve=True),
         )
 
     @classmethod
@@ -285,9 +287,7 @@ class Trainer(RunState):
             generator = torch.Generator(device=self.device).manual_seed(seed)
             torch.manual_seed(seed)  # model-internal randomness (dropout) follows the same stream
             batch = self.data.get_batch("train", indices[c * self.micro : (c + 1) * self.micro], self.device)
-            last = k == len(mine) - 1
-            sync = contextlib.nullcontext() if (last or not env.distributed) else self.forward_model.no_sync()
-            with sync:
+            with self.parallel.accumulate(self.forward_model, last=k == len(mine) - 1):
                 with autocast(self.device, self.precision):
                     # A reference is passed only when the run has one, so a plain objective(model, batch,
                     # generator) satisfies the contract (tcsm.protocols.TrainingObjective).
@@ -299,7 +299,7 @@ class Trainer(RunState):
             for key, v in metrics.items():  # summed where they live: no host sync per micro-batch
                 sums[key] = sums.get(key, 0.0) + v / len(mine)
         clip = float(self.cfg.optim.clip) if self.cfg.optim.clip > 0 else math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip).detach()
+        grad_norm = self.parallel.grad_norm(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)).detach()
         self._note_finite(grad_norm, sums.get("loss"))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -396,8 +396,12 @@ class Trainer(RunState):
     def _periodic(self, every: int, final: bool) -> bool:
         return final or (every > 0 and self.step % every == 0)
 
+    def _reports(self) -> bool:
+        """This rank evaluates and samples: rank 0, or every rank when a forward pass needs them all (FSDP)."""
+        return self.env.is_main or self.parallel.collective_forward
+
     def _eval_and_log(self, final: bool) -> None:
-        if not self.env.is_main:
+        if not self._reports():
             return
         result = self.validate(max_examples=self.cfg.train.eval_examples)
         if result:
@@ -410,15 +414,17 @@ class Trainer(RunState):
             )
 
     def _sample_and_log(self) -> None:
-        if not self.env.is_main:
+        if not self._reports():
             return
         self.check_finite()
         texts = self.samples()
-        if texts:
+        if texts and self.env.is_main:
             self.logger.samples(self.step, texts)
             self._write(f"step {self.step}: samples\n" + "\n".join(f"  | {t}" for t in texts))
 
     def _write(self, msg: str) -> None:
+        if not self.env.is_main:  # ranks that evaluate alongside rank 0 (FSDP) have nothing of their own to say
+            return
         if self._bar is not None and not self._bar.disable:  # printed above a live progress bar
             self._bar.write(msg, file=sys.stdout)
         else:

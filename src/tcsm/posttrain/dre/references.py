@@ -51,7 +51,13 @@ class PreviousIterateReference:
 
     def _copy(self, model: nn.Module) -> None:
         if self.module is None:
-            self.module = copy.deepcopy(model).eval().requires_grad_(False)
+            try:
+                self.module = copy.deepcopy(model).eval().requires_grad_(False)
+            except (RuntimeError, AssertionError) as e:  # FSDP2 refuses to deep-copy a sharded module
+                raise ConfigError(
+                    f"objective.reference=previous cannot copy this student ({e}); use train.strategy=ddp, or "
+                    "objective.reference=ema"
+                ) from None
         with torch.no_grad():
             for dst, src in zip(self.module.state_dict().values(), model.state_dict().values()):
                 dst.copy_(src)
