@@ -10,9 +10,9 @@ import gzip
 import json
 import math
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import torch
@@ -150,6 +150,53 @@ class DataBundle:
             else f", floor={self.nats_per_token_floor / math.log(2):.4f} bits/token"
         )
         return f"{self.label}: V={self.vocab_size}, L={self.seq_len}, chunks {sizes}{floor}"
+
+
+@dataclass(frozen=True)
+class TensorRows:
+    """One split of records held as tensors of equal first dimension (e.g. chosen, rejected, prompt mask): sliced
+    like a tensor (`rows[:k]`, `rows[index_tensor]`) and sized like one (`shape`, `len`), so the trainer's data
+    plumbing treats it as the split's rows. Subclasses name the tensors (dataclass fields) and give `to_batch`."""
+
+    @property
+    def shape(self) -> torch.Size:
+        return getattr(self, fields(self)[0].name).shape
+
+    def __len__(self) -> int:
+        return int(self.shape[0])
+
+    def __getitem__(self, index):
+        if isinstance(index, int):
+            index = slice(index, index + 1)
+        return type(self)(*(getattr(self, f.name)[index] for f in fields(self)))
+
+    def to_batch(self, device=None):
+        raise NotImplementedError
+
+
+@dataclass
+class RowsBundle(DataBundle):
+    """A `DataBundle` whose splits are `TensorRows` and whose batches are their `to_batch` (a `Batch` with a prompt
+    mask, a rejected sequence, ...)."""
+
+    #: what a record is called in messages (e.g. "pair")
+    record: ClassVar[str] = "record"
+
+    def __post_init__(self) -> None:
+        self.label = self.label or self.name
+        if len(self.train) == 0:
+            raise DataError(f"{self.name}: no usable {self.record} is left for training; lower valid_frac / test_frac")
+
+    def get_batch(self, split: str, indices, device=None):
+        return self.split(split)[torch.as_tensor(indices, dtype=torch.long)].to_batch(device)
+
+    def describe_rows(self, what: str) -> str:
+        """`label: V=.., L=.., <what> train=.., valid=.., test=..` and the records skipped or truncated."""
+        sizes = ", ".join(f"{s}={len(getattr(self, s))}" for s in ("train", "valid", "test"))
+        bad = self.meta.get("bad_records") or {}
+        skipped = "; skipped " + ", ".join(f"{n} {why}" for why, n in bad.items()) if bad else ""
+        cut = f"; {self.meta['truncated']} truncated to fit" if self.meta.get("truncated") else ""
+        return f"{self.label}: V={self.vocab_size}, L={self.seq_len}, {what} {sizes}{skipped}{cut}"
 
 
 # --- shared helpers --------------------------------------------------------------------------------------

@@ -56,6 +56,24 @@ def read_documents(path: str | Path, text_field: str = "text", doc_separator: st
     return docs
 
 
+def tokenized_splits(mode: str, files: dict, tokenize, valid_frac: float, test_frac: float, seed: int = 0):
+    """({"train", "valid", "test"} rows, records truncated) of record files resolved by `resolve_splits`:
+    `tokenize(path or None) -> (rows, truncated)` reads one file (None: an empty split) into sliceable rows; one
+    file is shuffled with `seed` and split by fractions, separate files are the splits."""
+    import torch
+
+    if mode == "fractions":
+        rows, truncated = tokenize(files["path"])
+        order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(int(seed)))
+        a, b = split_by_fractions(len(rows), valid_frac, test_frac)
+        return {"train": rows[order[:a]], "valid": rows[order[a:b]], "test": rows[order[b:]]}, truncated
+    splits, truncated = {}, 0
+    for split, f in files.items():
+        splits[split], cut = tokenize(f)
+        truncated += cut
+    return splits, truncated
+
+
 def resolve_splits(
     path, train_path, valid_path, test_path, valid_frac: float, test_frac: float, kind: str
 ) -> tuple[str, dict[str, str | None]]:

@@ -28,41 +28,26 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from tcsm.batch import Batch
-from tcsm.data.base import DataBundle, DataError, compact_dtype, jsonl_objects, split_by_fractions
+from tcsm.data.base import DataError, RowsBundle, TensorRows, compact_dtype, jsonl_objects
 from tcsm.data.build import DATA_KINDS, build_data
-from tcsm.data.text import resolve_splits
+from tcsm.data.text import resolve_splits, tokenized_splits
 
 __all__ = ["PairRows", "PairsBundle", "build_pairs", "read_pair_records", "tokenize_pairs", "tokenizer_signature"]
 
 
 @dataclass(frozen=True)
-class PairRows:
-    """Tokenised pairs of one split: chosen and rejected ids [N, L] (compact dtype) sharing a prompt mask [N, L].
-
-    Sliced like a tensor (`rows[:k]`, `rows[index_tensor]`) and sized like one (`shape`, `len`), so the trainer's
-    data plumbing treats it as the split's rows; `to_batch` turns rows into the objective's `Batch`.
-    """
+class PairRows(TensorRows):
+    """Tokenised pairs of one split: chosen and rejected ids [N, L] (compact dtype) sharing a prompt mask [N, L]."""
 
     chosen: Tensor
     rejected: Tensor
     prompt_mask: Tensor
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.chosen.shape
-
-    def __len__(self) -> int:
-        return int(self.chosen.shape[0])
-
-    def __getitem__(self, index) -> PairRows:
-        if isinstance(index, int):
-            index = slice(index, index + 1)
-        return PairRows(self.chosen[index], self.rejected[index], self.prompt_mask[index])
 
     def to_batch(self, device=None) -> Batch:
         """Batch(x1=chosen, rejected=rejected, cond_mask=prompt positions) as LongTensors on `device`."""
@@ -74,31 +59,18 @@ class PairRows:
 
 
 @dataclass
-class PairsBundle(DataBundle):
-    """Train / valid / test `PairRows` and their tokenizer: a `DataBundle` whose batches are preference `Batch`es
-    (chosen = x1, rejected, prompt = cond_mask)."""
+class PairsBundle(RowsBundle):
+    """Train / valid / test `PairRows` and their tokenizer: batches are preference `Batch`es (chosen = x1, rejected,
+    prompt = cond_mask)."""
 
+    record: ClassVar[str] = "pair"
     train: PairRows
     valid: PairRows
     test: PairRows
 
-    def __post_init__(self) -> None:
-        self.label = self.label or self.name
-        if len(self.train) == 0:
-            raise DataError(f"{self.name}: no usable pair is left for training; lower valid_frac / test_frac")
-
-    def get_batch(self, split: str, indices, device=None) -> Batch:
-        return self.split(split)[torch.as_tensor(indices, dtype=torch.long)].to_batch(device)
-
     def summary(self) -> str:
-        sizes = ", ".join(f"{s}={len(getattr(self, s))}" for s in ("train", "valid", "test"))
-        bad = self.meta.get("bad_records") or {}
-        skipped = "; skipped " + ", ".join(f"{n} {why}" for why, n in bad.items()) if bad else ""
-        cut = self.meta.get("truncated", 0)
-        cut = f"; {cut} truncated to fit" if cut else ""
         ids = self.meta.get("stored_token_ids", 0)
-        ids = f"; {ids} with their stored token ids" if ids else ""
-        return f"{self.label}: V={self.vocab_size}, L={self.seq_len}, pairs {sizes}{skipped}{cut}{ids}"
+        return self.describe_rows("pairs") + (f"; {ids} with their stored token ids" if ids else "")
 
 
 # --------------------------------------------------------------------------------------------------- reading
@@ -272,24 +244,16 @@ def build_pairs(
     bad: Counter = Counter()
     fields = (prompt_field, chosen_field, rejected_field)
     opts = {"truncate": bool(truncate), "pad_id": pad_id, "bad": bad}
-    if mode == "fractions":
-        src = files["path"]
-        records = read_pair_records(src, fields, bad, signature)
-        stored = sum(r[4] is not None for r in records)
-        rows, truncated = tokenize_pairs(records, tok, L, where=src, **opts)
-        order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(int(seed)))
-        a, b = split_by_fractions(len(rows), valid_frac, test_frac)
-        splits = {"train": rows[order[:a]], "valid": rows[order[a:b]], "test": rows[order[b:]]}
-    else:
-        src, splits, truncated, stored = files["train"], {}, 0, 0
-        for split, f in files.items():
-            if f is None:
-                splits[split] = tokenize_pairs([], tok, L, where="", **opts)[0]
-                continue
-            records = read_pair_records(f, fields, bad, signature)
-            stored += sum(r[4] is not None for r in records)
-            splits[split], cut = tokenize_pairs(records, tok, L, where=f, **opts)
-            truncated += cut
+    stored = 0
+
+    def tokenize(f):
+        nonlocal stored
+        records = [] if f is None else read_pair_records(f, fields, bad, signature)
+        stored += sum(r[4] is not None for r in records)
+        return tokenize_pairs(records, tok, L, where=f or "", **opts)
+
+    splits, truncated = tokenized_splits(mode, files, tokenize, valid_frac, test_frac, seed)
+    src = files["path"] if mode == "fractions" else files["train"]
     usable = sum(len(s) for s in splits.values())
     if usable == 0:
         reasons = ", ".join(f"{n} {why}" for why, n in bad.items()) or "the file holds no records"

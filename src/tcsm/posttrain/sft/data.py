@@ -23,88 +23,42 @@ records are refused unless `truncate`; a file with no usable record is a one-lin
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from tcsm.batch import Batch
-from tcsm.data.base import DataError, compact_dtype, jsonl_objects, split_by_fractions
+from tcsm.data.base import DataError, RowsBundle, TensorRows, compact_dtype, jsonl_objects
 from tcsm.data.build import DATA_KINDS, build_data
-from tcsm.data.text import resolve_splits
+from tcsm.data.text import resolve_splits, tokenized_splits
 from tcsm.posttrain.preference.pairs import _encode, _pad_id
 
 __all__ = ["ChatTemplate", "SFTBundle", "SFTRows", "build_sft", "read_sft_records"]
 
 
 @dataclass(frozen=True)
-class SFTRows:
-    """Tokenised records of one split: ids [N, L] and the prompt mask [N, L]; sliced and sized like a tensor."""
+class SFTRows(TensorRows):
+    """Tokenised records of one split: ids [N, L] and the prompt mask [N, L]."""
 
     x1: Tensor
     prompt_mask: Tensor
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.x1.shape
-
-    def __len__(self) -> int:
-        return int(self.x1.shape[0])
-
-    def __getitem__(self, index) -> SFTRows:
-        if isinstance(index, int):
-            index = slice(index, index + 1)
-        return SFTRows(self.x1[index], self.prompt_mask[index])
 
     def to_batch(self, device=None) -> Batch:
         return Batch(x1=self.x1.to(device=device, dtype=torch.long), cond_mask=self.prompt_mask.to(device=device))
 
 
 @dataclass
-class SFTBundle:
-    """Train / valid / test `SFTRows` and their tokenizer: the DataBundle surface the trainer uses."""
+class SFTBundle(RowsBundle):
+    """Train / valid / test `SFTRows` and their tokenizer: batches hold the prompt as `cond_mask`."""
 
-    name: str
-    vocab_size: int
-    seq_len: int
     train: SFTRows
     valid: SFTRows
     test: SFTRows
-    tokenizer: Any
-    eos_id: int | None = None
-    label: str = ""
-    nats_per_token_floor: float | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.label = self.label or self.name
-        if len(self.train) == 0:
-            raise DataError(f"{self.name}: no usable record is left for training; lower valid_frac / test_frac")
-
-    def split(self, name: str) -> SFTRows:
-        if name not in ("train", "valid", "test"):
-            raise DataError(f"unknown split {name!r}; choose train, valid or test")
-        return getattr(self, name)
-
-    def get_batch(self, split: str, indices, device=None) -> Batch:
-        return self.split(split)[torch.as_tensor(indices, dtype=torch.long)].to_batch(device)
-
-    def encode(self, text: str) -> Tensor:
-        return torch.tensor(self.tokenizer.encode(text), dtype=torch.long)
-
-    def decode(self, ids) -> str:
-        if isinstance(ids, Tensor):
-            ids = ids.reshape(-1).tolist()
-        return self.tokenizer.decode(list(ids))
 
     def summary(self) -> str:
-        sizes = ", ".join(f"{s}={len(getattr(self, s))}" for s in ("train", "valid", "test"))
-        bad = self.meta.get("bad_records") or {}
-        skipped = "; skipped " + ", ".join(f"{n} {why}" for why, n in bad.items()) if bad else ""
-        cut = f"; {self.meta['truncated']} truncated to fit" if self.meta.get("truncated") else ""
-        return f"{self.label}: V={self.vocab_size}, L={self.seq_len}, prompt/completion records {sizes}{skipped}{cut}"
+        return self.describe_rows("prompt/completion records")
 
 
 # --------------------------------------------------------------------------------------------------- chat
@@ -296,18 +250,12 @@ def build_sft(
     bad: Counter = Counter()
     fields = (prompt_field, completion_field, messages_field)
     opts = {"truncate": bool(truncate), "pad_id": pad_id, "bad": bad}
-    if mode == "fractions":
-        src = files["path"]
-        rows, truncated = tokenize_sft(read_sft_records(src, fields, template, bad), tok, L, where=src, **opts)
-        order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(int(seed)))
-        a, b = split_by_fractions(len(rows), valid_frac, test_frac)
-        splits = {"train": rows[order[:a]], "valid": rows[order[a:b]], "test": rows[order[b:]]}
-    else:
-        src, splits, truncated = files["train"], {}, 0
-        for split, f in files.items():
-            records = [] if f is None else read_sft_records(f, fields, template, bad)
-            splits[split], cut = tokenize_sft(records, tok, L, where=f or "", **opts)
-            truncated += cut
+    def tokenize(f):
+        records = [] if f is None else read_sft_records(f, fields, template, bad)
+        return tokenize_sft(records, tok, L, where=f or "", **opts)
+
+    splits, truncated = tokenized_splits(mode, files, tokenize, valid_frac, test_frac, seed)
+    src = files["path"] if mode == "fractions" else files["train"]
     if sum(len(s) for s in splits.values()) == 0:
         reasons = ", ".join(f"{n} {why}" for why, n in bad.items()) or "the file holds no records"
         raise DataError(
