@@ -181,16 +181,24 @@ def tokenize_pairs(
             f"{len(too_long)} pair(s) of {where} do not fit the model's {L} tokens (first: line {n}, {longest} "
             "tokens with its prompt); shorten them, or set data.truncate=true (--truncate) to cut responses to fit"
         )
-    dtype = compact_dtype(max(int(getattr(tokenizer, "vocab_size", 0)), (pad_id or 0) + 1))
-    chosen = torch.zeros(len(rows), L, dtype=dtype)
-    rejected = torch.zeros(len(rows), L, dtype=dtype)
-    mask = torch.zeros(len(rows), L, dtype=torch.bool)
-    for k, (p, c, r) in enumerate(rows):
-        for out, resp in ((chosen, c), (rejected, r)):
-            seq = p + resp + [pad_id] * (L - len(p) - len(resp))
-            out[k] = torch.tensor(seq, dtype=dtype)
-        mask[k, : len(p)] = True
+    (chosen, rejected), mask = pad_prompt_rows([(p, (c, r)) for p, c, r in rows], L, pad_id, V, slots=2)
     return PairRows(chosen, rejected, mask), truncated
+
+
+def pad_prompt_rows(
+    rows, seq_len: int, pad_id: int | None, vocab_size: int, *, slots: int
+) -> tuple[list[Tensor], Tensor]:
+    """`rows` of (prompt ids, `slots` response ids) as one [N, seq_len] tensor per slot — prompt, response, then
+    `pad_id` — in the compact dtype, and the prompt mask [N, seq_len] (shared by preference pairs and SFT)."""
+    L = int(seq_len)
+    dtype = compact_dtype(max(int(vocab_size), (pad_id or 0) + 1))
+    outs = [torch.zeros(len(rows), L, dtype=dtype) for _ in range(slots)]
+    mask = torch.zeros(len(rows), L, dtype=torch.bool)
+    for k, (p, responses) in enumerate(rows):
+        for out, resp in zip(outs, responses):
+            out[k] = torch.tensor(p + resp + [pad_id] * (L - len(p) - len(resp)), dtype=dtype)
+        mask[k, : len(p)] = True
+    return outs, mask
 
 
 # --------------------------------------------------------------------------------------------------- the kind

@@ -30,10 +30,10 @@ import torch
 from torch import Tensor
 
 from tcsm.batch import Batch
-from tcsm.data.base import DataError, RowsBundle, TensorRows, compact_dtype, jsonl_objects
+from tcsm.data.base import DataError, RowsBundle, TensorRows, jsonl_objects
 from tcsm.data.build import DATA_KINDS, build_data
 from tcsm.data.text import resolve_splits, tokenized_splits
-from tcsm.posttrain.preference.pairs import _encode, _pad_id
+from tcsm.posttrain.preference.pairs import _encode, _pad_id, pad_prompt_rows
 
 __all__ = ["ChatTemplate", "SFTBundle", "SFTRows", "build_sft", "read_sft_records"]
 
@@ -206,12 +206,8 @@ def tokenize_sft(records, tokenizer, seq_len: int, *, truncate: bool, pad_id: in
             f"{len(too_long)} record(s) of {where} do not fit the model's {L} tokens (first: line {n}, {longest} "
             "tokens with its prompt); shorten them, or set data.truncate=true (--truncate) to cut completions"
         )
-    dtype = compact_dtype(max(int(getattr(tokenizer, "vocab_size", 0)), (pad_id or 0) + 1))
-    x1 = torch.zeros(len(rows), L, dtype=dtype)
-    mask = torch.zeros(len(rows), L, dtype=torch.bool)
-    for k, (p, c) in enumerate(rows):
-        x1[k] = torch.tensor(p + c + [pad_id] * (L - len(p) - len(c)), dtype=dtype)
-        mask[k, : len(p)] = True
+    V = int(getattr(tokenizer, "vocab_size", 0))
+    (x1,), mask = pad_prompt_rows([(p, (c,)) for p, c in rows], L, pad_id, V, slots=1)
     return SFTRows(x1, mask), truncated
 
 
