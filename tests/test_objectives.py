@@ -164,11 +164,13 @@ def test_default_score_estimator_is_tilted_where_the_kernel_varies(kind):
 
 def test_tilted_uniform_score_gradient_bounded_near_t1():
     """`score_loss` tilt (MATH.md §3.4): uniform source, t → 1, x_t^i ≠ x_1^i, model = posterior of a uniform clean
-    conditional (m ∝ k): the untilted κ_t-weighted gradient grows like V/(1 − t)² (1/m_z with m_z ~ (1 − t)/V),
-    the tilted one like κ_t · O(V) — and both vanish in expectation at the optimum (see the zero-gradient test)."""
+    conditional (m ∝ k): the paper's untilted κ_t-weighted gradient grows like V/(1 − t)² (1/m_z with m_z ~ (1 − t)/V),
+    the tilted one and the capped untilted one (§3.6) like κ_t · O(V) — and all vanish in expectation at the
+    optimum (see the zero-gradient tests)."""
     V = 8
     path = UniformPath(V)
-    objective = {tilt: Objective(path, loss="score", tilt=tilt) for tilt in (False, True)}
+    objective = {tilt: Objective(path, loss="score", tilt=tilt, weight_cap="inf") for tilt in (False, True)}
+    objective["capped"] = Objective(path, loss="score", tilt=False)  # the default cap c = V (MATH.md §3.6)
     xt = torch.zeros(1, 1, dtype=torch.long)
     x1 = torch.ones(1, 1, dtype=torch.long)
     for one_minus_t in (1e-2, 1e-4):
@@ -184,6 +186,7 @@ def test_tilted_uniform_score_gradient_bounded_near_t1():
             norms[tilt] = float(grad.norm())
         assert norms[True] <= 2.0 * V * kappa
         assert norms[False] >= 0.5 * V * kappa / one_minus_t
+        assert norms["capped"] <= 2.0 * (2 * V + 1) * kappa
 
 
 @pytest.mark.parametrize("V", [2, 3, 5])

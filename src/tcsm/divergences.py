@@ -86,8 +86,27 @@ class BregmanGenerator:
         log_rho = log_m - log_m_z.unsqueeze(-1)
         return self.conj_log(log_rho).sum(-1) - self.dphi_log(-log_rho).sum(-1)
 
+    def mc_score_surrogate(self, log_m: Tensor, log_m_z: Tensor, cap: float) -> Tensor | None:
+        """A loss whose gradient is the Monte Carlo score's with its importance weights capped at `cap`
+        (MATH.md §3.6), or None where this generator's estimator has no such weights to cap."""
+        return None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def _capped_gkl_surrogate(log_m: Tensor, log_m_z: Tensor, cap: float) -> Tensor:
+    """−(V + sg[min(1/m_z, c)]) log m_z + Σ_y sg[min(1, c m_y)] log m_y (MATH.md §3.6).
+
+    Its gradient is that of the GKL box ℓ = −V log m_z + 1/m_z + Σ_y log m_y with every importance weight 1/m_y
+    replaced by min(1/m_y, c): c = ∞ is the box's own gradient, c = 0 is V × cross-entropy, and for every c the
+    expected gradient vanishes exactly at the posterior marginal.
+    """
+    V = log_m.shape[-1]
+    with torch.no_grad():
+        w_z = torch.exp(-log_m_z).clamp_max(cap)
+        s = (torch.exp(log_m) * cap).clamp_max(1.0)
+    return -(V + w_z) * log_m_z + (s * log_m).sum(-1)
 
 
 class GKL(BregmanGenerator):
@@ -122,6 +141,9 @@ class GKL(BregmanGenerator):
         """The boxed form of MATH.md §3.4: ℓ = −V log m_z + 1/m_z + Σ_y log m_y (generic form + V)."""
         V = log_m.shape[-1]
         return -V * log_m_z + torch.exp(-log_m_z) + log_m.sum(-1)
+
+    def mc_score_surrogate(self, log_m, log_m_z, cap):
+        return _capped_gkl_surrogate(log_m, log_m_z, cap)
 
 
 class Squared(BregmanGenerator):
@@ -167,6 +189,10 @@ class ItakuraSaito(BregmanGenerator):
 
     def divergence_log(self, lu, lv):
         return _is_terms(lu, lv)
+
+    def mc_score_surrogate(self, log_m, log_m_z, cap):
+        # The generic IS estimator, Σ_y (log ρ_y − 1) + Σ_y ρ_y, is the GKL box minus V: the same weights.
+        return _capped_gkl_surrogate(log_m, log_m_z, cap)
 
 
 class Logistic(BregmanGenerator):

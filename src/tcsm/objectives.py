@@ -161,6 +161,7 @@ def score_loss(
     paper_scale: bool = False,
     divergence: str | BregmanGenerator | None = None,
     tilt: bool | None = None,
+    weight_cap: float | str | None = None,
 ) -> Tensor:
     """Per-position L_score [B, L] (MATH.md §3.2, §3.4): N^1 concrete-score matching with Bregman generator φ.
 
@@ -189,6 +190,12 @@ def score_loss(
     ~(1 − t) — infinite variance under κ_t weighting even at the optimum; the tilted 1/m̃_z is O(1/p_1(z | ·))
     and the weight at z = x_t^i is 1/(1 + b_t). Masked source: k is constant at masked positions, so the tilt
     is the identity there. See docs/benchmarks.md "Pre-training: quality" for the measurement.
+
+    `weight_cap` (Monte Carlo target, GKL and IS generators; MATH.md §3.6): the value returned is the estimator's,
+    its gradient is that of the estimator with every importance weight 1/m_y capped at c. None (the default) is
+    c = V; `inf` is the paper's gradient. The expected gradient vanishes at the posterior marginal for every c,
+    so the optimum does not move, while the 1/m_z term's unbounded gradient — which stops masked L_score from
+    training — is bounded by c.
     """
     _check_logits(logits, batch, path)
     gen = get_bregman(divergence if divergence is not None else bregman)
@@ -204,25 +211,48 @@ def score_loss(
         value = gen.divergence_log(log_w, log_m - log_m_z.unsqueeze(-1)).sum(-1)
         value = torch.where(keep, value, torch.zeros((), dtype=value.dtype, device=value.device))
     elif tilt or (tilt is None and not path.kernel_flat_on_free):
-        value = _tilted_mc_score(gen, rows, z, batch, path, clamp)
+        value = _tilted_mc_score(gen, rows, z, batch, path, clamp, _weight_cap(weight_cap, path.vocab_size))
     else:
-        value = gen.mc_score(log_m, log_m_z)
+        value = _with_capped_gradient(gen, gen.mc_score(log_m, log_m_z), log_m, log_m_z,
+                                      _weight_cap(weight_cap, path.vocab_size))
     if paper_scale:
         value = value / path.vocab_size
     return _place(value, batch.loss_mask)
 
 
-def _tilted_mc_score(gen: BregmanGenerator, rows: Tensor, z: Tensor, batch: TargetBatch, path: ProbabilityPath, clamp) -> Tensor:
+def _tilted_mc_score(
+    gen: BregmanGenerator, rows: Tensor, z: Tensor, batch: TargetBatch, path: ProbabilityPath, clamp, cap: float
+) -> Tensor:
     """Kernel-tilted MC score (k_min/k_z) ℓ_φ(m̃, z), m̃ ∝ m/k, k_y = k_t(x_t^i | y) (MATH.md §1.3, §3.4; `score_loss`).
 
     The floor applies to log m̃ (what the estimator divides by), so it bounds the loss as in the untilted form.
+    The cap applies to m̃'s importance weights: under z ~ r ∝ q/k the tilted loss is the untilted one in m̃ (§3.6).
     """
     mask = batch.loss_mask
     log_k = torch.where(mask.unsqueeze(-1), path.log_kernel(batch.xt, batch.t), 0.0)
     log_k = log_k.reshape(rows.shape).to(rows.dtype)
     log_k = log_k - log_k.min(-1, keepdim=True).values
     log_mt = _floor(torch.log_softmax(rows - log_k, -1), clamp)
-    return torch.exp(-_gather(log_k, z)) * gen.mc_score(log_mt, _gather(log_mt, z))
+    log_mt_z = _gather(log_mt, z)
+    value = _with_capped_gradient(gen, gen.mc_score(log_mt, log_mt_z), log_mt, log_mt_z, cap)
+    return torch.exp(-_gather(log_k, z)) * value
+
+
+def _weight_cap(cap: float | str | None, vocab_size: int) -> float:
+    """The importance-weight cap c of `score_loss` as a number: None or "V" → V, "inf" → ∞ (MATH.md §3.6)."""
+    if cap is None or cap == "V":
+        return float(vocab_size)
+    return float(cap)
+
+
+def _with_capped_gradient(gen: BregmanGenerator, value: Tensor, log_m: Tensor, log_m_z: Tensor, cap: float) -> Tensor:
+    """`value` (the estimator), carrying the gradient of the generator's capped surrogate instead of its own."""
+    if cap == math.inf:
+        return value
+    surrogate = gen.mc_score_surrogate(log_m, log_m_z, cap)
+    if surrogate is None:
+        return value
+    return value.detach() + (surrogate - surrogate.detach())
 
 
 def _impossible(log_q_z: Tensor, clamp: float | None) -> Tensor:
@@ -242,9 +272,22 @@ def _score_dropped(batch: TargetBatch, clamp: float | None = DEFAULT_CLAMP, **_)
 # `dropped_positions(batch, **kwargs)` hooks say which loss positions a loss leaves out (reported in the metrics).
 score_loss.dropped_positions = _score_dropped
 distrib_loss.validate = lambda divergence="kl", **_: get_f_divergence(divergence)
-score_loss.validate = lambda bregman="gkl", divergence=None, **_: get_bregman(
-    divergence if divergence is not None else bregman
-)
+def _validate_score(bregman="gkl", divergence=None, weight_cap=None, **_) -> None:
+    gen = get_bregman(divergence if divergence is not None else bregman)
+    if weight_cap is None or weight_cap == "V":
+        return
+    try:
+        cap = float(weight_cap)
+    except (TypeError, ValueError):
+        raise ValueError(f"weight_cap must be a number ≥ 0, 'V' or 'inf', not {weight_cap!r}") from None
+    if not cap >= 0:
+        raise ValueError(f"weight_cap must be ≥ 0 (0: V × cross-entropy, inf: the paper's), not {weight_cap!r}")
+    if cap != math.inf and gen.mc_score_surrogate(torch.zeros(1, 2), torch.zeros(1), cap) is None:
+        raise ValueError(f"weight_cap applies to the gkl and is score losses; the {gen.name!r} estimator has no "
+                         "importance weights to cap (MATH.md §3.6)")
+
+
+score_loss.validate = _validate_score
 
 LOSSES: dict[str, LossFn] = {"distrib": distrib_loss, "score": score_loss}
 
