@@ -39,15 +39,30 @@ LN2 = math.log(2.0)
 # name → (suite, overrides, label). Shared budget overrides are added by `common_overrides`.
 TEXT8_VARIANTS = {
     "tcsm-masked-distrib": (["path.source=masked", "objective.loss=distrib"], "TCSM masked L_distrib (KL)"),
-    "tcsm-masked-score": (["path.source=masked", "objective.loss=score"], "TCSM masked L_score (GKL)"),
+    "tcsm-masked-score": (
+        ["path.source=masked", "objective.loss=score", "objective.kwargs.weight_cap=inf"],
+        "TCSM masked L_score (GKL, paper's MC estimator)",
+    ),
+    "tcsm-masked-score-capped": (
+        ["path.source=masked", "objective.loss=score"],
+        "TCSM masked L_score (GKL, weights capped at V: the default)",
+    ),
     "tcsm-uniform-distrib": (["path.source=uniform", "objective.loss=distrib"], "TCSM uniform L_distrib (KL)"),
     "tcsm-uniform-score": (
-        ["path.source=uniform", "objective.loss=score", "objective.kwargs.tilt=false"],
+        ["path.source=uniform", "objective.loss=score", "objective.kwargs.tilt=false", "objective.kwargs.weight_cap=inf"],
         "TCSM uniform L_score (GKL, paper's MC estimator)",
     ),
     "tcsm-uniform-score-tilt": (
-        ["path.source=uniform", "objective.loss=score", "objective.kwargs.tilt=true"],
+        ["path.source=uniform", "objective.loss=score", "objective.kwargs.tilt=true", "objective.kwargs.weight_cap=inf"],
         "TCSM uniform L_score (GKL, kernel-tilted)",
+    ),
+    "tcsm-uniform-score-capped": (
+        ["path.source=uniform", "objective.loss=score", "objective.kwargs.tilt=false"],
+        "TCSM uniform L_score (GKL, weights capped at V, untilted)",
+    ),
+    "tcsm-uniform-score-tilt-capped": (
+        ["path.source=uniform", "objective.loss=score", "objective.kwargs.tilt=true"],
+        "TCSM uniform L_score (GKL, kernel-tilted, weights capped at V)",
     ),
     "mdlm": (
         ["path.source=masked", "objective.loss=distrib", "path.schedule=loglinear", "model.time_conditioning=false"],

@@ -81,16 +81,22 @@ def score(trainer, data, args, *, num_t: int, seed: int) -> dict:
                     precision="bf16")
 
 
+def run_key(variant: str, seed: int) -> str:
+    """Results and run directories are named by variant, and by seed for every seed but the table's first (0)."""
+    return variant if seed == 0 else f"{variant}@seed{seed}"
+
+
 def run(args) -> dict:
     from tcsm.builders.config import load_config
     from tcsm.train.trainer import Trainer
 
-    run_dir = Path(args.runs) / args.variant
+    run_dir = Path(args.runs) / run_key(args.variant, args.seed)
     state_file = run_dir / "quality.json"
     if run_dir.exists() and not state_file.exists():
         shutil.rmtree(run_dir)  # killed inside its first chunk: nothing to keep, start the run again
     state = json.loads(state_file.read_text()) if state_file.exists() else {
-        "variant": args.variant, "label": VARIANTS[args.variant][1], "cpu_s": 0.0, "step": 0, "curve": []}
+        "variant": args.variant, "label": VARIANTS[args.variant][1], "seed": args.seed, "cpu_s": 0.0, "step": 0,
+        "curve": []}
     budget = args.cpu_hours * 3600.0
     tokens_per_step = args.batch * args.seq_len
     resume = (run_dir / "checkpoints").is_dir() and state["step"] > 0
@@ -139,8 +145,11 @@ def report(results: dict, figure: Path | None) -> str:
              f"{a.get('num_t')} t."), "",
              "| run | training tokens | steps | CPU h | test BPC (valid bound; AR: exact NLL) | uniform: DFM bound (A) |",
              "|---|---|---|---|---|---|"]
-    for name, (_, label) in VARIANTS.items():
-        r = runs.get(name)
+    keys = [k for name in VARIANTS for k in sorted((k for k in runs if k.split("@")[0] == name), key=len)]
+    for key in keys or list(VARIANTS):
+        name = key.split("@")[0]
+        r = runs.get(key)
+        label = VARIANTS[name][1] + (f" (seed {r.get('seed', 0)})" if r is not None and "@" in key else "")
         if r is None or "test" not in r:
             done = "" if r is None else f" (in progress: {r['step']} steps, {r['cpu_s'] / 3600:.2f} CPU h)"
             lines.append(f"| {label} | – | – | – | _not run_{done} | – |")
@@ -161,7 +170,8 @@ def report(results: dict, figure: Path | None) -> str:
         for name, r in runs.items():
             c = r.get("curve", [])
             if c:
-                ax.plot([p["tokens"] / 1e6 for p in c], [p["valid_bpc"] for p in c], marker=".", label=VARIANTS[name][1])
+                ax.plot([p["tokens"] / 1e6 for p in c], [p["valid_bpc"] for p in c], marker=".",
+                        label=VARIANTS[name.split("@")[0]][1] + (f" (seed {r.get('seed')})" if "@" in name else ""))
         ax.set_xlabel("training tokens (millions)")
         ax.set_ylabel("validation bits per character (bound; AR: exact)")
         ax.set_ylim(bottom=0)
@@ -208,10 +218,10 @@ def main(argv=None):
     results["meta"] = {"command": " ".join([os.path.basename(sys.executable), *sys.argv]), "torch": torch.__version__,
                        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores (shared)",
                        "args": {k: v for k, v in vars(args).items() if k != "variant"}}
-    results.setdefault("runs", {})[args.variant] = dict(state)  # per-sequence test values kept: paired comparisons
+    results.setdefault("runs", {})[run_key(args.variant, args.seed)] = dict(state)  # per-sequence test values kept: paired comparisons
     out.parent.mkdir(parents=True, exist_ok=True)
     _atomic_json(out, results)
-    print(f"[{args.variant}] done: {state['test']}", flush=True)
+    print(f"[{run_key(args.variant, args.seed)}] done: {state['test']}", flush=True)
 
 
 if __name__ == "__main__":
