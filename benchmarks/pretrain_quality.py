@@ -61,7 +61,7 @@ TEXT8_VARIANTS = {
         "TCSM uniform L_score (GKL, weights capped at V, untilted)",
     ),
     "tcsm-uniform-score-tilt-capped": (
-        ["path.source=uniform", "objective.loss=score", "objective.kwargs.tilt=true"],
+        ["path.source=uniform", "objective.loss=score", "objective.kwargs.tilt=true", "objective.kwargs.weight_cap=V"],
         "TCSM uniform L_score (GKL, kernel-tilted, weights capped at V)",
     ),
     "mdlm": (

@@ -203,3 +203,24 @@ def test_bad_caps_are_refused_when_the_objective_is_built():
     Objective(path, loss="score", divergence="squared", weight_cap="inf")  # the paper's: always allowed
     Objective(path, loss="score", weight_cap="V")
     assert BREGMAN["logistic"].mc_score_surrogate(torch.zeros(1, 2), torch.zeros(1), 1.0) is None
+
+
+def test_tilted_uniform_estimator_is_capped_only_when_asked():
+    """§3.6: the uniform source's default (kernel-tilted) estimator keeps its gradient unless a cap is given; the
+    untilted one is capped at V by default."""
+    V = 6
+    path = UniformPath(V)
+    g = torch.Generator().manual_seed(5)
+    xt = torch.randint(0, V, (4, 3), generator=g)
+    x1 = torch.randint(0, V, (4, 3), generator=g)
+    batch = TargetBatch(xt, torch.full((4,), 0.6, dtype=F64), x1, path.loss_mask(xt))
+    logits = (torch.randn(4, 3, V, generator=g, dtype=F64) * 3).requires_grad_(True)
+
+    def grad(**kw):
+        (g_,) = torch.autograd.grad(score_loss(logits, batch, path, **kw).sum(), logits)
+        return g_
+
+    torch.testing.assert_close(grad(), grad(weight_cap=math.inf), rtol=0, atol=0)
+    assert (grad(weight_cap="V") - grad()).abs().max() > 1e-6
+    torch.testing.assert_close(grad(tilt=False), grad(tilt=False, weight_cap="V"), rtol=0, atol=0)
+    assert (grad(tilt=False) - grad(tilt=False, weight_cap=math.inf)).abs().max() > 1e-6
