@@ -136,6 +136,53 @@ def run(args) -> dict:
     return state
 
 
+# Paired per-sequence differences the table reports (the same 256 test sequences for every run; within a path the
+# same (t, x_t) draws). Seeds of one variant are compared with the other variant's seed-0 run.
+PAIRED = [
+    ("tcsm-masked-score-capped", "tcsm-masked-distrib"),
+    ("tcsm-masked-score", "tcsm-masked-distrib"),
+    ("tcsm-masked-score-capped", "tcsm-masked-score"),
+    ("tcsm-uniform-score-capped", "tcsm-uniform-distrib"),
+    ("tcsm-uniform-score-tilt-capped", "tcsm-uniform-distrib"),
+    ("tcsm-uniform-score-tilt-capped", "tcsm-uniform-score-tilt"),
+]
+
+
+def _main_values(r: dict) -> list[float] | None:
+    per = r.get("test_per_sequence_nats")
+    return None if not per else per[next(iter(per))]
+
+
+def _seed_summary(runs: dict) -> list[str]:
+    """Mean test BPC over the seeds of each variant run with more than one, with the standard error across seeds."""
+    out = []
+    for name in VARIANTS:
+        bpcs = [r["test"][next(iter(r["test"]))]["bpc"] for k, r in runs.items()
+                if k.split("@")[0] == name and "test" in r]
+        if len(bpcs) > 1:
+            x = torch.tensor(bpcs, dtype=torch.float64)
+            out.append(f"| {VARIANTS[name][1]} | {len(bpcs)} seeds | {float(x.mean()):.3f} ± "
+                       f"{float(x.std(unbiased=True)) / math.sqrt(len(bpcs)):.3f} (across seeds) |")
+    return ["", "| run | seeds | mean test BPC |", "|---|---|---|", *out] if out else []
+
+
+def _paired(runs: dict, pairs) -> list[str]:
+    out = []
+    for a, b in pairs:
+        rb = runs.get(b)
+        yb = None if rb is None else _main_values(rb)
+        for key in sorted((k for k in runs if k.split("@")[0] == a), key=len):
+            ya = _main_values(runs[key])
+            if ya is None or yb is None or len(ya) != len(yb):
+                continue
+            d = (torch.tensor(ya, dtype=torch.float64) - torch.tensor(yb, dtype=torch.float64)) / LN2
+            seed = runs[key].get("seed", 0)
+            out.append(f"| {VARIANTS[a][1]}{f' (seed {seed})' if seed else ''} − {VARIANTS[b][1]} | "
+                       f"{float(d.mean()):+.3f} ± {float(d.std(unbiased=True)) / math.sqrt(len(d)):.3f} |")
+    return ["", "Paired per-sequence differences (bits/char; ± one standard error over the test sequences):", "",
+            "| comparison | Δ BPC |", "|---|---|", *out] if out else []
+
+
 def report(results: dict, figure: Path | None) -> str:
     runs = results.get("runs", {})
     a = results.get("meta", {}).get("args", {})
@@ -160,6 +207,7 @@ def report(results: dict, figure: Path | None) -> str:
         dfm_text = "–" if dfm is None else f"{dfm['bpc']:.3f} ± {dfm['bpc_stderr']:.3f}"
         lines.append(f"| {label} | {r['tokens'] / 1e6:.1f}M | {r['step']} | {r['cpu_s'] / 3600:.2f} | "
                      f"{t['bpc']:.3f} ± {t['bpc_stderr']:.3f} [{main}] | {dfm_text} |")
+    lines += _seed_summary(runs) + _paired(runs, PAIRED)
     if figure is not None and runs:
         import matplotlib
 
