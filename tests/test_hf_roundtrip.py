@@ -85,3 +85,92 @@ def test_a_bert_vocabulary_export_names_its_real_special_tokens(bert_run, tmp_pa
     assert tok.convert_ids_to_tokens(vocab.index("[MASK]")) == "[MASK]"  # BERT's own [MASK] is a clean token
     # the exported tokenizer.json is still the run's: data prepared from the export is the run's data
     assert (out / "tokenizer.json").read_bytes() == (run / "tokenizer.json").read_bytes()
+
+
+TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}the {{ m['content'] }} .{% elif m['role'] == "
+            "'assistant' %} a {{ m['content'] }} .{% endif %}{% endfor %}{% if add_generation_prompt %} a{% endif %}")
+FT = ["train.progress=false", "train.tensorboard=false", "train.batch_size=4", "train.device=cpu", "train.threads=1",
+      "eval.num_t=2", "sample.num=0", "objective.eval_num_t=2", "data.valid_frac=0.25", "train.eval_examples=4"]
+
+
+def test_an_instruction_runs_chat_template_is_saved_with_the_run_and_its_export(bert_run, tmp_path):
+    """Before: the template was read at training time and kept nowhere, so the export could not be prompted."""
+    run, vocab = bert_run
+    words = WORDS.split()
+    chats = [{"messages": [{"role": "user", "content": f"{a} fox"}, {"role": "assistant", "content": f"{b} dog"}]}
+             for a in words[:6] for b in words[6:10]]  # fmt: skip
+    (tmp_path / "chats.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chats))
+    (tmp_path / "chat.jinja").write_text(TEMPLATE)
+    argv = ["finetune", "sft", "--from", str(run), "--data", str(tmp_path / "chats.jsonl"), "--chat-template",
+            str(tmp_path / "chat.jinja"), "--steps", "1", "-o", str(tmp_path / "sft"), *FT]  # fmt: skip
+    assert main(argv) == 0
+    assert (tmp_path / "sft" / "chat_template.jinja").read_text() == TEMPLATE
+    out = tcsm.export(tmp_path / "sft", tmp_path / "hf")
+    tok = tf.AutoTokenizer.from_pretrained(str(out))
+    prompt = tok.apply_chat_template([{"role": "user", "content": "cat fox"}], tokenize=False, add_generation_prompt=True)
+    assert prompt == "the cat fox . a"
+    assert tok.eos_token == "[SEP]" and tok.mask_token_id == len(vocab)
+    # the run directory is itself a tokenizer folder with the run's EOS: `tcsm prepare --tokenizer RUN` ends
+    # documents as the run's data did
+    from tcsm.data.tokenizer_spec import resolve
+
+    assert resolve(str(tmp_path / "sft")).eos_id == vocab.index("[SEP]")
+
+
+# --------------------------------------------------------------------------------------------------- item 5
+
+
+def _hf_model(root: Path, name: str, config, auto, tokenizer_dir: Path) -> Path:
+    """A tiny random HF model saved with the tokenizer of `tokenizer_dir` (what a downloaded model folder holds)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        auto.from_config(config).save_pretrained(root / name)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (root / name / f).write_bytes((tokenizer_dir / f).read_bytes())
+    return root / name
+
+
+def _hf_args(shards: Path, model_dir: Path, *extra: str) -> list[str]:
+    base = [o for o in tiny(*SHARDS, f"data.path={shards}", "train.steps=1", synthetic=False) if not o.startswith("model.")]
+    return [*base, "model.name=hf_denoiser", f"model.name_or_path={model_dir}", *extra]
+
+
+def test_a_padded_causal_lm_needs_no_id_map_and_its_own_mask_token_starts_mask(bert_run, tmp_path):
+    """A GPT-2 whose embedding matrix is padded beyond its tokenizer (50,304 rows for 50,257 tokens): before, refused
+    for its size unless every id was listed by hand; and [MASK] started at the mean embedding although the
+    tokenizer has a mask token."""
+    from tcsm.builders.config import load_config
+    from tcsm.train import Trainer
+
+    run, vocab = bert_run
+    V, shards = len(vocab), run.parent / "shards"
+    cfg = tf.GPT2Config(vocab_size=V + 12, n_positions=16, n_embd=32, n_layer=1, n_head=2, bos_token_id=2,
+                        eos_token_id=3, architectures=["GPT2LMHeadModel"])  # fmt: skip
+    gpt2 = _hf_model(tmp_path, "gpt2", cfg, tf.AutoModelForCausalLM, run.parent / "bert-tok")
+    trainer = Trainer.from_config(load_config(overrides=_hf_args(shards, gpt2)), None, log=lambda s: None)
+    model = trainer.model
+    assert torch.equal(model.token_ids, torch.arange(V))
+    emb = model.hf.get_input_embeddings().weight
+    assert torch.equal(model.mask_embed.detach(), emb[vocab.index("[MASK]")].detach())
+    assert main(["train", "-o", str(tmp_path / "run"), *_hf_args(shards, gpt2)]) == 0
+
+
+def test_a_permuted_tokenizer_of_the_same_size_is_refused(bert_run, tmp_path, capsys):
+    """The data's tokenizer must be the model's by content: the same tokens under other ids were accepted before,
+    because only the sizes were compared."""
+    run, vocab = bert_run
+    V = len(vocab)
+    words = vocab[len(SPECIALS):]
+    other = _bert_tokenizer(tmp_path, SPECIALS + words[::-1])
+    (tmp_path / "c.txt").write_text("\n".join(DOCS), encoding="utf-8")
+    prepare([str(tmp_path / "c.txt")], tmp_path / "shards", str(other), doc_separator="\n", progress=False,
+            valid_fraction=0.2, test_fraction=0)  # fmt: skip
+    cfg = tf.BertConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                        max_position_embeddings=16, architectures=["BertForMaskedLM"])  # fmt: skip
+    bert = _hf_model(tmp_path, "bert", cfg, tf.AutoModelForMaskedLM, run.parent / "bert-tok")
+    capsys.readouterr()
+    assert main(["train", "-o", str(tmp_path / "run"), *_hf_args(tmp_path / "shards", bert)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "another tokenizer than" in err and "tcsm prepare --tokenizer" in err
+    # the model's own tokenizer is accepted
+    assert main(["train", "-o", str(tmp_path / "ok"), *_hf_args(run.parent / "shards", bert)]) == 0

@@ -223,6 +223,9 @@ def _hf_token_ids(node: dict, ctx: BuildContext, tok, hf_vocab: int, kind: str, 
     symbols = node["symbols"]
     if symbols is None and tok is not None:
         symbols = getattr(getattr(ctx.data, "tokenizer", None), "chars", None) or getattr(ctx.data, "chars", None)
+    data_vocab = _data_vocab(getattr(ctx.data, "tokenizer", None))
+    if symbols is None and data_vocab is not None and tok is not None:
+        return _same_tokenizer(data_vocab, tok.get_vocab(), V, hf_vocab, kind, where)
     if symbols is None:
         if V != hf_vocab:
             raise ConfigError(
@@ -244,6 +247,36 @@ def _hf_token_ids(node: dict, ctx: BuildContext, tok, hf_vocab: int, kind: str, 
     return [int(vocab[c]) for c in symbols]
 
 
+def _data_vocab(tokenizer) -> dict[str, int] | None:
+    """token → id of the data's tokenizer when it has one with a vocabulary (a `tokenizers` file), else None."""
+    hf = getattr(tokenizer, "hf", None)
+    try:
+        return dict(hf.get_vocab(with_added_tokens=True)) if hf is not None else None
+    except (AttributeError, TypeError):
+        return None
+
+
+def _same_tokenizer(data_vocab: dict, model_vocab: dict, V: int, hf_vocab: int, kind: str, where: str) -> list[int]:
+    """Ids 0..V−1 when the data's tokenizer is the model's own — every data token is the model tokenizer's token of
+    the same id, compared by content, not size: a permuted vocabulary of the same size is another tokenizer —
+    and the embedding matrix holds them (it may be padded beyond the tokenizer: GPT-2's 50,304, Qwen's)."""
+    by_id = {int(i): t for t, i in data_vocab.items()}
+    fix = (f"prepare the data with the model's tokenizer (tcsm prepare --tokenizer {where}), or map the data's "
+           "tokens with model.token_ids")  # fmt: skip
+    for y in range(V):
+        token = by_id.get(y)
+        if token is None or model_vocab.get(token) != y:
+            theirs = model_vocab.get(token) if token is not None else None
+            where_it_is = "absent from" if theirs is None else f"id {theirs} in"
+            raise ConfigError(
+                f"the data was tokenized with another tokenizer than the {kind} LM {where!r}'s: token {token!r} is id "
+                f"{y} in the data and {where_it_is} the model's vocabulary; {fix}"
+            )
+    if V > hf_vocab:
+        raise ConfigError(f"the data has {V} tokens but the {kind} LM {where!r} embeds only {hf_vocab}; {fix}")
+    return list(range(V))
+
+
 @MODELS.register("hf_denoiser", schema=HFDenoiserModelConfig,
                  help="the denoiser initialised from a local Hugging Face masked or causal LM (needs `transformers`)")  # fmt: skip
 def build_hf_denoiser(node: dict, ctx: BuildContext):
@@ -257,7 +290,7 @@ def build_hf_denoiser(node: dict, ctx: BuildContext):
         raise ConfigError("model.name_or_path must name a local Hugging Face model directory")
     local = bool(node["local_files_only"])
     try:
-        config = tf.AutoConfig.from_pretrained(where, local_files_only=local)
+        config = tf.AutoConfig.from_pretrained(where, local_files_only=local, trust_remote_code=False)
     except (OSError, ValueError) as e:
         raise ConfigError(f"model: cannot load {where!r}: {str(e).splitlines()[0]}") from None
     kind = _hf_kind(config, node["kind"], where)
@@ -265,7 +298,7 @@ def build_hf_denoiser(node: dict, ctx: BuildContext):
     tok = None
     if not isinstance(ctx.data, DataInfo):
         try:
-            tok = tf.AutoTokenizer.from_pretrained(where, local_files_only=local)
+            tok = tf.AutoTokenizer.from_pretrained(where, local_files_only=local, trust_remote_code=False)
         except (OSError, ValueError, TypeError):
             pass
     loading = isinstance(ctx.data, DataInfo)
@@ -277,19 +310,23 @@ def build_hf_denoiser(node: dict, ctx: BuildContext):
     tf.utils.logging.disable_progress_bar()  # stderr stays for messages a user must read
     try:
         # Loading a checkpoint needs the architecture only: its weights replace the pretrained ones.
-        hf = auto.from_config(config) if loading else auto.from_pretrained(where, local_files_only=local)
+        hf = auto.from_config(config) if loading else auto.from_pretrained(where, local_files_only=local, trust_remote_code=False)
     except (OSError, ValueError) as e:
         raise ConfigError(f"model: cannot load {where!r}: {str(e).splitlines()[0]}") from None
     finally:
         tf.utils.logging.enable_progress_bar()
     special = node["special_token_id"]
+    own_mask = getattr(tok, "mask_token_id", None)  # the model's own mask token, where its tokenizer has one
+    if own_mask is not None and not 0 <= int(own_mask) < int(config.vocab_size):
+        own_mask = None
     if special is None and kind == "mlm":
-        special = getattr(tok, "mask_token_id", None)
+        special = own_mask
         if special is None and ctx.path.num_states > ctx.vocab_size:
             raise ConfigError(f"{where!r} has no tokenizer with a mask token; set model.special_token_id")
     try:
         model = HFDenoiser(
             hf, ids, kind=kind, num_states=ctx.path.num_states, special_token_id=special,
+            mask_token_id=own_mask if kind == "causal" and not loading else None,
             time_conditioning=node["time_conditioning"], cond_dim=node["cond_dim"], bidirectional=node["bidirectional"],
         )  # fmt: skip
     except ValueError as e:
