@@ -31,12 +31,17 @@ SHARDS = ("data.kind=shards", "data.windows=random", "train.eval_every=0", "trai
 
 @pytest.fixture(autouse=True)
 def no_prompt(monkeypatch):
-    """Any interactive question (transformers' trust_remote_code prompt) fails the test instead of waiting."""
+    """Any interactive question (transformers' trust_remote_code prompt) fails the test instead of waiting: the
+    question is answered with an error (which transformers swallows) and recorded."""
+    asked = []
 
     def refuse(*a, **k):
-        raise AssertionError(f"stopped at an interactive prompt: {a[0] if a else ''}"[:200])
+        asked.append(str(a[0] if a else "")[:200])
+        raise EOFError
 
     monkeypatch.setattr(builtins, "input", refuse)
+    yield
+    assert not asked, f"stopped at an interactive prompt: {asked[0]}"
 
 
 def _bert_tokenizer(root: Path, vocab: list[str]) -> Path:
@@ -76,7 +81,7 @@ def test_a_bert_vocabulary_export_names_its_real_special_tokens(bert_run, tmp_pa
     run, vocab = bert_run
     V = len(vocab)
     out = tcsm.export(run, tmp_path / "hf")
-    tok = tf.AutoTokenizer.from_pretrained(str(out))
+    tok = tf.AutoTokenizer.from_pretrained(str(out), trust_remote_code=True)  # config.json has remote code
     assert len(tok) == V + 1 and max(tok.get_vocab().values()) == V  # one token added: the mask, at V
     assert tok.eos_token == "[SEP]" and tok.eos_token_id == vocab.index("[SEP]")
     assert tok.pad_token_id == vocab.index("[PAD]") and tok.unk_token_id == vocab.index("[UNK]")
@@ -106,7 +111,7 @@ def test_an_instruction_runs_chat_template_is_saved_with_the_run_and_its_export(
     assert main(argv) == 0
     assert (tmp_path / "sft" / "chat_template.jinja").read_text() == TEMPLATE
     out = tcsm.export(tmp_path / "sft", tmp_path / "hf")
-    tok = tf.AutoTokenizer.from_pretrained(str(out))
+    tok = tf.AutoTokenizer.from_pretrained(str(out), trust_remote_code=True)  # config.json has remote code
     prompt = tok.apply_chat_template([{"role": "user", "content": "cat fox"}], tokenize=False, add_generation_prompt=True)
     assert prompt == "the cat fox . a"
     assert tok.eos_token == "[SEP]" and tok.mask_token_id == len(vocab)
@@ -174,3 +179,42 @@ def test_a_permuted_tokenizer_of_the_same_size_is_refused(bert_run, tmp_path, ca
     assert len(err.splitlines()) == 1 and "another tokenizer than" in err and "tcsm prepare --tokenizer" in err
     # the model's own tokenizer is accepted
     assert main(["train", "-o", str(tmp_path / "ok"), *_hf_args(run.parent / "shards", bert)]) == 0
+
+
+def test_no_tokenizer_or_model_load_stops_at_a_trust_remote_code_prompt(tmp_path, capsys):
+    """An export is a folder with custom code (config.json's auto_map): before, `tcsm prepare --tokenizer DIR` of
+    such a folder without tokenizer.json and `model.name=hf_denoiser model.name_or_path=DIR` asked transformers'
+    "Do you wish to run the custom code? [y/N]" (waiting 15 s on a terminal); now they are one-line errors."""
+    from tcsm.builders.config import load_config
+    from tcsm.cli.train import train
+
+    with torch.random.fork_rng(devices=[]):
+        train(load_config("synthetic", tiny("train.steps=1", "train.eval_every=0", "sample.num=0")), tmp_path / "run",
+              log=lambda s: None)  # fmt: skip
+    out = tcsm.export(tmp_path / "run", tmp_path / "hf")
+    (out / "tokenizer.json").unlink()  # a tokenizer folder in another format: transformers would convert it
+    (tmp_path / "c.txt").write_text("\n".join(DOCS))
+    capsys.readouterr()
+    assert main(["prepare", str(tmp_path / "c.txt"), "-o", str(tmp_path / "sh"), "--tokenizer", str(out),
+                 "--no-progress"]) == 2  # fmt: skip
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    argv = ["train", "-o", str(tmp_path / "r2"), *tiny("train.steps=1", "model.name=hf_denoiser", f"model.name_or_path={out}")]
+    argv = [a for a in argv if not a.startswith(("model.d_model", "model.n_", "model.cond_dim", "model.max_len"))]
+    assert main(argv) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_an_export_transformers_cannot_load_says_so_when_written(tmp_path, capsys):
+    """A clean-data model (an AR / MLM teacher) has no Hugging Face modeling code: before, its export was written
+    with a transformers card and nothing said that AutoModel would fail on it."""
+    keys = [o for o in tiny("train.steps=1", "train.eval_every=0", "sample.num=0")
+            if not o.startswith(("model.cond_dim", "eval.num_t"))]  # fmt: skip
+    assert main(["train", "-o", str(tmp_path / "run"), "model.name=causal", "model.preset=tiny",
+                 "objective.name=clean_lm", *keys]) == 0  # fmt: skip
+    capsys.readouterr()
+    tcsm.export(tmp_path / "run", tmp_path / "hf")
+    notes = capsys.readouterr().err.strip().splitlines()
+    assert len(notes) == 1 and "transformers cannot load this export" in notes[0]
+    notes = []
+    tcsm.export(tmp_path / "run", tmp_path / "hf", overwrite=True, log=notes.append)  # or to the caller's logger
+    assert len(notes) == 1 and not capsys.readouterr().err

@@ -195,10 +195,14 @@ def _card(ck, hf: dict, summary: dict | None, n_params: int, source_dir: Path) -
         )
         lines += [
             "```python",
-            f"from transformers import {auto}",
+            f"from transformers import {auto}, AutoTokenizer",
             f"model = {auto}.from_pretrained(DIR, trust_remote_code=True)",
             f"out = {call}   # t in [0, 1], t = 1 is clean; [MASK] = V",
+            "tokenizer = AutoTokenizer.from_pretrained(DIR, trust_remote_code=True)  # mask_token_id = V",
             "```",
+            "",
+            "`trust_remote_code=True` for the tokenizer too: transformers reads config.json (which names the modeling",
+            "code) before the tokenizer, and asks interactively otherwise.",
         ]
     lines += [
         "",
