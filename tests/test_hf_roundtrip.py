@@ -218,3 +218,30 @@ def test_an_export_transformers_cannot_load_says_so_when_written(tmp_path, capsy
     notes = []
     tcsm.export(tmp_path / "run", tmp_path / "hf", overwrite=True, log=notes.append)  # or to the caller's logger
     assert len(notes) == 1 and not capsys.readouterr().err
+
+
+def test_init_from_an_export_or_run_takes_its_architecture(tmp_path):
+    """Before: the model was built from the preset (the synthetic one: 64 wide, no time conditioning) and the
+    time-conditioned export's weights were refused unless every model key was repeated by hand."""
+    from tcsm.builders.config import load_config
+    from tcsm.builders.loading import load_checkpoint
+    from tcsm.cli.train import train
+    from tcsm.train import Trainer
+
+    with torch.random.fork_rng(devices=[]):
+        train(load_config("synthetic", tiny("train.steps=1", "train.eval_every=0", "sample.num=0",
+                                            "model.time_conditioning=true")), tmp_path / "run", log=lambda s: None)  # fmt: skip
+    out = tcsm.export(tmp_path / "run", tmp_path / "hf")
+    want = load_checkpoint(tmp_path / "run").model
+    g = torch.Generator().manual_seed(0)
+    xt, t = torch.randint(0, 9, (2, 16), generator=g), torch.rand(2, generator=g)
+    no_model_keys = [o for o in tiny("train.steps=1") if not o.startswith("model.")]
+    for source in (out, tmp_path / "run"):
+        cfg = load_config("synthetic", [*no_model_keys, f"train.init_from={source}"])
+        assert cfg.model.time_conditioning is True and cfg.model.d_model == 32
+        model = Trainer.from_config(cfg, None, log=lambda s: None).model.eval()
+        with torch.no_grad():
+            assert torch.equal(model(xt, t), want(xt, t))
+    # a model key given on the command line still wins (and a wrong one is named when the weights are loaded)
+    cfg = load_config("synthetic", [*no_model_keys, f"train.init_from={out}", "model.dropout=0.1"])
+    assert cfg.model.dropout == 0.1 and cfg.model.time_conditioning is True
