@@ -245,3 +245,32 @@ def test_init_from_an_export_or_run_takes_its_architecture(tmp_path):
     # a model key given on the command line still wins (and a wrong one is named when the weights are loaded)
     cfg = load_config("synthetic", [*no_model_keys, f"train.init_from={out}", "model.dropout=0.1"])
     assert cfg.model.dropout == 0.1 and cfg.model.time_conditioning is True
+
+
+def test_the_exported_model_generates_with_the_runs_sampler_and_stops_at_eos(bert_run, tmp_path):
+    """Before: the exported class had no generate(); a transformers user had to write a diffusion sampler."""
+    run, vocab = bert_run
+    V, eos = len(vocab), vocab.index("[SEP]")
+    out = tcsm.export(run, tmp_path / "hf")
+    meta = json.loads((out / "config.json").read_text())
+    assert meta["eos_token_id"] == eos and meta["sampling"]["steps"] == 4  # tiny runs sample in 4 steps
+    model = tf.AutoModelForMaskedLM.from_pretrained(str(out), trust_remote_code=True).eval()
+    calls = []
+    model.register_forward_hook(lambda *a: calls.append(1))
+    g = torch.Generator().manual_seed(0)
+    x = model.generate(num_samples=3, generator=g)
+    assert x.shape == (3, 12) and int(x.max()) < V and len(calls) <= 4  # the run's length and steps
+    pad = meta["pad_token_id"]
+    assert pad == vocab.index("[PAD]")
+    for row in x.tolist():  # after the first end of text, only padding
+        if eos in row:
+            assert set(row[row.index(eos) + 1 :]) <= {pad}
+    prompt = torch.tensor([[vocab.index("the"), vocab.index("cat")]] * 2)
+    y = model.generate(prompt, max_new_tokens=6, steps=6, method="confidence", generator=g)
+    assert y.shape == (2, 8) and torch.equal(y[:, :2], prompt)
+    # a model that always says end of text: decoding stops once every row's end is revealed, long before K steps
+    with torch.no_grad():
+        model.head.bias[eos] += 60.0
+    calls.clear()
+    z = model.generate(num_samples=2, steps=32, generator=torch.Generator().manual_seed(1))
+    assert (z[:, 0] == eos).all() and (z[:, 1:] == pad).all() and len(calls) < 32, len(calls)

@@ -255,6 +255,8 @@ def export(
     try:
         weights = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        notes = _write_tokenizer(tmp, ck, run_dir, hf["source"] == "masked")
+        hf.update(_special_ids(tmp))  # generate() stops at the run's end of text
         (tmp / "config.json").write_text(json.dumps(hf, indent=1) + "\n", encoding="utf-8")
         (tmp / "sampling_config.json").write_text(json.dumps(hf["sampling"], indent=1) + "\n", encoding="utf-8")
         if kind == "hf_denoiser":
@@ -262,7 +264,6 @@ def export(
         if "auto_map" in hf:
             for name in _CODE_FILES:
                 shutil.copyfile(_REMOTE_CODE / name, tmp / name)
-        notes = _write_tokenizer(tmp, ck, run_dir, hf["source"] == "masked")
         notes += _transformers_notes(hf, kind)
         n_params = sum(p.numel() for p in model.parameters())
         (tmp / "README.md").write_text(_card(ck, hf, summary, n_params, ck.directory), encoding="utf-8")
@@ -381,6 +382,24 @@ def _special_tokens(tokenizer_file: Path, places, mask: bool, V: int) -> tuple[d
         else:
             notes.append(f"the tokenizer has {len(vocab)} tokens for V = {V}: its mask token (id {V}) is not named")
     return out, notes
+
+
+def _special_ids(tmp: Path) -> dict:
+    """{eos_token_id, pad_token_id} of the exported tokenizer's named special tokens (for config.json)."""
+    try:
+        named = json.loads((tmp / "tokenizer_config.json").read_text(encoding="utf-8"))
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(tmp / "tokenizer.json"))
+    except Exception:  # noqa: BLE001  (no tokenizer exported, or no tokenizers package: nothing to name)
+        return {}
+    out = {}
+    for key in ("eos", "pad"):
+        name = named.get(f"{key}_token")
+        i = tok.token_to_id(name) if isinstance(name, str) else None
+        if i is not None:
+            out[f"{key}_token_id"] = int(i)
+    return out
 
 
 def _write_tokenizer(tmp: Path, ck, run_dir: Path | None, mask: bool) -> list[str]:
