@@ -274,3 +274,16 @@ def test_the_exported_model_generates_with_the_runs_sampler_and_stops_at_eos(ber
     calls.clear()
     z = model.generate(num_samples=2, steps=32, generator=torch.Generator().manual_seed(1))
     assert (z[:, 0] == eos).all() and (z[:, 1:] == pad).all() and len(calls) < 32, len(calls)
+
+
+def test_samples_do_not_print_special_tokens_as_text(bert_run, capsys):
+    """Before: `tcsm sample` printed "[SEP]", "[PAD]", "[CLS]" (and GPT-2's "<|endoftext|>") inside the text."""
+    run, vocab = bert_run
+    capsys.readouterr()
+    assert main(["sample", str(run), "-n", "4", "--steps", "4", "--seed", "0", "--format", "jsonl"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    specials = {vocab.index(s) for s in SPECIALS}
+    assert any(specials & set(r["tokens"]) for r in rows)  # the samples hold special tokens ...
+    assert not any(s in r["text"] for r in rows for s in SPECIALS)  # ... which the text does not show
+    words = [w for r in rows for w in r["text"].split()]
+    assert words and {w.strip(".") for w in words} - {""} <= set(vocab)  # WordPiece joins "." to its word

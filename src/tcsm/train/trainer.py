@@ -30,6 +30,7 @@ from tcsm.checkpoint import (
     clean_leftovers,
 )
 from tcsm.data import absolute_paths
+from tcsm.data.base import readable_text
 from tcsm.errors import ConfigError, TrainingError
 from tcsm.fileio import atomic_path, write_atomically
 from tcsm.likelihood import EvalResult
@@ -391,7 +392,8 @@ class Trainer(RunState):
                     "(set sample.num=0 to silence this line)"
                 )
             return []
-        return [self.data.decode(row) for row in tokens.cpu()]
+        tok = getattr(self.data, "tokenizer", None)
+        return [readable_text(tok, row) if tok is not None else self.data.decode(row) for row in tokens.cpu()]
 
     def _periodic(self, every: int, final: bool) -> bool:
         return final or (every > 0 and self.step % every == 0)
