@@ -158,6 +158,13 @@ def test_a_padded_causal_lm_needs_no_id_map_and_its_own_mask_token_starts_mask(b
     emb = model.hf.get_input_embeddings().weight
     assert torch.equal(model.mask_embed.detach(), emb[vocab.index("[MASK]")].detach())
     assert main(["train", "-o", str(tmp_path / "run"), *_hf_args(shards, gpt2)]) == 0
+    # its export is a training start too: the architecture is the export's base_model/, the weights its own
+    out = tcsm.export(tmp_path / "run", tmp_path / "hf")
+    start = [o for o in _hf_args(shards, gpt2) if not o.startswith("model.")] + [f"train.init_from={out}"]
+    model = Trainer.from_config(load_config(overrides=start), None, log=lambda s: None).model.eval()
+    x, t = torch.randint(0, V + 1, (2, 12)), torch.rand(2)
+    with torch.no_grad():
+        assert torch.equal(model(x, t), tcsm.from_pretrained(out)(x, t))
 
 
 def test_a_permuted_tokenizer_of_the_same_size_is_refused(bert_run, tmp_path, capsys):

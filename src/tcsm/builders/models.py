@@ -247,6 +247,18 @@ def _hf_token_ids(node: dict, ctx: BuildContext, tok, hf_vocab: int, kind: str, 
     return [int(vocab[c]) for c in symbols]
 
 
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def _architecture_only(where: str, ctx: BuildContext) -> bool:
+    """A local folder with a config and no weights, for a run whose weights come from `train.init_from`."""
+    from pathlib import Path
+
+    init_from = getattr(getattr(getattr(ctx, "config", None), "train", None), "init_from", None)
+    d = Path(where)
+    return bool(init_from) and d.is_dir() and not any((d / f).is_file() for f in _WEIGHT_FILES)
+
+
 def _data_vocab(tokenizer) -> dict[str, int] | None:
     """token → id of the data's tokenizer when it has one with a vocabulary (a `tokenizers` file), else None."""
     hf = getattr(tokenizer, "hf", None)
@@ -301,9 +313,11 @@ def build_hf_denoiser(node: dict, ctx: BuildContext):
             tok = tf.AutoTokenizer.from_pretrained(where, local_files_only=local, trust_remote_code=False)
         except (OSError, ValueError, TypeError):
             pass
-    loading = isinstance(ctx.data, DataInfo)
+    # A checkpoint (or export) holds the token map, the [MASK] vector and BOS id: only the sizes matter when one is
+    # loaded, or when a run starts from one (train.init_from) whose architecture is a folder without weights (an
+    # export's base_model/).
+    loading = isinstance(ctx.data, DataInfo) or _architecture_only(where, ctx)
     if loading:
-        # A checkpoint (or export) holds the token map, the [MASK] vector and BOS id: only the sizes matter here.
         ids, node["special_token_id"] = list(range(int(ctx.vocab_size))), node["special_token_id"] or 0
     else:
         ids = _hf_token_ids(node, ctx, tok, int(config.vocab_size), kind, where)  # before any weight is read
