@@ -92,6 +92,18 @@ def test_a_bert_vocabulary_export_names_its_real_special_tokens(bert_run, tmp_pa
     assert (out / "tokenizer.json").read_bytes() == (run / "tokenizer.json").read_bytes()
 
 
+def test_a_byte_level_bpe_export_names_its_mask_token(tmp_path):
+    """Before: a BPE export named <|endoftext|> only: AutoTokenizer had no mask token for the model's [MASK] = V."""
+    with torch.random.fork_rng(devices=[]):
+        run = _train(_shards(tmp_path, "bpe:300"), tmp_path / "run")
+    V = tcsm.from_pretrained(run).cfg.vocab_size
+    out = tcsm.export(run, tmp_path / "hf")
+    tok = tf.AutoTokenizer.from_pretrained(str(out), trust_remote_code=True)
+    assert tok.mask_token == "[MASK]" and tok.mask_token_id == V and len(tok) == V + 1
+    assert tok.eos_token == "<|endoftext|>" and tok.eos_token_id < V
+    assert tok.decode(tok("the lazy dog")["input_ids"]) == "the lazy dog"
+
+
 TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'user' %}the {{ m['content'] }} .{% elif m['role'] == "
             "'assistant' %} a {{ m['content'] }} .{% endif %}{% endfor %}{% if add_generation_prompt %} a{% endif %}")
 FT = ["train.progress=false", "train.tensorboard=false", "train.batch_size=4", "train.device=cpu", "train.threads=1",
