@@ -164,11 +164,12 @@ def test_a_padded_causal_lm_needs_no_id_map_and_its_own_mask_token_starts_mask(b
     cfg = tf.GPT2Config(vocab_size=V + 12, n_positions=16, n_embd=32, n_layer=1, n_head=2, bos_token_id=2,
                         eos_token_id=3, architectures=["GPT2LMHeadModel"])  # fmt: skip
     gpt2 = _hf_model(tmp_path, "gpt2", cfg, tf.AutoModelForCausalLM, run.parent / "bert-tok")
-    trainer = Trainer.from_config(load_config(overrides=_hf_args(shards, gpt2)), None, log=lambda s: None)
-    model = trainer.model
-    assert torch.equal(model.token_ids, torch.arange(V))
-    emb = model.hf.get_input_embeddings().weight
-    assert torch.equal(model.mask_embed.detach(), emb[vocab.index("[MASK]")].detach())
+    # the model's own mask token starts [MASK] (checked with a hand-written id map too, which old code accepted)
+    for extra in ([f"model.token_ids={list(range(V))}"], []):
+        model = Trainer.from_config(load_config(overrides=_hf_args(shards, gpt2, *extra)), None, log=lambda s: None).model
+        emb = model.hf.get_input_embeddings().weight
+        assert torch.equal(model.mask_embed.detach(), emb[vocab.index("[MASK]")].detach())
+    assert torch.equal(model.token_ids, torch.arange(V))  # no id map needed
     assert main(["train", "-o", str(tmp_path / "run"), *_hf_args(shards, gpt2)]) == 0
     # its export is a training start too: the architecture is the export's base_model/, the weights its own
     out = tcsm.export(tmp_path / "run", tmp_path / "hf")
