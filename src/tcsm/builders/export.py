@@ -296,8 +296,8 @@ def _transformers_notes(hf: dict, kind: str) -> list[str]:
     """What a transformers user of the export must know when it is written: a kind with no modeling code loads
     through tcsm only, and an adapted model's base architecture must be one this transformers can build."""
     if "auto_map" not in hf:
-        return [f"transformers cannot load this export: a {kind} model has no Hugging Face modeling code; load it "
-                "with tcsm.from_pretrained (or tcsm sample / tcsm eval / train.init_from)"]  # fmt: skip
+        return [(f"transformers cannot load this export: a {kind} model has no Hugging Face modeling code; load it "
+                 "with tcsm.from_pretrained (or tcsm sample / tcsm eval / train.init_from)")]  # fmt: skip
     if kind != "hf_denoiser":
         return []
     try:
@@ -309,9 +309,9 @@ def _transformers_notes(hf: dict, kind: str) -> list[str]:
     lm = "MASKED_LM" if hf["denoiser"].get("kind") == "mlm" else "CAUSAL_LM"
     names = getattr(modeling_auto, f"MODEL_FOR_{lm}_MAPPING_NAMES", {})
     if base_type not in CONFIG_MAPPING or base_type not in names:
-        return [f"transformers cannot load this export: its base model type {base_type!r} is not a "
-                f"{lm.lower().replace('_', ' ')} class of transformers here (remote code of its own is not carried); "
-                "load it with tcsm.from_pretrained"]  # fmt: skip
+        return [(f"transformers cannot load this export: its base model type {base_type!r} is not a "
+                 f"{lm.lower().replace('_', ' ')} class of transformers here (remote code of its own is not carried); "
+                 "load it with tcsm.from_pretrained")]  # fmt: skip
     return []
 
 

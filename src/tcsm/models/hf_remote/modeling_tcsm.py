@@ -276,7 +276,7 @@ class DiffusionGenerationMixin:
         pad = pad_token_id if pad_token_id is not None else (getattr(cfg, "pad_token_id", None) if eos_token_id is None else None)
         pad = eos if pad is None else pad
         device = next(self.parameters()).device
-        V, mask = int(cfg.vocab_size), int(cfg.mask_id)
+        mask = int(cfg.mask_id)
         prompt = None if input_ids is None else torch.as_tensor(input_ids, device=device).long()
         if prompt is not None and prompt.dim() == 1:
             prompt = prompt[None]
@@ -312,7 +312,7 @@ class DiffusionGenerationMixin:
         start = (x == mask) & region
         M = start.sum(-1)  # masked positions of each row in this region
         frac = ((alpha - alpha[0]) / (alpha[-1] - alpha[0]).clamp_min(1e-12)).clamp(0, 1)
-        k, done = 0, 0
+        k = 0
         while True:
             masked = (x == mask) & region
             if not masked.any() or self._ended(x, eos, P, mask):
@@ -354,8 +354,7 @@ class DiffusionGenerationMixin:
                     pick = masked & (rank < n[:, None])
             x = torch.where(pick, drawn, x)
             k += 1
-            done += 1
-            if method == "threshold" and done > x.shape[1]:
+            if method == "threshold" and k > x.shape[1]:  # at least one position per step: a cap, never reached
                 return x
 
     @staticmethod
