@@ -178,6 +178,8 @@ def test_a_padded_causal_lm_needs_no_id_map_and_its_own_mask_token_starts_mask(b
     x, t = torch.randint(0, V + 1, (2, 12)), torch.rand(2)
     with torch.no_grad():
         assert torch.equal(model(x, t), tcsm.from_pretrained(out)(x, t))
+    hf = tf.AutoModelForMaskedLM.from_pretrained(str(out), trust_remote_code=True).eval()
+    assert hf.generate(num_samples=2, steps=3).shape == (2, 12)  # the adapted model's export generates too
 
 
 def test_a_permuted_tokenizer_of_the_same_size_is_refused(bert_run, tmp_path, capsys):

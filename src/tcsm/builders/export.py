@@ -199,11 +199,18 @@ def _card(ck, hf: dict, summary: dict | None, n_params: int, source_dir: Path) -
             f"model = {auto}.from_pretrained(DIR, trust_remote_code=True)",
             f"out = {call}   # t in [0, 1], t = 1 is clean; [MASK] = V",
             "tokenizer = AutoTokenizer.from_pretrained(DIR, trust_remote_code=True)  # mask_token_id = V",
+            "ids = tokenizer(text, add_special_tokens=False).input_ids   # as the run's data was encoded",
             "```",
             "",
             "`trust_remote_code=True` for the tokenizer too: transformers reads config.json (which names the modeling",
             "code) before the tokenizer, and asks interactively otherwise.",
         ]
+        if hf["kind"] != "energy" and hf["source"] == "masked":
+            lines += [
+                "",
+                "`model.generate(input_ids=prompt, max_new_tokens=N)` (or `num_samples=`) samples with the run's sampler",
+                "defaults (`config.sampling`) and pads after the first end-of-text token.",
+            ]
     lines += [
         "",
         "`tcsm sample DIR`, `tcsm eval DIR` and `train.init_from=DIR` take the directory as they take a run.",
