@@ -220,10 +220,19 @@ def test_no_tokenizer_or_model_load_stops_at_a_trust_remote_code_prompt(tmp_path
     assert main(["prepare", str(tmp_path / "c.txt"), "-o", str(tmp_path / "sh"), "--tokenizer", str(out),
                  "--no-progress"]) == 2  # fmt: skip
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    # any model folder with custom code (here the export without its tcsm section) is one line, not a question
+    meta = json.loads((out / "config.json").read_text())
+    del meta["tcsm"]
+    (out / "config.json").write_text(json.dumps(meta))
     argv = ["train", "-o", str(tmp_path / "r2"), *tiny("train.steps=1", "model.name=hf_denoiser", f"model.name_or_path={out}")]
     argv = [a for a in argv if not a.startswith(("model.d_model", "model.n_", "model.cond_dim", "model.max_len"))]
     assert main(argv) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    # and an export named as the pretrained model is pointed to train.init_from
+    full = tcsm.export(tmp_path / "run", tmp_path / "hf2")
+    argv = [a.replace(str(out), str(full)) for a in argv]
+    assert main(argv) == 2
+    assert f"train.init_from={full}" in capsys.readouterr().err
 
 
 def test_an_export_transformers_cannot_load_says_so_when_written(tmp_path, capsys):

@@ -301,6 +301,11 @@ def build_hf_denoiser(node: dict, ctx: BuildContext):
     if not where:
         raise ConfigError("model.name_or_path must name a local Hugging Face model directory")
     local = bool(node["local_files_only"])
+    from tcsm.checkpoint import is_export_dir
+
+    if is_export_dir(where):
+        raise ConfigError(f"model.name_or_path {where!r} is a tcsm export, not a Hugging Face LM: start from it with "
+                          f"train.init_from={where} (its architecture comes with it)")  # fmt: skip
     try:
         config = tf.AutoConfig.from_pretrained(where, local_files_only=local, trust_remote_code=False)
     except (OSError, ValueError) as e:
