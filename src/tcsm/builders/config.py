@@ -520,6 +520,7 @@ def load_config(
     for layer in layers:
         raw = OmegaConf.merge(_drop_replaced_components(raw, layer), layer)
     if base is None:
+        raw = _architecture_of_init_from(raw, layers[-1])
         raw = _max_len_follows_seq_len(raw, layers[-1])
     for section in COMPONENTS:
         if section in raw and not isinstance(raw[section], DictConfig):
@@ -535,6 +536,29 @@ def load_config(
     _validate(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def _architecture_of_init_from(raw: DictConfig, overrides: DictConfig) -> DictConfig:
+    """A new run that starts from `train.init_from` (a run, checkpoint or export) builds the model it loads: the
+    `model` section is the source's, with only the model keys given as overrides on top (a preset's model keys
+    describe a fresh model, not this one; `model.name=` another model starts that section afresh). A saved run or
+    a recipe passes its own base config, which already is the source's."""
+    where = OmegaConf.select(raw, "train.init_from", default=None)
+    if not where:
+        return raw
+    from tcsm.checkpoint import read_state, resolve_checkpoint
+
+    source = read_state(resolve_checkpoint(where))[1].get("config")
+    model = without_reference(source).get("model") if isinstance(source, dict) else None
+    if not isinstance(model, dict):
+        return raw  # not written by tcsm train: the config's own model (a mismatch is then named at loading)
+    given = overrides.get("model")
+    given = OmegaConf.to_container(given) if isinstance(given, DictConfig) else {}
+    if given.get("name", model.get("name", "denoiser")) != model.get("name", "denoiser"):
+        return raw
+    raw = OmegaConf.merge(raw, {})  # a copy, whose model section is replaced
+    raw["model"] = OmegaConf.merge(OmegaConf.create(model), given)
+    return raw
 
 
 def _max_len_follows_seq_len(raw: DictConfig, overrides: DictConfig) -> DictConfig:

@@ -23,7 +23,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -193,11 +195,22 @@ def _card(ck, hf: dict, summary: dict | None, n_params: int, source_dir: Path) -
         )
         lines += [
             "```python",
-            f"from transformers import {auto}",
+            f"from transformers import {auto}, AutoTokenizer",
             f"model = {auto}.from_pretrained(DIR, trust_remote_code=True)",
             f"out = {call}   # t in [0, 1], t = 1 is clean; [MASK] = V",
+            "tokenizer = AutoTokenizer.from_pretrained(DIR, trust_remote_code=True)  # mask_token_id = V",
+            "ids = tokenizer(text, add_special_tokens=False).input_ids   # as the run's data was encoded",
             "```",
+            "",
+            "`trust_remote_code=True` for the tokenizer too: transformers reads config.json (which names the modeling",
+            "code) before the tokenizer, and asks interactively otherwise.",
         ]
+        if hf["kind"] != "energy" and hf["source"] == "masked":
+            lines += [
+                "",
+                "`model.generate(input_ids=prompt, max_new_tokens=N)` (or `num_samples=`) samples with the run's sampler",
+                "defaults (`config.sampling`) and pads after the first end-of-text token.",
+            ]
     lines += [
         "",
         "`tcsm sample DIR`, `tcsm eval DIR` and `train.init_from=DIR` take the directory as they take a run.",
@@ -221,11 +234,17 @@ def _prepare_target(out: Path, overwrite: bool) -> None:
 
 
 def export(
-    run: str | os.PathLike, out_dir: str | os.PathLike, *, ema: bool = True, overwrite: bool = False
+    run: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    ema: bool = True,
+    overwrite: bool = False,
+    log: Callable[[str], None] | None = None,
 ) -> Path:
     """Write the model of `run` (a run, checkpoints, step or export directory) to `out_dir` (see the module
     docstring); returns `out_dir`. Refuses a non-empty `out_dir` that is not an export, and an existing export
-    unless `overwrite`."""
+    unless `overwrite`. What a user must know about the result (e.g. that transformers cannot load it) goes to
+    `log`, one line each (default: stderr)."""
     out = Path(out_dir)
     _prepare_target(out, overwrite)
     ck = load_checkpoint(run, device="cpu", ema=ema)
@@ -243,6 +262,8 @@ def export(
     try:
         weights = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        notes = _write_tokenizer(tmp, ck, run_dir, hf["source"] == "masked")
+        hf.update(_special_ids(tmp))  # generate() stops at the run's end of text
         (tmp / "config.json").write_text(json.dumps(hf, indent=1) + "\n", encoding="utf-8")
         (tmp / "sampling_config.json").write_text(json.dumps(hf["sampling"], indent=1) + "\n", encoding="utf-8")
         if kind == "hf_denoiser":
@@ -250,7 +271,7 @@ def export(
         if "auto_map" in hf:
             for name in _CODE_FILES:
                 shutil.copyfile(_REMOTE_CODE / name, tmp / name)
-        _write_tokenizer(tmp, ck, run_dir, hf["source"] == "masked")
+        notes += _transformers_notes(hf, kind)
         n_params = sum(p.numel() for p in model.parameters())
         (tmp / "README.md").write_text(_card(ck, hf, summary, n_params, ck.directory), encoding="utf-8")
         files = {}
@@ -272,25 +293,150 @@ def export(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    say = log if log is not None else (lambda line: print(line, file=sys.stderr))
+    for note in notes:
+        say(f"tcsm export: note: {note}")
     return out
 
 
-def _write_tokenizer(tmp: Path, ck, run_dir: Path | None, mask: bool) -> None:
-    """The run's tokenizer as tokenizer.json: a character vocabulary as a tokenizers file, a BPE run's own file
-    (saved in its run directory, or the export it came from), else rebuilt from the run's data section."""
+def _transformers_notes(hf: dict, kind: str) -> list[str]:
+    """What a transformers user of the export must know when it is written: a kind with no modeling code loads
+    through tcsm only, and an adapted model's base architecture must be one this transformers can build."""
+    if "auto_map" not in hf:
+        return [(f"transformers cannot load this export: a {kind} model has no Hugging Face modeling code; load it "
+                 "with tcsm.from_pretrained (or tcsm sample / tcsm eval / train.init_from)")]  # fmt: skip
+    if kind != "hf_denoiser":
+        return []
+    try:
+        from transformers.models.auto import modeling_auto
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    except ImportError:
+        return ["transformers is not installed here, so the export was not checked against it"]
+    base_type = hf["base_model"].get("model_type")
+    lm = "MASKED_LM" if hf["denoiser"].get("kind") == "mlm" else "CAUSAL_LM"
+    names = getattr(modeling_auto, f"MODEL_FOR_{lm}_MAPPING_NAMES", {})
+    if base_type not in CONFIG_MAPPING or base_type not in names:
+        return [(f"transformers cannot load this export: its base model type {base_type!r} is not a "
+                 f"{lm.lower().replace('_', ' ')} class of transformers here (remote code of its own is not carried); "
+                 "load it with tcsm.from_pretrained")]  # fmt: skip
+    return []
+
+
+#: names for the masked source's input V in an exported tokenizer, the first one the run's vocabulary lacks
+MASK_NAMES = ("[MASK]", "<|mask|>", "<|tcsm_mask|>")
+
+
+def _run_tokenizer_config(places) -> dict:
+    """The first tokenizer_config.json of `places` (a run's, written by the trainer; an export's), else {}."""
+    for where in places:
+        f = where / "tokenizer_config.json" if where is not None else None
+        if f is not None and f.is_file():
+            try:
+                value = json.loads(f.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if isinstance(value, dict):
+                return value
+    return {}
+
+
+def _chat_template(places) -> str | None:
+    """The chat template an instruction run was trained with (its chat_template.jinja; an export's config)."""
+    for where in places:
+        if where is not None and (where / "chat_template.jinja").is_file():
+            return (where / "chat_template.jinja").read_text(encoding="utf-8")
+    template = _run_tokenizer_config(places).get("chat_template")
+    return template if isinstance(template, str) else None
+
+
+def _token_name(value) -> str | None:
+    value = value.get("content") if isinstance(value, dict) else value
+    return value if isinstance(value, str) else None
+
+
+def _special_tokens(tokenizer_file: Path, places, mask: bool, V: int) -> tuple[dict, list[str]]:
+    """(tokenizer_config entries, notes) naming the run's real special tokens: its end-of-text and padding tokens
+    (as the run recorded them, else the usual names its vocabulary holds), its unknown token, and for the masked
+    source a mask token that transformers adds at id V, the model's [MASK] input (a name the vocabulary lacks:
+    a BERT vocabulary's own [MASK] is a clean token < V). A name the vocabulary lacks is never given for the others,
+    since transformers would add it as a new token, colliding with V."""
+    from tcsm.data.tokenizer_spec import EOS_CANDIDATES
+
+    try:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(tokenizer_file))
+    except Exception:  # noqa: BLE001  (no tokenizers package, or a file it cannot read: name nothing)
+        return {}, ["the tokenizer could not be read to name its special tokens"]
+    vocab = tok.get_vocab(with_added_tokens=True)
+    recorded = _run_tokenizer_config(places)
+    out: dict = {}
+    for key, candidates in (("eos_token", EOS_CANDIDATES), ("pad_token", ("<pad>", "[PAD]", "<|pad|>"))):
+        name = _token_name(recorded.get(key))
+        if name not in vocab:
+            name = next((c for c in candidates if c in vocab), None)
+        if name is not None:
+            out[key] = name
+    if "pad_token" not in out and "eos_token" in out:
+        out["pad_token"] = out["eos_token"]  # what the run pads with (tcsm.data.tokenizer_spec)
+    unk = json.loads(tok.to_str()).get("model", {}).get("unk_token")
+    if isinstance(unk, str) and unk in vocab:
+        out["unk_token"] = unk
+    notes = []
+    if mask:
+        if len(vocab) == V:
+            out["mask_token"] = next(n for n in MASK_NAMES if n not in vocab)
+        else:
+            notes.append(f"the tokenizer has {len(vocab)} tokens for V = {V}: its mask token (id {V}) is not named")
+    return out, notes
+
+
+def _special_ids(tmp: Path) -> dict:
+    """{eos_token_id, pad_token_id} of the exported tokenizer's named special tokens (for config.json)."""
+    try:
+        named = json.loads((tmp / "tokenizer_config.json").read_text(encoding="utf-8"))
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(tmp / "tokenizer.json"))
+    except Exception:  # noqa: BLE001  (no tokenizer exported, or no tokenizers package: nothing to name)
+        return {}
+    out = {}
+    for key in ("eos", "pad"):
+        name = named.get(f"{key}_token")
+        i = tok.token_to_id(name) if isinstance(name, str) else None
+        if i is not None:
+            out[f"{key}_token_id"] = int(i)
+    return out
+
+
+def _write_tokenizer(tmp: Path, ck, run_dir: Path | None, mask: bool) -> list[str]:
+    """The run's tokenizer as tokenizer.json (a character vocabulary as a tokenizers file, a BPE run's own file —
+    saved in its run directory, or the export it came from — else rebuilt from the run's data section) and
+    tokenizer_config.json naming its real special tokens and the run's chat template; returns notes for the user."""
     chars = ck.data_info.get("chars")
+    places = [run_dir, ck.directory]
+    V = int(ck.data_info["vocab_size"])
     # transformers.AutoTokenizer reads tokenizer.json through this class; [MASK] is the masked source's input V.
-    special = {"tokenizer_class": "PreTrainedTokenizerFast", **({"mask_token": "[MASK]"} if mask and chars else {})}
+    special: dict = {"tokenizer_class": "PreTrainedTokenizerFast"}
+    notes: list[str] = []
     if chars:
         (tmp / "tokenizer.json").write_text(json.dumps(char_tokenizer_json(chars, mask)), encoding="utf-8")
+        if mask:
+            special["mask_token"] = "[MASK]"
     else:
-        found = [w / "tokenizer.json" for w in (run_dir, ck.directory) if w is not None and (w / "tokenizer.json").is_file()]
+        found = [w / "tokenizer.json" for w in places if w is not None and (w / "tokenizer.json").is_file()]
         if found:
             shutil.copyfile(found[0], tmp / "tokenizer.json")
         else:
             tok = getattr(ck.build_data(), "tokenizer", None)
             if not hasattr(tok, "save"):
-                return  # e.g. synthetic data: token ids are the data, there is no text
+                return ["the run's data has no text tokenizer (token ids are the data): no tokenizer is exported"]
             tok.save(tmp / "tokenizer.json")
-        special["eos_token"] = "<|endoftext|>"
+        names, notes = _special_tokens(tmp / "tokenizer.json", places, mask, V)
+        special.update(names)
+    template = _chat_template(places)
+    if template is not None:
+        special["chat_template"] = template
+        (tmp / "chat_template.jinja").write_text(template, encoding="utf-8")
     (tmp / "tokenizer_config.json").write_text(json.dumps(special, indent=1) + "\n", encoding="utf-8")
+    return notes

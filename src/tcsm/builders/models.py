@@ -223,6 +223,9 @@ def _hf_token_ids(node: dict, ctx: BuildContext, tok, hf_vocab: int, kind: str, 
     symbols = node["symbols"]
     if symbols is None and tok is not None:
         symbols = getattr(getattr(ctx.data, "tokenizer", None), "chars", None) or getattr(ctx.data, "chars", None)
+    data_vocab = _data_vocab(getattr(ctx.data, "tokenizer", None))
+    if symbols is None and data_vocab is not None and tok is not None:
+        return _same_tokenizer(data_vocab, tok.get_vocab(), V, hf_vocab, kind, where)
     if symbols is None:
         if V != hf_vocab:
             raise ConfigError(
@@ -244,6 +247,48 @@ def _hf_token_ids(node: dict, ctx: BuildContext, tok, hf_vocab: int, kind: str, 
     return [int(vocab[c]) for c in symbols]
 
 
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def _architecture_only(where: str, ctx: BuildContext) -> bool:
+    """A local folder with a config and no weights, for a run whose weights come from `train.init_from`."""
+    from pathlib import Path
+
+    init_from = getattr(getattr(getattr(ctx, "config", None), "train", None), "init_from", None)
+    d = Path(where)
+    return bool(init_from) and d.is_dir() and not any((d / f).is_file() for f in _WEIGHT_FILES)
+
+
+def _data_vocab(tokenizer) -> dict[str, int] | None:
+    """token → id of the data's tokenizer when it has one with a vocabulary (a `tokenizers` file), else None."""
+    hf = getattr(tokenizer, "hf", None)
+    try:
+        return dict(hf.get_vocab(with_added_tokens=True)) if hf is not None else None
+    except (AttributeError, TypeError):
+        return None
+
+
+def _same_tokenizer(data_vocab: dict, model_vocab: dict, V: int, hf_vocab: int, kind: str, where: str) -> list[int]:
+    """Ids 0..V−1 when the data's tokenizer is the model's own — every data token is the model tokenizer's token of
+    the same id, compared by content, not size: a permuted vocabulary of the same size is another tokenizer —
+    and the embedding matrix holds them (it may be padded beyond the tokenizer: GPT-2's 50,304, Qwen's)."""
+    by_id = {int(i): t for t, i in data_vocab.items()}
+    fix = (f"prepare the data with the model's tokenizer (tcsm prepare --tokenizer {where}), or map the data's "
+           "tokens with model.token_ids")  # fmt: skip
+    for y in range(V):
+        token = by_id.get(y)
+        if token is None or model_vocab.get(token) != y:
+            theirs = model_vocab.get(token) if token is not None else None
+            where_it_is = "absent from" if theirs is None else f"id {theirs} in"
+            raise ConfigError(
+                f"the data was tokenized with another tokenizer than the {kind} LM {where!r}'s: token {token!r} is id "
+                f"{y} in the data and {where_it_is} the model's vocabulary; {fix}"
+            )
+    if V > hf_vocab:
+        raise ConfigError(f"the data has {V} tokens but the {kind} LM {where!r} embeds only {hf_vocab}; {fix}")
+    return list(range(V))
+
+
 @MODELS.register("hf_denoiser", schema=HFDenoiserModelConfig,
                  help="the denoiser initialised from a local Hugging Face masked or causal LM (needs `transformers`)")  # fmt: skip
 def build_hf_denoiser(node: dict, ctx: BuildContext):
@@ -256,8 +301,13 @@ def build_hf_denoiser(node: dict, ctx: BuildContext):
     if not where:
         raise ConfigError("model.name_or_path must name a local Hugging Face model directory")
     local = bool(node["local_files_only"])
+    from tcsm.checkpoint import is_export_dir
+
+    if is_export_dir(where):
+        raise ConfigError(f"model.name_or_path {where!r} is a tcsm export, not a Hugging Face LM: start from it with "
+                          f"train.init_from={where} (its architecture comes with it)")  # fmt: skip
     try:
-        config = tf.AutoConfig.from_pretrained(where, local_files_only=local)
+        config = tf.AutoConfig.from_pretrained(where, local_files_only=local, trust_remote_code=False)
     except (OSError, ValueError) as e:
         raise ConfigError(f"model: cannot load {where!r}: {str(e).splitlines()[0]}") from None
     kind = _hf_kind(config, node["kind"], where)
@@ -265,31 +315,37 @@ def build_hf_denoiser(node: dict, ctx: BuildContext):
     tok = None
     if not isinstance(ctx.data, DataInfo):
         try:
-            tok = tf.AutoTokenizer.from_pretrained(where, local_files_only=local)
+            tok = tf.AutoTokenizer.from_pretrained(where, local_files_only=local, trust_remote_code=False)
         except (OSError, ValueError, TypeError):
             pass
-    loading = isinstance(ctx.data, DataInfo)
+    # A checkpoint (or export) holds the token map, the [MASK] vector and BOS id: only the sizes matter when one is
+    # loaded, or when a run starts from one (train.init_from) whose architecture is a folder without weights (an
+    # export's base_model/).
+    loading = isinstance(ctx.data, DataInfo) or _architecture_only(where, ctx)
     if loading:
-        # A checkpoint (or export) holds the token map, the [MASK] vector and BOS id: only the sizes matter here.
         ids, node["special_token_id"] = list(range(int(ctx.vocab_size))), node["special_token_id"] or 0
     else:
         ids = _hf_token_ids(node, ctx, tok, int(config.vocab_size), kind, where)  # before any weight is read
     tf.utils.logging.disable_progress_bar()  # stderr stays for messages a user must read
     try:
         # Loading a checkpoint needs the architecture only: its weights replace the pretrained ones.
-        hf = auto.from_config(config) if loading else auto.from_pretrained(where, local_files_only=local)
+        hf = auto.from_config(config) if loading else auto.from_pretrained(where, local_files_only=local, trust_remote_code=False)
     except (OSError, ValueError) as e:
         raise ConfigError(f"model: cannot load {where!r}: {str(e).splitlines()[0]}") from None
     finally:
         tf.utils.logging.enable_progress_bar()
     special = node["special_token_id"]
+    own_mask = getattr(tok, "mask_token_id", None)  # the model's own mask token, where its tokenizer has one
+    if own_mask is not None and not 0 <= int(own_mask) < int(config.vocab_size):
+        own_mask = None
     if special is None and kind == "mlm":
-        special = getattr(tok, "mask_token_id", None)
+        special = own_mask
         if special is None and ctx.path.num_states > ctx.vocab_size:
             raise ConfigError(f"{where!r} has no tokenizer with a mask token; set model.special_token_id")
     try:
         model = HFDenoiser(
             hf, ids, kind=kind, num_states=ctx.path.num_states, special_token_id=special,
+            mask_token_id=own_mask if kind == "causal" and not loading else None,
             time_conditioning=node["time_conditioning"], cond_dim=node["cond_dim"], bidirectional=node["bidirectional"],
         )  # fmt: skip
     except ValueError as e:

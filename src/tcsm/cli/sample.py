@@ -228,6 +228,7 @@ def run(args) -> int:
 
     from tcsm.builders.loading import load_checkpoint
     from tcsm.cli.common import check_writable
+    from tcsm.data.base import readable_text
     from tcsm.fileio import write_atomically
     from tcsm.train.distributed import resolve_device
 
@@ -320,7 +321,7 @@ def run(args) -> int:
         calls += stats.num_calls
         taken = max(taken, getattr(stats, "num_steps", 0))
         for row in tokens.cpu().tolist():
-            records.append({"index": len(records), **g["info"], "text": tok.decode(row), "tokens": row})
+            records.append({"index": len(records), **g["info"], "text": readable_text(tok, row), "tokens": row})
     bar.close()
     elapsed = time.perf_counter() - t0
     if settings.method == "threshold" and not sampler.own:  # its steps follow from the threshold: the most taken

@@ -27,6 +27,7 @@ __all__ = [
     "compact_dtype",
     "jsonl_objects",
     "read_text",
+    "readable_text",
     "split_by_fractions",
 ]
 
@@ -41,6 +42,16 @@ class Tokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: list[int]) -> str: ...
+
+
+def readable_text(tokenizer, ids) -> str:
+    """The text of token ids as a person reads a sample: a `tokenizers` vocabulary's special tokens (end of text,
+    padding, [CLS], [MASK], …) are not printed; `decode` keeps them, for round trips."""
+    ids = [int(i) for i in (ids.reshape(-1).tolist() if isinstance(ids, torch.Tensor) else ids)]
+    hf = getattr(tokenizer, "hf", None)
+    if hf is not None:
+        return hf.decode(ids, skip_special_tokens=True)
+    return tokenizer.decode(ids)
 
 
 class CharTokenizer:

@@ -98,7 +98,8 @@ def _from_dir(path: Path) -> BPETokenizer:
             "(pip install 'tcsm[hf]')"
         ) from None
     try:
-        slow = AutoTokenizer.from_pretrained(str(path), local_files_only=True, use_fast=True)
+        slow = AutoTokenizer.from_pretrained(str(path), local_files_only=True, use_fast=True,
+                                             trust_remote_code=False)  # never a prompt; custom code is refused
     except Exception as e:  # noqa: BLE001  (transformers raises many types for a folder it cannot read)
         raise DataError(f"cannot load a tokenizer from {path}: {' '.join(str(e).split())[:200]}") from None
     backend = getattr(slow, "backend_tokenizer", None)

@@ -111,9 +111,9 @@ class ReferenceLM:
             raise ImportError("a Hugging Face reference LM needs `pip install tcsm[hf]` (transformers)") from e
         if not os.path.isdir(path):
             raise FileNotFoundError(f"reference LM directory not found: {path}")
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, trust_remote_code=False)
         try:
-            tok = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+            tok = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
         except (OSError, ValueError):
             tok = None  # a model directory without tokenizer files scores ids that are already its own
         return cls.from_hf(model, tok, device=device, name=str(path))

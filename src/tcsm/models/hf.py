@@ -53,8 +53,10 @@ def _resolve_token_ids(token_ids, symbols, tokenizer, hf_vocab: int, vocab_size:
 def _load(auto: str, name_or_path: str, token_ids, symbols, need_tokenizer: bool, local_files_only: bool, kwargs):
     """(model, tokenizer or None, our token ids) of a Hugging Face model loaded with `transformers.<auto>`."""
     tf = import_transformers()
+    kwargs.setdefault("trust_remote_code", False)  # never an interactive prompt: custom code must be asked for
     model = getattr(tf, auto).from_pretrained(name_or_path, local_files_only=local_files_only, **kwargs)
-    tok = tf.AutoTokenizer.from_pretrained(name_or_path, local_files_only=local_files_only) if need_tokenizer else None
+    tok = (tf.AutoTokenizer.from_pretrained(name_or_path, local_files_only=local_files_only, trust_remote_code=False)
+           if need_tokenizer else None)
     hf_vocab = model.get_input_embeddings().weight.shape[0]
     return model, tok, _resolve_token_ids(token_ids, symbols, tok, hf_vocab, None)
 

@@ -7,7 +7,8 @@ t [B] → logits [B, L, V] over our clean tokens, the HF logits restricted to `t
 token_ids[y]). What the adaptation changes, and why step 0 is the pretrained model:
 
 * inputs: the HF embedding of each clean token; [MASK] is a trainable vector that starts as the HF mask token's
-  embedding (a masked LM: exactly its input) or the mean embedding (a causal LM has no mask token);
+  embedding (a masked LM: exactly its input; a causal LM whose tokenizer has a mask token: `mask_token_id`) or
+  else the mean embedding;
 * a causal LM's shift: its output at position j predicts token j + 1, so the input is [BOS, x_t^0 .. x_t^{L−1}]
   and the outputs at positions 0..L−1 are the logits of x^0..x^{L−1} (DiffuLLaMA's shift);
 * attention: a causal LM's attention is made bidirectional (an all-zero additive 4-D mask replaces the causal
@@ -54,6 +55,7 @@ class HFDenoiser(nn.Module):
         kind: str,
         num_states: int,
         special_token_id: int | None = None,
+        mask_token_id: int | None = None,
         time_conditioning: bool = False,
         cond_dim: int = 128,
         bidirectional: bool = True,
@@ -79,7 +81,8 @@ class HFDenoiser(nn.Module):
                                     bool(bidirectional))  # fmt: skip
         self.mask_embed = None
         if num_states == V + 1:
-            start = emb[int(special_token_id)] if kind == "mlm" and special_token_id is not None else emb.mean(0)
+            own = special_token_id if kind == "mlm" else mask_token_id  # a causal LM's BOS is its special id
+            start = emb[int(own)] if own is not None else emb.mean(0)
             self.mask_embed = nn.Parameter(start.detach().clone())
         if kind == "causal":
             bos = special_token_id if special_token_id is not None else getattr(hf_cfg, "bos_token_id", None)

@@ -29,6 +29,8 @@ RUN_FILES = (
     "tensorboard",
     "loss_curve.png",
     "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
     "quickstart.json",
 )
 _MARKERS = RUN_FILES[:4]

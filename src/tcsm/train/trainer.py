@@ -30,8 +30,9 @@ from tcsm.checkpoint import (
     clean_leftovers,
 )
 from tcsm.data import absolute_paths
+from tcsm.data.base import readable_text
 from tcsm.errors import ConfigError, TrainingError
-from tcsm.fileio import atomic_path
+from tcsm.fileio import atomic_path, write_atomically
 from tcsm.likelihood import EvalResult
 from tcsm.progress import duration
 from tcsm.protocols import Evaluates, StepInfo, TrainerCallback
@@ -391,7 +392,8 @@ class Trainer(RunState):
                     "(set sample.num=0 to silence this line)"
                 )
             return []
-        return [self.data.decode(row) for row in tokens.cpu()]
+        tok = getattr(self.data, "tokenizer", None)
+        return [readable_text(tok, row) if tok is not None else self.data.decode(row) for row in tokens.cpu()]
 
     def _periodic(self, every: int, final: bool) -> bool:
         return final or (every > 0 and self.step % every == 0)
@@ -524,12 +526,27 @@ class Trainer(RunState):
 
     def _save_tokenizer(self) -> None:
         """tokenizer.json in the run directory for tokenizers that cannot be rebuilt from the checkpoint alone
-        (BPE; a character vocabulary travels in every checkpoint's data_info), so sampling needs no data files."""
+        (BPE; a character vocabulary travels in every checkpoint's data_info), so sampling needs no data files;
+        beside it tokenizer_config.json naming the data's real end-of-text and padding tokens (what `tcsm export`
+        and `tcsm prepare --tokenizer RUN` read), and the data's chat template (an instruction run) as
+        chat_template.jinja."""
+        import json
+
+        template = (getattr(self.data, "meta", None) or {}).get("chat_template")
+        if isinstance(template, str):
+            write_atomically(self.run_dir / "chat_template.jinja", template)
         tokenizer = getattr(self.data, "tokenizer", None)
         if getattr(self.data_info, "chars", None) or not hasattr(tokenizer, "save"):
             return
         with atomic_path(self.run_dir / "tokenizer.json") as tmp:
             tokenizer.save(tmp)
+        hf = getattr(tokenizer, "hf", None)
+        names = {}
+        for key, value in (("eos_token", getattr(tokenizer, "eos_id", None)), ("pad_token", getattr(tokenizer, "pad_id", None))):
+            token = hf.id_to_token(int(value)) if hf is not None and value is not None else None
+            if token is not None:
+                names[key] = token
+        write_atomically(self.run_dir / "tokenizer_config.json", json.dumps(names, indent=1) + "\n")
 
     def summary(self) -> dict:
         out = {"step": self.step, "elapsed_s": round(self.elapsed, 2), "data": self.data_info.label}

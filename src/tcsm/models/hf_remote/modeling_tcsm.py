@@ -198,6 +198,189 @@ class RatioHead(nn.Module):
         return self.out(h.mean(dim=1)).squeeze(-1).float()
 
 
+# --------------------------------------------------------------------------------------------------- generate
+
+
+def _alpha(t, path):
+    """α_t of the run's schedule (`config.tcsm["config"]["path"]`), t = 1 clean, as tcsm.schedules computes it."""
+    kind, kw = path.get("schedule", "linear"), dict(path.get("schedule_kwargs") or {})
+    if kind == "cosine":
+        return torch.where(t < 0.5, 2.0 * torch.sin(0.25 * math.pi * t) ** 2, 1.0 - torch.sin(0.5 * math.pi * (1.0 - t)))
+    if kind == "polynomial":
+        return t.pow(float(kw.get("exponent", 1.0)))
+    if kind == "loglinear":
+        eps = float(kw.get("eps", 0.0))
+        return 1.0 - (1.0 - eps) * (1.0 - t)
+    return t.clone()  # linear
+
+
+def _grid(steps, kind, device):
+    k = torch.arange(steps + 1, dtype=torch.float64, device=device) / steps
+    grid = (1.0 - torch.cos(math.pi * k)) / 2.0 if kind == "cosine" else k
+    grid[0], grid[-1] = 0.0, 1.0
+    return grid
+
+
+def _log_probs(logits, temperature, top_p):
+    lp = torch.log_softmax(logits.double() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_lp, order = lp.sort(dim=-1, descending=True)
+        p = sorted_lp.exp()
+        drop = torch.zeros_like(p, dtype=torch.bool).scatter(-1, order, (p.cumsum(-1) - p) >= top_p)
+        lp = torch.log_softmax(lp.masked_fill(drop, -torch.inf), dim=-1)
+    return lp
+
+
+def _draw(lp, generator):
+    gumbel = -torch.log(-torch.log(torch.rand(lp.shape, generator=generator, device=lp.device, dtype=lp.dtype)
+                                   .clamp_min(1e-300)))  # fmt: skip
+    return (lp + gumbel).argmax(-1)
+
+
+class DiffusionGenerationMixin:
+    """`generate()` for a masked-source denoiser: the run's sampler defaults (`config.sampling`: steps, method,
+    grid, temperature, top_p, final_argmax, block_length, threshold), its schedule, and a stop at end-of-text.
+
+    Methods: "ancestral" (and every path sampler of tcsm: each masked position is revealed on the way from t to s
+    with probability (α_s − α_t)/(1 − α_t)), or the decoding orders "random" | "confidence" | "margin" | "entropy"
+    (c_{k+1} − c_k positions per step, c_k = round(M (α(t_k) − α(0)) / (α(1) − α(0))), ties broken at random) and
+    "threshold" (every position more probable than `threshold`, at least one). `tcsm sample DIR` is the reference
+    implementation; this one needs no tcsm."""
+
+    @torch.no_grad()
+    def generate(self, input_ids=None, *, num_samples=None, max_length=None, max_new_tokens=None, steps=None,
+                 method=None, grid=None, temperature=None, top_p=None, final_argmax=None, block_length=None,
+                 threshold=None, eos_token_id=None, pad_token_id=None, generator=None, **unused):  # fmt: skip
+        """input_ids [B, P] (optional): a prompt, kept; returns [B, L] token ids (prompt included) with
+        L = max_length, or P + max_new_tokens, or the run's sequence length. After the first end-of-text token
+        (`eos_token_id`, default the config's) every position is `pad_token_id` (default: EOS), and decoding stops
+        as soon as every row has its end of text and nothing masked before it."""
+        cfg = self.config
+        if cfg.source != "masked" or cfg.mask_id is None:
+            raise NotImplementedError("generate() samples masked-source models; sample this one with `tcsm sample DIR`")
+        s = dict(cfg.sampling or {})
+        run = dict(cfg.tcsm or {})
+        path = dict((run.get("config") or {}).get("path") or {})
+        steps = int(steps if steps is not None else s.get("steps") or 128)
+        method = method if method is not None else s.get("method")
+        method = "ancestral" if method in (None, "euler", "tau_leaping", "analytic", "cached", "ancestral") else method
+        if method not in ("ancestral", "random", "confidence", "margin", "entropy", "threshold"):
+            raise ValueError(f"generate() does not know the sampler {method!r}; use `tcsm sample DIR`")
+        grid = grid or s.get("grid") or "uniform"
+        temperature = float(temperature if temperature is not None else s.get("temperature", 1.0))
+        top_p = float(top_p if top_p is not None else s.get("top_p", 1.0))
+        final_argmax = bool(final_argmax if final_argmax is not None else s.get("final_argmax", False))
+        block_length = block_length if block_length is not None else s.get("block_length")
+        threshold = float(threshold if threshold is not None else s.get("threshold", 0.9))
+        eos = eos_token_id if eos_token_id is not None else getattr(cfg, "eos_token_id", None)
+        pad = pad_token_id if pad_token_id is not None else (getattr(cfg, "pad_token_id", None) if eos_token_id is None else None)
+        pad = eos if pad is None else pad
+        device = next(self.parameters()).device
+        mask = int(cfg.mask_id)
+        prompt = None if input_ids is None else torch.as_tensor(input_ids, device=device).long()
+        if prompt is not None and prompt.dim() == 1:
+            prompt = prompt[None]
+        P = 0 if prompt is None else prompt.shape[1]
+        B = prompt.shape[0] if prompt is not None else int(num_samples or 1)
+        L = int(max_length or (P + max_new_tokens if max_new_tokens else 0) or (run.get("data_info") or {}).get("seq_len") or 0)
+        if L <= P:
+            raise ValueError(f"nothing to generate: the length {L} is not beyond the prompt's {P} tokens")
+        x = torch.full((B, L), mask, dtype=torch.long, device=device)
+        if prompt is not None:
+            x[:, :P] = prompt
+        block = L - P if not block_length else int(block_length)
+        starts = list(range(P, L, block))
+        per_block = max(1, steps // len(starts))
+        for b0 in starts:
+            region = torch.zeros(L, dtype=torch.bool, device=device)
+            region[b0 : min(b0 + block, L)] = True
+            x = self._generate_block(x, region, per_block, method, grid, path, temperature, top_p, final_argmax,
+                                     threshold, eos, P, generator)  # fmt: skip
+            if self._ended(x, eos, P, mask):
+                break
+        return self._after_eos(x, eos, pad, P, mask)
+
+    def _model_log_probs(self, x, t, temperature, top_p):
+        timesteps = torch.full((x.shape[0],), float(t), device=x.device)
+        return _log_probs(self(input_ids=x, timesteps=timesteps).logits, temperature, top_p)
+
+    def _generate_block(self, x, region, K, method, grid, path, temperature, top_p, final_argmax, threshold, eos, P,
+                        generator):  # fmt: skip
+        mask = int(self.config.mask_id)
+        times = _grid(K, grid, x.device)
+        alpha = _alpha(times, path)
+        start = (x == mask) & region
+        M = start.sum(-1)  # masked positions of each row in this region
+        frac = ((alpha - alpha[0]) / (alpha[-1] - alpha[0]).clamp_min(1e-12)).clamp(0, 1)
+        k = 0
+        while True:
+            masked = (x == mask) & region
+            if not masked.any() or self._ended(x, eos, P, mask):
+                return x
+            if method != "threshold" and k >= K:
+                return x
+            t = float(times[min(k, K - 1)])
+            lp = self._model_log_probs(x, t, temperature, top_p)
+            last = method != "threshold" and k == K - 1
+            drawn = lp.argmax(-1) if (final_argmax and last) else _draw(lp, generator)
+            if method == "ancestral":
+                a_t, a_s = alpha[k], alpha[k + 1]
+                lam = 1.0 if last else float((a_s - a_t) / (1.0 - a_t).clamp_min(1e-12))
+                u = torch.rand(x.shape, generator=generator, device=x.device)
+                pick = masked & (u < lam)
+            else:
+                conf = lp.gather(-1, drawn[..., None]).squeeze(-1)
+                if method == "margin":
+                    top2 = lp.topk(2, dim=-1).values.exp()
+                    score = top2[..., 0] - top2[..., 1]
+                elif method == "entropy":
+                    pr = lp.exp()
+                    score = (pr * lp.clamp_min(-1e30)).sum(-1)  # −H: lower entropy first
+                elif method == "random":
+                    score = torch.rand(conf.shape, generator=generator, device=x.device, dtype=conf.dtype)
+                else:
+                    score = conf
+                score = score + 1e-9 * torch.rand(score.shape, generator=generator, device=x.device, dtype=score.dtype)
+                score = score.masked_fill(~masked, -torch.inf)
+                if method == "threshold":
+                    best = score.argmax(-1, keepdim=True)
+                    pick = (conf.exp() > threshold) & masked
+                    pick |= torch.zeros_like(pick).scatter(-1, best, True) & masked
+                else:
+                    n = (torch.round(M * frac[k + 1]) - torch.round(M * frac[k])).long()
+                    n = torch.where(torch.full_like(n, last, dtype=torch.bool), masked.sum(-1), n)
+                    order = score.argsort(-1, descending=True)
+                    rank = torch.empty_like(order).scatter(-1, order, torch.arange(x.shape[1], device=x.device).expand_as(order))
+                    pick = masked & (rank < n[:, None])
+            x = torch.where(pick, drawn, x)
+            k += 1
+            if method == "threshold" and k > x.shape[1]:  # at least one position per step: a cap, never reached
+                return x
+
+    @staticmethod
+    def _ended(x, eos, P, mask):
+        """Every row has an end-of-text token after the prompt with nothing masked before it."""
+        if eos is None:
+            return False
+        is_eos = x[:, P:] == eos
+        if not is_eos.any(-1).all():
+            return False
+        first = is_eos.float().argmax(-1)
+        before = torch.arange(x.shape[1] - P, device=x.device)[None] < first[:, None]
+        return not bool(((x[:, P:] == mask) & before).any())
+
+    @staticmethod
+    def _after_eos(x, eos, pad, P, mask):
+        if eos is None:
+            return x
+        tail = x[:, P:]
+        is_eos = tail == eos
+        seen = (is_eos.long().cumsum(-1) - is_eos.long()) > 0  # strictly after the first EOS
+        tail = torch.where(seen, torch.full_like(tail, pad), tail)
+        tail = torch.where(tail == mask, torch.full_like(tail, pad), tail)  # left masked only after an EOS
+        return torch.cat([x[:, :P], tail], dim=1)
+
+
 class TCSMPreTrainedModel(PreTrainedModel):
     config_class = TCSMConfig
     base_model_prefix = "tcsm"
@@ -214,7 +397,7 @@ class TCSMPreTrainedModel(PreTrainedModel):
             nn.init.ones_(module.weight)
 
 
-class TCSMForMaskedLM(TCSMPreTrainedModel):
+class TCSMForMaskedLM(DiffusionGenerationMixin, TCSMPreTrainedModel):
     """forward(input_ids = x_t, timesteps = t) → MaskedLMOutput(logits [B, L, V]); `labels` (clean ids, −100
     ignored) adds the cross-entropy of the clean tokens."""
 
@@ -265,7 +448,7 @@ class TCSMEnergyModel(TCSMPreTrainedModel):
         return ModelOutput(energy=energy, logits=logits)
 
 
-class TCSMHFDenoiserForMaskedLM(TCSMPreTrainedModel):
+class TCSMHFDenoiserForMaskedLM(DiffusionGenerationMixin, TCSMPreTrainedModel):
     """A denoiser tcsm adapted from a pretrained Hugging Face masked or causal LM (`model.name=hf_denoiser`): the
     base architecture (`config.base_model`) under `hf`, our V tokens' HF ids (`token_ids`), a trainable [MASK]
     vector, and for a causal LM a BOS at position 0 whose outputs 0..L−1 give the logits of x^0..x^{L−1}, with

@@ -219,7 +219,8 @@ def check_teacher_vocabulary(spec: TeacherSpec, data, data_section: dict) -> Non
         from tcsm.models.hf import import_transformers
 
         try:
-            tok = import_transformers().AutoTokenizer.from_pretrained(str(spec.path), local_files_only=True)
+            tok = import_transformers().AutoTokenizer.from_pretrained(str(spec.path), local_files_only=True,
+                                                                       trust_remote_code=False)
         except (OSError, ValueError) as e:
             raise CheckpointError(
                 f"teacher {where!r} has no usable tokenizer files ({str(e).splitlines()[0][:120]}); save its tokenizer "

@@ -265,7 +265,10 @@ def build_sft(
         tokenizer=tok,
         eos_id=getattr(base, "eos_id", None),
         meta={"files": files, "bad_records": dict(bad), "truncated": truncated, "pad_id": pad_id,
-              "tokenizer_data": base.label},
+              "tokenizer_data": base.label,
+              # saved with the run (chat_template.jinja) and its export (tokenizer_config.json), so the model is
+              # prompted at inference as it was trained
+              **({"chat_template": template.text} if template is not None else {})},
         **splits,
     )
 
