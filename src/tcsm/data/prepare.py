@@ -232,6 +232,12 @@ def prepare(
         raise DataError(f"packing must be 'eos' or 'pad', got {packing!r}")
     if packing == "pad" and not (seq_len and seq_len > 0):
         raise DataError("packing 'pad' stores one row per document: give its length with --seq-len")
+    if packing != "pad" and seq_len is not None:
+        raise DataError(
+            f"--seq-len {seq_len} is the row length of --packing pad; with --packing {packing} documents are "
+            "concatenated and the row length is chosen at training time (data.seq_len): drop --seq-len or add "
+            "--packing pad"
+        )
     for name, f in (("valid fraction", valid_fraction), ("test fraction", test_fraction)):
         if not 0.0 <= f < 1.0:
             raise DataError(f"the {name} must be in [0, 1), got {f}")
@@ -243,6 +249,13 @@ def prepare(
         raise DataError(f"shard size must be at least 1 token, got {shard_tokens}")
     out = Path(out).expanduser()
     sources = expand_inputs(inputs)
+    if doc_separator is not None and not any(s.kind == "text" for s in sources):
+        raise DataError(
+            f"--doc-separator splits text files, but the inputs are {sorted({s.kind for s in sources})} files, whose "
+            "documents are their lines or rows; drop --doc-separator"
+        )
+    if doc_separator == "":
+        raise DataError("--doc-separator is empty; give the string that separates documents (e.g. '\\n\\n')")
     _check_output(out, overwrite)
     fractions = (valid_fraction, test_fraction)
 

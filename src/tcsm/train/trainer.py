@@ -422,6 +422,23 @@ class Trainer(RunState):
             self.logger.samples(self.step, texts)
             self._write(f"step {self.step}: samples\n" + "\n".join(f"  | {t}" for t in texts))
 
+    def _warn_empty_held_out(self) -> None:
+        """A held-out split without a single row is said once at the start: without it the run would train with
+        no validation at all, silently (e.g. a prepared corpus whose few documents all hashed into train)."""
+        empty = [s for s in ("valid", "test") if getattr(self.data, s, None) is not None and len(self.data.split(s)) == 0]
+        if not empty:
+            return
+        what = " and ".join({"valid": "validation", "test": "test"}[s] for s in empty)
+        effect = (
+            "this run trains without validation (no held-out metric)"
+            if self.cfg.eval.split in empty
+            else "tcsm eval has no test split to report"
+        )
+        self._print(
+            f"warning: the data has no {what} rows of {self.data_info.seq_len} tokens: {effect}; give it more "
+            "documents or larger held-out fractions (tcsm prepare --val-fraction / --test-fraction)"
+        )
+
     def _write(self, msg: str) -> None:
         if not self.env.is_main:  # ranks that evaluate alongside rank 0 (FSDP) have nothing of their own to say
             return
@@ -457,6 +474,7 @@ class Trainer(RunState):
                 f"{self.num_micro} micro-batch(es) of {self.micro}; "
                 + (f"resuming at step {self.step}" if self.step else f"{t.steps} steps")
             )
+            self._warn_empty_held_out()
         from tqdm.auto import tqdm
 
         self._bar = tqdm(
