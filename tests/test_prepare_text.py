@@ -86,4 +86,4 @@ def test_no_held_out_documents_is_a_warning_when_prepared_and_when_trained(tmp_p
     assert main(argv) == 0
     out = capsys.readouterr()
     text = out.out + out.err
-    assert "warning: the data has no validation and test rows" in text and "trains without validation" in text
+    assert "warning: the data has no validation rows" in text and "trains without validation" in text

@@ -423,20 +423,17 @@ class Trainer(RunState):
             self._write(f"step {self.step}: samples\n" + "\n".join(f"  | {t}" for t in texts))
 
     def _warn_empty_held_out(self) -> None:
-        """A held-out split without a single row is said once at the start: without it the run would train with
-        no validation at all, silently (e.g. a prepared corpus whose few documents all hashed into train)."""
-        empty = [s for s in ("valid", "test") if getattr(self.data, s, None) is not None and len(self.data.split(s)) == 0]
-        if not empty:
+        """An evaluation split without a single row is said once at the start: without it the run would train with
+        no validation at all, silently (e.g. a prepared corpus whose few documents all hashed into train). An empty
+        test split is not: some kinds have none by default (preference pairs), and training never reads it."""
+        split = self.cfg.eval.split
+        if getattr(self.data, split, None) is None or len(self.data.split(split)) > 0:
             return
-        what = " and ".join({"valid": "validation", "test": "test"}[s] for s in empty)
-        effect = (
-            "this run trains without validation (no held-out metric)"
-            if self.cfg.eval.split in empty
-            else "tcsm eval has no test split to report"
-        )
+        name = {"valid": "validation", "test": "test", "train": "training"}[split]
         self._print(
-            f"warning: the data has no {what} rows of {self.data_info.seq_len} tokens: {effect}; give it more "
-            "documents or larger held-out fractions (tcsm prepare --val-fraction / --test-fraction)"
+            f"warning: the data has no {name} rows of {self.data_info.seq_len} tokens (eval.split={split}): this run "
+            "trains without validation (no held-out metric); give it more documents or a larger held-out fraction "
+            "(tcsm prepare --val-fraction, data.valid_frac)"
         )
 
     def _write(self, msg: str) -> None:
