@@ -65,11 +65,14 @@ def test_a_byte_order_mark_is_not_a_character_of_the_corpus(tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "extra,words",
-    [(["--seq-len", "64"], "--packing pad"), (["--doc-separator", "\\n"], "--doc-separator")],
+    [(["--seq-len", "64"], "--packing pad"), (["--doc-separator", "\\n"], "--doc-separator"),
+     (["--text-field", "body"], "--text-field")],
 )
 def test_options_that_do_not_apply_are_one_line_errors(tmp_path, capsys, extra, words):
     (tmp_path / "c.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS), encoding="utf-8")
-    rc, _, err = _prepare(capsys, tmp_path / "c.jsonl", "-o", tmp_path / "out", *extra)
+    (tmp_path / "c.txt").write_text("\n".join(DOCS), encoding="utf-8")
+    given = tmp_path / ("c.txt" if "--text-field" in extra else "c.jsonl")
+    rc, _, err = _prepare(capsys, given, "-o", tmp_path / "out", *extra)
     assert rc != 0 and len(err.strip().splitlines()) == 1 and words in err, err
     assert not (tmp_path / "out" / "index.json").exists()
 

@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--packing", choices=("eos", "pad"), default="eos",
                    help="eos: concatenate documents, each ended by EOS (default); pad: one row of --seq-len per document")  # fmt: skip
     p.add_argument("--seq-len", type=int, help="row length for --packing pad")
-    p.add_argument("--text-field", default="text", help="JSONL field / Parquet or datasets column (default text)")
+    p.add_argument("--text-field", help="JSONL field / Parquet or datasets column (default text)")
     p.add_argument("--doc-separator",
                    help="split text files into documents at this string (e.g. '<|endoftext|>', '\\n\\n', '§'; "
                         "backslash escapes are read)")
