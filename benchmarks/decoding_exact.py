@@ -21,11 +21,11 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "sampling"))
-from test_samplers import empirical, exact_denoiser, tv  # noqa: E402
+from test_samplers import empirical, exact_denoiser, tv
 
-import tcsm.sampling.decoding as decoding  # noqa: E402
-from tcsm.paths import MaskedPath  # noqa: E402
-from tcsm.toy import EnumerableDistribution  # noqa: E402
+from tcsm.paths import MaskedPath
+from tcsm.sampling import decoding
+from tcsm.toy import EnumerableDistribution
 
 
 def _leftmost_top_n(scores, eligible, n, generator=None):

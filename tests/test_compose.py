@@ -88,7 +88,7 @@ def test_row_evaluations_count_each_sequence():
     from tcsm.sampling.common import CallCount, row_evaluations
 
     path = MaskedPath(3)
-    den = lambda xt, t: torch.zeros(xt.shape[0], xt.shape[1], 3)  # noqa: E731
+    den = lambda xt, t: torch.zeros(xt.shape[0], xt.shape[1], 3)
     _, st = sample(den, path, batch_size=8, length=6, num_steps=32, time_independent=True, return_stats=True,
                    generator=torch.Generator().manual_seed(0))  # fmt: skip
     assert row_evaluations(st, 8) == int(st.row_calls.sum()) < st.num_calls * 8

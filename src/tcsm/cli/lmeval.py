@@ -25,10 +25,9 @@ def harness_from_checkpoint(checkpoint: str, *, num_t: int = 32, seed: int = 0, 
     """(DiffusionHarness, tokenizer) of a masked diffusion run; `sampler`: overrides of its `sample:` settings."""
     from tcsm.builders.loading import load_checkpoint
     from tcsm.builders.sampler import sample_settings
+    from tcsm.builders.source import NOT_DENOISERS
     from tcsm.cli.sample import load_tokenizer
     from tcsm.evaluation.harness import DiffusionHarness
-
-    from tcsm.builders.source import NOT_DENOISERS
 
     loaded = load_checkpoint(checkpoint, device=device, ema=not no_ema)
     family = str(loaded.config.model.get("name", "denoiser"))
