@@ -38,6 +38,18 @@ class Schedule:
         """σ(t) = −log(1 − α_t), the clock in which κ_t dt = dσ (MATH.md §0)."""
         return -torch.log(self.one_minus_alpha(t).clamp_min(torch.finfo(t.dtype).tiny))
 
+    def alpha_inverse(self, a: Tensor) -> Tensor:
+        """t with α_t = a (a clamped to [α_0, 1]): the time at which a fraction a of the tokens is clean in
+        expectation (MATH.md §0). α is increasing; this base version bisects (60 halvings, float64), subclasses
+        with a closed form override it."""
+        target = a.double().clamp(float(self.alpha(torch.zeros((), dtype=torch.float64))), 1.0)
+        lo, hi = torch.zeros_like(target), torch.ones_like(target)
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            below = self.alpha(mid) < target
+            lo, hi = torch.where(below, mid, lo), torch.where(below, hi, mid)
+        return (0.5 * (lo + hi)).to(a.dtype)
+
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
         return f"{type(self).__name__}({fields})"
@@ -54,6 +66,9 @@ class LinearSchedule(Schedule):
 
     def alpha_dot(self, t: Tensor) -> Tensor:
         return torch.ones_like(t)
+
+    def alpha_inverse(self, a: Tensor) -> Tensor:
+        return a.clamp(0.0, 1.0)
 
 
 class CosineSchedule(Schedule):
@@ -77,6 +92,9 @@ class CosineSchedule(Schedule):
     def alpha_dot(self, t: Tensor) -> Tensor:
         return 0.5 * math.pi * torch.sin(0.5 * math.pi * t)
 
+    def alpha_inverse(self, a: Tensor) -> Tensor:
+        return torch.arccos((1.0 - a).clamp(0.0, 1.0)) * (2.0 / math.pi)
+
 
 class PolynomialSchedule(Schedule):
     """α_t = t^p (p > 0), κ_t = p t^(p−1) / (1 − t^p)."""
@@ -98,6 +116,9 @@ class PolynomialSchedule(Schedule):
         if p == 1.0:
             return torch.ones_like(t)
         return p * t.clamp_min(torch.finfo(t.dtype).tiny).pow(p - 1.0)
+
+    def alpha_inverse(self, a: Tensor) -> Tensor:
+        return a.clamp(0.0, 1.0).pow(1.0 / self.exponent)
 
 
 class LogLinearSchedule(Schedule):
@@ -122,6 +143,9 @@ class LogLinearSchedule(Schedule):
 
     def alpha_dot(self, t: Tensor) -> Tensor:
         return torch.full_like(t, 1.0 - self.eps)
+
+    def alpha_inverse(self, a: Tensor) -> Tensor:
+        return (1.0 - (1.0 - a.clamp(self.eps, 1.0)) / (1.0 - self.eps)).clamp(0.0, 1.0)
 
 
 SCHEDULES = {

@@ -210,7 +210,9 @@ class SampleConfig:
         default=None, metadata={"help": "masked models: decode blocks of this many positions left to right (null: one)"}
     )
     threshold: float = field(
-        default=0.9, metadata={"help": "method=threshold: unmask every position whose confidence exceeds this"}
+        default=0.1,
+        metadata={"help": "method=threshold: unmask every position whose confidence exceeds this, in at most `steps` "
+                          "steps (0.1: docs/benchmarks.md 'Decoding orders'; 0.9 is one position per call there)"},
     )
 
 

@@ -15,13 +15,21 @@ __all__ = ["RunSampler", "build_sampler", "sample_settings"]
 
 
 def sample_settings(sample_cfg, **overrides) -> SampleSettings:
-    """`SampleSettings` from a run's `sample:` section, with `overrides` (None values ignored) on top."""
+    """`SampleSettings` from a run's `sample:` section, with `overrides` (None values ignored) on top; ConfigError
+    for a threshold override when the resulting method is not "threshold"."""
     known = {f.name for f in fields(SampleSettings)}
     values = {k: v for k, v in to_dict(sample_cfg).items() if k in known}
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise TypeError(f"unknown sampler settings {unknown}")
     values.update({k: v for k, v in overrides.items() if v is not None})
+    if overrides.get("threshold") is not None and values.get("method") != "threshold":
+        # the cut-off of the threshold order only: ignoring it would sample with another law than the one asked for
+        raise ConfigError(
+            f"threshold={overrides['threshold']} is a setting of method threshold, but this sampler's method is "
+            f"{values.get('method') or 'the path default'}; add method threshold (tcsm sample --method threshold) "
+            "or leave the threshold out"
+        )
     values["sir_window"] = tuple(values.get("sir_window", (0.4, 0.6)))
     try:
         return SampleSettings(**values)

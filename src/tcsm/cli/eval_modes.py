@@ -191,6 +191,7 @@ def _run_genppl(args) -> int:
     from tcsm.builders.loading import load_reference_lm
     from tcsm.cli.sample import load_tokenizer
     from tcsm.sampling import may_cache, sample
+    from tcsm.sampling.common import row_evaluations
     from tcsm.train.distributed import resolve_device
 
     if not args.reference:
@@ -224,7 +225,7 @@ def _run_genppl(args) -> int:
         lines.append(f"{ckpt.directory} (step {ckpt.step}, {ckpt.weights} weights), reference {ref.name}:")
         for K in steps:
             generator = torch.Generator(device=device).manual_seed(args.seed)
-            t0, outs, calls = time.perf_counter(), [], 0
+            t0, outs, calls, evals = time.perf_counter(), [], 0, 0
             for s in range(0, args.num_samples, batch):
                 x, st = sample(ckpt.model, path, batch_size=min(batch, args.num_samples - s), length=L, num_steps=K,
                                generator=generator, method=args.method, temperature=args.temperature,
@@ -232,14 +233,17 @@ def _run_genppl(args) -> int:
                                return_stats=True)
                 outs.append(x.cpu())
                 calls += st.num_calls
+                evals += row_evaluations(st, x.shape[0])
             seconds = time.perf_counter() - t0
             tokens = torch.cat(outs).tolist()
             texts = [tok.decode(r) for r in tokens]
             row = {"steps": K, "method": st.method, "num_samples": len(tokens), "network_calls": calls,
+                   "network_calls_per_sequence": evals / max(len(tokens), 1),
                    "sample_seconds": seconds, **_score(ref, texts, tokens, L, batch)}
             rows.append(row)
             lines.append(f"  K={K:<5} gen-PPL {row['gen_ppl']:9.2f}  entropy {row['entropy_mean']:.3f} nats  "
-                         f"({len(tokens)} samples, {calls} network calls, {seconds:.1f}s)")
+                         f"({len(tokens)} samples, {calls} network calls (batched; "
+                         f"{row['network_calls_per_sequence']:.1f} per sequence), {seconds:.1f}s)")
             if args.json:  # progress for long curves, kept off stdout so that it stays one JSON object
                 print(f"  K={K}: gen-PPL {row['gen_ppl']:.2f}", file=sys.stderr)
         header = {"checkpoint": str(ckpt.directory), "step": ckpt.step, "weights": ckpt.weights}

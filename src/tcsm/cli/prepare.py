@@ -27,8 +27,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--packing", choices=("eos", "pad"), default="eos",
                    help="eos: concatenate documents, each ended by EOS (default); pad: one row of --seq-len per document")  # fmt: skip
     p.add_argument("--seq-len", type=int, help="row length for --packing pad")
-    p.add_argument("--text-field", default="text", help="JSONL field / Parquet or datasets column (default text)")
-    p.add_argument("--doc-separator", help="split text files into documents at this string (e.g. '<|endoftext|>')")
+    p.add_argument("--text-field", help="JSONL field / Parquet or datasets column (default text)")
+    p.add_argument("--doc-separator",
+                   help="split text files into documents at this string (e.g. '<|endoftext|>', '\\n\\n', '§'; "
+                        "backslash escapes are read)")
     p.add_argument("--eos", help="the token that ends a document (default: the tokenizer's own)")
     p.add_argument("--shard-tokens", type=int, default=1 << 28, help="tokens per shard file (default 2^28)")
     p.add_argument("--overwrite", action="store_true", help="replace shards already in the output folder")
@@ -41,7 +43,7 @@ def run(args) -> int:
 
     from tcsm.data.prepare import prepare
 
-    separator = args.doc_separator.encode().decode("unicode_escape") if args.doc_separator else None
+    separator = _unescape(args.doc_separator) if args.doc_separator is not None else None
     index = prepare(
         args.inputs,
         args.output,
@@ -67,10 +69,21 @@ def run(args) -> int:
         f"{index['seconds']:.1f}s"
     )
     for split, fraction in (("valid", args.val_fraction), ("test", args.test_fraction)):
-        if fraction > 0 and s[split]["documents"] == 0:
+        if s[split]["documents"] == 0:
+            flag = f"--{'val' if split == 'valid' else 'test'}-fraction"
+            why = f"{flag} 0" if fraction == 0 else f"{index['documents']} documents × {fraction}"
+            effect = "a run on it trains without validation" if split == "valid" else "tcsm eval has no test split"
             print(
-                f"note: no document was held out for {split} ({index['documents']} documents × {fraction}); raise "
-                f"--{'val' if split == 'valid' else 'test'}-fraction, or cut files into documents with --doc-separator",
+                f"warning: no document was held out for {split} ({why}): {effect}; raise {flag}, or cut files into "
+                "documents with --doc-separator",
                 file=sys.stderr,
             )
     return 0
+
+
+def _unescape(text: str) -> str:
+    """Backslash escapes (\\n, \\t, \\u00a7) read, every other character kept as it is: '§' stays '§' (decoding
+    its UTF-8 bytes as escapes would give 'Â§', which never matches)."""
+    import codecs
+
+    return codecs.decode(text.encode("latin-1", "backslashreplace"), "unicode_escape")

@@ -230,6 +230,7 @@ def run(args) -> int:
     from tcsm.cli.common import check_writable
     from tcsm.data.base import readable_text
     from tcsm.fileio import write_atomically
+    from tcsm.sampling.common import row_evaluations
     from tcsm.train.distributed import resolve_device
 
     if args.method is not None and args.method not in METHODS:
@@ -307,7 +308,7 @@ def run(args) -> int:
     bar = tqdm(total=len(chunks) * steps, desc="sampling", unit="step", disable=args.no_progress,
                file=sys.stderr, leave=False)
     t0 = time.perf_counter()
-    records, calls, taken = [], 0, 0
+    records, calls, evals, taken = [], 0, 0, 0
     for g, b in chunks:
         kw = {}
         if g["fixed"] is not None:
@@ -319,6 +320,7 @@ def run(args) -> int:
         if sampler.own:
             bar.update(steps)
         calls += stats.num_calls
+        evals += row_evaluations(stats, b)
         taken = max(taken, getattr(stats, "num_steps", 0))
         for row in tokens.cpu().tolist():
             records.append({"index": len(records), **g["info"], "text": readable_text(tok, row), "tokens": row})
@@ -337,7 +339,8 @@ def run(args) -> int:
         sys.stdout.write("".join(line + "\n" for line in lines))
     print(
         f"tcsm sample: {len(records)} samples of length {length} from {loaded.directory} (step {loaded.step}, "
-        f"{loaded.weights} weights), {stats.method} sampler, {steps} steps, {calls} network calls, "
+        f"{loaded.weights} weights), {stats.method} sampler, {steps} steps, {calls} network calls "
+        f"(batched; {evals / max(len(records), 1):.1f} per sequence), "
         f"{elapsed:.1f}s" + (f" -> {args.output}" if args.output else ""),
         file=sys.stderr,
     )

@@ -308,7 +308,7 @@ def jsonl_objects(path: Path):
     that cannot be read raises one DataError."""
     opener = gzip.open if path.suffix == ".gz" else open
     try:
-        with opener(path, "rt", encoding="utf-8") as f:
+        with opener(path, "rt", encoding="utf-8-sig") as f:  # -sig: a byte-order mark is not part of line 1
             for n, line in enumerate(f, 1):
                 if not line.strip():
                     continue

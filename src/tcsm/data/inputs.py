@@ -1,6 +1,7 @@
 """The documents of a corpus given as files, globs and folders (what `tcsm prepare` and the `hf` kind read).
 
-    .txt / .text / other text   the whole file is one document, or pieces between `doc_separator`
+    .txt / .text / other text   the whole file is one document, or pieces between `doc_separator` (UTF-8, a
+                                leading byte-order mark dropped, CRLF and CR line ends read as LF)
     .gz                         the same, gzip-compressed
     .jsonl / .jsonl.gz          one document per line: its `text_field`
     .parquet                    one document per row: column `text_field` (needs pyarrow: tcsm[datasets])
@@ -101,9 +102,12 @@ def _read_text_file(p: Path) -> str:
     if b"\x00" in raw[:65536]:
         raise DataError(f"{p} looks binary (it holds NUL bytes), not text; give text, .jsonl or .parquet files")
     try:
-        return raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a byte-order mark marks the encoding; it is no character of the corpus
     except UnicodeDecodeError as e:
         raise DataError(f"{p} is not UTF-8 text (byte {e.start}); convert it or leave it out") from None
+    # universal newlines, as Python's text mode reads them: a CRLF (or CR) file has the same documents, the same
+    # blank lines for a '\n\n' separator and the same characters as its LF copy
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
 
 
 def _jsonl_docs(p: Path, text_field: str) -> Iterator[str]:

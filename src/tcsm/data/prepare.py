@@ -215,7 +215,7 @@ def prepare(
     test_fraction: float = 0.005,
     packing: str = "eos",
     seq_len: int | None = None,
-    text_field: str = "text",
+    text_field: str | None = None,
     doc_separator: str | None = None,
     eos: str | None = None,
     shard_tokens: int = 1 << 28,
@@ -224,7 +224,8 @@ def prepare(
     command: str | None = None,
 ) -> dict:
     """Tokenise `inputs` with `tokenizer` (a spec, tcsm.data.tokenizer_spec) into shards in `out`; returns the
-    index it wrote."""
+    index it wrote. `text_field` (default "text") and `doc_separator` apply to some input kinds only: naming one
+    that no input has is a DataError, like `seq_len` without `packing="pad"`."""
     from tqdm.auto import tqdm
 
     started = time.perf_counter()
@@ -232,6 +233,12 @@ def prepare(
         raise DataError(f"packing must be 'eos' or 'pad', got {packing!r}")
     if packing == "pad" and not (seq_len and seq_len > 0):
         raise DataError("packing 'pad' stores one row per document: give its length with --seq-len")
+    if packing != "pad" and seq_len is not None:
+        raise DataError(
+            f"--seq-len {seq_len} is the row length of --packing pad; with --packing {packing} documents are "
+            "concatenated and the row length is chosen at training time (data.seq_len): drop --seq-len or add "
+            "--packing pad"
+        )
     for name, f in (("valid fraction", valid_fraction), ("test fraction", test_fraction)):
         if not 0.0 <= f < 1.0:
             raise DataError(f"the {name} must be in [0, 1), got {f}")
@@ -243,6 +250,19 @@ def prepare(
         raise DataError(f"shard size must be at least 1 token, got {shard_tokens}")
     out = Path(out).expanduser()
     sources = expand_inputs(inputs)
+    if doc_separator is not None and not any(s.kind == "text" for s in sources):
+        raise DataError(
+            f"--doc-separator splits text files, but the inputs are {sorted({s.kind for s in sources})} files, whose "
+            "documents are their lines or rows; drop --doc-separator"
+        )
+    if text_field is not None and not any(s.kind != "text" for s in sources):
+        raise DataError(
+            f"--text-field {text_field} names the field of JSONL / Parquet / datasets inputs, but every input is a "
+            "text file (one document per file, or per --doc-separator); drop --text-field"
+        )
+    text_field = "text" if text_field is None else text_field
+    if doc_separator == "":
+        raise DataError("--doc-separator is empty; give the string that separates documents (e.g. '\\n\\n')")
     _check_output(out, overwrite)
     fractions = (valid_fraction, test_fraction)
 

@@ -12,7 +12,8 @@ from torch import Tensor
 
 from tcsm.paths import ProbabilityPath
 
-__all__ = ["GRIDS", "CallCount", "adjust_log_probs", "as_grid", "categorical", "jump_prob", "prefix_condition", "time_grid"]
+__all__ = ["GRIDS", "CallCount", "adjust_log_probs", "as_grid", "categorical", "jump_prob", "prefix_condition",
+           "row_evaluations", "time_grid"]
 
 GRIDS = ("uniform", "cosine")
 
@@ -24,6 +25,15 @@ class CallCount:
     method: str
     num_calls: int
 
+
+def row_evaluations(stats, num: int) -> int:
+    """Network evaluations of single sequences in a sampler call that drew `num` of them: Σ_b row_calls[b] where
+    the stats count them (a batched call evaluates only the rows that need it, MATH.md §6.2's cache), else
+    num_calls · num (every batched call evaluated every row)."""
+    rc = getattr(stats, "row_calls", None)
+    if rc is not None and rc.numel():
+        return int(rc.sum())
+    return int(stats.num_calls) * int(num)
 
 
 def time_grid(

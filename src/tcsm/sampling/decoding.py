@@ -9,13 +9,22 @@ truncated) at the masked positions, and draw the revealed tokens x̂^i ~ m^i:
 * ``"margin"``: the largest gap m^i(top 1) − m^i(top 2).
 * ``"entropy"``: the lowest entropy H(m^i).
 * ``"threshold"`` (Fast-dLLM): every position with m^i(x̂^i) > `threshold`, and at least the most confident one;
-  the number of steps follows from the threshold, not from `num_steps`.
+  the number of steps follows from the threshold, capped at `num_steps` (the capped last step of a region reveals
+  every position still masked, as the last step of the counted orders does).
 * ``"ancestral"``: the path sampler's law (each masked position revealed with probability λ_{t→s}) — useful
   inside blocks, where it is BD3-LM's sampler.
 
 The count schedule: a region with M masked positions at its start unmasks c_{k+1} − c_k positions at step k, with
 c_k = round(M·a_k) and a_k = (α(t_k) − α(t_0)) / (α(1) − α(t_0)) on the time grid (uniform grid, linear α: an even
 split, LLaDA's schedule); a step with nothing to unmask makes no network call.
+
+Ties in the scores (equal to `TIE_DECIMALS` decimals: e.g. every position of an all-mask input whose
+conditionals agree) are broken uniformly at random, not toward the left: a leftmost rule would reveal positions
+0, 1, … at the first step of every sequence and then proceed in adjacent, mutually dependent pairs.
+
+The denoiser's time: a row with a fraction r of its free positions revealed is evaluated at t = α^{-1}(r), the
+time at which that fraction is clean in expectation on the path's schedule (the fraction itself is that time only
+for linear α; a time-conditioned model on a cosine schedule would otherwise see the wrong t).
 
 Which are exact: with the exact denoiser and one position per step (K = L, T = 1, top-p = 1), "random", "margin"
 and "entropy" draw exactly from p_1: the position chosen at each step is a function of the tokens revealed so far
@@ -40,11 +49,13 @@ from tcsm.paths import ProbabilityPath
 from tcsm.sampling.common import adjust_log_probs, as_grid, categorical
 from tcsm.sampling.samplers import SamplingStats, _infer_device
 
-__all__ = ["COUNTED", "DECODERS", "check_decoding", "count_schedule", "decode"]
+__all__ = ["COUNTED", "DECODERS", "TIE_DECIMALS", "check_decoding", "count_schedule", "decode"]
 
 DECODERS = ("random", "confidence", "margin", "entropy", "threshold")
 #: orders whose per-step count comes from the schedule (at least one position per step)
 COUNTED = ("random", "confidence", "margin", "entropy")
+#: scores equal to this many decimals are ties (float32 logits carry about 7 significant digits)
+TIE_DECIMALS = 6
 
 
 def check_decoding(
@@ -61,6 +72,8 @@ def check_decoding(
     if block < 1 or length % block:
         raise ValueError(f"block_length {block_length} does not divide the sample length {length}")
     blocks = length // block
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
     if method in COUNTED and num_steps > length:
         raise ValueError(
             f"{num_steps} steps for {length} positions: the {method!r} order unmasks at least one position per "
@@ -92,10 +105,13 @@ def _scores(method: str, lp: Tensor, drawn: Tensor, generator) -> Tensor:
     raise ValueError(f"no score for {method!r}")
 
 
-def _top_n(scores: Tensor, eligible: Tensor, n: Tensor) -> Tensor:
-    """Per row, the n[row] eligible positions of highest score (ties: the leftmost)."""
-    s = scores.masked_fill(~eligible, -torch.inf)
-    order = s.argsort(dim=-1, descending=True, stable=True)
+def _top_n(scores: Tensor, eligible: Tensor, n: Tensor, generator=None) -> Tensor:
+    """Per row, the n[row] eligible positions of highest score; scores equal to `TIE_DECIMALS` decimals are
+    ties, broken uniformly at random (the rounded score is an integer, a uniform [0, 1) draw orders within it)."""
+    key = torch.round(scores.double() * 10.0**TIE_DECIMALS)
+    key = key + torch.rand(key.shape, dtype=torch.float64, device=key.device, generator=generator)
+    s = key.masked_fill(~eligible, -torch.inf)
+    order = s.argsort(dim=-1, descending=True)
     rank = torch.empty_like(order).scatter_(
         -1, order, torch.arange(s.shape[-1], device=s.device).expand_as(order)
     )
@@ -113,7 +129,7 @@ def decode(
     grid="uniform",
     temperature: float = 1.0,
     top_p: float = 1.0,
-    threshold: float = 0.9,
+    threshold: float = 0.1,
     block_length: int | None = None,
     final_argmax: bool = False,
     time_independent: bool = False,
@@ -126,7 +142,7 @@ def decode(
     """Draw `batch_size` sequences of `length` tokens from a masked model by unmasking positions in the order
     `method` (module docstring), `num_steps` steps in all, block by block when `block_length` is given.
     `fixed` / `values` [B, L] pin positions (prompts, infilling) from the start. Returns (tokens, stats) with
-    `stats.num_calls` the batched denoiser calls."""
+    `stats.num_calls` the batched denoiser calls, `stats.row_calls` [B] the evaluations of each sequence."""
     if path.mask_id is None or not path.absorbing:
         raise ValueError(
             f"decoding order {method!r} unmasks positions: it needs a masked path, not {path.kind!r}"
@@ -146,7 +162,7 @@ def decode(
     bl = L // nb
     # blocks that are wholly pinned (a prompt) need no steps; the others share the K steps
     todo = [b for b in range(nb) if (~fixed[:, b * bl : (b + 1) * bl]).any()]
-    if K < len(todo) and method != "threshold":
+    if K < len(todo):
         raise ValueError(f"{K} steps for {len(todo)} blocks to decode: every block needs at least one step")
     steps_per_block = {b: K // len(todo) + (j < K % len(todo)) for j, b in enumerate(todo)}
     stats = SamplingStats(method=method, num_steps=K, cached=time_independent, times=as_grid(grid, K, device))
@@ -164,7 +180,8 @@ def decode(
         if need.any():
             idx = need.nonzero().squeeze(1)
             revealed = 1.0 - (x[idx] == mask).sum(-1).double() / free_total[idx]
-            t = revealed.clamp(0.0, 1.0 - 1e-6).to(torch.get_default_dtype())  # p_{1|t} ignores t (§1.3)
+            t = path.schedule.alpha_inverse(revealed.clamp(0.0, 1.0))  # the t at which that fraction is clean
+            t = t.clamp(0.0, 1.0 - 1e-6).to(torch.get_default_dtype())
             out = denoiser(x[idx], t)
             if out.shape != (idx.numel(), L, V):
                 raise ValueError(
@@ -189,9 +206,9 @@ def decode(
             k = 0
             while True:
                 open_ = (x == mask) & region
-                if not open_.any() or (method != "threshold" and k >= Kb):
+                if not open_.any() or k >= Kb:
                     break
-                last = method != "threshold" and k == Kb - 1
+                last = k == Kb - 1
                 if method in COUNTED:
                     n = counts[:, k]
                     rows = open_.any(-1) & (n > 0)
@@ -208,13 +225,15 @@ def decode(
                     drawn = lp.argmax(-1) if (last and final_argmax) else categorical(lp, generator)
                     eligible = open_[:, lo:hi] & rows.unsqueeze(-1)
                     if method in COUNTED:
-                        pick = _top_n(_scores(method, lp, drawn, generator), eligible, n)
+                        pick = _top_n(_scores(method, lp, drawn, generator), eligible, n, generator)
                     elif method == "ancestral":
                         pick = move[:, lo:hi] & eligible
+                    elif last:  # the step cap: what is still masked is revealed now
+                        pick = eligible
                     else:
                         conf = _scores(method, lp, drawn, generator).masked_fill(~eligible, -1.0)
                         pick = (conf > threshold) & eligible
-                        pick |= _top_n(conf, eligible, eligible.any(-1).long())
+                        pick |= _top_n(conf, eligible, eligible.any(-1).long(), generator)
                     before = x[:, lo:hi]
                     x[:, lo:hi] = torch.where(pick, drawn, before)
                     valid &= ~pick.any(-1)
@@ -225,5 +244,5 @@ def decode(
     if (x >= V).any():
         raise RuntimeError("decoding left masks in the output")
     if method == "threshold":
-        stats.num_steps = step  # its steps follow from the threshold, not from num_steps
+        stats.num_steps = step  # its steps follow from the threshold (at most num_steps)
     return x, stats

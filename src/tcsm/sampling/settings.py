@@ -28,7 +28,8 @@ class SampleSettings:
     `top_p`, `final_argmax`, `cache` (MDLM's cache where `may_cache` allows it). SIR (an energy model, §6.3):
     `steps`, `grid`, `sir_k` candidates per step inside the α_t window `sir_window`, selection ∝ softmax(f/T)
     with T = `sir_temperature`. Masked models also take the decoding orders of `tcsm.sampling.decoding`
-    (`method` "random" | "confidence" | "margin" | "entropy" | "threshold", the last with `threshold`), and
+    (`method` "random" | "confidence" | "margin" | "entropy" | "threshold", the last with `threshold` and at most
+    `steps` steps), and
     `block_length` (semi-autoregressive blocks, any method inside a block)."""
 
     steps: int = 128
@@ -42,7 +43,9 @@ class SampleSettings:
     sir_window: tuple[float, float] = (0.4, 0.6)
     sir_temperature: float = 1.0
     block_length: int | None = None
-    threshold: float = 0.9
+    #: 0.1, not Fast-dLLM's 0.9: measured on a 27-symbol model (docs/benchmarks.md "Decoding orders"), 0.3–0.99 all
+    #: reveal one position per call (the confidence order), 0.1 about six per call (64 positions in 10 calls)
+    threshold: float = 0.1
 
     def __post_init__(self):
         lo, hi = (float(v) for v in self.sir_window)

@@ -424,6 +424,20 @@ class Trainer(RunState):
             self.logger.samples(self.step, texts)
             self._write(f"step {self.step}: samples\n" + "\n".join(f"  | {t}" for t in texts))
 
+    def _warn_empty_held_out(self) -> None:
+        """An evaluation split without a single row is said once at the start: without it the run would train with
+        no validation at all, silently (e.g. a prepared corpus whose few documents all hashed into train). An empty
+        test split is not: some kinds have none by default (preference pairs), and training never reads it."""
+        split = self.cfg.eval.split
+        if getattr(self.data, split, None) is None or len(self.data.split(split)) > 0:
+            return
+        name = {"valid": "validation", "test": "test", "train": "training"}[split]
+        self._print(
+            f"warning: the data has no {name} rows of {self.data_info.seq_len} tokens (eval.split={split}): this run "
+            "trains without validation (no held-out metric); give it more documents or a larger held-out fraction "
+            "(tcsm prepare --val-fraction, data.valid_frac)"
+        )
+
     def _write(self, msg: str) -> None:
         if not self.env.is_main:  # ranks that evaluate alongside rank 0 (FSDP) have nothing of their own to say
             return
@@ -459,6 +473,7 @@ class Trainer(RunState):
                 f"{self.num_micro} micro-batch(es) of {self.micro}; "
                 + (f"resuming at step {self.step}" if self.step else f"{t.steps} steps")
             )
+            self._warn_empty_held_out()
         from tqdm.auto import tqdm
 
         self._bar = tqdm(

@@ -56,7 +56,7 @@ class RewardTargetConfig:
 #: The data a reward is defined on: the grid reward scores points of a W × W grid (data.kind=grid), the text rewards
 #: score decoded text (data kinds whose tokens are text). Rewards not listed (hf, python) bring their own domain.
 GRID_KINDS = ("grid",)
-TEXT_KINDS = ("text", "text8", "bpe")
+TEXT_KINDS = ("text", "text8", "bpe", "shards", "hf")  # shards / hf: decoded with the tokenizer they were made with
 TEXT_REWARDS = ("vader", "profanity")
 
 
