@@ -291,3 +291,116 @@ def test_ctrl_c_of_a_torchrun_job_ends_with_the_resume_line(tmp_path):
     assert text.count("tcsm train: interrupted") == 1, text[-3000:]  # rank 0 speaks for the job
     assert not (out / LOCK).exists()
     assert not set(ranks) & set(_processes())
+
+
+# ------------------------------------------------------------------------------------------ 2 no tracebacks
+
+
+def test_export_onto_a_full_disk_is_one_line_and_keeps_the_old_export(run, exported, tmp_path, capsys, monkeypatch):
+    out = _copy(exported, tmp_path / "hf")
+    before = _snapshot(out)
+    real = Path.write_text
+
+    def full(self, *a, **k):
+        if self.name == "config.json":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    line = _error(capsys, ["export", run, "-o", out, "--overwrite"])
+    assert "disk is full" in line and "unchanged" in line and "free space" in line
+    line = _error(capsys, ["export", run, "-o", tmp_path / "new"])
+    assert "disk is full" in line and "nothing was written" in line
+    monkeypatch.undo()
+    assert _snapshot(out) == before and not (tmp_path / "new").exists()
+    assert not list(tmp_path.glob(".tmp-export-*"))
+    # safetensors reports a full disk as its own error type (not an OSError)
+    import tcsm.builders.export as ex
+    from safetensors import SafetensorError
+
+    def full_st(*a, **k):
+        raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space" })')
+
+    monkeypatch.setattr(ex, "save_file", full_st)
+    assert "disk is full" in _error(capsys, ["export", run, "-o", out, "--overwrite"])
+    assert _snapshot(out) == before
+
+
+def _lmeval_task(tmp_path: Path) -> Path:
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "d.jsonl").write_text(json.dumps({"context": "ab", "target": "ba"}) + "\n")
+    (tasks / "t.yaml").write_text(
+        "task: tcsm_ws_task\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+        f"    test: {tasks / 'd.jsonl'}\ntest_split: test\noutput_type: loglikelihood\n"
+        'doc_to_text: "{{context}}"\ndoc_to_target: "{{target}}"\nmetric_list:\n  - metric: acc\n'
+    )
+    return tasks
+
+
+def test_lm_eval_adapter_errors_are_one_line(run, tmp_path, capsys, monkeypatch):
+    from tcsm.cli.lmeval import _Adapter
+    from tcsm.errors import TCSMError
+
+    bad = {
+        (): "needs checkpoint=",
+        (("chekpoint", str(run)),): "did you mean checkpoint",
+        (("checkpoint", str(run)), ("num_tt", "3")): "did you mean num_t",
+        (("checkpoint", str(run)), ("num_t", "abc")): "num_t=abc is not an integer",
+        (("checkpoint", str(run)), ("num_t", "1")): "num_t=1: must be >= 2",
+        (("checkpoint", str(run)), ("steps", "2.5")): "steps=2.5 is not an integer",
+        (("checkpoint", str(run)), ("no_ema", "maybe")): "is not true or false",
+        (("checkpoint", str(run)), ("method", "foo")): "model_args method: must be one of",
+        (("checkpoint", str(run)), ("top_p", "2")): "model_args top_p: must be in (0, 1]",
+        (("checkpoint", str(tmp_path / "nope")),): "does not exist",
+    }
+    for args, message in bad.items():
+        with pytest.raises(TCSMError) as e:
+            _Adapter(**dict(args))
+        assert message in str(e.value), (args, str(e.value))
+
+
+@pytest.mark.slow  # lm-eval indexes its task folder on every call (about 10 s each here)
+def test_lm_eval_cli_errors_are_one_line(run, tmp_path, capsys, monkeypatch):
+    pytest.importorskip("lm_eval")
+    from tcsm.cli.lmeval import main as lmeval
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tasks = _lmeval_task(tmp_path)
+    common = ["--model", "tcsm", "--include_path", str(tasks)]
+    cases = [
+        (["--model_args", "chekpoint=" + str(run), "--tasks", "tcsm_ws_task"], "did you mean checkpoint"),
+        (["--model_args", f"checkpoint={run}", "--tasks", "no_such_task"], "Tasks not found: no_such_task"),
+    ]
+    for argv, message in cases:
+        assert lmeval([*common, *argv]) == 2
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("tcsm lmeval")]
+        assert len(err) == 1 and message in err[0], err
+        assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_chat_template_that_fails_while_rendering_is_one_line(tmp_path, capsys):
+    from tcsm.data import DataError
+    from tcsm.posttrain.sft.data import build_sft
+
+    text = tmp_path / "text.txt"
+    text.write_text("the cat sat on a mat. Q: A: the dog ran to me.\n" * 40)
+    records = tmp_path / "chat.jsonl"
+    chat = [{"role": "user", "content": "the cat"}, {"role": "assistant", "content": "sat"}]
+    records.write_text(json.dumps({"messages": chat}) + "\n")
+    template = (
+        "{% for m in messages %}{% if m['role'] == 'user' %}Q: {{ m['content'] }}\n"
+        "{% elif m['role'] == 'assistant' %}A: {{ m.content.missing.upper() }}\n{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}A: {% endif %}"
+    )
+    section = {"kind": "text", "path": str(text), "seq_len": 32, "valid_frac": 0.1}
+    with pytest.raises(DataError, match=r"chat.jsonl:1: chat template fails while rendering: UndefinedError"):
+        build_sft(path=str(records), tokenizer=section, pad=".", chat_template=template)
+    pre = tmp_path / "pre"
+    data = [f"data.path={text}", "data.kind=text", "data.seq_len=32", "data.valid_frac=0.1", "model.max_len=32"]
+    assert main(["train", "-o", str(pre), *tiny(*QUIET, "train.steps=1", *data, synthetic=False)]) == 0
+    capsys.readouterr()
+    line = _error(capsys, ["finetune", "sft", "--from", pre, "--data", records, "--chat-template", template,
+                           "-o", tmp_path / "sft", "train.device=cpu", "data.pad=."])  # fmt: skip
+    assert "fails while rendering" in line and "--chat-template" in line
