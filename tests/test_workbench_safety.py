@@ -315,8 +315,9 @@ def test_export_onto_a_full_disk_is_one_line_and_keeps_the_old_export(run, expor
     assert _snapshot(out) == before and not (tmp_path / "new").exists()
     assert not list(tmp_path.glob(".tmp-export-*"))
     # safetensors reports a full disk as its own error type (not an OSError)
-    import tcsm.builders.export as ex
     from safetensors import SafetensorError
+
+    import tcsm.builders.export as ex
 
     def full_st(*a, **k):
         raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space" })')
@@ -404,3 +405,88 @@ def test_a_chat_template_that_fails_while_rendering_is_one_line(tmp_path, capsys
     line = _error(capsys, ["finetune", "sft", "--from", pre, "--data", records, "--chat-template", template,
                            "-o", tmp_path / "sft", "train.device=cpu", "data.pad=."])  # fmt: skip
     assert "fails while rendering" in line and "--chat-template" in line
+
+
+# ------------------------------------------------------------------------------------ 7 messages that are true
+
+
+def test_a_missing_local_model_directory_is_not_called_a_hub_repo_id(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    for where, local in ((tmp_path / "no" / "such" / "model", "true"), ("./my-model", "true"), ("my-model", "true")):
+        model = ["model.name=hf_denoiser", f"model.name_or_path={where}", f"model.local_files_only={local}"]
+        line = _error(capsys, ["train", "-o", tmp_path / "r", *QUIET, "train.device=cpu", *model])
+        assert "no such directory" in line and "Repo id" not in line and "huggingface.co" not in line, line
+    from tcsm.builders.models import _cannot_load
+
+    e = _cannot_load("org/name", OSError("We couldn't connect to 'https://huggingface.co'"), local_only=False)
+    assert "is not a local directory" in str(e) and "Hub id" in str(e)
+    (tmp_path / "file").write_text("x")
+    assert "is a file" in str(_cannot_load(str(tmp_path / "file"), OSError("x"), local_only=True))
+
+
+def test_a_directory_given_as_data_is_called_a_directory(run, tmp_path):
+    from tcsm.data import DataError
+    from tcsm.errors import ConfigError
+    from tcsm.posttrain.preference.pairs import read_pair_records
+    from tcsm.posttrain.preference.recipe import preference_config
+    from tcsm.posttrain.sft.data import read_sft_records
+    from tcsm.posttrain.sft.recipe import sft_config
+
+    folder = tmp_path / "records"
+    folder.mkdir()
+    with pytest.raises(ConfigError, match="is a directory; give the JSONL file"):
+        sft_config(run, folder)
+    with pytest.raises(ConfigError, match="is a directory; give the JSONL file"):
+        preference_config(run, folder)
+    from collections import Counter
+
+    with pytest.raises(DataError, match="is a directory"):
+        read_sft_records(folder, ("prompt", "completion", "messages"), None, Counter())
+    with pytest.raises(DataError, match="is a directory"):
+        read_pair_records(folder, (None, "chosen", "rejected"), Counter())
+
+
+def test_resume_is_not_advised_for_a_run_without_a_checkpoint(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("seed: 0\n")
+    (run / "metrics.jsonl").write_text("")
+    line = _error(capsys, ["train", "-o", run, *tiny(*QUIET, "train.steps=1")])
+    assert "no checkpoint yet" in line and "--resume" not in line and "--overwrite" in line
+
+
+def test_a_moved_shards_folder_on_resume_names_the_override(tmp_path, capsys):
+    text = tmp_path / "corpus.txt"
+    text.write_text("".join(f"document {i} says hello to the world.\n\n" for i in range(40)))
+    shards = tmp_path / "shards"
+    assert main(["prepare", str(text), "-o", str(shards), "--tokenizer", "char", "--no-progress"]) == 0
+    run = tmp_path / "run"
+    data = [f"data.path={shards}", "data.kind=shards", "data.seq_len=16"]
+    assert main(["train", "-o", str(run), *tiny(*QUIET, "train.steps=2", *data, synthetic=False)]) == 0
+    shards.rename(tmp_path / "moved")
+    capsys.readouterr()
+    line = _error(capsys, ["train", "-o", run, "--resume", "train.steps=3"])
+    assert f"data.path={shards}" in line and "--resume data.path=NEW_PATH" in line and "moved" in line
+    # the advice works
+    assert main(["train", "-o", str(run), "--resume", "train.steps=3", f"data.path={tmp_path / 'moved'}"]) == 0
+    assert json.loads((run / "summary.json").read_text())["step"] == 3
+    # data.seq_len=0 is refused as such, not turned into 128 and then refused for the model's max_len
+    capsys.readouterr()
+    data = [f"data.path={tmp_path / 'moved'}", "data.kind=shards", "data.seq_len=0"]
+    line = _error(capsys, ["train", "-o", tmp_path / "zero", *tiny(*QUIET, "train.steps=1", *data, synthetic=False)])
+    assert "data.seq_len must be a positive integer, got 0" in line
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be"])
+def test_utf16_text_is_not_called_binary(tmp_path, capsys, encoding):
+    f = tmp_path / "corpus.txt"
+    f.write_bytes("hello world, this is text.\n".encode(encoding) * 20)
+    line = _error(capsys, ["prepare", f, "-o", tmp_path / "shards", "--tokenizer", "char"])
+    assert "UTF-16" in line and "binary" not in line and "iconv" in line, line
+    line = _error(capsys, ["train", "-o", tmp_path / "r", *tiny(*QUIET, "data.kind=text", f"data.path={f}", "train.steps=1",
+                                                                 synthetic=False)])  # fmt: skip
+    assert "UTF-16" in line and "iconv" in line, line
+    # the conversion it names gives text that reads
+    name = {"utf-16": "UTF-16", "utf-16-le": "UTF-16LE", "utf-16-be": "UTF-16BE"}[encoding]
+    assert f"iconv -f {name} " in line
+    assert f.read_bytes().decode(name.lower().replace("utf-16le", "utf-16-le").replace("utf-16be", "utf-16-be"))

@@ -130,6 +130,20 @@ def _with_absolute_data_paths(cfg):
     return set_values(cfg, {f"data.{k}": v for k, v in changed.items()}) if changed else cfg
 
 
+def _refuse_moved_data(cfg, run_dir) -> None:
+    """A resumed run whose data files are gone (moved, deleted) is told the override that points it at their new
+    place, as `tcsm eval` is, instead of only that a file is not found."""
+    from tcsm.data import DataError, missing_paths
+
+    missing = missing_paths(OmegaConf.to_container(cfg.data, resolve=True))
+    if missing:
+        key, where = missing[0]
+        raise DataError(
+            f"the data of run {str(run_dir)!r} is not at data.{key}={where} any more (moved or deleted); resume with "
+            f"its new location as an override: --resume data.{key}=NEW_PATH"
+        )
+
+
 class _Progress:
     """Progress lines for output that is not a terminal: step, rate over this session, ETA. (The training loss is
     in metrics.jsonl; printed here it would be the one figure in nats among the bits of the validation lines.)"""
@@ -269,6 +283,8 @@ class Trainer(RunState):
             if cfg.train.threads:
                 torch.set_num_threads(int(cfg.train.threads))
             micro_batch_plan(cfg.train, env.world_size)  # a bad plan fails before data and models are built
+            if resume:
+                _refuse_moved_data(cfg, run_dir)
             torch.manual_seed(cfg.train.seed)
             components = build_components(cfg, env.device)
             return cls(components, cfg, run_dir, resume=resume, env=env, overwrite=overwrite, **kwargs)

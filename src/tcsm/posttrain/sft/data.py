@@ -135,6 +135,8 @@ def _messages(value) -> list[dict] | None:
 def read_sft_records(path, fields: tuple[str, str, str], template: ChatTemplate | None, bad: Counter):
     """(line number, prompt text, completion text) of every usable record; the others are counted in `bad`."""
     p = Path(path).expanduser()
+    if p.is_dir():
+        raise DataError(f"instruction data {str(p)!r} is a directory; give the JSONL file of records")
     if not p.is_file():
         raise DataError(f"instruction data file not found: {p}")
     prompt_key, completion_key, messages_key = fields
