@@ -15,11 +15,13 @@ The directory (`tcsm.checkpoint.EXPORT_FORMAT`):
 
 Everything that reads checkpoints (`load_checkpoint`, `train.init_from`, frozen references, `tcsm sample`,
 `tcsm eval`) reads an export directory too, through `tcsm.checkpoint`. It is built in a hidden temporary
-directory and renamed into place; an existing directory is replaced only if it holds an export.
+directory and renamed into place; an existing directory is replaced only if it holds an export, and then only
+the files that export wrote (the manifest's `written`).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from tcsm.builders.config import to_dict
@@ -220,17 +223,95 @@ def _card(ck, hf: dict, summary: dict | None, n_params: int, source_dir: Path) -
     return "\n".join(lines)
 
 
-def _prepare_target(out: Path, overwrite: bool) -> None:
+#: what exports wrote before their manifest listed every file (`written`): an older export's own files
+_OLD_EXPORT_FILES = (
+    "config.json", "model.safetensors", MANIFEST, *_CODE_FILES, "tokenizer.json", "tokenizer_config.json",
+    "sampling_config.json", "README.md", BASE_MODEL,
+)  # fmt: skip
+
+
+def _export_files(out: Path) -> set[str]:
+    """The top-level names the export in `out` wrote (its manifest's `written`, else the older exports' set)."""
+    try:
+        written = json.loads((out / MANIFEST).read_text(encoding="utf-8")).get("written")
+    except (OSError, ValueError, AttributeError):
+        written = None
+    if not isinstance(written, list):
+        written = _OLD_EXPORT_FILES
+    return {str(name).split("/")[0] for name in written} | {MANIFEST}
+
+
+def _listing(names) -> str:
+    names = sorted(names)
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+
+def _prepare_target(out: Path, overwrite: bool, keep_others: bool = False) -> list[str]:
+    """Refuse a target that is not new, empty or an earlier export to replace; returns the entries of `out` that
+    its earlier export did not write (kept in place: only with `keep_others`)."""
     if not out.exists():
-        return
+        return []
     if not out.is_dir():
         raise CheckpointError(f"export target {str(out)!r} is a file; choose a directory")
-    if any(out.iterdir()) and not is_export_dir(out):
-        raise CheckpointError(
-            f"export target {str(out)!r} exists and does not hold a tcsm export; choose a new or empty directory"
-        )
-    if is_export_dir(out) and not overwrite:
+    entries = {p.name for p in out.iterdir()}
+    if entries and not is_export_dir(out):
+        from tcsm.checkpoint import list_checkpoints
+
+        run = (out / "checkpoints").is_dir() or (out / "config.yaml").is_file() or list_checkpoints(out)
+        what = "holds a training run" if run else "exists and does not hold a tcsm export"
+        raise CheckpointError(f"export target {str(out)!r} {what}; choose a new or empty directory")
+    if entries and not overwrite:
         raise CheckpointError(f"export target {str(out)!r} already holds an export; pass --overwrite to replace it")
+    others = sorted(entries - _export_files(out))
+    if others and not keep_others:
+        raise CheckpointError(
+            f"export target {str(out)!r} holds files the earlier export did not write ({_listing(others)}); "
+            "--overwrite replaces only an export's own files: move those away, or add --keep-other-files to "
+            "replace the export and leave them in place"
+        )
+    return others
+
+
+def _write_failure(out: Path, e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    full = getattr(e, "errno", None) == errno.ENOSPC or "No space left" in text or "StorageFull" in text
+    cause = "the disk is full (no space left on device)" if full else f"{type(e).__name__}: {text}"
+    kept = "the earlier export there is unchanged" if is_export_dir(out) else "nothing was written"
+    return f"cannot write the export to {str(out)!r}: {cause}; {kept}" + ("; free space and export again" if full else "")
+
+
+def _swap_in(tmp: Path, out: Path, others: list[str]) -> None:
+    """Replace the export in `out` by the one built in `tmp`. Without other files the directories are swapped
+    whole; with them (--keep-other-files), the old export's entries move out and the new ones in, manifest last."""
+    if not out.exists():
+        os.replace(tmp, out)
+        return
+    trash = out.parent / f".old-export-{out.name}-{uuid.uuid4().hex[:8]}"
+    if not others:
+        os.replace(out, trash)
+        os.replace(tmp, out)
+        shutil.rmtree(trash, ignore_errors=True)
+        return
+    trash.mkdir()
+    old = sorted({p.name for p in out.iterdir()} - set(others), key=lambda n: n != MANIFEST)  # manifest first
+    new = sorted((p.name for p in tmp.iterdir()), key=lambda n: n == MANIFEST)  # manifest last
+    moved_out, moved_in = [], []
+    try:
+        for name in old:
+            os.replace(out / name, trash / name)
+            moved_out.append(name)
+        for name in new:
+            os.replace(tmp / name, out / name)
+            moved_in.append(name)
+    except BaseException:  # put the old export back as it was
+        for name in reversed(moved_in):
+            os.replace(out / name, tmp / name)
+        for name in reversed(moved_out):
+            os.replace(trash / name, out / name)
+        shutil.rmtree(trash, ignore_errors=True)
+        raise
+    shutil.rmtree(trash, ignore_errors=True)
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def export(
@@ -239,14 +320,16 @@ def export(
     *,
     ema: bool = True,
     overwrite: bool = False,
+    keep_other_files: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> Path:
     """Write the model of `run` (a run, checkpoints, step or export directory) to `out_dir` (see the module
     docstring); returns `out_dir`. Refuses a non-empty `out_dir` that is not an export, and an existing export
-    unless `overwrite`. What a user must know about the result (e.g. that transformers cannot load it) goes to
-    `log`, one line each (default: stderr)."""
+    unless `overwrite`; an overwrite replaces only the files the earlier export wrote (its manifest's `written`),
+    and refuses a directory holding others unless `keep_other_files`, which leaves them in place. What a user must
+    know about the result (e.g. that transformers cannot load it) goes to `log`, one line each (default: stderr)."""
     out = Path(out_dir)
-    _prepare_target(out, overwrite)
+    others = _prepare_target(out, overwrite, keep_other_files)
     ck = load_checkpoint(run, device="cpu", ema=ema)
     model, kind = ck.model, _kind(ck.model)
     hf = _hf_config(ck, model, kind)
@@ -278,18 +361,17 @@ def export(
         for name in ("config.json", "model.safetensors"):
             fsync_file(tmp / name)
             files[name] = {"sha256": file_digest(tmp / name), "bytes": (tmp / name).stat().st_size}
-        manifest = {"format": EXPORT_FORMAT, "step": int(ck.step), "files": files}
+        # `written`: every file of the export, so that a later --overwrite replaces these and nothing else.
+        written = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file()) + [MANIFEST]
+        manifest = {"format": EXPORT_FORMAT, "step": int(ck.step), "files": files, "written": written}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
         fsync_file(tmp / MANIFEST)
         fsync_dir(tmp)
-        if out.exists():
-            trash = out.parent / f".old-export-{out.name}-{uuid.uuid4().hex[:8]}"
-            os.replace(out, trash)
-            os.replace(tmp, out)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
+        _swap_in(tmp, out, others)
         fsync_dir(out.parent)
+    except (OSError, SafetensorError) as e:  # e.g. a full disk: one line, the earlier export untouched
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(_write_failure(out, e)) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 from tcsm.builders.registry import MODELS, BuildContext
@@ -133,6 +134,25 @@ class HFModelConfig:
     local_files_only: bool = field(default=False, metadata={"help": "never contact the Hub"})
 
 
+def _cannot_load(where: str, e: BaseException, local_only: bool) -> ConfigError:
+    """One line for a Hugging Face model that did not load: a local path that does not exist is named as such (not
+    as a malformed Hub repo id or an unreachable Hub), a Hub id as a Hub id."""
+    p = Path(where).expanduser()
+    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if p.is_file():
+        return ConfigError(f"model.name_or_path {where!r} is a file; give a Hugging Face model directory (config.json, weights)")
+    if not p.exists():
+        path_like = where.startswith(("/", "./", "../", "~", ".\\")) or where.count("/") > 1 or "\\" in where
+        if local_only or path_like:
+            hub = "" if path_like else " (to download a Hub model set model.local_files_only=false)"
+            return ConfigError(f"model.name_or_path {where!r}: no such directory{hub}")
+        return ConfigError(
+            f"model.name_or_path {where!r} is not a local directory, and as a Hugging Face Hub id it could not be "
+            f"loaded: {first}"
+        )
+    return ConfigError(f"model: cannot load {where!r}: {first}")
+
+
 def _register_hf() -> None:
     from tcsm.models.hf import HFCausalLM, HFMaskedLM
 
@@ -154,9 +174,7 @@ def _register_hf() -> None:
                     **{special_key: node["special_token_id"]},
                 )
             except (OSError, ValueError) as e:
-                raise ConfigError(
-                    f"model: cannot load {node['name_or_path']!r}: {str(e).splitlines()[0]}"
-                ) from None
+                raise _cannot_load(node["name_or_path"], e, node["local_files_only"]) from None
 
         return build
 
@@ -309,7 +327,7 @@ def build_hf_denoiser(node: dict, ctx: BuildContext):
     try:
         config = tf.AutoConfig.from_pretrained(where, local_files_only=local, trust_remote_code=False)
     except (OSError, ValueError) as e:
-        raise ConfigError(f"model: cannot load {where!r}: {str(e).splitlines()[0]}") from None
+        raise _cannot_load(where, e, local) from None
     kind = _hf_kind(config, node["kind"], where)
     auto = tf.AutoModelForMaskedLM if kind == "mlm" else tf.AutoModelForCausalLM
     tok = None

@@ -81,6 +81,68 @@ def _rank_tag() -> str:
     return f"[rank {os.environ.get('RANK', '0')}/{world}] " if world.isdigit() and int(world) > 1 else ""
 
 
+#: Under torchrun the launcher prints its own traceback when it is interrupted, after its workers have exited: a
+#: detached helper waits for the launcher to exit and then prints rank 0's line, so that the job ends with it.
+_AFTER_LAUNCHER = """import sys, time
+pid, line, end = int(sys.argv[1]), sys.argv[2], time.time() + 60
+def alive():
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+while alive() and time.time() < end:
+    time.sleep(0.05)
+sys.stderr.write(line + "\\n")
+"""
+
+
+def _resume_hint(argv: list[str], run_dir: str | None) -> str:
+    """"; resume with `…`" for a run that has a checkpoint, what to do for one that has none, or ""."""
+    if run_dir is None:
+        return ""
+    import warnings
+
+    from tcsm.checkpoint import resolve_checkpoint
+    from tcsm.errors import CheckpointError
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            resolve_checkpoint(run_dir)
+    except CheckpointError:
+        return f"; {run_dir} has no checkpoint yet, so there is nothing to resume: start the run again"
+    words = argv[:2] if argv[:1] == ["finetune"] else argv[:1]
+    prefix = "tcsm"
+    if "LOCAL_WORLD_SIZE" in os.environ:  # under torchrun: the same launch, resumed
+        nodes = int(os.environ.get("WORLD_SIZE", "1")) // max(int(os.environ["LOCAL_WORLD_SIZE"]), 1)
+        options = "with the same options" if nodes > 1 else f"--nproc_per_node {os.environ['LOCAL_WORLD_SIZE']}"
+        prefix = f"torchrun {options} -m tcsm.cli"
+    return f"; resume with `{prefix} {' '.join(words)} -o {run_dir} --resume`"
+
+
+def _say_interrupted(argv: list[str], e: KeyboardInterrupt) -> None:
+    """One line for Ctrl-C (or a rank whose launcher died): what happened and how to resume. Under torchrun rank 0
+    speaks for the job."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    gone = getattr(sys.modules.get("tcsm.train.distributed"), "launcher_gone", None)
+    what = f"stopped: its launcher (pid {gone}) is gone" if gone else "interrupted"
+    line = f"tcsm {argv[0]}: {what}{_resume_hint(argv, getattr(e, 'run_dir', None))}"
+    launcher = os.getppid()
+    if "LOCAL_WORLD_SIZE" in os.environ and not gone and os.path.isdir(f"/proc/{launcher}"):
+        import subprocess
+
+        try:
+            subprocess.Popen(
+                [sys.executable, "-c", _AFTER_LAUNCHER, str(launcher), line],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+            return
+        except OSError:
+            pass
+    print(line, file=sys.stderr, flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `tcsm` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -113,8 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         return int(args._run(args) or 0)
-    except KeyboardInterrupt:
-        print(f"tcsm {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        _say_interrupted(argv, e)
         return 130
     except _user_errors() as e:
         if os.environ.get("TCSM_TRACEBACK"):

@@ -81,11 +81,15 @@ def claim_run_dir(run_dir, *, resume: bool, overwrite: bool) -> None:
     import os
 
     from tcsm.errors import ConfigError
-    from tcsm.train.rundir import refuse_existing_run
+    from tcsm.train.rundir import refuse_existing_run, refuse_foreign_dir, refuse_run_in_use
 
     if overwrite and resume:
         raise ConfigError("give --resume (continue the run) or --overwrite (replace it), not both")
-    if os.environ.get("RANK", "0") == "0" and not (resume or overwrite):  # rank 0 alone owns the run directory
+    if os.environ.get("RANK", "0") != "0":  # rank 0 alone owns the run directory
+        return
+    refuse_foreign_dir(run_dir)  # an export or prepared shards is never a run directory
+    refuse_run_in_use(run_dir)  # a run still training is "in use", whatever else is true of it
+    if not (resume or overwrite):
         refuse_existing_run(run_dir)
 
 

@@ -13,12 +13,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run", help="run directory, its checkpoints/ directory, a step_* checkpoint or an export")
     p.add_argument("-o", "--output", required=True, help="directory to write (new, empty, or an earlier export)")
     p.add_argument("--weights", choices=("ema", "model"), default="ema", help="EMA (default, when saved) or raw")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --output")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier export in --output (only the files it wrote; refused if other files are there)",
+    )
+    p.add_argument(
+        "--keep-other-files",
+        action="store_true",
+        help="with --overwrite: leave files the earlier export did not write (your eval results, onnx/) in place",
+    )
 
 
 def run(args) -> int:
     from tcsm.builders.export import export
+    from tcsm.errors import ConfigError
 
-    out = export(args.run, args.output, ema=args.weights == "ema", overwrite=args.overwrite)
+    if args.keep_other_files and not args.overwrite:
+        raise ConfigError("--keep-other-files goes with --overwrite (it says what an overwrite leaves in place)")
+    out = export(
+        args.run, args.output, ema=args.weights == "ema", overwrite=args.overwrite,
+        keep_other_files=args.keep_other_files,
+    )  # fmt: skip
     print(f"exported {args.run} to {out} (load with tcsm.from_pretrained or transformers, trust_remote_code=True)")
     return 0

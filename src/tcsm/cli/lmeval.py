@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import sys
 
+from tcsm.errors import ConfigError
+
 __all__ = ["harness_from_checkpoint", "main", "register"]  # and TCSMLM, made on first use (needs lm-eval)
 
 
@@ -58,14 +60,14 @@ class _Adapter:
 
     def __init__(self, harness=None, tokenizer=None, checkpoint: str | None = None, **kwargs):
         if harness is None:
-            if checkpoint is None:
-                raise ValueError("model_args needs checkpoint=<run directory>")
-            conv = {"num_t": int, "seed": int, "steps": int, "block_length": int, "threshold": float,
-                    "temperature": float, "top_p": float}  # fmt: skip
-            kw = {k: conv[k](v) if k in conv and v is not None else v for k, v in kwargs.items()}
-            if isinstance(kw.get("no_ema"), str):
-                kw["no_ema"] = kw["no_ema"].lower() in ("1", "true", "yes")
-            harness, tokenizer = harness_from_checkpoint(checkpoint, **kw)
+            kw = _model_args(checkpoint, kwargs)
+            try:
+                harness, tokenizer = harness_from_checkpoint(checkpoint, **kw)
+            except ConfigError as e:  # a sampler setting given here, not the run's sample: section
+                key = str(e).split(" ", 1)[0].removeprefix("sample.")
+                if not str(e).startswith("sample.") or key not in kw:
+                    raise
+                raise ConfigError(f"model_args {key}: {str(e).split(' ', 1)[1]}") from None
         self.harness, self.tokenizer = harness, tokenizer
         self.stderrs: list[float] = []
 
@@ -100,6 +102,55 @@ class _Adapter:
             cut = min([text.find(s) for s in until if s and s in text], default=len(text))
             out.append(text[:cut])
         return out
+
+
+#: model_args besides checkpoint and the sampler settings (tcsm.sampling.settings.SampleSettings), with their types
+_OWN_ARGS = {"num_t": int, "seed": int, "device": str, "no_ema": bool}
+_SAMPLER_TYPES = {"steps": int, "block_length": int, "sir_k": int, "threshold": float, "temperature": float,
+                  "top_p": float, "sir_temperature": float, "final_argmax": bool, "cache": bool}  # fmt: skip
+
+
+def _model_args(checkpoint, kwargs: dict) -> dict:
+    """The keyword arguments of `harness_from_checkpoint` from lm-eval's model_args (strings, or values lm-eval
+    already converted); ConfigError (one line) for a missing checkpoint, an unknown key or a value of the wrong
+    type."""
+    import difflib
+    from dataclasses import fields
+
+    from tcsm.sampling.settings import SampleSettings
+
+    known = ["checkpoint", *_OWN_ARGS, *(f.name for f in fields(SampleSettings))]
+    for key in kwargs:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ConfigError(f"unknown model_args key {key!r}{hint}; known keys: {', '.join(known)}")
+    if checkpoint is None or str(checkpoint).strip() == "":
+        raise ConfigError(
+            "model_args needs checkpoint=<run directory or export>, e.g. --model_args checkpoint=runs/my-run,num_t=32"
+        )
+    out: dict = {}
+    for key, value in kwargs.items():
+        kind = _OWN_ARGS.get(key) or _SAMPLER_TYPES.get(key)
+        if value is None or kind is None or kind is str:
+            out[key] = value
+        elif kind is bool:
+            text = str(value).lower()
+            if text not in ("1", "true", "yes", "0", "false", "no"):
+                raise ConfigError(f"model_args {key}={value} is not true or false")
+            out[key] = text in ("1", "true", "yes")
+        else:
+            try:
+                number = float(value)
+                if kind is int and not number.is_integer():
+                    raise ValueError
+                out[key] = kind(number)
+            except (TypeError, ValueError):
+                what = "an integer" if kind is int else "a number"
+                raise ConfigError(f"model_args {key}={value} is not {what}") from None
+    if out.get("num_t") is not None and out["num_t"] < 2:
+        raise ConfigError(f"model_args num_t={out['num_t']}: must be >= 2 (a standard error needs two times)")
+    return out
 
 
 _REGISTERED: dict[str, type] = {}
@@ -142,7 +193,23 @@ def main(argv: list[str] | None = None) -> int:
         raise ImportError("the lm-eval adapter needs the extra: pip install 'tcsm[lmeval]'") from e
     if argv is not None:
         sys.argv = ["lm_eval", *argv]
-    cli_evaluate()
+    import os
+
+    from tcsm.cli import _one_line, _user_errors
+
+    try:
+        cli_evaluate()
+    except KeyboardInterrupt:
+        print("tcsm lmeval: interrupted", file=sys.stderr)
+        return 130
+    except (*_user_errors(), TypeError) as e:  # every mistake in model_args, tasks or settings: one line
+        if os.environ.get("TCSM_TRACEBACK"):
+            raise
+        text = _one_line(e)
+        if text.startswith("Tasks not found"):
+            text += " (lm_eval --tasks list shows the known tasks; --include_path DIR adds your own task files)"
+        print(f"tcsm lmeval: error: {text}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -213,6 +213,33 @@ class RowsBundle(DataBundle):
 # --- shared helpers --------------------------------------------------------------------------------------
 
 
+def wide_encoding(raw: bytes) -> str | None:
+    """"UTF-16" or "UTF-32" when `raw` is text in one of those with a byte-order mark, "UTF-16LE" / "UTF-16BE" for
+    the every-other-byte NULs of UTF-16 without one, else None: such a file is text in another encoding, not binary
+    (the name is the one iconv takes)."""
+    if raw.startswith((b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")):
+        return "UTF-32"
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return "UTF-16"
+    head = raw[: 4096 - 4096 % 2]
+    if len(head) >= 8:
+        even, odd = head[0::2], head[1::2]
+        for zeros, other, enc in ((odd, even, "UTF-16LE"), (even, odd, "UTF-16BE")):
+            if zeros.count(0) >= 0.9 * len(zeros) and other.count(0) <= 0.1 * len(other):
+                return enc
+    return None
+
+
+def not_utf8(p: Path, raw: bytes) -> str | None:
+    """The one-line message for a file in UTF-16 / UTF-32 (`wide_encoding`), with the command that converts it."""
+    enc = wide_encoding(raw)
+    if enc is None:
+        return None
+    return (
+        f"{p} is {enc} text, not UTF-8; convert it, e.g. iconv -f {enc} -t UTF-8 {p.name} > {p.stem}-utf8{p.suffix}"
+    )
+
+
 def read_text(path: str | Path, what: str = "text file", member: str | None = None) -> str:
     """Read a UTF-8 text file: plain, gzip (.gz) or a zip archive (.zip; its only or named member)."""
     p = Path(path).expanduser()
@@ -238,10 +265,16 @@ def read_text(path: str | Path, what: str = "text file", member: str | None = No
             text = p.read_text(encoding="utf-8")
     except DataError:
         raise
-    except (OSError, EOFError, zipfile.BadZipFile, UnicodeDecodeError, gzip.BadGzipFile) as e:
+    except UnicodeDecodeError as e:
+        wide = not_utf8(p, e.object[:4096] if isinstance(e.object, bytes) else b"")
+        raise DataError(wide or f"cannot read {what} {p}: {type(e).__name__}: {e}") from None
+    except (OSError, EOFError, zipfile.BadZipFile, gzip.BadGzipFile) as e:
         raise DataError(f"cannot read {what} {p}: {type(e).__name__}: {e}") from None
     if not text:
         raise DataError(f"{what} is empty: {p}")
+    wide = not_utf8(p, text[:4096].encode("utf-8")) if "\x00" in text[:4096] else None
+    if wide:  # UTF-16 without a byte-order mark decodes as UTF-8 with a NUL after every character
+        raise DataError(wide)
     return text
 
 

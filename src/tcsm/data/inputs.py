@@ -20,7 +20,7 @@ import gzip
 from collections.abc import Iterator
 from pathlib import Path
 
-from tcsm.data.base import DataError, jsonl_objects
+from tcsm.data.base import DataError, jsonl_objects, not_utf8
 
 __all__ = ["Source", "documents", "expand_inputs"]
 
@@ -99,6 +99,9 @@ def _read_text_file(p: Path) -> str:
             raw = f.read()
     except (OSError, EOFError) as e:
         raise DataError(f"cannot read {p}: {type(e).__name__}: {e}") from None
+    wide = not_utf8(p, raw[:4096])
+    if wide:  # UTF-16 holds NUL bytes too, but it is text
+        raise DataError(wide)
     if b"\x00" in raw[:65536]:
         raise DataError(f"{p} looks binary (it holds NUL bytes), not text; give text, .jsonl or .parquet files")
     try:

@@ -183,7 +183,7 @@ def build_shards(
                 f"{index['seq_len']} or prepare again with --seq-len {seq_len}"
             )
         seq_len = int(index["seq_len"])
-    seq_len = int(seq_len or 128)
+    seq_len = 128 if seq_len is None else int(seq_len)
     if seq_len < 1:
         raise DataError(f"data.seq_len must be a positive integer, got {seq_len}")
     splits = {}

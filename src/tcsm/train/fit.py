@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 from tcsm.evaluation.report import to_jsonable
@@ -18,6 +19,7 @@ def fit(cfg, run_dir, resume=None, log: Callable[[str], None] | None = None, ove
     import torch.distributed as dist
 
     from tcsm.train.distributed import setup_distributed, teardown_distributed
+    from tcsm.train.rundir import hold_run_dir
     from tcsm.train.trainer import Trainer
 
     env = setup_distributed(cfg.train.device)
@@ -26,12 +28,24 @@ def fit(cfg, run_dir, resume=None, log: Callable[[str], None] | None = None, ove
             box = [str(run_dir)]
             dist.broadcast_object_list(box, src=0)
             run_dir = box[0]
-        trainer = Trainer.from_config(cfg, run_dir, resume=resume, env=env, log=log, overwrite=overwrite)
-        summary = trainer.fit()
-        if env.is_main:
-            # A diverged run's inf perplexity is written as null: summary.json stays strict JSON.
-            text = json.dumps(to_jsonable(summary), indent=1, allow_nan=False)
-            (Path(run_dir) / "summary.json").write_text(text + "\n", encoding="utf-8")
+        # Rank 0 holds the run directory until its summary is written (tcsm.train.rundir: one writer per run).
+        with _names_run_dir(run_dir), hold_run_dir(run_dir, env.is_main):
+            trainer = Trainer.from_config(cfg, run_dir, resume=resume, env=env, log=log, overwrite=overwrite)
+            summary = trainer.fit()
+            if env.is_main:
+                # A diverged run's inf perplexity is written as null: summary.json stays strict JSON.
+                text = json.dumps(to_jsonable(summary), indent=1, allow_nan=False)
+                (Path(run_dir) / "summary.json").write_text(text + "\n", encoding="utf-8")
     finally:
         teardown_distributed()
     return summary
+
+
+@contextmanager
+def _names_run_dir(run_dir):
+    """A Ctrl-C (KeyboardInterrupt) leaving `fit` carries the run directory, for the CLI's "resume with" line."""
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        e.run_dir = str(run_dir)
+        raise

@@ -16,6 +16,7 @@ import inspect
 import math
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from tcsm.train.ema import EMA
 from tcsm.train.logs import LOGGERS, RunLogger, plot_curves
 from tcsm.train.optim import build_optimizer, lr_at, set_lr
 from tcsm.train.parallel import Parallel
-from tcsm.train.rundir import clear_run, refuse_existing_run, refuse_overwriting_sources
+from tcsm.train.rundir import clear_run, hold_run_dir, refuse_existing_run, refuse_overwriting_sources
 from tcsm.train.state import RunState
 
 __all__ = ["Trainer", "evaluate_model", "resolve_precision", "stream_seed"]
@@ -130,6 +131,20 @@ def _with_absolute_data_paths(cfg):
     return set_values(cfg, {f"data.{k}": v for k, v in changed.items()}) if changed else cfg
 
 
+def _refuse_moved_data(cfg, run_dir) -> None:
+    """A resumed run whose data files are gone (moved, deleted) is told the override that points it at their new
+    place, as `tcsm eval` is, instead of only that a file is not found."""
+    from tcsm.data import DataError, missing_paths
+
+    missing = missing_paths(OmegaConf.to_container(cfg.data, resolve=True))
+    if missing:
+        key, where = missing[0]
+        raise DataError(
+            f"the data of run {str(run_dir)!r} is not at data.{key}={where} any more (moved or deleted); resume with "
+            f"its new location as an override: --resume data.{key}=NEW_PATH"
+        )
+
+
 class _Progress:
     """Progress lines for output that is not a terminal: step, rate over this session, ETA. (The training loss is
     in metrics.jsonl; printed here it would be the one figure in nats among the bits of the validation lines.)"""
@@ -175,6 +190,16 @@ class Trainer(RunState):
         overwrite: bool = False,
     ):
         self.env = env if env is not None else setup_distributed(cfg.train.device)
+        # One writer per run directory, from before anything is written until `fit` returns (tcsm.train.rundir).
+        self._lock = hold_run_dir(run_dir, self.env.is_main)
+        try:
+            self._init(components, cfg, run_dir, resume, log, callbacks, overwrite)
+        except BaseException:
+            self._lock.release()
+            raise
+        weakref.finalize(self, self._lock.release)  # a trainer dropped without `fit` frees its directory
+
+    def _init(self, components, cfg, run_dir, resume, log, callbacks, overwrite):
         if not resume and self.env.is_main:  # before anything is written: never touch another run's directory
             if overwrite and run_dir is not None:
                 refuse_overwriting_sources(run_dir, cfg)  # the run it starts from must survive the overwrite
@@ -251,16 +276,19 @@ class Trainer(RunState):
         """Build the run's components from `cfg` (seeded: initial weights depend on train.seed only; DDP also
         broadcasts rank 0's weights) and wrap them in a Trainer; `kwargs` (log, callbacks) go to its constructor."""
         env = env if env is not None else setup_distributed(cfg.train.device)
-        if not resume and not overwrite and env.is_main:  # before data and models are built (rank 0 writes the run)
-            refuse_existing_run(run_dir)
-        if not resume and overwrite and env.is_main and run_dir is not None:
-            refuse_overwriting_sources(run_dir, cfg)
-        if cfg.train.threads:
-            torch.set_num_threads(int(cfg.train.threads))
-        micro_batch_plan(cfg.train, env.world_size)  # a bad plan fails before data and models are built
-        torch.manual_seed(cfg.train.seed)
-        components = build_components(cfg, env.device)
-        return cls(components, cfg, run_dir, resume=resume, env=env, overwrite=overwrite, **kwargs)
+        with hold_run_dir(run_dir, env.is_main):  # held while the components are built; the Trainer takes its own hold
+            if not resume and not overwrite and env.is_main:  # before data and models are built (rank 0 writes)
+                refuse_existing_run(run_dir)
+            if not resume and overwrite and env.is_main and run_dir is not None:
+                refuse_overwriting_sources(run_dir, cfg)
+            if cfg.train.threads:
+                torch.set_num_threads(int(cfg.train.threads))
+            micro_batch_plan(cfg.train, env.world_size)  # a bad plan fails before data and models are built
+            if resume:
+                _refuse_moved_data(cfg, run_dir)
+            torch.manual_seed(cfg.train.seed)
+            components = build_components(cfg, env.device)
+            return cls(components, cfg, run_dir, resume=resume, env=env, overwrite=overwrite, **kwargs)
 
     # ----------------------------------------------------------------------------------------------- state
 
@@ -453,7 +481,16 @@ class Trainer(RunState):
     progress_every_s = 60.0
 
     def fit(self) -> dict:
-        """Train until train.steps, with periodic validation, samples and checkpoints; returns a summary."""
+        """Train until train.steps, with periodic validation, samples and checkpoints; returns a summary. The run
+        directory's lock is released when it returns or fails (an earlier `fit` of this trainer may have freed it:
+        it is taken again)."""
+        try:
+            with hold_run_dir(self.run_dir, self.env.is_main):
+                return self._fit()
+        finally:
+            self._lock.release()
+
+    def _fit(self) -> dict:
         t, env = self.cfg.train, self.env
         if self.env.is_main and self.run_dir is not None:
             (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg), encoding="utf-8")

@@ -83,6 +83,8 @@ def read_pair_records(
     `bad`. Stored ids are the record's `prompt_ids` / `chosen_ids` / `rejected_ids` when its `tokenizer` equals
     `signature` (`tokenizer_signature` of the run's data), else None (the texts are tokenized)."""
     p = Path(path).expanduser()
+    if p.is_dir():
+        raise DataError(f"preference pairs {str(p)!r} is a directory; give the JSONL file `tcsm pairs` wrote")
     if not p.is_file():
         raise DataError(f"preference pairs file not found: {p}")
     prompt_key, chosen_key, rejected_key = fields

@@ -146,6 +146,8 @@ def preference_config(
     `train.init_from` the checkpoint directory (set train.init_from=null in `values` to start afresh)."""
     directory, base = source_run(checkpoint, "preference")
     pairs = Path(pairs).expanduser()
+    if pairs.is_dir():
+        raise ConfigError(f"preference pairs {str(pairs)!r} is a directory; give the JSONL file `tcsm pairs` wrote")
     if not pairs.is_file():
         raise ConfigError(f"preference pairs file not found: {pairs} (write one with `tcsm pairs`)")
     text_data = dict(base.get("data") or {})

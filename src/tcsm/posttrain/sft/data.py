@@ -89,8 +89,16 @@ class ChatTemplate:
         return f"'{role}'" in self.text or f'"{role}"' in self.text
 
     def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
-        return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt, bos_token="",
-                                    eos_token="")  # fmt: skip
+        """The template's text for `messages`; DataError (one line) when the template fails while rendering (an
+        undefined name or attribute, a filter on the wrong type, its own raise_exception)."""
+        try:
+            return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt, bos_token="",
+                                        eos_token="")  # fmt: skip
+        except DataError:
+            raise
+        except Exception as e:  # noqa: BLE001  (jinja2's UndefinedError, SecurityError, and the template's own errors)
+            text = " ".join(str(e).split()) or "no message"
+            raise DataError(f"chat template fails while rendering: {type(e).__name__}: {text}") from None
 
 
 def _template_text(source: str) -> str:
@@ -127,6 +135,8 @@ def _messages(value) -> list[dict] | None:
 def read_sft_records(path, fields: tuple[str, str, str], template: ChatTemplate | None, bad: Counter):
     """(line number, prompt text, completion text) of every usable record; the others are counted in `bad`."""
     p = Path(path).expanduser()
+    if p.is_dir():
+        raise DataError(f"instruction data {str(p)!r} is a directory; give the JSONL file of records")
     if not p.is_file():
         raise DataError(f"instruction data file not found: {p}")
     prompt_key, completion_key, messages_key = fields
@@ -168,8 +178,11 @@ def read_sft_records(path, fields: tuple[str, str, str], template: ChatTemplate 
         if not prompt or completion[-1]["role"] != "assistant":
             bad["conversation does not end with an assistant answer after a prompt"] += 1
             continue
-        head = template.render(prompt, add_generation_prompt=True)
-        whole = template.render(prompt + completion, add_generation_prompt=False)
+        try:
+            head = template.render(prompt, add_generation_prompt=True)
+            whole = template.render(prompt + completion, add_generation_prompt=False)
+        except DataError as e:  # the template, not this record, is at fault: say where it failed
+            raise DataError(f"{p}:{n}: {e}; fix data.chat_template (--chat-template)") from None
         if not whole.startswith(head) or not whole[len(head):].strip():
             bad["chat template does not extend the prompt with the answer"] += 1
             continue

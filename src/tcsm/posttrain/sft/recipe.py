@@ -17,6 +17,8 @@ def sft_config(checkpoint, records, preset: str | None = "finetune-sft", overrid
     pre-trained run's tokenizer and `train.init_from` the checkpoint (set train.init_from=null to start afresh)."""
     directory, base = source_run(checkpoint, "sft")
     records = Path(records).expanduser()
+    if records.is_dir():
+        raise ConfigError(f"--data {str(records)!r} is a directory; give the JSONL file of prompt/completion or messages records")
     if not records.is_file():
         raise ConfigError(f"instruction data file not found: {records}")
     text_data = dict(base.get("data") or {})
