@@ -158,15 +158,15 @@ def test_capping_only_the_z_weight_pushes_rare_tokens_to_zero_mass():
         assert both[0] < 0  # the capped estimator raises it back
 
 
-@pytest.mark.parametrize("kind", ["masked", "uniform"])
+@pytest.mark.parametrize("kind,tilt", [("masked", None), ("uniform", None), ("uniform", True)])
 @pytest.mark.parametrize("cap", [0.0, 1.0, None, math.inf])
-def test_zero_gradient_at_true_posterior_marginals_through_the_objective(kind, cap):
-    """§3.6 through `Objective` (κ_t-weighted, enumerated (x_1, x_t); uniform: the tilted default): the capped
+def test_zero_gradient_at_true_posterior_marginals_through_the_objective(kind, tilt, cap):
+    """§3.6 through `Objective` (κ_t-weighted, enumerated (x_1, x_t); uniform: untilted and tilted): the capped
     estimator's expected gradient w.r.t. a logits table θ(x_t) vanishes at the posterior marginals."""
     V, L = 3, 2
     toy = EnumerableDistribution.random(V, L, seed=3)
     path = make_path(kind, V)
-    objective = Objective(path, loss="score", weighting="kappa", weight_cap=cap)
+    objective = Objective(path, loss="score", weighting="kappa", weight_cap=cap, tilt=tilt)
     for t in (0.3, 0.75):
         e = Enumeration(toy, path, t)
         batch = e.data_batch()
@@ -206,8 +206,8 @@ def test_bad_caps_are_refused_when_the_objective_is_built():
 
 
 def test_tilted_uniform_estimator_is_capped_only_when_asked():
-    """§3.6: the uniform source's default (kernel-tilted) estimator keeps its gradient unless a cap is given; the
-    untilted one is capped at V by default."""
+    """§3.6: the kernel-tilted estimator (tilt=true) keeps its gradient unless a cap is given; the untilted one
+    (the default) is capped at V."""
     V = 6
     path = UniformPath(V)
     g = torch.Generator().manual_seed(5)
@@ -220,7 +220,7 @@ def test_tilted_uniform_estimator_is_capped_only_when_asked():
         (g_,) = torch.autograd.grad(score_loss(logits, batch, path, **kw).sum(), logits)
         return g_
 
-    torch.testing.assert_close(grad(), grad(weight_cap=math.inf), rtol=0, atol=0)
-    assert (grad(weight_cap="V") - grad()).abs().max() > 1e-6
+    torch.testing.assert_close(grad(tilt=True), grad(tilt=True, weight_cap=math.inf), rtol=0, atol=0)
+    assert (grad(tilt=True, weight_cap="V") - grad(tilt=True)).abs().max() > 1e-6
     torch.testing.assert_close(grad(tilt=False), grad(tilt=False, weight_cap="V"), rtol=0, atol=0)
     assert (grad(tilt=False) - grad(tilt=False, weight_cap=math.inf)).abs().max() > 1e-6

@@ -175,10 +175,9 @@ def score_loss(
     Log-probabilities are floored at `clamp` (MATH.md §8 item 6); `paper_scale=True` divides by V (§8 item 5).
     `divergence` is an alias of `bregman` (so that `Objective(divergence=...)` reaches it).
 
-    `tilt` (Monte Carlo target only; None, the default, tilts wherever the kernel varies over clean tokens at a
-    free position — the uniform source — and uses the paper's estimator (MATH.md §7) where the tilt would be the
-    identity — the masked source; `objective.kwargs.tilt=false` selects the paper's estimator for every source, as
-    measured in docs/benchmarks.md "Pre-training: quality"): the kernel-tilted estimator (k_min/k_z) ℓ_φ(m̃, z) with
+    `tilt` (Monte Carlo target only; default off — the capped untilted estimator below trains better on the
+    uniform source at equal CPU time, docs/benchmarks.md "At an equal CPU-hour budget"; `objective.kwargs.tilt=true`
+    selects it): the kernel-tilted estimator (k_min/k_z) ℓ_φ(m̃, z) with
     m̃ ∝ m/k, k_y = k_t(x_t^i | y). Since q^i ∝ p_1(· | x_1^{≠i}) k (MATH.md §1.3), z ~ q^i reweighted by
     k_min/k_z is z ~ r ∝ q^i/k = p_1(· | x_1^{≠i}), so by §3.4 applied to (r, m̃) its expectation is
     R · E_{z~r} Σ_y D_φ(r_y/r_z, m̃_y/m̃_z) + C with R = Σ_z q^i_z k_min/k_z independent of θ. The loss is linear
@@ -193,8 +192,8 @@ def score_loss(
 
     `weight_cap` (Monte Carlo target, GKL and IS generators; MATH.md §3.6): the value returned is the estimator's,
     its gradient is that of the estimator with every importance weight 1/m_y capped at c. None (the default) is
-    c = V for the untilted estimator and no cap under the tilt; "V" or a number sets c for both; `inf` is the
-    paper's gradient. The expected gradient vanishes at the posterior marginal for every c,
+    c = V for the untilted estimator (the default for both sources) and no cap under the tilt; "V" or a number
+    sets c for both; `inf` is the paper's gradient. The expected gradient vanishes at the posterior marginal for every c,
     so the optimum does not move, while the 1/m_z term's unbounded gradient — which stops masked L_score from
     training — is bounded by c.
     """
@@ -211,9 +210,9 @@ def score_loss(
         log_w = log_q - log_q_z.unsqueeze(-1)
         value = gen.divergence_log(log_w, log_m - log_m_z.unsqueeze(-1)).sum(-1)
         value = torch.where(keep, value, torch.zeros((), dtype=value.dtype, device=value.device))
-    elif tilt or (tilt is None and not path.kernel_flat_on_free):
-        # The tilt is the uniform source's own stabiliser; a cap on top is used only when asked for (measured in
-        # docs/benchmarks.md "At an equal CPU-hour budget").
+    elif tilt:
+        # A cap on top of the tilt is used only when asked for: measured, the two together diverge
+        # (docs/benchmarks.md "At an equal CPU-hour budget").
         cap = math.inf if weight_cap is None else _weight_cap(weight_cap, path.vocab_size)
         value = _tilted_mc_score(gen, rows, z, batch, path, clamp, cap)
     else:
