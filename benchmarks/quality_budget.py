@@ -143,6 +143,8 @@ PAIRED = [
     ("tcsm-masked-score", "tcsm-masked-distrib"),
     ("tcsm-masked-score-capped", "tcsm-masked-score"),
     ("tcsm-uniform-score-capped", "tcsm-uniform-distrib"),
+    ("tcsm-uniform-score-capped", "tcsm-uniform-score-tilt"),
+    ("tcsm-uniform-score-capped", "sedd"),
     ("tcsm-uniform-score-tilt-capped", "tcsm-uniform-distrib"),
     ("tcsm-uniform-score-tilt-capped", "tcsm-uniform-score-tilt"),
 ]
