@@ -55,6 +55,8 @@ class BregmanGenerator:
     """
 
     name: str = "bregman"
+    #: whether the Monte Carlo score estimator carries importance weights 1/m_y that `mc_score_surrogate` caps
+    importance_weighted: bool = False
 
     def phi(self, u: Tensor) -> Tensor:
         raise NotImplementedError
@@ -113,6 +115,7 @@ class GKL(BregmanGenerator):
     """φ(u) = u log u: generalized KL, D(u, v) = u log(u/v) − u + v (MATH.md §0)."""
 
     name = "gkl"
+    importance_weighted = True
 
     def phi(self, u):
         return torch.special.xlogy(u, u)
@@ -168,6 +171,7 @@ class ItakuraSaito(BregmanGenerator):
     """φ(u) = −log u: Itakura–Saito, D(u, v) = u/v − log(u/v) − 1 (+inf at u = 0)."""
 
     name = "is"
+    importance_weighted = True
 
     def phi(self, u):
         return -torch.log(u)

@@ -250,11 +250,9 @@ def _weight_cap(cap: float | str | None, vocab_size: int) -> float:
 
 def _with_capped_gradient(gen: BregmanGenerator, value: Tensor, log_m: Tensor, log_m_z: Tensor, cap: float) -> Tensor:
     """`value` (the estimator), carrying the gradient of the generator's capped surrogate instead of its own."""
-    if cap == math.inf:
+    if cap == math.inf or not gen.importance_weighted:
         return value
     surrogate = gen.mc_score_surrogate(log_m, log_m_z, cap)
-    if surrogate is None:
-        return value
     return value.detach() + (surrogate - surrogate.detach())
 
 
@@ -285,7 +283,7 @@ def _validate_score(bregman="gkl", divergence=None, weight_cap=None, **_) -> Non
         raise ValueError(f"weight_cap must be a number ≥ 0, 'V' or 'inf', not {weight_cap!r}") from None
     if not cap >= 0:
         raise ValueError(f"weight_cap must be ≥ 0 (0: V × cross-entropy, inf: the paper's), not {weight_cap!r}")
-    if cap != math.inf and gen.mc_score_surrogate(torch.zeros(1, 2), torch.zeros(1), cap) is None:
+    if cap != math.inf and not gen.importance_weighted:
         raise ValueError(f"weight_cap applies to the gkl and is score losses; the {gen.name!r} estimator has no "
                          "importance weights to cap (MATH.md §3.6)")
 
