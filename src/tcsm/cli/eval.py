@@ -53,15 +53,10 @@ def build_run_data(ckpt):
     override that points the run at their new place."""
     from omegaconf import OmegaConf
 
-    from tcsm.data import DataError, missing_paths
+    from tcsm.data import refuse_missing_data
 
-    missing = missing_paths(OmegaConf.to_container(ckpt.config.data, resolve=True))
-    if missing:
-        key, where = missing[0]
-        raise DataError(
-            f"the data of {str(ckpt.directory)!r} is not at data.{key}={where} any more (moved or deleted); give its "
-            f"new location as an override: tcsm eval RUN data.{key}=NEW_PATH"
-        )
+    refuse_missing_data(OmegaConf.to_container(ckpt.config.data, resolve=True), repr(str(ckpt.directory)),
+                        "give its new location as an override: tcsm eval RUN data.{key}=NEW_PATH")
     return ckpt.build_data()
 
 

@@ -45,7 +45,7 @@ from tcsm.data.synthetic import build_synthetic
 from tcsm.data.text import build_text
 from tcsm.data.text8 import build_text8
 
-__all__ = ["DATA_KINDS", "PATH_KEYS", "absolute_paths", "build_data", "data_kind", "missing_paths"]
+__all__ = ["DATA_KINDS", "PATH_KEYS", "absolute_paths", "build_data", "data_kind", "missing_paths", "refuse_missing_data"]
 
 DATA_KINDS: dict[str, Callable[..., DataBundle]] = {
     "synthetic": build_synthetic,
@@ -84,6 +84,17 @@ def missing_paths(cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
         for key in PATH_KEYS
         if key != "cache_dir" and isinstance(cfg.get(key), str) and cfg[key] and not Path(cfg[key]).expanduser().exists()
     ]
+
+
+def refuse_missing_data(cfg: Mapping[str, Any], owner: str, advice: str) -> None:
+    """A DataError when a run's data files are gone (moved, deleted), naming the first and `advice` — the override
+    that points the run at their new place, with `{key}` for the data key."""
+    missing = missing_paths(cfg)
+    if missing:
+        key, where = missing[0]
+        raise DataError(
+            f"the data of {owner} is not at data.{key}={where} any more (moved or deleted); {advice.format(key=key)}"
+        )
 
 
 def _to_dict(cfg: Any) -> dict[str, Any]:

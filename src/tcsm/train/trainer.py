@@ -134,15 +134,10 @@ def _with_absolute_data_paths(cfg):
 def _refuse_moved_data(cfg, run_dir) -> None:
     """A resumed run whose data files are gone (moved, deleted) is told the override that points it at their new
     place, as `tcsm eval` is, instead of only that a file is not found."""
-    from tcsm.data import DataError, missing_paths
+    from tcsm.data import refuse_missing_data
 
-    missing = missing_paths(OmegaConf.to_container(cfg.data, resolve=True))
-    if missing:
-        key, where = missing[0]
-        raise DataError(
-            f"the data of run {str(run_dir)!r} is not at data.{key}={where} any more (moved or deleted); resume with "
-            f"its new location as an override: --resume data.{key}=NEW_PATH"
-        )
+    refuse_missing_data(OmegaConf.to_container(cfg.data, resolve=True), f"run {str(run_dir)!r}",
+                        "resume with its new location as an override: --resume data.{key}=NEW_PATH")
 
 
 class _Progress:
