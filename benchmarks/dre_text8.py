@@ -28,8 +28,8 @@ from tcsm.builders.config import load_config
 from tcsm.builders.loading import load_checkpoint, load_reference_lm
 from tcsm.evaluation import generative_perplexity, sample_entropy
 from tcsm.posttrain.dre.likelihood import evaluate_energy_estimate
-from tcsm.posttrain.dre.recipe import dre_config
 from tcsm.posttrain.dre.sir import sample_sir
+from tcsm.recipes.dre.compose import dre_config
 from tcsm.sampling import may_cache, sample
 from tcsm.train.fit import fit
 

@@ -184,7 +184,7 @@ def causal_config(data: dict, args):
 
 
 def finetune_config(pre_dir: Path, B: int, beta: float, args):
-    from tcsm.posttrain.reward.recipe import reward_config
+    from tcsm.recipes.reward.compose import reward_config
 
     over = [
         f"train.steps={args.finetune_steps}",

@@ -1,4 +1,4 @@
-"""Baseline objectives (tcsm.baselines, MATH.md §2.2, §2.3): the SEDD-style score-entropy loss is an unbiased
+"""Baseline objectives (tcsm.objectives.sedd, MATH.md §2.2, §2.3): the SEDD-style score-entropy loss is an unbiased
 estimate of the time-reversal bound, tight and stationary at the exact posterior (checked by exact enumeration
 on a toy), and it is selectable from a run config."""
 
@@ -10,13 +10,13 @@ import math
 import pytest
 import torch
 
-from tcsm.baselines import ScoreEntropyObjective, score_entropy_loss
-from tcsm.errors import ConfigError
-from tcsm.likelihood import nelbo
+from tcsm.core.errors import ConfigError
+from tcsm.evaluation.exact import EnumerableDistribution
+from tcsm.evaluation.likelihood import nelbo
 from tcsm.objectives import Objective
+from tcsm.objectives.sedd import ScoreEntropyObjective, score_entropy_loss
 from tcsm.paths import LinearSchedule, make_path
 from tcsm.targets import DataTarget, TargetBatch
-from tcsm.toy import EnumerableDistribution
 
 F64 = torch.float64
 

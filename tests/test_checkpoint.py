@@ -13,7 +13,8 @@ from train_helpers import final_weights, restore_torch_threads, tiny  # noqa: F4
 
 from tcsm.builders.config import load_config
 from tcsm.builders.loading import load_checkpoint
-from tcsm.checkpoint import (
+from tcsm.core.errors import CheckpointError
+from tcsm.storage.checkpoint import (
     list_checkpoints,
     pack,
     read_state,
@@ -22,8 +23,7 @@ from tcsm.checkpoint import (
     unpack,
     validate_checkpoint,
 )
-from tcsm.errors import CheckpointError
-from tcsm.fileio import file_digest
+from tcsm.storage.fileio import file_digest
 from tcsm.train.trainer import Trainer
 
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tcsm.clean_losses import (
+from tcsm.models.clean import CleanLMConfig
+from tcsm.models.clean_families import build_clean_model
+from tcsm.objectives.clean_lm import (
     AutoregressiveLoss,
     MaskedLMLoss,
     PseudoLikelihoodLoss,
     conditional_nll,
     make_clean_loss,
 )
-from tcsm.models.clean import CleanLMConfig
-from tcsm.models.clean_families import build_clean_model
 from tcsm.targets.parametric import MLMTeacher, make_teacher
 
 V, L = 5, 6

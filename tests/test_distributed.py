@@ -9,7 +9,7 @@ import pytest
 from train_helpers import ROOT, assert_same_weights, cli_env, final_weights, restore_torch_threads, tiny  # noqa: F401
 
 from tcsm.builders.config import load_config
-from tcsm.errors import ConfigError
+from tcsm.core.errors import ConfigError
 from tcsm.train.distributed import DistEnv
 from tcsm.train.trainer import Trainer
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from tcsm.divergences import BREGMAN, F_DIVERGENCES, get_bregman, get_f_divergence
+from tcsm.objectives.divergences import BREGMAN, F_DIVERGENCES, get_bregman, get_f_divergence
 
 GENERATORS = ["gkl", "squared", "is", "logistic"]
 DIVERGENCES = ["kl", "reverse_kl", "is", "squared", "logistic"]

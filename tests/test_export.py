@@ -18,7 +18,7 @@ from tcsm.builders.config import load_config
 from tcsm.builders.loading import load_checkpoint
 from tcsm.cli import main
 from tcsm.cli.train import train
-from tcsm.errors import CheckpointError
+from tcsm.core.errors import CheckpointError
 from tcsm.train import Trainer
 
 transformers = pytest.importorskip("transformers")

@@ -28,8 +28,8 @@ from train_helpers import (  # noqa: F401
 )
 
 from tcsm.builders.config import load_config
-from tcsm.checkpoint import consolidate_shards, read_weights, resolve_checkpoint
-from tcsm.errors import CheckpointError, ConfigError
+from tcsm.core.errors import CheckpointError, ConfigError
+from tcsm.storage.checkpoint import consolidate_shards, read_weights, resolve_checkpoint
 from tcsm.train.logs import read_metrics
 from tcsm.train.trainer import Trainer
 

@@ -56,7 +56,7 @@ def test_finetune_cli_config_and_errors(tmp_path, capsys):
     from tcsm.builders.config import load_config
     from tcsm.cli import main
     from tcsm.cli.train import train
-    from tcsm.posttrain.reward.recipe import reward_config
+    from tcsm.recipes.reward.compose import reward_config
 
     pre = tmp_path / "pre"
     cfg = load_config(

@@ -16,19 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from tcsm.likelihood import (
-    BOUNDS,
-    bits_per_token,
-    bpc,
-    default_bound,
-    evaluate_bound,
-    nelbo,
-    nelbo_integrand,
-    nelbo_terms,
-    perplexity,
-    prior_term,
-    resolve_bound,
-)
+from tcsm.core.results import bits_per_token, bpc, perplexity
+from tcsm.evaluation.exact import EnumerableDistribution
+from tcsm.evaluation.likelihood import evaluate_bound, nelbo, nelbo_terms
 from tcsm.paths import (
     CosineSchedule,
     LinearSchedule,
@@ -37,7 +27,7 @@ from tcsm.paths import (
     PolynomialSchedule,
     UniformPath,
 )
-from tcsm.toy import EnumerableDistribution
+from tcsm.paths.bounds import BOUNDS, default_bound, nelbo_integrand, prior_term, resolve_bound
 
 W_MAX = 30.0  # t = 1 − e^{-30}: the bound's integrand beyond it is O(30 e^{-30})
 
@@ -301,7 +291,7 @@ def test_nelbo_is_tight_within_monte_carlo_error(kind, bound, sched):
 def test_weighted_xt_sampler_reproduces_the_kernel(kind):
     """§1.1: the event-split x_t draw of `nelbo_terms` (weights P(E)/q, P(not E)/(1 − q)) has weighted law
     exactly p_{t|1}(·|x_1) = Π_i k_t(x_t^i | x_1^i), also near t = 1 where corruption is rare."""
-    from tcsm.likelihood import _sample_xt
+    from tcsm.evaluation.likelihood import _sample_xt
 
     V, L, n = 3, 3, 100_000
     path = MaskedPath(V) if kind == "masked" else UniformPath(V)
@@ -419,7 +409,7 @@ def test_generator_reproducibility_and_chunking():
 
 def test_reversal_bound_is_sliced_without_changing_values(monkeypatch):
     """The [rows, L, V] float64 temporaries of §2.3 B are built in row slices (memory); values are unchanged."""
-    import tcsm.paths as pt
+    import tcsm.paths.uniform as pt
 
     V, L = 5, 4
     path = UniformPath(V)
@@ -587,7 +577,7 @@ def test_every_evaluation_is_a_typed_result_the_trainer_formats():
     model's metric by its own word; an evaluator that forgets a required entry fails by name where it is called."""
     from types import SimpleNamespace
 
-    from tcsm.likelihood import EvalResult, summarise_nats
+    from tcsm.core.results import EvalResult, summarise_nats
     from tcsm.train.trainer import evaluate_model
 
     r = summarise_nats(torch.tensor([1.0, 2.0]), 4, "masked")

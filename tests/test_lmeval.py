@@ -18,10 +18,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent / "sampling"))
 from test_samplers import exact_denoiser
 
+from tcsm.evaluation.exact import EnumerableDistribution
 from tcsm.evaluation.harness import DiffusionHarness
 from tcsm.paths import MaskedPath
 from tcsm.sampling.settings import SampleSettings
-from tcsm.toy import EnumerableDistribution
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 DATA = Path(os.environ.get("TCSM_DATA_DIR") or Path(__file__).resolve().parents[1] / ".." / "shared" / "data")

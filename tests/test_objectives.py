@@ -12,19 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from tcsm.divergences import BREGMAN, BregmanGenerator
-from tcsm.objectives import (
-    LOSSES,
-    WEIGHTINGS,
-    Objective,
-    distrib_loss,
-    reduce_loss,
-    score_loss,
-)
+from tcsm.evaluation.exact import EnumerableDistribution
+from tcsm.objectives import LOSSES, WEIGHTINGS, Objective, distrib_loss, reduce_loss, score_loss
+from tcsm.objectives.divergences import BREGMAN, BregmanGenerator
 from tcsm.paths import MaskedPath, PolynomialSchedule, UniformPath, make_path
+from tcsm.paths.timesteps import sample_times
 from tcsm.targets import ConditionalTarget, DataTarget, TargetBatch
-from tcsm.timesteps import sample_times
-from tcsm.toy import EnumerableDistribution
 
 F64 = torch.float64
 
@@ -578,7 +571,7 @@ def test_batch_without_loss_positions(loss):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, F64])
 def test_times_never_round_up_to_one(monkeypatch, antithetic, dtype):
     """A float64 draw just below 1 must not become t = 1 after the cast (κ_1 is the floored 1/tiny ≈ 1e38)."""
-    import tcsm.timesteps as ts
+    import tcsm.paths.timesteps as ts
 
     def rand(size, **kwargs):  # every uniform draw is 1 − 1e-12
         return torch.full(size if isinstance(size, tuple) else (size,), 1 - 1e-12, dtype=F64)

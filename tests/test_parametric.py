@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from tcsm.evaluation.exact import EnumerableDistribution
 from tcsm.models.clean_families import build_clean_model
 from tcsm.objectives import Objective, distrib_loss, score_loss
 from tcsm.paths import MaskedPath, UniformPath
@@ -21,7 +22,6 @@ from tcsm.targets.ar import (
 )
 from tcsm.targets.base import ConditionalTarget
 from tcsm.targets.parametric import ARTeacher, HollowTeacher, ParametricTarget, make_teacher
-from tcsm.toy import EnumerableDistribution
 
 PATHS = {"masked": MaskedPath, "uniform": UniformPath}
 
@@ -287,7 +287,7 @@ _STUDENT = [
 @pytest.mark.parametrize("family", ["mlm", "causal", "hollow"])
 def test_train_teacher_then_student_from_config(tmp_path, family):
     from tcsm.builders.config import load_config
-    from tcsm.errors import CheckpointError, ConfigError
+    from tcsm.core.errors import CheckpointError, ConfigError
     from tcsm.train.trainer import Trainer
 
     teacher_dir = tmp_path / family

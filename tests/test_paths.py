@@ -9,6 +9,7 @@ import itertools
 import pytest
 import torch
 
+from tcsm.evaluation.exact import EnumerableDistribution
 from tcsm.paths import (
     CosineSchedule,
     LinearSchedule,
@@ -20,7 +21,6 @@ from tcsm.paths import (
     make_schedule,
 )
 from tcsm.targets import ConditionalTarget, DataTarget
-from tcsm.toy import EnumerableDistribution
 
 F64 = torch.float64
 

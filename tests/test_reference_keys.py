@@ -8,7 +8,7 @@ import pytest
 
 from tcsm.builders import config
 from tcsm.builders.config import load_config, without_reference
-from tcsm.errors import ConfigError
+from tcsm.core.errors import ConfigError
 
 
 @pytest.mark.parametrize(

@@ -197,7 +197,7 @@ def test_eval_genppl_curve_and_samples_file(run_dir, hf_reference, capsys, tmp_p
 def test_eval_genppl_with_a_tcsm_causal_reference(run_dir, capsys, tmp_path):
     from tcsm.builders.config import load_config, to_dict
     from tcsm.builders.loading import load_checkpoint
-    from tcsm.checkpoint import save_checkpoint
+    from tcsm.storage.checkpoint import save_checkpoint
 
     own = load_checkpoint(run_dir)
     cfg = load_config(base={**to_dict(own.config), "model": {"name": "causal", "preset": "small", "d_model": 16,

@@ -10,11 +10,11 @@ import pytest
 import torch
 from test_objectives import Enumeration, _grad_at
 
-from tcsm.divergences import BREGMAN
+from tcsm.evaluation.exact import EnumerableDistribution
 from tcsm.objectives import Objective, score_loss
+from tcsm.objectives.divergences import BREGMAN
 from tcsm.paths import UniformPath, make_path
 from tcsm.targets import TargetBatch
-from tcsm.toy import EnumerableDistribution
 
 F64 = torch.float64
 CAPS = [0.0, 0.5, 2.0, 5.0, 20.0, math.inf]

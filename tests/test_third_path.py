@@ -7,7 +7,7 @@ The source is a mask-plus-uniform mixture path (MATH.md §1.1 with another sourc
 Its admissible bound is the DFM bound (MATH.md §2.3 A), which holds for every mixture path: the conditional
 rates κ_t(1[y = x_1] − 1[y = x_t]) generate the path for any π (§1.2), the model CTMC jumps at rate κ_t m(y)
 to clean y ≠ x_t, and §2.1 gives G = Σ_i [x_t^i = x_1^i] (1 − m(x_t^i)) + [x_t^i ≠ x_1^i] (−log m(x_1^i) − m(x_t^i)),
-with m(M) = 0. Nothing in tcsm.likelihood or tcsm.sampling knows this path; the tests check the identities
+with m(M) = 0. Nothing in tcsm.evaluation.likelihood or tcsm.sampling knows this path; the tests check the identities
 that hold for any correct path implementation, by exact enumeration (V = 3, L = 2).
 """
 
@@ -18,10 +18,11 @@ import math
 import pytest
 import torch
 
-from tcsm.likelihood import _sample_xt, default_bound, nelbo, nelbo_terms
+from tcsm.evaluation.exact import EnumerableDistribution
+from tcsm.evaluation.likelihood import _sample_xt, nelbo, nelbo_terms
 from tcsm.paths import ProbabilityPath
+from tcsm.paths.bounds import default_bound
 from tcsm.sampling import may_cache, sample
-from tcsm.toy import EnumerableDistribution
 
 
 def _col(v, like):

@@ -9,7 +9,7 @@ import pytest
 from train_helpers import restore_torch_threads, tiny  # noqa: F401
 
 from tcsm.builders.config import load_config
-from tcsm.errors import ConfigError
+from tcsm.core.errors import ConfigError
 from tcsm.train.logs import read_metrics
 from tcsm.train.trainer import Trainer
 

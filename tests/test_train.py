@@ -27,7 +27,7 @@ from train_helpers import (  # noqa: F401
 
 from tcsm.builders.config import load_config
 from tcsm.builders.registry import OBJECTIVES
-from tcsm.errors import CheckpointError, ConfigError, TrainingError
+from tcsm.core.errors import CheckpointError, ConfigError, TrainingError
 from tcsm.train.ema import EMA
 from tcsm.train.logs import read_metrics
 from tcsm.train.optim import lr_at, param_groups

@@ -71,7 +71,7 @@ def test_every_way_of_starting_a_run_refuses_an_existing_one(tmp_path, capsys):
     """The check lives in the trainer's run-directory setup, so quickstart, recipes and the Python API inherit it;
     a directory holding other files (not a run) is used without touching them."""
     from tcsm.builders.config import load_config
-    from tcsm.errors import ConfigError
+    from tcsm.core.errors import ConfigError
     from tcsm.train.fit import fit
     from tcsm.train.trainer import Trainer
 
@@ -113,7 +113,8 @@ def test_finetune_recipe_into_an_existing_run_is_refused(tmp_path, capsys):
 
 
 def test_a_diverging_run_reports_an_infinite_perplexity_instead_of_crashing(tmp_path, capsys):
-    from tcsm.likelihood import evaluate_bound, summarise_nats
+    from tcsm.core.results import summarise_nats
+    from tcsm.evaluation.likelihood import evaluate_bound
     from tcsm.paths import make_path
 
     assert summarise_nats(torch.tensor([900.0, 1000.0]), 4, "masked")["perplexity"] == math.inf
@@ -138,7 +139,7 @@ def test_eval_prints_inf_for_a_perplexity_beyond_the_float_range(tmp_path, capsy
     # How far a diverged run lands depends on the device (a GPU run of the test above passed e^709): beyond it the
     # printed line must still say inf, while the JSON (which has no inf) says null.
     import tcsm.train.trainer as trainer_mod
-    from tcsm.likelihood import summarise_nats
+    from tcsm.core.results import summarise_nats
 
     run = tmp_path / "run"
     assert main(["train", "-o", str(run), *tiny("train.steps=2", "train.eval_every=0", "train.sample_every=0")]) == 0
@@ -157,7 +158,7 @@ def test_eval_prints_inf_for_a_perplexity_beyond_the_float_range(tmp_path, capsy
 def test_a_full_disk_during_a_save_names_the_last_good_checkpoint(tmp_path, capsys, monkeypatch, how):
     from safetensors import SafetensorError
 
-    import tcsm.checkpoint as ck
+    import tcsm.storage.checkpoint as ck
     from tcsm.builders.loading import load_checkpoint
 
     real = ck.save_file
@@ -511,8 +512,8 @@ def test_reward_domains_against_data_kinds():
     from types import SimpleNamespace
 
     from tcsm.builders.config import load_config
-    from tcsm.errors import ConfigError
-    from tcsm.posttrain.reward.builder import check_reward_domain
+    from tcsm.core.errors import ConfigError
+    from tcsm.recipes.reward.builder import check_reward_domain
 
     grid = SimpleNamespace(config=load_config("demo-grid"), vocab_size=128, seq_len=2)
     text = SimpleNamespace(config=load_config("text8-prefix-small"), vocab_size=27, seq_len=256)

@@ -132,7 +132,7 @@ def test_train_refuses_an_export_or_a_shards_folder_as_its_run_directory(exporte
     assert _snapshot(shards) == before
     # the Python API too (the check lives with the trainer's lock)
     from tcsm.builders.config import load_config
-    from tcsm.errors import ConfigError
+    from tcsm.core.errors import ConfigError
     from tcsm.train.fit import fit
 
     with pytest.raises(ConfigError, match="not a run"):
@@ -341,7 +341,7 @@ def _lmeval_task(tmp_path: Path) -> Path:
 
 def test_lm_eval_adapter_errors_are_one_line(run, tmp_path, capsys, monkeypatch):
     from tcsm.cli.lmeval import _Adapter
-    from tcsm.errors import TCSMError
+    from tcsm.core.errors import TCSMError
 
     bad = {
         (): "needs checkpoint=",
@@ -383,7 +383,7 @@ def test_lm_eval_cli_errors_are_one_line(run, tmp_path, capsys, monkeypatch):
 
 def test_a_chat_template_that_fails_while_rendering_is_one_line(tmp_path, capsys):
     from tcsm.data import DataError
-    from tcsm.posttrain.sft.data import build_sft
+    from tcsm.data.sft import build_sft
 
     text = tmp_path / "text.txt"
     text.write_text("the cat sat on a mat. Q: A: the dog ran to me.\n" * 40)
@@ -425,12 +425,12 @@ def test_a_missing_local_model_directory_is_not_called_a_hub_repo_id(tmp_path, c
 
 
 def test_a_directory_given_as_data_is_called_a_directory(run, tmp_path):
+    from tcsm.core.errors import ConfigError
     from tcsm.data import DataError
-    from tcsm.errors import ConfigError
-    from tcsm.posttrain.preference.pairs import read_pair_records
-    from tcsm.posttrain.preference.recipe import preference_config
-    from tcsm.posttrain.sft.data import read_sft_records
-    from tcsm.posttrain.sft.recipe import sft_config
+    from tcsm.data.pairs import read_pair_records
+    from tcsm.data.sft import read_sft_records
+    from tcsm.recipes.preference.compose import preference_config
+    from tcsm.recipes.sft.compose import sft_config
 
     folder = tmp_path / "records"
     folder.mkdir()

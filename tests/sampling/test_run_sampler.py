@@ -11,7 +11,7 @@ from train_helpers import restore_torch_threads, tiny  # noqa: F401
 from tcsm.builders.config import load_config
 from tcsm.cli import main
 from tcsm.cli.train import train
-from tcsm.errors import ConfigError
+from tcsm.core.errors import ConfigError
 from tcsm.sampling.settings import SampleSettings
 from tcsm.train.trainer import Trainer
 
@@ -83,7 +83,7 @@ def test_sample_settings_check_themselves():
 
 
 def _saved_config(run):
-    from tcsm.checkpoint import read_state, resolve_checkpoint
+    from tcsm.storage.checkpoint import read_state, resolve_checkpoint
 
     return read_state(resolve_checkpoint(run))[1]["config"]
 

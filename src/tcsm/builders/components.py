@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from tcsm.builders.registry import MODELS, OBJECTIVES, TARGETS, BuildContext
-from tcsm.errors import ConfigError
-from tcsm.protocols import TrainerCallback
+from tcsm.core.errors import ConfigError
+from tcsm.core.protocols import TrainerCallback
 
 __all__ = [
     "Components",
@@ -73,7 +73,7 @@ class DataInfo:
 
     def check_compatible(self, bundle, where: str) -> None:
         """Raise CheckpointError unless `bundle` uses the token ids this model was trained on."""
-        from tcsm.errors import CheckpointError
+        from tcsm.core.errors import CheckpointError
 
         other = DataInfo.of(bundle)
         if self.tokenizer_identity and other.tokenizer_identity and self.tokenizer_identity != other.tokenizer_identity:
@@ -115,7 +115,7 @@ def build_path(cfg, vocab_size: int):
 @dataclass
 class Components:
     """What a Trainer trains: data, path, model, target and objective, plus the optional frozen `reference` the
-    trainer hands to the objective on every step and the `callbacks` it calls (`tcsm.protocols`)."""
+    trainer hands to the objective on every step and the `callbacks` it calls (`tcsm.core.protocols`)."""
 
     data: Any
     path: Any

@@ -31,7 +31,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from tcsm.builders.registry import MODELS, OBJECTIVES, TARGETS, import_plugins
-from tcsm.errors import ConfigError
+from tcsm.core.errors import ConfigError
 
 __all__ = [
     "COMPONENTS",
@@ -548,7 +548,7 @@ def _architecture_of_init_from(raw: DictConfig, overrides: DictConfig) -> DictCo
     where = OmegaConf.select(raw, "train.init_from", default=None)
     if not where:
         return raw
-    from tcsm.checkpoint import read_state, resolve_checkpoint
+    from tcsm.storage.checkpoint import read_state, resolve_checkpoint
 
     source = read_state(resolve_checkpoint(where))[1].get("config")
     model = without_reference(source).get("model") if isinstance(source, dict) else None

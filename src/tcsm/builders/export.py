@@ -1,7 +1,7 @@
 """Models that leave tcsm: `export(run, out_dir)` writes a trained run as a Hugging Face-style directory, and
 `from_pretrained(out_dir)` reads it back (no `transformers` needed).
 
-The directory (`tcsm.checkpoint.EXPORT_FORMAT`):
+The directory (`tcsm.storage.checkpoint.EXPORT_FORMAT`):
 
     config.json              model_type "tcsm", auto_map for trust_remote_code, the architecture, the sampler
                              defaults (`sampling`) and, under `tcsm`, the run's config, data and step
@@ -14,7 +14,7 @@ The directory (`tcsm.checkpoint.EXPORT_FORMAT`):
     manifest.json            sha256 of config.json and model.safetensors; written last
 
 Everything that reads checkpoints (`load_checkpoint`, `train.init_from`, frozen references, `tcsm sample`,
-`tcsm eval`) reads an export directory too, through `tcsm.checkpoint`. It is built in a hidden temporary
+`tcsm eval`) reads an export directory too, through `tcsm.storage.checkpoint`. It is built in a hidden temporary
 directory and renamed into place; an existing directory is replaced only if it holds an export, and then only
 the files that export wrote (the manifest's `written`).
 """
@@ -37,9 +37,9 @@ from safetensors.torch import save_file
 
 from tcsm.builders.config import to_dict
 from tcsm.builders.loading import load_checkpoint
-from tcsm.checkpoint import EXPORT_FORMAT, MANIFEST, is_export_dir
-from tcsm.errors import CheckpointError
-from tcsm.fileio import file_digest, fsync_dir, fsync_file
+from tcsm.core.errors import CheckpointError
+from tcsm.storage.checkpoint import EXPORT_FORMAT, MANIFEST, is_export_dir
+from tcsm.storage.fileio import file_digest, fsync_dir, fsync_file
 
 __all__ = ["char_tokenizer_json", "export", "from_pretrained"]
 
@@ -255,7 +255,7 @@ def _prepare_target(out: Path, overwrite: bool, keep_others: bool = False) -> li
         raise CheckpointError(f"export target {str(out)!r} is a file; choose a directory")
     entries = {p.name for p in out.iterdir()}
     if entries and not is_export_dir(out):
-        from tcsm.checkpoint import list_checkpoints
+        from tcsm.storage.checkpoint import list_checkpoints
 
         run = (out / "checkpoints").is_dir() or (out / "config.yaml").is_file() or list_checkpoints(out)
         what = "holds a training run" if run else "exists and does not hold a tcsm export"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tcsm.builders.loading import LoadedCheckpoint, load_checkpoint
-from tcsm.errors import CheckpointError
+from tcsm.core.errors import CheckpointError
 from tcsm.targets.base import freeze
 
 __all__ = ["DENOISER", "Frozen", "load_frozen"]

@@ -1,6 +1,6 @@
 """Checkpoints → objects: a trained model with its config, path and data (the build layer's loading side).
 
-`tcsm.checkpoint` reads and writes checkpoint directories; this module turns one into a ready model through
+`tcsm.storage.checkpoint` reads and writes checkpoint directories; this module turns one into a ready model through
 the same builders a run uses, so every caller (trainer `init_from`, targets' frozen references, CLI, demos)
 loads a model in one way.
 """
@@ -16,8 +16,8 @@ import torch
 
 from tcsm.builders.components import build_data, build_model_for_checkpoint, build_path
 from tcsm.builders.config import load_config, to_dict
-from tcsm.checkpoint import load_weights_into, read_state, read_weights, resolve_checkpoint
-from tcsm.errors import CheckpointError
+from tcsm.core.errors import CheckpointError
+from tcsm.storage.checkpoint import load_weights_into, read_state, read_weights, resolve_checkpoint
 
 __all__ = [
     "LoadedCheckpoint",

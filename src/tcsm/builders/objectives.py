@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from tcsm.builders.registry import OBJECTIVES, BuildContext
-from tcsm.clean_losses import CLEAN_LOSSES, MaskedLMLoss
-from tcsm.errors import ConfigError
+from tcsm.core.errors import ConfigError
+from tcsm.objectives.clean_lm import CLEAN_LOSSES, MaskedLMLoss
 
 __all__ = ["CleanObjectiveConfig", "SEDDObjectiveConfig", "TCSMObjectiveConfig"]
 
@@ -128,7 +128,7 @@ class SEDDObjectiveConfig:
 @OBJECTIVES.register("sedd", schema=SEDDObjectiveConfig)
 def build_sedd_objective(node: dict, ctx: BuildContext):
     """SEDD-style score entropy (mean-parameterised): train on the path's NELBO integrand (MATH.md §2.3 B)."""
-    from tcsm.baselines import ScoreEntropyObjective
+    from tcsm.objectives.sedd import ScoreEntropyObjective
     from tcsm.targets.base import DataTarget
 
     if ctx.target is not None and not isinstance(ctx.target, DataTarget):

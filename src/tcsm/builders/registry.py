@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tcsm.errors import ConfigError
+from tcsm.core.errors import ConfigError
 
 __all__ = ["MODELS", "OBJECTIVES", "TARGETS", "BuildContext", "Entry", "Registry", "import_plugins"]
 
@@ -131,11 +131,11 @@ BUILDER_MODULES = (
     "tcsm.builders.models",
     "tcsm.builders.targets",
     "tcsm.builders.objectives",
-    "tcsm.posttrain.dre.builder",
-    "tcsm.posttrain.preference.builder",
-    "tcsm.posttrain.sft.builder",
-    "tcsm.posttrain.distill.builder",
-    "tcsm.posttrain.reward.builder",
+    "tcsm.recipes.dre.builder",
+    "tcsm.recipes.preference.builder",
+    "tcsm.recipes.sft.builder",
+    "tcsm.recipes.distill.builder",
+    "tcsm.recipes.reward.builder",
 )
 
 MODELS = Registry("model", homes=BUILDER_MODULES)

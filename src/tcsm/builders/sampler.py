@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from tcsm.builders.config import to_dict
-from tcsm.errors import ConfigError
+from tcsm.core.errors import ConfigError
 from tcsm.sampling.settings import SampleSettings, draw
 
 __all__ = ["RunSampler", "build_sampler", "sample_settings"]
@@ -50,7 +50,7 @@ class RunSampler:
     @property
     def own(self) -> bool:
         """Whether the objective brings its own sampler (SIR, left to right) instead of the path samplers."""
-        from tcsm.protocols import Samples
+        from tcsm.core.protocols import Samples
 
         return isinstance(self.objective, Samples)
 

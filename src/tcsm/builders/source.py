@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tcsm.builders.config import without_reference
-from tcsm.checkpoint import read_state, resolve_checkpoint
-from tcsm.errors import CheckpointError
+from tcsm.core.errors import CheckpointError
+from tcsm.storage.checkpoint import read_state, resolve_checkpoint
 
 __all__ = ["NOT_DENOISERS", "source_run"]
 

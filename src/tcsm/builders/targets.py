@@ -1,6 +1,6 @@
 """Pre-training target builders: `target.name` → a Target (data, parametric teacher), loading the frozen models
 they need from checkpoints here, so that the target classes take model objects only. The post-training targets
-register in their method's builder (`tcsm.posttrain.reward.builder`, `tcsm.posttrain.distill.builder`)."""
+register in their method's builder (`tcsm.recipes.reward.builder`, `tcsm.recipes.distill.builder`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from tcsm.builders.frozen import load_frozen
 from tcsm.builders.registry import TARGETS, BuildContext
-from tcsm.errors import ConfigError, TCSMError
+from tcsm.core.errors import ConfigError, TCSMError
 from tcsm.targets.parametric import TEACHERS, ParametricTarget, Teacher, make_teacher
 
 __all__ = ["ParametricTargetConfig", "load_teacher"]

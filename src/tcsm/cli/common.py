@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tcsm.fileio import write_atomically
+from tcsm.storage.fileio import write_atomically
 
 #: the preset `tcsm train` runs without --config
 DEFAULT_PRESET = "synthetic"
@@ -80,7 +80,7 @@ def claim_run_dir(run_dir, *, resume: bool, overwrite: bool) -> None:
     the whole run has been built, so a run that cannot start never costs the old one its files."""
     import os
 
-    from tcsm.errors import ConfigError
+    from tcsm.core.errors import ConfigError
     from tcsm.train.rundir import refuse_existing_run, refuse_foreign_dir, refuse_run_in_use
 
     if overwrite and resume:
@@ -99,7 +99,7 @@ def check_overwrite(args) -> None:
     (tcsm.train.rundir.refuse_overwriting_sources) when DIR is the run the new one starts from."""
     if not getattr(args, "overwrite", False):
         return
-    from tcsm.errors import ConfigError
+    from tcsm.core.errors import ConfigError
 
     if not getattr(args, "out", None):
         raise ConfigError("--overwrite needs -o DIR, the run directory to replace")
@@ -112,7 +112,7 @@ def check_writable(path) -> None:
     permission); an existing file is left as it is."""
     import os
 
-    from tcsm.errors import ConfigError
+    from tcsm.core.errors import ConfigError
 
     p = Path(path)
     if p.is_dir():
@@ -151,8 +151,8 @@ def resume_point(args, run_dir: Path | None) -> tuple[Path, Path, dict | None] |
     continues, or None when the command starts a new run. The run directory is --out's when given."""
     if not (args.resume or args.resume_from):
         return None
-    from tcsm.checkpoint import read_state, resolve_checkpoint
-    from tcsm.errors import CheckpointError
+    from tcsm.core.errors import CheckpointError
+    from tcsm.storage.checkpoint import read_state, resolve_checkpoint
 
     where = args.resume_from or run_dir
     if where is None:
@@ -168,13 +168,13 @@ def _number(x) -> str:
 
 def format_bound(result: dict) -> str:
     """One line for an evaluation result: a likelihood bound or a clean model's NLL / pseudo-NLL (`EvalResult.label`)."""
-    from tcsm.likelihood import EvalResult
+    from tcsm.core.results import EvalResult
 
     result = EvalResult.of(result)
 
     floor = result.get("floor_bpc")
     gap = f" ({100 * (result['bpc'] / floor - 1):+.1f}% vs the source entropy {floor:.4f})" if floor else ""
-    # A clean-data model's exact or pseudo-NLL (tcsm.clean_losses) draws no times.
+    # A clean-data model's exact or pseudo-NLL (tcsm.objectives.clean_lm) draws no times.
     times = f" × {result['num_t']} t" if "num_t" in result else ""
     return (
         f"{result['bpc']:.4f} ± {result['bpc_stderr']:.4f} bits/token, perplexity {_number(result['perplexity'])}"
@@ -239,7 +239,7 @@ def resolve_recipe(args, preset: str, flags: dict[str, str], new_config: Callabl
     source run (and refuses a missing one), with `preset` as the default -c and the label of the default run
     directory."""
     from tcsm.builders.config import load_config, set_values
-    from tcsm.errors import ConfigError
+    from tcsm.core.errors import ConfigError
 
     values = flag_values(args, flags)
     run_dir = Path(args.out) if args.out else None

@@ -57,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def resolve(args) -> tuple:
     """(config, run_dir, resume) of `tcsm distill` from its arguments."""
     from tcsm.cli.common import resolve_recipe
-    from tcsm.errors import ConfigError
+    from tcsm.core.errors import ConfigError
 
     for flag in ("k", "ngram_order", "ngram_k", "steps"):
         v = getattr(args, flag)
@@ -69,7 +69,7 @@ def resolve(args) -> tuple:
         raise ConfigError("--teacher cannot change on --resume: the run keeps the teacher it was started with")
 
     def new_config(config: str, values: dict):
-        from tcsm.posttrain.distill.recipe import distill_config
+        from tcsm.recipes.distill.compose import distill_config
 
         if not args.teacher:
             raise ConfigError("give the teacher: tcsm distill --teacher RUN_OR_HF_DIR (or --resume -o DIR)")
@@ -79,7 +79,7 @@ def resolve(args) -> tuple:
 
 
 def _eval_steps(text: str) -> list[int]:
-    from tcsm.errors import ConfigError
+    from tcsm.core.errors import ConfigError
 
     try:
         steps = [int(s) for s in text.split(",") if s.strip()]
@@ -124,7 +124,7 @@ def run(args) -> int:
 
     check_overwrite(args)
     cfg, run_dir, resume = resolve(args)
-    report = lazy_report("tcsm.posttrain.distill.recipe:distill_report", args.eval_samples, _eval_steps(args.eval_steps))
+    report = lazy_report("tcsm.recipes.distill.compose:distill_report", args.eval_samples, _eval_steps(args.eval_steps))
 
     return run_recipe(
         args,

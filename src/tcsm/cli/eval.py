@@ -1,6 +1,6 @@
 """`tcsm eval`: bits per token and perplexity of a checkpoint on a data split, with the likelihood bound of
-tcsm.likelihood (MATH.md §2), or with the checkpoint objective's own metric where it has one (the exact or
-pseudo-NLL of a clean-data model, tcsm.clean_losses), as in the trainer's validation."""
+tcsm.evaluation.likelihood (MATH.md §2), or with the checkpoint objective's own metric where it has one (the exact or
+pseudo-NLL of a clean-data model, tcsm.objectives.clean_lm), as in the trainer's validation."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="energy models: reference draws n for log Z, one estimate per n; the cost grows with the largest "
         "(default: the run's objective.log_z_samples, 1,4,16)",
     )
-    p.add_argument("--bound", help="likelihood bound (default: the path's, see tcsm.likelihood)")
+    p.add_argument("--bound", help="likelihood bound (default: the path's, see tcsm.evaluation.likelihood)")
     p.add_argument("--weights", choices=("ema", "model"), help="EMA or raw weights (default: EMA when saved)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument(
@@ -69,9 +69,9 @@ def run(args) -> int:
     from tcsm.builders.components import DataInfo, build_objective_for_checkpoint
     from tcsm.builders.loading import load_checkpoint
     from tcsm.cli.common import check_writable, format_bound, jsonable
-    from tcsm.errors import ConfigError
-    from tcsm.fileio import write_atomically
+    from tcsm.core.errors import ConfigError
     from tcsm.posttrain.dre.objective import EnergyObjective
+    from tcsm.storage.fileio import write_atomically
     from tcsm.train.distributed import resolve_device
     from tcsm.train.trainer import autocast, evaluate_model
 
@@ -152,7 +152,7 @@ def run(args) -> int:
 
 
 def _positive_list(text: str, flag: str) -> str:
-    from tcsm.errors import ConfigError
+    from tcsm.core.errors import ConfigError
 
     try:
         values = [int(v) for v in text.split(",")]

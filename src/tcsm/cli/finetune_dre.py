@@ -58,7 +58,7 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
 def resolve(args) -> tuple:
     """(config, run_dir, resume) of `tcsm finetune dre` from its arguments."""
     from tcsm.cli.common import resolve_recipe
-    from tcsm.errors import ConfigError
+    from tcsm.core.errors import ConfigError
 
     if args.num_negatives is not None and args.num_negatives < 1:
         raise ConfigError(f"--num-negatives must be >= 1, got {args.num_negatives}")
@@ -66,7 +66,7 @@ def resolve(args) -> tuple:
         raise ConfigError(f"--eval-examples must be >= 0, got {args.eval_examples}")
 
     def new_config(config: str, values: dict):
-        from tcsm.posttrain.dre.recipe import dre_config
+        from tcsm.recipes.dre.compose import dre_config
 
         if not args.checkpoint:
             raise ConfigError("give the reference run: tcsm finetune dre --from RUN_DIR (or --resume -o DIR)")
@@ -90,7 +90,7 @@ def _describe(report: dict) -> str:
 def run(args) -> int:
     from tcsm.cli.common import lazy_report, run_recipe
 
-    report = lazy_report("tcsm.posttrain.dre.recipe:dre_report", args.eval_examples)
+    report = lazy_report("tcsm.recipes.dre.compose:dre_report", args.eval_examples)
     n = args.eval_examples
     describe = lambda r: f"{r['split']} split, {n} sequences: {_describe(r)}"
     return run_recipe(args, *resolve(args), report=report, report_file="dre_eval.json", describe=describe)

@@ -63,7 +63,7 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
 def resolve(args) -> tuple:
     """(config, run_dir, resume) of `tcsm finetune preference` from its arguments."""
     from tcsm.cli.common import resolve_recipe
-    from tcsm.errors import ConfigError
+    from tcsm.core.errors import ConfigError
 
     for flag in ("beta", "beta_dpo"):
         v = getattr(args, flag)
@@ -73,7 +73,7 @@ def resolve(args) -> tuple:
         raise ConfigError(f"--num-t must be >= 1, got {args.num_t}")
 
     def new_config(config: str, values: dict):
-        from tcsm.posttrain.preference.recipe import preference_config
+        from tcsm.recipes.preference.compose import preference_config
 
         if not args.checkpoint or not args.pairs:
             raise ConfigError(
@@ -99,7 +99,7 @@ def run(args) -> int:
     from tcsm.cli.common import lazy_report, run_recipe
 
     report = lazy_report(
-        "tcsm.posttrain.preference.recipe:preference_report", args.eval_samples, args.eval_reward,
+        "tcsm.recipes.preference.compose:preference_report", args.eval_samples, args.eval_reward,
         prompt=args.eval_prompt,
     )  # fmt: skip
 
@@ -113,7 +113,7 @@ def run(args) -> int:
 
     cfg, run_dir, resume = resolve(args)
     if args.eval_reward and args.eval_samples > 0:  # before training, not after it
-        from tcsm.posttrain.preference.recipe import check_eval_reward
+        from tcsm.recipes.preference.compose import check_eval_reward
 
         check_eval_reward(args.eval_reward, cfg)
     return run_recipe(

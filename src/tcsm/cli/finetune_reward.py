@@ -57,7 +57,7 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
 def resolve(args) -> tuple:
     """(config, run_dir, resume) of `tcsm finetune reward` from its arguments."""
     from tcsm.cli.common import resolve_recipe
-    from tcsm.errors import ConfigError
+    from tcsm.core.errors import ConfigError
 
     if args.num_proposals is not None and args.num_proposals < 1:
         raise ConfigError(f"--num-proposals must be >= 1, got {args.num_proposals}")
@@ -65,7 +65,7 @@ def resolve(args) -> tuple:
         raise ConfigError(f"--beta must be > 0, got {args.beta}")
 
     def new_config(config: str, values: dict):
-        from tcsm.posttrain.reward.recipe import reward_config
+        from tcsm.recipes.reward.compose import reward_config
 
         if not args.checkpoint:
             raise ConfigError(
@@ -87,5 +87,5 @@ def _describe(report: dict) -> str:
 def run(args) -> int:
     from tcsm.cli.common import lazy_report, run_recipe
 
-    report = lazy_report("tcsm.posttrain.reward.recipe:reward_report", args.eval_samples)
+    report = lazy_report("tcsm.recipes.reward.compose:reward_report", args.eval_samples)
     return run_recipe(args, *resolve(args), report=report, report_file="reward_eval.json", describe=_describe)

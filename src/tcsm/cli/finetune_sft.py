@@ -38,10 +38,10 @@ def add_arguments(r: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from tcsm.cli.common import resolve_recipe, run_recipe
-    from tcsm.errors import ConfigError
+    from tcsm.core.errors import ConfigError
 
     def new_config(config: str, values: dict):
-        from tcsm.posttrain.sft.recipe import sft_config
+        from tcsm.recipes.sft.compose import sft_config
 
         if not args.checkpoint or not args.data:
             raise ConfigError("give the pre-trained model and the data: tcsm finetune sft --from RUN --data FILE")

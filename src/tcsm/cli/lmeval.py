@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 
-from tcsm.errors import ConfigError
+from tcsm.core.errors import ConfigError
 
 __all__ = ["harness_from_checkpoint", "main", "register"]  # and TCSMLM, made on first use (needs lm-eval)
 

@@ -35,9 +35,9 @@ def run(args) -> int:
     from tcsm.builders.loading import load_checkpoint
     from tcsm.cli.common import claim_run_dir, default_run_dir, format_bound, jsonable
     from tcsm.cli.train import train
-    from tcsm.fileio import write_atomically
-    from tcsm.likelihood import evaluate_bound
+    from tcsm.evaluation.likelihood import evaluate_bound
     from tcsm.sampling import sample
+    from tcsm.storage.fileio import write_atomically
 
     start = time.perf_counter()
     cfg = load_config(args.config, args.overrides)

@@ -207,7 +207,7 @@ def _run_sampler(loaded, model, path, device, args):
     energy-model and causal-LM runs do, and their objectives read nothing but the model."""
     from tcsm.builders.components import DataInfo, build_objective_for_checkpoint
     from tcsm.builders.sampler import build_sampler
-    from tcsm.errors import TCSMError
+    from tcsm.core.errors import TCSMError
 
     try:
         objective = build_objective_for_checkpoint(loaded.config, model, DataInfo(**loaded.data_info), device)
@@ -229,8 +229,8 @@ def run(args) -> int:
     from tcsm.builders.loading import load_checkpoint
     from tcsm.cli.common import check_writable
     from tcsm.data.base import readable_text
-    from tcsm.fileio import write_atomically
     from tcsm.sampling.common import row_evaluations
+    from tcsm.storage.fileio import write_atomically
     from tcsm.train.distributed import resolve_device
 
     if args.method is not None and args.method not in METHODS:

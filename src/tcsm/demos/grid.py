@@ -220,7 +220,7 @@ def run_grid_demo(
     """
     from tcsm.builders.config import load_config
     from tcsm.builders.loading import load_checkpoint
-    from tcsm.posttrain.reward.recipe import reward_config
+    from tcsm.recipes.reward.compose import reward_config
     from tcsm.sampling import sample
 
     if size not in SIZES:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from tcsm.likelihood import nelbo_terms
+from tcsm.evaluation.likelihood import nelbo_terms
 from tcsm.sampling.settings import SampleSettings, draw
 
 __all__ = ["DiffusionHarness", "LogLikelihood"]

@@ -10,7 +10,7 @@ Structure, chosen so that the output at position i never reads x^i:
   never attends to other query positions (h_j may depend on x^i), so h_i stays a function of x^{≠i}.
 
 Rotary positions in the mixing blocks run over 0..2L−1 (f_j at j, g_j at L+j): relative offsets then also tell
-the two streams apart. Trained by pseudo-likelihood Σ_i −log p(x^i | x^{≠i}) (`tcsm.clean_losses.PseudoLikelihoodLoss`).
+the two streams apart. Trained by pseudo-likelihood Σ_i −log p(x^i | x^{≠i}) (`tcsm.objectives.clean_lm.PseudoLikelihoodLoss`).
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ class DenoiserConfig(TrunkConfig):
     check_inputs: bool = True  # range-check token ids (an async device assertion on GPUs and under compile)
     attention: str = "auto"  # attention kernel: auto (fastest measured per device/dtype) | sdpa | math
     # MLP nonlinearity: exact GELU, 5× cheaper than the tanh form on a CPU in bf16; "gelu_tanh" is what checkpoints
-    # saved before this field used (tcsm.checkpoint.read_state fills it in for them)
+    # saved before this field used (tcsm.storage.checkpoint.read_state fills it in for them)
     activation: str = "gelu"
 
     label: ClassVar[str] = "DenoiserConfig"

@@ -2,7 +2,7 @@
 temperature / top-p, prompt pinning), `samplers` the path samplers (Euler / τ-leaping, analytic reversal, cached
 masked ancestral, joint-x̂_1 bridge) and `sample`, `decoding` the decoding orders of masked models (confidence,
 margin, entropy, threshold, random; semi-autoregressive blocks) and `decode`. A method that brings its own sampler (SIR over an energy model,
-`tcsm.posttrain.dre.sir`; left-to-right for an autoregressive model) declares it through `tcsm.protocols.Samples`."""
+`tcsm.posttrain.dre.sir`; left-to-right for an autoregressive model) declares it through `tcsm.core.protocols.Samples`."""
 
 from tcsm.sampling.common import (
     GRIDS,

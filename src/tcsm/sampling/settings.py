@@ -3,7 +3,7 @@ place that turns (model, path, objective, settings) into samples. The trainer's 
 both call `draw` with the settings the builders layer made from the run's config (`tcsm.builders.sampler`), so a
 run samples the same way in training and from the command line.
 
-An objective that brings its own sampler declares it (`tcsm.protocols.Samples`: SIR over an energy model, left to
+An objective that brings its own sampler declares it (`tcsm.core.protocols.Samples`: SIR over an energy model, left to
 right for an autoregressive model) and receives the same settings; otherwise the path samplers of
 `tcsm.sampling.samplers` run."""
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tcsm.protocols import Samples
+from tcsm.core.protocols import Samples
 from tcsm.sampling.common import GRIDS
 from tcsm.sampling.decoding import DECODERS, decode
 from tcsm.sampling.samplers import METHODS, may_cache, sample

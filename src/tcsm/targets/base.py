@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor
 
-from tcsm.batch import Batch, as_batch
+from tcsm.core.batch import Batch, as_batch
 from tcsm.paths import ProbabilityPath
 
 

@@ -1,4 +1,4 @@
-"""What a run saves and restores (the Trainer's side of `tcsm.checkpoint`): the state dict of a step (config, data
+"""What a run saves and restores (the Trainer's side of `tcsm.storage.checkpoint`): the state dict of a step (config, data
 order, optimizer, EMA, random streams, elapsed time, last evaluation), writing it atomically with the weights,
 warm starts, and the exact resume that replays an uninterrupted run bit for bit. `Trainer` inherits it."""
 
@@ -12,7 +12,8 @@ from omegaconf import OmegaConf
 
 from tcsm.builders.config import load_config, to_dict
 from tcsm.builders.loading import check_same_architecture
-from tcsm.checkpoint import (
+from tcsm.core.errors import CheckpointError
+from tcsm.storage.checkpoint import (
     SHARDS,
     load_weights_into,
     read_state,
@@ -20,7 +21,6 @@ from tcsm.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from tcsm.errors import CheckpointError
 from tcsm.train.distributed import all_reduce_mean, barrier
 
 __all__ = ["RunState"]

@@ -1,5 +1,5 @@
 """One training loop for every objective: the trainer calls `objective(model, batch, generator, reference=...)`
-and nothing else method-specific (DESIGN.md; the contract is `tcsm.protocols`). It adds AdamW with warm-up and decay, gradient clipping and accumulation, EMA,
+and nothing else method-specific (DESIGN.md; the contract is `tcsm.core.protocols`). It adds AdamW with warm-up and decay, gradient clipping and accumulation, EMA,
 bf16 autocast, DDP, periodic validation with the likelihood bound, logged samples, and exact resume.
 
 Randomness is a function of (seed, step, micro-batch index) only. Each global batch (fixed by the seeded data
@@ -27,16 +27,16 @@ from omegaconf import OmegaConf
 
 from tcsm.builders.components import Components, DataInfo, build_components
 from tcsm.builders.config import set_values
-from tcsm.checkpoint import (
-    clean_leftovers,
-)
+from tcsm.core.errors import ConfigError, TrainingError
+from tcsm.core.progress import duration
+from tcsm.core.protocols import Evaluates, StepInfo, TrainerCallback
+from tcsm.core.results import EvalResult
 from tcsm.data import absolute_paths
 from tcsm.data.base import readable_text
-from tcsm.errors import ConfigError, TrainingError
-from tcsm.fileio import atomic_path, write_atomically
-from tcsm.likelihood import EvalResult
-from tcsm.progress import duration
-from tcsm.protocols import Evaluates, StepInfo, TrainerCallback
+from tcsm.storage.checkpoint import (
+    clean_leftovers,
+)
+from tcsm.storage.fileio import atomic_path, write_atomically
 from tcsm.train.distributed import DistEnv, all_reduce_mean, barrier, setup_distributed
 from tcsm.train.ema import EMA
 from tcsm.train.logs import LOGGERS, RunLogger, plot_curves
@@ -81,7 +81,7 @@ def autocast(device: torch.device, precision: str):
 def evaluate_model(objective, model, data, path, e, *, generator=None, device=None, progress=False) -> EvalResult:
     """The validation metric of `model` on `data` [N, L] under eval settings `e` (the `eval` config section).
 
-    An objective that trains something other than a denoiser (e.g. a clean-data LM, tcsm.clean_losses) brings its
+    An objective that trains something other than a denoiser (e.g. a clean-data LM, tcsm.objectives.clean_lm) brings its
     own `evaluate`; every other model gets the diffusion likelihood bound (MATH.md §2.4). Both are `EvalResult`s.
     """
     if isinstance(objective, Evaluates):
@@ -91,7 +91,7 @@ def evaluate_model(objective, model, data, path, e, *, generator=None, device=No
         extra = {"progress": progress} if wants else {}
         result = objective.evaluate(model, data, batch_size=e.batch_size, generator=generator, device=device, **extra)
         return EvalResult.of(result, f"{type(objective).__name__}.evaluate")
-    from tcsm.likelihood import evaluate_bound
+    from tcsm.evaluation.likelihood import evaluate_bound
 
     return evaluate_bound(
         model,
@@ -169,7 +169,7 @@ class Trainer(RunState):
     >>> Trainer(components, cfg, None).fit()                                 # objects built by hand
 
     `cfg` is still the whole run config: it is what checkpoints store so that a run can be resumed and its model
-    rebuilt. `callbacks` (`tcsm.protocols.TrainerCallback`) are added to `components.callbacks`.
+    rebuilt. `callbacks` (`tcsm.core.protocols.TrainerCallback`) are added to `components.callbacks`.
     """
 
     def __init__(
@@ -314,7 +314,7 @@ class Trainer(RunState):
             with self.parallel.accumulate(self.forward_model, last=k == len(mine) - 1):
                 with autocast(self.device, self.precision):
                     # A reference is passed only when the run has one, so a plain objective(model, batch,
-                    # generator) satisfies the contract (tcsm.protocols.TrainingObjective).
+                    # generator) satisfies the contract (tcsm.core.protocols.TrainingObjective).
                     extra = {} if self.reference is None else {"reference": self.reference}
                     loss, metrics = self.objective(self.forward_model, batch, generator=generator, **extra)
                 (loss * scale).backward()

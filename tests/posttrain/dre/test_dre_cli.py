@@ -168,7 +168,7 @@ def test_eval_of_an_energy_run_says_its_cost_shows_progress_and_defaults_to_the_
     """Issue 21 item 3: `tcsm eval` on an energy run printed nothing for 15 minutes (the whole split, ~270 times a
     pre-trained bound's calls). Now it evaluates the run's train.eval_examples sequences unless told otherwise,
     says what that costs before it starts, reports progress with an ETA, and --help says how to raise the cost."""
-    from tcsm.progress import WorkProgress
+    from tcsm.core.progress import WorkProgress
 
     out = tmp_path / "ii"
     assert _finetune(reference, out, "-n", "2", "--steps", "1", "--eval-examples", "0") == 0

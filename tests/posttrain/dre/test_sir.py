@@ -13,9 +13,9 @@ import math
 import pytest
 import torch
 
+from tcsm.evaluation.exact import EnumerableDistribution
 from tcsm.paths import MaskedPath, UniformPath
 from tcsm.posttrain.dre.sir import sample_sir, sir_select
-from tcsm.toy import EnumerableDistribution
 
 PATHS = {"masked": MaskedPath, "uniform": UniformPath}
 

@@ -12,18 +12,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from tcsm.batch import Batch
+from tcsm.core.batch import Batch
 from tcsm.data import DataError, build_data
+from tcsm.evaluation.exact import EnumerableDistribution
 from tcsm.paths import MaskedPath, UniformPath
+from tcsm.paths.schedules import LinearSchedule
+from tcsm.paths.timesteps import sample_times
 from tcsm.posttrain.preference.objective import (
     PreferenceObjective,
     dpo_preference_loss,
     paper_preference_loss,
     sequence_log_ratio,
 )
-from tcsm.schedules import LinearSchedule
-from tcsm.timesteps import sample_times
-from tcsm.toy import EnumerableDistribution
 
 PATHS = {"masked": MaskedPath, "uniform": UniformPath}
 GPT2_BPE = Path(__file__).resolve().parents[4] / "shared" / "data" / "gpt2_bpe"
@@ -391,7 +391,7 @@ def test_unusable_files_and_settings_are_one_line_errors(tmp_path):
 def test_stored_token_ids_are_used_only_with_the_same_tokenizer(tmp_path):
     """Records of `tcsm pairs` carry the sampled ids and the tokenizer's signature: with that tokenizer the ids are
     used as they are (here they deliberately disagree with the texts), with another one the texts are tokenized."""
-    from tcsm.posttrain.preference.pairs import tokenizer_signature
+    from tcsm.data.pairs import tokenizer_signature
 
     signature = tokenizer_signature(build_data(CHARS))
     ids = {"prompt_ids": [1], "chosen_ids": [2, 2, 2, 2, 2, 2, 2], "rejected_ids": [3, 3, 3, 3, 3, 3, 3]}
@@ -427,8 +427,8 @@ def test_each_pair_gets_its_own_spread_of_times():
     """num_t = K draws per pair: with antithetic times a pair's K times lie exactly 1/K apart (mod 1) — not inside
     a window of width 1/B, which repeating each pair before drawing one antithetic batch gave — the K·B times of
     a call form one even grid of step 1/(KB), and K = 1 is MDLM's antithetic batch unchanged."""
+    from tcsm.paths.timesteps import sample_times
     from tcsm.posttrain.preference.objective import pair_times
-    from tcsm.timesteps import sample_times
 
     B, K = 5, 3
     t = pair_times(B, K, generator=torch.Generator().manual_seed(3), dtype=torch.float64).view(B, K)

@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from tcsm.batch import as_batch
-from tcsm.errors import CheckpointError
+from tcsm.core.batch import as_batch
+from tcsm.core.errors import CheckpointError
 from tcsm.models.modes import eval_mode
 from tcsm.paths import ProbabilityPath
 from tcsm.posttrain.distill.ngram import RightContextNgram

@@ -1,4 +1,4 @@
-"""Density-ratio post-training objectives for the trainer (MATH.md §5.1; the contract is `tcsm.protocols`).
+"""Density-ratio post-training objectives for the trainer (MATH.md §5.1; the contract is `tcsm.core.protocols`).
 
 Each step draws t ~ U(0, 1) (antithetic), x_t from the data batch through the target (conditioning positions
 are never noised or scored), n negatives x̂_1 ~ p^ref_{1|t}(· | x_t) from the frozen reference (factorized,
@@ -24,8 +24,10 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from tcsm.batch import Batch, as_batch
+from tcsm.core.batch import Batch, as_batch
+from tcsm.core.protocols import StepInfo
 from tcsm.paths import ProbabilityPath
+from tcsm.paths.timesteps import sample_times
 from tcsm.posttrain.dre.energy import EnergyModel
 from tcsm.posttrain.dre.likelihood import evaluate_energy_estimate
 from tcsm.posttrain.dre.losses import (
@@ -39,9 +41,7 @@ from tcsm.posttrain.dre.losses import (
 )
 from tcsm.posttrain.dre.references import EMAReference, PreviousIterateReference
 from tcsm.posttrain.dre.sir import sample_sir
-from tcsm.protocols import StepInfo
 from tcsm.targets.base import DataTarget, Target, TargetBatch
-from tcsm.timesteps import sample_times
 
 __all__ = ["DensityRatioObjective", "EnergyObjective"]
 

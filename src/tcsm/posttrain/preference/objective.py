@@ -13,7 +13,7 @@ from p_{t|1}(· | x^w), p_{t|1}(· | x^l) (MATH.md §5.3 step 1; `noise="shared"
 * "dpo" — Diffusion-DPO-style −log σ(β_DPO (Δ_w − Δ_l)) with its own β_DPO; under Bradley–Terry preferences
   σ(R(x) − R(y)) its optimum is p^θ ∝ p^ref e^{R/β_DPO}, the KL-regularised reward optimum.
 
-`PreferenceObjective` is a `tcsm.protocols.TrainingObjective` (the reference comes from the trainer's
+`PreferenceObjective` is a `tcsm.core.protocols.TrainingObjective` (the reference comes from the trainer's
 `reference`, or the constructor) and `Evaluates`: held-out preference accuracy, mean implicit reward margin and a
 KL estimate to the reference. Losses are nats per pair and per t draw (a classification loss, not per token).
 """
@@ -28,12 +28,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tcsm.batch import Batch, as_batch
-from tcsm.likelihood import nelbo_integrand, resolve_bound, summarise_nats
+from tcsm.core.batch import Batch, as_batch
+from tcsm.core.results import summarise_nats
 from tcsm.models.modes import eval_mode
 from tcsm.objectives import get_weighting, neutral_rows
 from tcsm.paths import ProbabilityPath
-from tcsm.timesteps import sample_times, stratified_times
+from tcsm.paths.bounds import nelbo_integrand, resolve_bound
+from tcsm.paths.timesteps import sample_times, stratified_times
 
 __all__ = [
     "PREFERENCE_LOSSES",

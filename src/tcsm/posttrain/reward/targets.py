@@ -30,7 +30,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from tcsm.batch import Batch, as_batch
+from tcsm.core.batch import Batch, as_batch
 from tcsm.models.modes import eval_mode
 from tcsm.paths import ProbabilityPath
 from tcsm.posttrain.reward.rewards import RewardFn, evaluate_reward

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import torch
 
-from tcsm.batch import Batch, as_batch
-from tcsm.likelihood import nelbo_integrand, resolve_bound, summarise_nats
+from tcsm.core.batch import Batch, as_batch
+from tcsm.core.results import summarise_nats
 from tcsm.models.modes import eval_mode
-from tcsm.timesteps import stratified_times
+from tcsm.paths.bounds import nelbo_integrand, resolve_bound
+from tcsm.paths.timesteps import stratified_times
 
 __all__ = ["SFTObjective"]
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from tcsm.builders.frozen import load_frozen
 from tcsm.builders.registry import TARGETS
-from tcsm.errors import ConfigError
+from tcsm.core.errors import ConfigError
 from tcsm.posttrain.reward.rewards import GridReward, make_reward
 from tcsm.posttrain.reward.targets import RewardFullTarget, RewardN1Target, RewardTarget
 

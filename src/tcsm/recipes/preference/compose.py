@@ -22,12 +22,12 @@ import torch
 from tcsm.builders.config import load_config, set_values
 from tcsm.builders.loading import load_checkpoint
 from tcsm.builders.source import source_run
-from tcsm.errors import ConfigError
+from tcsm.core.errors import ConfigError
+from tcsm.data.pairs import tokenizer_signature
 from tcsm.evaluation.genppl import sample_entropy
-from tcsm.fileio import write_atomically
-from tcsm.posttrain.preference.pairs import tokenizer_signature
 from tcsm.posttrain.reward.rewards import evaluate_reward, make_reward
 from tcsm.sampling import may_cache, sample
+from tcsm.storage.fileio import write_atomically
 
 __all__ = ["preference_config", "preference_report", "sample_pairs", "write_pairs"]
 
@@ -68,7 +68,7 @@ def sample_pairs(
 
     Groups whose best and worst rewards tie, or whose best and worst responses decode to the same text, carry no
     preference and are redrawn (up to `max_rounds` rounds); `stats` counts samples, reward calls and skips.
-    Records also hold the sampled token ids and the tokenizer's signature (`tcsm.posttrain.preference.pairs.tokenizer_signature`).
+    Records also hold the sampled token ids and the tokenizer's signature (`tcsm.data.pairs.tokenizer_signature`).
     """
     if group < 2:
         raise ConfigError(f"a pair needs a group of at least 2 samples, got {group}")
@@ -115,7 +115,7 @@ def sample_pairs(
                         "rejected": rejected,
                         "chosen_reward": float(hi),
                         "rejected_reward": float(lo),
-                        # the exact sampled tokens, for a run with the same tokenizer (tcsm.posttrain.preference.pairs)
+                        # the exact sampled tokens, for a run with the same tokenizer (tcsm.data.pairs)
                         "tokenizer": signature,
                         "prompt_ids": ids.tolist(),
                         "chosen_ids": x[g, best[g], P:].tolist(),
@@ -174,12 +174,12 @@ def preference_config(
 
 def check_eval_reward(reward: str, cfg) -> None:
     """ConfigError before training when the `--eval-reward` of a fine-tune with config `cfg` is not defined on the
-    reference run's data (tcsm.posttrain.reward.builder.check_reward_domain): the report would otherwise fail, or judge noise,
+    reference run's data (tcsm.recipes.reward.builder.check_reward_domain): the report would otherwise fail, or judge noise,
     only after training."""
     from types import SimpleNamespace
 
-    from tcsm.checkpoint import read_state, resolve_checkpoint
-    from tcsm.posttrain.reward.builder import check_reward_domain
+    from tcsm.recipes.reward.builder import check_reward_domain
+    from tcsm.storage.checkpoint import read_state, resolve_checkpoint
 
     state = read_state(resolve_checkpoint(cfg.reference.path))[1]
     data = dict(state["config"].get("data") or {})

@@ -16,8 +16,8 @@ import torch
 from tcsm.builders.config import load_config, set_values
 from tcsm.builders.loading import load_checkpoint
 from tcsm.builders.source import source_run
-from tcsm.errors import ConfigError
-from tcsm.likelihood import evaluate_bound
+from tcsm.core.errors import ConfigError
+from tcsm.evaluation.likelihood import evaluate_bound
 
 __all__ = ["dre_config", "dre_report"]
 
@@ -70,7 +70,7 @@ def dre_report(run_dir, num_examples: int, seed: int = 0) -> dict:
     Strategy (ii): the reference's valid masked bound and the energy model's IS estimate for every n of
     `objective.log_z_samples` (labelled; MATH.md §5.1, §8 item 14). Strategy (i): both models' valid bounds."""
     from tcsm.builders.components import build_objective_for_checkpoint
-    from tcsm.protocols import Evaluates
+    from tcsm.core.protocols import Evaluates
 
     post = load_checkpoint(run_dir)
     cfg = post.config

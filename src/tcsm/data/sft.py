@@ -12,7 +12,7 @@ Face tokenizer directory whose tokenizer_config.json holds one): the prompt with
 the completion as what rendering the whole conversation adds to it. A record whose roles the template does not
 name (e.g. ShareGPT's "human" / "gpt" against a user / assistant template) is not used.
 
-The conventions are the preference pairs' (`tcsm.posttrain.preference.pairs`): the run's tokenizer (`tokenizer`:
+The conventions are the preference pairs' (`tcsm.data.pairs`): the run's tokenizer (`tokenizer`:
 the pre-trained run's data section), one row of `seq_len` tokens per record, `encode(prompt) + encode(completion)`
 padded after the completion with the end-of-text token (or `pad`) — the padding is part of the response the model
 learns to produce, so it learns to stop — and the prompt positions are conditioning (`Batch.cond_mask`): never
@@ -29,11 +29,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from tcsm.batch import Batch
+from tcsm.core.batch import Batch
 from tcsm.data.base import DataError, RowsBundle, TensorRows, jsonl_objects
 from tcsm.data.build import DATA_KINDS, build_data
+from tcsm.data.pairs import _encode, _pad_id, pad_prompt_rows
 from tcsm.data.text import resolve_splits, tokenized_splits
-from tcsm.posttrain.preference.pairs import _encode, _pad_id, pad_prompt_rows
 
 __all__ = ["ChatTemplate", "SFTBundle", "SFTRows", "build_sft", "read_sft_records"]
 

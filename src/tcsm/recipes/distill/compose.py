@@ -18,7 +18,7 @@ import torch
 from tcsm.builders.config import load_config, set_values
 from tcsm.builders.loading import load_checkpoint
 from tcsm.evaluation.genppl import sample_entropy
-from tcsm.posttrain.distill.builder import inspect_teacher, load_distill_teacher
+from tcsm.recipes.distill.builder import inspect_teacher, load_distill_teacher
 from tcsm.sampling import sample
 
 __all__ = ["distill_config", "distill_report", "teacher_nll"]

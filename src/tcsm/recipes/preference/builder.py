@@ -2,7 +2,7 @@
 
 `objective.name: preference` loads the pre-trained run named by `reference.path`, freezes it and puts it in
 `ctx.reference`, which the trainer hands to the objective on every step (`Components.reference`); the student
-itself starts from the same weights through `train.init_from` (tcsm.posttrain.preference.recipe sets both).
+itself starts from the same weights through `train.init_from` (tcsm.recipes.preference.compose sets both).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from tcsm.builders.frozen import load_frozen
 from tcsm.builders.registry import OBJECTIVES, BuildContext
-from tcsm.errors import ConfigError
+from tcsm.core.errors import ConfigError
 from tcsm.targets.base import DataTarget
 
 __all__ = ["PreferenceObjectiveConfig"]

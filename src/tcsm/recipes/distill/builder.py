@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from tcsm.builders.registry import TARGETS, BuildContext
-from tcsm.errors import CheckpointError, ConfigError
+from tcsm.core.errors import CheckpointError, ConfigError
 
 __all__ = [
     "DistillTargetConfig",
@@ -123,8 +123,8 @@ def inspect_teacher(path: str | os.PathLike, ema: bool = True) -> TeacherSpec:
             _first(cfg, "max_position_embeddings", "n_positions", "n_ctx"),
         )  # fmt: skip
     from tcsm.builders.config import load_config
-    from tcsm.checkpoint import read_state, resolve_checkpoint
     from tcsm.models.clean import CLEAN_PRESETS
+    from tcsm.storage.checkpoint import read_state, resolve_checkpoint
 
     try:
         directory = resolve_checkpoint(p)

@@ -20,7 +20,7 @@ from tcsm.builders.components import DataInfo
 from tcsm.builders.config import to_dict
 from tcsm.builders.frozen import load_frozen
 from tcsm.builders.registry import MODELS, OBJECTIVES, BuildContext
-from tcsm.errors import CheckpointError, ConfigError
+from tcsm.core.errors import CheckpointError, ConfigError
 from tcsm.posttrain.dre.energy import EnergyModel
 from tcsm.posttrain.dre.ratio_head import RatioHead, RatioHeadConfig
 from tcsm.targets.base import freeze
@@ -62,7 +62,7 @@ def _reference_architecture(node: dict, ctx: BuildContext):
     if not arch:
         if not ctx.config.reference.path:
             raise ConfigError("model.reference_model (or reference.path) must describe the reference denoiser")
-        from tcsm.checkpoint import read_state, resolve_checkpoint
+        from tcsm.storage.checkpoint import read_state, resolve_checkpoint
 
         arch = dict(read_state(resolve_checkpoint(ctx.config.reference.path))[1]["config"]["model"])
     name = arch.pop("name", "denoiser")

@@ -25,7 +25,7 @@ import math
 import torch
 from torch import Tensor
 
-from tcsm.batch import as_batch
+from tcsm.core.batch import as_batch
 from tcsm.models.modes import eval_mode
 
 __all__ = [
@@ -66,7 +66,7 @@ class CleanLoss:
                 .cpu()
                 for s in range(0, data.shape[0], batch_size)
             ]
-        from tcsm.likelihood import summarise_nats
+        from tcsm.core.results import summarise_nats
 
         length = data.shape[1]
         return summarise_nats(torch.cat(per_seq) / length, length, self.metric)
@@ -74,7 +74,7 @@ class CleanLoss:
     def sample(self, model, num: int, length: int, generator=None, device=None, *, settings=None, fixed=None,
                values=None):
         """(None, None): single-site conditionals p(x^i | x^{≠i}) (MLM, Hollow) give no direct sampler of the joint
-        (MATH.md §4); the `Samples` contract (tcsm.protocols)."""
+        (MATH.md §4); the `Samples` contract (tcsm.core.protocols)."""
         return None, None
 
 

@@ -39,8 +39,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from tcsm.errors import CheckpointError
-from tcsm.fileio import file_digest, fsync_dir, fsync_file
+from tcsm.core.errors import CheckpointError
+from tcsm.storage.fileio import file_digest, fsync_dir, fsync_file
 
 __all__ = [
     "EXPORT_FORMAT",

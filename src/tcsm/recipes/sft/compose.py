@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tcsm.builders.config import load_config, set_values
 from tcsm.builders.source import source_run
-from tcsm.errors import ConfigError
+from tcsm.core.errors import ConfigError
 
 __all__ = ["sft_config"]
 

@@ -31,101 +31,32 @@ diffuse at t → 1 has an infinite bound, and its Monte Carlo estimate then has 
 
 from __future__ import annotations
 
-import contextlib
 import math
-import sys
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from tcsm.paths import PATHS, ProbabilityPath
-from tcsm.timesteps import stratified_times
-
-__all__ = [
-    "BOUNDS",
-    "METRIC_LABELS",
-    "Denoiser",
-    "EvalResult",
-    "bits_per_token",
-    "bpc",
-    "default_bound",
-    "evaluate_bound",
-    "metric_label",
-    "nelbo",
-    "nelbo_integrand",
-    "nelbo_terms",
-    "perplexity",
-    "prior_term",
-    "resolve_bound",
-    "summarise_nats",
-]
+from tcsm.core.results import EvalResult, summarise_nats
+from tcsm.paths import ProbabilityPath
+from tcsm.paths.bounds import _work_dtype, nelbo_integrand, prior_term, resolve_bound
+from tcsm.paths.timesteps import stratified_times
 
 Denoiser = Callable[[Tensor, Tensor], Tensor]
 
-#: The bounds each built-in source admits, by `kind`; the first is the default (MATH.md §2.2, §2.3, §7).
-#: A lookup table for configs and reports; code asks the path (`path.bounds`).
-BOUNDS: dict[str, tuple[str, ...]] = {kind: cls.bounds for kind, cls in PATHS.items()}
 
 # Largest float32 below 1: sampled times are kept in [T_LO, T_HI] so that neither end is hit exactly.
 _T_HI = 1.0 - 2.0**-24
+
+
 _T_LO = torch.finfo(torch.float32).tiny
+
+
 _LN2 = math.log(2.0)
-_MAX_EXP = math.log(sys.float_info.max)  # exp of anything larger overflows a float
+
+
 # Tokens of x_t sampled per vectorised draw in `nelbo_terms` (bounds its memory, fixes its random stream).
 _SAMPLE_BLOCK = 1 << 20
-
-
-def default_bound(path: ProbabilityPath) -> str:
-    """The recommended bound for `path`, `path.bounds[0]`: "masked" (§2.2) or "reversal" (§2.3 B)."""
-    return resolve_bound(path, None)
-
-
-def resolve_bound(path: ProbabilityPath, bound: str | None) -> str:
-    """Validate `bound` against `path.bounds` (None → the default, its first) and return its name; ValueError
-    otherwise (MATH.md §2, §7)."""
-    kind = getattr(path, "kind", type(path).__name__)
-    allowed = tuple(getattr(path, "bounds", ()))
-    if not allowed:
-        raise ValueError(f"no likelihood bound for a path of kind {kind!r}: it declares no `bounds`")
-    if bound is None:
-        return allowed[0]
-    if isinstance(bound, str) and bound in allowed:
-        return bound
-    owners = [k for k, bs in BOUNDS.items() if bound in bs]
-    if owners:
-        raise ValueError(
-            f"bound {bound!r} is for the {' or '.join(owners)} source; the {kind} source admits {list(allowed)}"
-        )
-    raise ValueError(f"unknown likelihood bound {bound!r}; the {kind} source admits {list(allowed)}")
-
-
-def _work_dtype(device: torch.device) -> torch.dtype:
-    # MPS has no float64; everywhere else the per-sequence scalars and V-dim terms use it.
-    return torch.float32 if torch.device(device).type == "mps" else torch.float64
-
-
-def nelbo_integrand(
-    logits: Tensor, x1: Tensor, xt: Tensor, t: Tensor, path: ProbabilityPath, bound: str | None = None
-) -> Tensor:
-    """w(t) · G(t, x_t) per sequence [B] for one (t, x_t) draw (MATH.md §2.1–2.3), from `path.bound_integrand`;
-    E_t E_{x_t} of it is the bound.
-
-    `logits` [B, L, V] are the denoiser's output at (x_t, t); `t` [B] must lie in (0, 1) (see `nelbo`).
-    """
-    bound = resolve_bound(path, bound)
-    # The denoiser may run under autocast; this arithmetic must keep its float64 / float32.
-    with _no_autocast(x1.device):
-        w, G = path.bound_integrand(bound, logits, x1.long(), xt.long(), t.to(_work_dtype(x1.device)))
-        # The weight may be huge where G = 0 (t → 1 and nothing corrupted); never form 0 · inf.
-        return torch.where(G > 0, w * G, torch.zeros_like(G))
-
-
-def _no_autocast(device: torch.device):
-    try:
-        return torch.autocast(device_type=torch.device(device).type, enabled=False)
-    except (RuntimeError, ValueError):  # a device type without autocast support
-        return contextlib.nullcontext()
 
 
 def _safe_times(t: Tensor) -> Tensor:
@@ -245,23 +176,6 @@ def nelbo_terms(
     return torch.cat(out).reshape(num_t, B)
 
 
-def prior_term(x1: Tensor, path: ProbabilityPath) -> Tensor:
-    """KL(p_{0|1}(·|x_1) ‖ p_0) per sequence [B], non-zero only for a clipped start α_0 > 0 (MATH.md §2.1).
-
-    The path computes it (`path.prior_kl`; uniform: closed form; masked: infinite, so a ValueError).
-    α_1 < 1 is rejected for every path: its reconstruction term is not implemented.
-    """
-    wd = _work_dtype(x1.device)
-    sched = path.schedule
-    oma1 = float(sched.one_minus_alpha(torch.ones(1, dtype=wd, device=x1.device))[0])
-    if oma1 > 1e-9:
-        raise ValueError(
-            f"schedule {sched!r} has α_1 = {1 - oma1:.6g} < 1: its reconstruction term is not implemented "
-            "(MATH.md §2.1); use a schedule with α_1 = 1"
-        )
-    return path.prior_kl(x1, wd)
-
-
 def nelbo(
     denoiser: Denoiser,
     x1: Tensor,
@@ -287,21 +201,6 @@ def nelbo(
         denoiser, x1, path, num_t=num_t, generator=generator, bound=bound, chunk_size=chunk_size
     )
     return terms.mean(0) + prior
-
-
-def bits_per_token(nats, length: int):
-    """BPC / bits per token = nats / (L ln 2) (MATH.md §2.4); `nats` is a per-sequence bound (float or tensor)."""
-    return nats / (length * _LN2)
-
-
-bpc = bits_per_token
-
-
-def perplexity(nats, length: int):
-    """Perplexity = exp(nats / L) (MATH.md §2.4)."""
-    if isinstance(nats, Tensor):
-        return torch.exp(nats / length)
-    return math.exp(nats / length)
 
 
 def evaluate_bound(
@@ -352,67 +251,3 @@ def evaluate_bound(
             )
     return EvalResult(summarise_nats(torch.cat(per_seq) / L, L, bound), num_t=int(num_t))
 
-
-#: Words for the clean models' validation metrics: only a diffusion NELBO is a likelihood bound; the AR NLL is
-#: exact and a pseudo-NLL is neither a bound nor an NLL of any joint distribution (MATH.md §4, §8 item 20).
-METRIC_LABELS = {"nll": "NLL", "ar-nll": "exact NLL", "pseudo-nll": "pseudo-NLL"}
-
-
-def metric_label(name: str) -> str:
-    """How logs and reports name a validation metric: a clean model's metric by `METRIC_LABELS`, anything else
-    (a likelihood bound's name, MATH.md §2) as "<name> bound"."""
-    return METRIC_LABELS.get(name, f"{name} bound")
-
-
-class EvalResult(dict):
-    """What every evaluator returns (the trainer, reports and `tcsm eval` format it; MATH.md §2.4): a dict — the
-    row written to metrics.jsonl and the JSON reports — whose required entries are also typed attributes.
-
-    `bound` names the quantity (a bound, MATH.md §2, or a clean model's metric, `METRIC_LABELS`), `bpc` ±
-    `bpc_stderr` are bits per token over `num_sequences` held-out sequences, `perplexity` is exp(nats per token).
-    An evaluator may add entries (`num_t`, an estimate's pieces, preference metrics); `EvalResult.of` checks that
-    the required ones are there, so a new evaluator that forgets one fails where it is called, by name."""
-
-    REQUIRED = ("bound", "bpc", "bpc_stderr", "perplexity", "num_sequences")
-
-    @classmethod
-    def of(cls, values, where: str = "an evaluator") -> EvalResult:
-        missing = [k for k in cls.REQUIRED if k not in values]
-        if missing:
-            raise TypeError(f"{where} returned no {missing} (an evaluation result needs {list(cls.REQUIRED)})")
-        return values if isinstance(values, cls) else cls(values)
-
-    bound = property(lambda self: str(self["bound"]), doc="the quantity's name (a bound, or a clean model's metric)")
-    bpc = property(lambda self: float(self["bpc"]), doc="bits per token, mean over the sequences")
-    bpc_stderr = property(lambda self: float(self["bpc_stderr"]), doc="standard error of `bpc`")
-    perplexity = property(lambda self: float(self["perplexity"]), doc="exp(nats per token)")
-    num_sequences = property(lambda self: int(self["num_sequences"]), doc="held-out sequences evaluated")
-
-    @property
-    def label(self) -> str:
-        """How logs name the quantity: "masked bound", "exact NLL", ... (`metric_label`)."""
-        return metric_label(self.bound)
-
-
-def summarise_nats(nats: Tensor, length: int, bound: str) -> EvalResult:
-    """Dataset metrics from nats per token of each of N sequences [N]: mean and standard error (NaN for N = 1)
-    as nats, bits (÷ ln 2) and perplexity exp(mean) (delta-method error), for sequences of `length` tokens,
-    labelled `bound` (MATH.md §2.4). The report format of every likelihood-type metric here."""
-    nats = nats.double()
-    N = nats.numel()
-    mean = float(nats.mean())
-    se = float(nats.std(unbiased=True) / math.sqrt(N)) if N > 1 else float("nan")
-    # A diverged model can exceed e^709 (the float range): its perplexity is reported as inf, not an exception.
-    ppl = math.exp(mean) if mean < _MAX_EXP else math.inf
-    return EvalResult(
-        nats_per_token=mean,
-        nats_per_token_stderr=se,
-        bpc=mean / _LN2,
-        bpc_stderr=se / _LN2,
-        perplexity=ppl,
-        perplexity_stderr=ppl * se,  # delta method
-        nats_per_sequence=mean * length,
-        bound=bound,
-        num_sequences=N,
-        num_tokens=N * length,
-    )

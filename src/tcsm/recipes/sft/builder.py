@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from tcsm.builders.objectives import TCSMObjectiveConfig, build_tcsm_objective
 from tcsm.builders.registry import OBJECTIVES, BuildContext
-from tcsm.errors import ConfigError
+from tcsm.core.errors import ConfigError
 from tcsm.targets.base import DataTarget
 
 __all__ = ["SFTObjectiveConfig"]

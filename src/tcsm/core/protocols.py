@@ -4,7 +4,7 @@ The trainer calls an objective and nothing else method-specific; optional capabi
 protocols and checked with `isinstance`, never discovered by attribute probing:
 
 * `TrainingObjective`: `objective(model, batch, generator[, reference=...])` → (scalar loss, metrics), where
-  `batch` is a `tcsm.batch.Batch` (or clean tokens [B, L]) and metrics are detached 0-d tensors;
+  `batch` is a `tcsm.core.batch.Batch` (or clean tokens [B, L]) and metrics are detached 0-d tensors;
 * `Evaluates`: the objective brings its own validation metric (a clean-data LM's NLL instead of a diffusion bound);
 * `Samples`: the objective brings its own sampler (an AR model, SIR over an energy model), or says it has none
   (returns no tokens); it receives the run's `tcsm.sampling.SampleSettings` and any pinned positions;

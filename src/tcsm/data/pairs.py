@@ -33,7 +33,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from tcsm.batch import Batch
+from tcsm.core.batch import Batch
 from tcsm.data.base import DataError, RowsBundle, TensorRows, compact_dtype, jsonl_objects
 from tcsm.data.build import DATA_KINDS, build_data
 from tcsm.data.text import resolve_splits, tokenized_splits

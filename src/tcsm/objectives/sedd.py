@@ -1,6 +1,6 @@
 """Baseline objectives: training directly on a path's likelihood bound (MATH.md §2.2, §2.3).
 
-`score_entropy_loss` is the per-sequence integrand w(t) · G(t, x_t) of `tcsm.likelihood.nelbo_integrand`, so
+`score_entropy_loss` is the per-sequence integrand w(t) · G(t, x_t) of `tcsm.paths.bounds.nelbo_integrand`, so
 
     E_{t ~ U(0,1)} E_{x_1, x_t ~ p_{t|1}} (1/L) score_entropy_loss = NELBO(x_1) / L      (α_0 = 0: no prior term)
 
@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from tcsm.likelihood import nelbo_integrand, resolve_bound
-from tcsm.objectives import Objective
+from tcsm.objectives.composed import Objective
 from tcsm.paths import ProbabilityPath
+from tcsm.paths.bounds import nelbo_integrand, resolve_bound
 from tcsm.targets.base import TargetBatch
 
 __all__ = ["ScoreEntropyObjective", "score_entropy_loss"]
