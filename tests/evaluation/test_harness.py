@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent / "sampling"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "sampling"))
 from test_samplers import exact_denoiser
 
 from tcsm.evaluation.exact import EnumerableDistribution
@@ -24,7 +24,7 @@ from tcsm.paths import MaskedPath
 from tcsm.sampling.settings import SampleSettings
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-DATA = Path(os.environ.get("TCSM_DATA_DIR") or Path(__file__).resolve().parents[1] / ".." / "shared" / "data")
+DATA = Path(os.environ.get("TCSM_DATA_DIR") or Path(__file__).resolve().parents[2] / ".." / "shared" / "data")
 LAMBADA = DATA / "lambada" / "lambada_test.jsonl.gz"
 needs_data = pytest.mark.skipif(
     not LAMBADA.exists(), reason="../shared/data not present (or set TCSM_DATA_DIR)"

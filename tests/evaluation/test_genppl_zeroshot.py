@@ -24,7 +24,7 @@ from tcsm.evaluation import (
 )
 from tcsm.evaluation.report import plot_genppl_vs_steps, write_report
 
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 BPE = DATA / "gpt2_bpe"
 needs_data = pytest.mark.skipif(not (DATA / "ptb").is_dir(), reason="../shared/data not present")
 needs_bpe = pytest.mark.skipif(not (BPE / "encoder.json").is_file(), reason="GPT-2 BPE files not present")

@@ -28,7 +28,7 @@ NOT_TCSM = {
 }
 #: Placeholders of README lines that stand for the user's own files; lines holding one are not run, and why.
 PLACEHOLDERS = {
-    "path/to/local-bert-or-gpt2": "the user's local Hugging Face model (tests/test_hf_denoiser.py builds tiny ones)",
+    "path/to/local-bert-or-gpt2": "the user's local Hugging Face model (tests/models/test_hf_denoiser.py builds tiny ones)",
 }
 DATA = Path(os.environ.get("TCSM_DATA_DIR") or ROOT / ".." / "shared" / "data")
 BOOK = "my_book.txt"

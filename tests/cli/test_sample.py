@@ -145,7 +145,7 @@ def test_cached_sampler_for_a_time_independent_masked_model(run_dir, capsys):
 
 # --- tcsm eval --genppl / --zeroshot -------------------------------------------------------------------
 
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 BPE = DATA / "gpt2_bpe"
 needs_bpe = pytest.mark.skipif(not (BPE / "encoder.json").is_file(), reason="GPT-2 BPE files not present")
 

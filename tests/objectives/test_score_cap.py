@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from test_objectives import Enumeration, _grad_at
+from test_composed import Enumeration, _grad_at
 
 from tcsm.evaluation.exact import EnumerableDistribution
 from tcsm.objectives import Objective, score_loss

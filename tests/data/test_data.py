@@ -22,7 +22,7 @@ from tcsm.data import (
 )
 from tcsm.data import text8 as text8_mod
 
-SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 TEXT8_PREFIX = SHARED / "text8" / "text8_prefix.txt.gz"
 GPT2_DIR = SHARED / "gpt2_bpe"
 

@@ -18,7 +18,7 @@ from tcsm.data.prepare import prepare
 from tcsm.data.shards import TokenRows, read_index
 
 # ../shared/data beside the checkout (or beside the folder of worktrees that holds it)
-_ROOT = Path(__file__).resolve().parents[1]
+_ROOT = Path(__file__).resolve().parents[2]
 GPT2_DIR = next((p for p in (_ROOT.parent / "shared", _ROOT.parent.parent / "shared") if p.is_dir()), _ROOT) / "data" / "gpt2_bpe"
 needs_gpt2 = pytest.mark.skipif(not GPT2_DIR.is_dir(), reason="../shared/data/gpt2_bpe not present")
 
