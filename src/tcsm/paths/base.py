@@ -15,15 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tcsm.paths.schedules import (  # noqa: F401  (re-exported: the public API names schedules in tcsm.paths)
-    SCHEDULES,
-    CosineSchedule,
-    LinearSchedule,
-    LogLinearSchedule,
-    PolynomialSchedule,
-    Schedule,
-    make_schedule,
-)
+from tcsm.paths.schedules import LinearSchedule, Schedule
 
 
 def _col(v: Tensor, like: Tensor) -> Tensor:

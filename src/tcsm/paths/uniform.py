@@ -10,15 +10,7 @@ import torch
 from torch import Tensor
 
 from tcsm.paths.base import ProbabilityPath, _col, _log_m, _log_mass_except, _uniform01
-from tcsm.paths.schedules import (  # noqa: F401  (re-exported: the public API names schedules in tcsm.paths)
-    SCHEDULES,
-    CosineSchedule,
-    LinearSchedule,
-    LogLinearSchedule,
-    PolynomialSchedule,
-    Schedule,
-    make_schedule,
-)
+from tcsm.paths.schedules import Schedule
 
 
 class UniformPath(ProbabilityPath):
