@@ -181,39 +181,42 @@ class EvalConfig:
     ema: bool = field(default=True, metadata={"help": "evaluate and sample with the EMA weights"})
 
 
-@dataclass
-class SampleConfig:
-    """How the run samples, in training (logged samples) and from `tcsm sample` (whose flags override these)."""
+def _sample_config() -> type:
+    """The `sample:` section's schema: how many sequences training logs, and the sampler's keys — `method` and every
+    registered sampler's settings (`tcsm.sampling.settings.SampleSettings`), so a new sampler's keys appear here
+    and in `tcsm train --help` without an edit. Types are made OmegaConf's (Optional, lists)."""
+    import typing
 
-    num: int = field(default=4, metadata={"help": "sequences sampled and logged at each sample_every"})
-    steps: int = field(default=128, metadata={"help": "sampler steps"})
-    length: int | None = field(
-        default=None, metadata={"help": "sample length (null: the data's sequence length)"}
-    )
-    seed: int = field(default=0, metadata={"help": "seed of the logged samples"})
-    method: Optional[str] = field(  # noqa: UP045 (OmegaConf structured configs need Optional)
-        default=None,
-        metadata={"help": "ancestral | analytic | euler | joint (null: ancestral for masked, analytic for uniform); "
-                          "masked models also random | confidence | margin | entropy | threshold (decoding orders)"},
-    )
-    grid: str = field(default="uniform", metadata={"help": "time grid: uniform | cosine"})
-    temperature: float = field(default=1.0, metadata={"help": "softmax temperature of the denoiser's conditionals"})
-    top_p: float = field(default=1.0, metadata={"help": "nucleus truncation of each conditional (1: none)"})
-    cache: bool = field(default=True, metadata={"help": "MDLM's cache where the model and path allow it"})
-    sir_k: int = field(default=2, metadata={"help": "energy (DRE ii) runs: SIR candidates per step"})
-    sir_window: list[float] = field(
-        default_factory=lambda: [0.4, 0.6],
-        metadata={"help": "energy runs: α_t window where SIR is used ([0, 1]: every step)"},
-    )
-    sir_temperature: float = field(default=1.0, metadata={"help": "energy runs: SIR selection ∝ softmax(f / T)"})
-    block_length: Optional[int] = field(  # noqa: UP045
-        default=None, metadata={"help": "masked models: decode blocks of this many positions left to right (null: one)"}
-    )
-    threshold: float = field(
-        default=0.1,
-        metadata={"help": "method=threshold: unmask every position whose confidence exceeds this, in at most `steps` "
-                          "steps (0.1: docs/benchmarks.md 'Decoding orders'; 0.9 is one position per call there)"},
-    )
+    from tcsm.sampling import settings as sampling_settings
+
+    hints = typing.get_type_hints(sampling_settings.SampleSettings, vars(sampling_settings))
+
+    def omegaconf_type(tp):
+        args = typing.get_args(tp)
+        if type(None) in args:
+            return Optional[omegaconf_type(next(a for a in args if a is not type(None)))]  # noqa: UP045
+        if typing.get_origin(tp) is tuple:
+            return list[args[0]]
+        return tp
+
+    spec = [
+        ("num", int, field(default=4, metadata={"help": "sequences sampled and logged at each sample_every"})),
+        ("length", Optional[int], field(default=None, metadata={  # noqa: UP045
+            "help": "sample length (null: the data's sequence length)"})),
+        ("seed", int, field(default=0, metadata={"help": "seed of the logged samples"})),
+    ]  # fmt: skip
+    for f in dataclasses.fields(sampling_settings.SampleSettings):
+        tp = omegaconf_type(hints[f.name])
+        default = list(f.default) if isinstance(f.default, tuple) else f.default
+        fld = field(default_factory=lambda d=default: list(d), metadata=f.metadata) if isinstance(default, list) \
+            else field(default=default, metadata=f.metadata)  # fmt: skip
+        spec.append((f.name, tp, fld))
+    cls = dataclasses.make_dataclass("SampleConfig", spec, namespace={"__module__": __name__})
+    cls.__doc__ = "How the run samples, in training (logged samples) and from `tcsm sample` (whose flags override these)."
+    return cls
+
+
+SampleConfig = _sample_config()
 
 
 @dataclass

@@ -48,9 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _add(p, g, "--samples", metavar="FILE", help="score these samples (jsonl from `tcsm sample`) instead of sampling")
     _add(p, g, "--num-samples", type=int, default=16, help="samples per number of steps (default 16)")
     _add(p, g, "--steps", default="128", help="sampling steps; a comma-separated list gives a curve (default 128)")
-    _add(p, g, "--method", help="sampler: ancestral | analytic | euler (default: the path's)")
-    _add(p, g, "--temperature", type=float, default=1.0, help="sampling temperature")
-    _add(p, g, "--top-p", type=float, default=1.0, help="nucleus mass in (0, 1]")
+    _add(p, g, "--method", help="sampler, one of `tcsm sample --method`'s (default: the run's sample.method)")
+    _add(p, g, "--temperature", type=float, help="sampling temperature (default: the run's sample.temperature)")
+    _add(p, g, "--top-p", type=float, help="nucleus mass in (0, 1] (default: the run's sample.top_p)")
     _add(p, g, "--seed", type=int, default=0, help="seed of the samples")
     _add(p, g, "--plot", metavar="PNG", help="plot gen-PPL and entropy against steps to this file")
 
@@ -189,9 +189,10 @@ def _run_genppl(args) -> int:
     import torch
 
     from tcsm.builders.loading import load_reference_lm
+    from tcsm.builders.sampler import sample_settings
     from tcsm.cli.sample import load_tokenizer
-    from tcsm.sampling import may_cache, sample
     from tcsm.sampling.common import row_evaluations
+    from tcsm.sampling.settings import draw
     from tcsm.train.distributed import resolve_device
 
     if not args.reference:
@@ -201,12 +202,14 @@ def _run_genppl(args) -> int:
     except ValueError:
         raise ValueError(f"--steps must be a comma-separated list of integers, got {args.steps!r}") from None
     _check_positive(num_samples=args.num_samples, batch_size=args.batch_size, steps=min(steps))
-    if not args.temperature > 0 or not 0 < args.top_p <= 1:
+    if (args.temperature is not None and not args.temperature > 0) or (
+        args.top_p is not None and not 0 < args.top_p <= 1
+    ):
         raise ValueError("--temperature must be > 0 and --top-p in (0, 1]")
     device = resolve_device(args.device)
     ref = load_reference_lm(args.reference, device)
     batch = args.batch_size or 8
-    rows, lines = [], []
+    rows, lines, settings = [], [], None
     if args.samples:
         samples = _read_samples(args.samples)
         texts = [s["text"] for s in samples]
@@ -221,16 +224,15 @@ def _run_genppl(args) -> int:
         path = ckpt.build_path()
         tok = load_tokenizer(ckpt)
         L = int(ckpt.data_info["seq_len"])
-        time_independent = may_cache(ckpt.model, path)
         lines.append(f"{ckpt.directory} (step {ckpt.step}, {ckpt.weights} weights), reference {ref.name}:")
         for K in steps:
+            settings = sample_settings(ckpt.config.sample, steps=K, method=args.method, temperature=args.temperature,
+                                       top_p=args.top_p)  # fmt: skip
             generator = torch.Generator(device=device).manual_seed(args.seed)
             t0, outs, calls, evals = time.perf_counter(), [], 0, 0
             for s in range(0, args.num_samples, batch):
-                x, st = sample(ckpt.model, path, batch_size=min(batch, args.num_samples - s), length=L, num_steps=K,
-                               generator=generator, method=args.method, temperature=args.temperature,
-                               top_p=args.top_p, time_independent=time_independent, device=device,
-                               return_stats=True)
+                x, st = draw(ckpt.model, path, min(batch, args.num_samples - s), L, settings, generator=generator,
+                             device=device)
                 outs.append(x.cpu())
                 calls += st.num_calls
                 evals += row_evaluations(st, x.shape[0])
@@ -252,6 +254,7 @@ def _run_genppl(args) -> int:
 
             plot_genppl_vs_steps(rows, args.plot, title=f"{ckpt.directory.name} vs {ref.name}")
             lines.append(f"  plot: {args.plot}")
-    _emit(args, {**header, "reference": ref.name, "temperature": args.temperature, "top_p": args.top_p,
+    temperature, top_p = (args.temperature, args.top_p) if settings is None else (settings.temperature, settings.top_p)
+    _emit(args, {**header, "reference": ref.name, "temperature": temperature, "top_p": top_p,
                  "seed": args.seed, "genppl": rows}, lines)
     return 0

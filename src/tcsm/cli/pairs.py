@@ -49,6 +49,7 @@ def run(args) -> int:
     from pathlib import Path
 
     from tcsm.builders.loading import load_checkpoint
+    from tcsm.builders.sampler import sample_settings
     from tcsm.core.errors import ConfigError
     from tcsm.posttrain.reward.rewards import make_reward
     from tcsm.recipes.preference.compose import sample_pairs, write_pairs
@@ -84,7 +85,7 @@ def run(args) -> int:
         args.num_pairs,
         group=args.group,
         prompts=prompts or [""],
-        steps=args.steps or int(ck.config.sample.steps),
+        settings=sample_settings(ck.config.sample, steps=args.steps),
         seed=args.seed,
         max_rounds=args.max_rounds,
     )

@@ -24,8 +24,6 @@ import types
 
 HELP = "draw samples from a trained checkpoint (prompts, infilling, temperature, top-p)"
 
-METHODS = ("ancestral", "analytic", "euler", "random", "confidence", "margin", "entropy", "threshold")
-
 
 def _one_line_error(self, message: str):
     # Bad values (non-numbers, unknown choices) get the same one-line form as every other user error.
@@ -64,8 +62,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="samples (per prompt / template when given); default 4")
     p.add_argument("--steps", type=_positive_int, default=None,
                    help="sampler steps K (default: the run's sample.steps; a causal LM run takes one step per position)")
+    from tcsm.sampling.registry import sampler_names
+
     p.add_argument("--method", default=None,
-                   help=f"sampler: {' | '.join(METHODS)} (default: the run's sample.method, else ancestral for masked, "
+                   help=f"sampler: {' | '.join(sampler_names())} (default: the run's sample.method, else ancestral for masked, "
                         "analytic for uniform; the last five are decoding orders for masked models)")
     p.add_argument("--block-length", type=_positive_int, default=None,
                    help="masked models: decode blocks of this many positions left to right, --method inside each "
@@ -230,12 +230,15 @@ def run(args) -> int:
     from tcsm.cli.common import check_writable
     from tcsm.data.base import readable_text
     from tcsm.sampling.common import row_evaluations
+    from tcsm.sampling.registry import sampler_names
     from tcsm.storage.fileio import write_atomically
     from tcsm.train.distributed import resolve_device
 
-    if args.method is not None and args.method not in METHODS:
-        raise ValueError(f"unknown --method {args.method!r}; choose one of {', '.join(METHODS)}")
-    if args.grid not in (None, "uniform", "cosine"):
+    if args.method is not None and args.method not in sampler_names():
+        raise ValueError(f"unknown --method {args.method!r}; choose one of {', '.join(sampler_names())}")
+    from tcsm.sampling.common import GRIDS
+
+    if args.grid is not None and args.grid not in GRIDS:
         raise ValueError(f"unknown --grid {args.grid!r}; choose uniform or cosine")
     conditioned = bool(args.prompt) + bool(args.infill) + bool(args.infill_json)
     if conditioned > 1:

@@ -7,7 +7,7 @@ protocols and checked with `isinstance`, never discovered by attribute probing:
   `batch` is a `tcsm.core.batch.Batch` (or clean tokens [B, L]) and metrics are detached 0-d tensors;
 * `Evaluates`: the objective brings its own validation metric (a clean-data LM's NLL instead of a diffusion bound);
 * `Samples`: the objective brings its own sampler (an AR model, SIR over an energy model), or says it has none
-  (returns no tokens); it receives the run's `tcsm.sampling.SampleSettings` and any pinned positions;
+  (returns no tokens); it receives the run's `tcsm.sampling.own.OwnSettings` and any pinned positions;
 * `TrainerCallback`: something of the run (an objective, a target) wants to act at fixed points of training,
   e.g. refresh a previous-iterate reference or a sample pool. The trainer calls every callback it is given.
 """
@@ -55,7 +55,7 @@ class Samples(Protocol):
         values=None,
     ) -> tuple[Tensor | None, Any]:
         """(tokens [num, length] or None when the model has no sampler, stats with `.method` and `.num_calls`).
-        `settings`: a `tcsm.sampling.SampleSettings` (None: its defaults); `fixed` / `values` [num, length] pin
+        `settings`: the run's `tcsm.sampling.own.OwnSettings` (None: their defaults); `fixed` / `values` [num, length] pin
         positions (a prompt, an infilling template), or raise ValueError if this sampler cannot honour them."""
         ...
 

@@ -262,11 +262,11 @@ class EnergyObjective(_DRE):
         fixed=None,
         values=None,
     ):
-        """SIR over the energy model's frozen reference (MATH.md §6.3) with the run's `SampleSettings`: `steps`,
+        """SIR over the energy model's frozen reference (MATH.md §6.3) with the run's `OwnSettings`: `steps`,
         `grid`, `sir_k` candidates inside `sir_window`, selection temperature `sir_temperature`."""
-        from tcsm.sampling.settings import SampleSettings
+        from tcsm.sampling.own import OwnSettings
 
-        s = settings or SampleSettings()
+        s = settings or OwnSettings()
         net = self._energy_model(model)
         return sample_sir(
             net.reference,

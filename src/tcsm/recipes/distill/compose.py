@@ -17,9 +17,10 @@ import torch
 
 from tcsm.builders.config import load_config, set_values
 from tcsm.builders.loading import load_checkpoint
+from tcsm.builders.sampler import sample_settings
 from tcsm.evaluation.genppl import sample_entropy
 from tcsm.recipes.distill.builder import inspect_teacher, load_distill_teacher
-from tcsm.sampling import sample
+from tcsm.sampling.settings import draw
 
 __all__ = ["distill_config", "distill_report", "teacher_nll"]
 
@@ -77,8 +78,8 @@ def distill_report(
     out = {"run": str(Path(run_dir)), "step": student.step, "num_samples": int(num_samples), "steps": {}}
     for k in sample_steps:
         g = torch.Generator(device=device).manual_seed(seed)
-        x = sample(student.model, path, batch_size=num_samples, length=L, num_steps=int(k), generator=g,
-                   chunk_size=256)  # fmt: skip
+        settings = sample_settings(student.config.sample, steps=int(k))
+        x, _ = draw(student.model, path, num_samples, L, settings, generator=g, chunk_size=256)
         out["steps"][int(k)] = {**judge(x), "example": decode(x[0]) if decode else None}
     g = torch.Generator(device=device).manual_seed(seed)
     out["teacher"] = judge(sample_ar(teacher, num_samples, L, g, device))

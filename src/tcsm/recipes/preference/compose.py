@@ -21,12 +21,13 @@ import torch
 
 from tcsm.builders.config import load_config, set_values
 from tcsm.builders.loading import load_checkpoint
+from tcsm.builders.sampler import sample_settings
 from tcsm.builders.source import source_run
 from tcsm.core.errors import ConfigError
 from tcsm.data.pairs import tokenizer_signature
 from tcsm.evaluation.genppl import sample_entropy
 from tcsm.posttrain.reward.rewards import evaluate_reward, make_reward
-from tcsm.sampling import may_cache, sample
+from tcsm.sampling.settings import SampleSettings, draw
 from tcsm.storage.fileio import write_atomically
 
 __all__ = ["preference_config", "preference_report", "sample_pairs", "write_pairs"]
@@ -35,18 +36,9 @@ __all__ = ["preference_config", "preference_report", "sample_pairs", "write_pair
 # --------------------------------------------------------------------------------------------------- pairs
 
 
-def _draw(model, path, n: int, length: int, steps: int, generator, prompt_ids) -> torch.Tensor:
-    return sample(
-        model,
-        path,
-        batch_size=n,
-        length=length,
-        num_steps=steps,
-        generator=generator,
-        prompt=prompt_ids if prompt_ids is not None and prompt_ids.numel() else None,
-        time_independent=may_cache(model, path),
-        chunk_size=256,
-    )
+def _draw(model, path, n: int, length: int, settings, generator, prompt_ids) -> torch.Tensor:
+    prompt = prompt_ids if prompt_ids is not None and prompt_ids.numel() else None
+    return draw(model, path, n, length, settings, generator=generator, prompt=prompt, chunk_size=256)[0]
 
 
 @torch.no_grad()
@@ -59,7 +51,7 @@ def sample_pairs(
     *,
     group: int = 2,
     prompts=("",),
-    steps: int = 64,
+    settings=None,
     seed: int = 0,
     max_rounds: int = 20,
 ) -> tuple[list[dict], dict]:
@@ -70,6 +62,7 @@ def sample_pairs(
     preference and are redrawn (up to `max_rounds` rounds); `stats` counts samples, reward calls and skips.
     Records also hold the sampled token ids and the tokenizer's signature (`tcsm.data.pairs.tokenizer_signature`).
     """
+    settings = settings if settings is not None else SampleSettings(steps=64)  # the run's sampler, from tcsm pairs
     if group < 2:
         raise ConfigError(f"a pair needs a group of at least 2 samples, got {group}")
     if num_pairs < 1:
@@ -92,7 +85,7 @@ def sample_pairs(
         for j, (text, ids) in enumerate(zip(prompts, encoded)):
             if want[j] == 0:
                 continue
-            x = _draw(model, path, want[j] * group, L, steps, generator, ids).cpu()
+            x = _draw(model, path, want[j] * group, L, settings, generator, ids).cpu()
             r = evaluate_reward(reward, x, 1024).reshape(want[j], group)
             stats["samples"] += x.shape[0]
             stats["reward_calls"] += x.shape[0]
@@ -219,7 +212,8 @@ def preference_report(
     steps = int(steps or cfg.sample.steps)
     out = {"reward": reward, "num_samples": int(num_samples), "sample_steps": steps, "prompt": prompt or ""}
     for name, ck in (("reference", pre), ("finetuned", post)):
-        x = _draw(ck.model, path, num_samples, data.seq_len, steps, torch.Generator().manual_seed(seed), ids)
+        settings = sample_settings(cfg.sample, steps=steps)
+        x = _draw(ck.model, path, num_samples, data.seq_len, settings, torch.Generator().manual_seed(seed), ids)
         r = evaluate_reward(reward_fn, x, 1024).double()
         out[f"{name}_reward_mean"] = float(r.mean())
         out[f"{name}_reward_stderr"] = float(r.std() / math.sqrt(max(1, r.numel())))

@@ -11,9 +11,10 @@ import torch
 
 from tcsm.builders.config import load_config, set_values
 from tcsm.builders.loading import load_checkpoint
+from tcsm.builders.sampler import sample_settings
 from tcsm.builders.source import source_run
 from tcsm.posttrain.reward.rewards import evaluate_reward, make_reward
-from tcsm.sampling import sample
+from tcsm.sampling.settings import draw
 
 __all__ = ["reward_config", "reward_report"]
 
@@ -50,16 +51,8 @@ def reward_report(run_dir, num_samples: int, seed: int = 0) -> dict:
     }
     for name, ck in (("pretrained", pre), ("finetuned", post)):
         g = torch.Generator().manual_seed(seed)
-        x = sample(
-            ck.model,
-            path,
-            batch_size=num_samples,
-            length=data.seq_len,
-            num_steps=cfg.sample.steps,
-            generator=g,
-            prompt=prompt,
-            chunk_size=256,
-        )
+        x, _ = draw(ck.model, path, num_samples, data.seq_len, sample_settings(cfg.sample), generator=g,
+                    prompt=prompt, chunk_size=256)  # fmt: skip
         r = evaluate_reward(reward, x, 1024).double()
         out[f"{name}_reward_mean"] = float(r.mean())
         out[f"{name}_reward_stderr"] = float(r.std() / max(1, r.numel()) ** 0.5)
