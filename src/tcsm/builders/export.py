@@ -38,6 +38,8 @@ from safetensors.torch import save_file
 from tcsm.builders.config import to_dict
 from tcsm.builders.loading import load_checkpoint
 from tcsm.core.errors import CheckpointError
+from tcsm.models.hf_denoiser import auto_class_kind
+from tcsm.models.kinds import kind_of
 from tcsm.storage.checkpoint import EXPORT_FORMAT, MANIFEST, is_export_dir
 from tcsm.storage.fileio import file_digest, fsync_dir, fsync_file
 
@@ -54,14 +56,9 @@ def from_pretrained(directory: str | os.PathLike, device: str | torch.device = "
 
 
 def _kind(model) -> str:
-    from tcsm.models.hf_denoiser import HFDenoiser
-    from tcsm.posttrain.dre.energy import EnergyModel
-
-    if isinstance(model, EnergyModel):
-        return "energy"
-    if isinstance(model, HFDenoiser):
-        return "hf_denoiser"
-    return getattr(model, "family", None) or "denoiser"
+    """What the export writes for `model` (its declared `kind.export`; its family when it cannot be exported)."""
+    kind = kind_of(model)
+    return kind.export or kind.family
 
 
 def char_tokenizer_json(chars: str, mask: bool) -> dict:
@@ -395,7 +392,7 @@ def _transformers_notes(hf: dict, kind: str) -> list[str]:
     except ImportError:
         return ["transformers is not installed here, so the export was not checked against it"]
     base_type = hf["base_model"].get("model_type")
-    lm = "MASKED_LM" if hf["denoiser"].get("kind") == "mlm" else "CAUSAL_LM"
+    lm = auto_class_kind(hf["denoiser"])
     names = getattr(modeling_auto, f"MODEL_FOR_{lm}_MAPPING_NAMES", {})
     if base_type not in CONFIG_MAPPING or base_type not in names:
         return [(f"transformers cannot load this export: its base model type {base_type!r} is not a "

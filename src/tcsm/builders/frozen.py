@@ -17,6 +17,7 @@ from typing import Any
 
 from tcsm.builders.loading import LoadedCheckpoint, load_checkpoint
 from tcsm.core.errors import CheckpointError
+from tcsm.models.kinds import kind_of
 from tcsm.targets.base import freeze
 
 __all__ = ["DENOISER", "Frozen", "load_frozen"]
@@ -34,11 +35,7 @@ class Frozen:
 
 
 def _family(model) -> str:
-    from tcsm.posttrain.dre.energy import EnergyModel
-
-    if isinstance(model, EnergyModel):
-        return "energy"
-    return getattr(model, "family", None) or "denoiser"
+    return kind_of(model).family
 
 
 def load_frozen(

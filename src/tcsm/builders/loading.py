@@ -17,6 +17,7 @@ import torch
 from tcsm.builders.components import build_data, build_model_for_checkpoint, build_path
 from tcsm.builders.config import load_config, to_dict
 from tcsm.core.errors import CheckpointError
+from tcsm.models.kinds import kind_of
 from tcsm.storage.checkpoint import load_weights_into, read_state, read_weights, resolve_checkpoint
 
 __all__ = [
@@ -108,7 +109,7 @@ def load_reference_lm(path: str, device):
     if (p / "config.json").is_file():
         return ReferenceLM.from_pretrained(p, device=device)
     ref = load_checkpoint(p, device=device)
-    if getattr(ref.model, "family", None) != "causal":
+    if kind_of(ref.model).sampler != "left_to_right":
         raise ValueError(f"--reference {path!r} is neither a Hugging Face model directory nor a causal-LM checkpoint")
     data = ref.build_data()
     return ReferenceLM.from_tcsm(ref.model, data.tokenizer, eos_id=data.eos_id, device=device, name=str(p))

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from tcsm.builders.frozen import load_frozen
 from tcsm.builders.registry import TARGETS, BuildContext
 from tcsm.core.errors import ConfigError, TCSMError
+from tcsm.models.kinds import kind_of
 from tcsm.targets.parametric import TEACHERS, ParametricTarget, Teacher, make_teacher
 
 __all__ = ["ParametricTargetConfig", "load_teacher"]
@@ -61,18 +62,8 @@ def load_teacher(
     model = load_frozen(
         path, role="reference.path (the teacher)", families=tuple(TEACHERS), ema=ema, device=device, vocab_size=vocab_size
     ).model
-    family = model.family
-    keep = {"causal": ("estimator", "k", "temperature", "max_tokens"), "mlm": ("max_tokens",), "hollow": ()}[
-        family
-    ]
-    opts = {k: v for k, v in options.items() if k in keep or k == "autocast"}
-    if family == "causal":
-        est = opts.get("estimator", "exact")
-        drop = {"exact": ("k", "temperature"), "topk": ("temperature",), "taylor": ("k", "max_tokens")}.get(
-            est, ()
-        )
-        opts = {k: v for k, v in opts.items() if k not in drop}
-    return make_teacher(model, family, **opts)
+    family = kind_of(model).family
+    return make_teacher(model, family, **TEACHERS[family].accepted(options))
 
 
 def _register_parametric() -> None:

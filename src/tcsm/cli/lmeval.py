@@ -27,16 +27,16 @@ def harness_from_checkpoint(checkpoint: str, *, num_t: int = 32, seed: int = 0, 
     """(DiffusionHarness, tokenizer) of a masked diffusion run; `sampler`: overrides of its `sample:` settings."""
     from tcsm.builders.loading import load_checkpoint
     from tcsm.builders.sampler import sample_settings
-    from tcsm.builders.source import NOT_DENOISERS
     from tcsm.cli.sample import load_tokenizer
     from tcsm.evaluation.harness import DiffusionHarness
+    from tcsm.models.kinds import kind_of
 
     loaded = load_checkpoint(checkpoint, device=device, ema=not no_ema)
-    family = str(loaded.config.model.get("name", "denoiser"))
+    kind = kind_of(loaded.model)
     path = loaded.build_path()
     # every denoiser on a masked path (model.name=denoiser, hf_denoiser, a plugin's) has logits to bound with
-    if path.mask_id is None or family in NOT_DENOISERS:
-        what = NOT_DENOISERS.get(family, f"a {family} model")
+    if path.mask_id is None or not kind.is_denoiser:
+        what = kind.description
         raise ValueError(f"{loaded.directory}: the lm-eval adapter evaluates masked diffusion runs, not "
                          f"{what} on a {path.kind} path")  # fmt: skip
     length = int(getattr(loaded.model.cfg, "max_len", None) or loaded.data_info["seq_len"])

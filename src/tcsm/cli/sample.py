@@ -250,14 +250,15 @@ def run(args) -> int:
     device = resolve_device(args.device)
     loaded = load_checkpoint(args.checkpoint, device=device, ema=not args.no_ema)
     model, path = loaded.model, loaded.build_path()
-    from tcsm.posttrain.dre.energy import EnergyModel
+    from tcsm.models.kinds import kind_of
 
-    sir = isinstance(model, EnergyModel)  # strategy-(ii) DRE run: SIR over its frozen reference (MATH.md §6.3)
-    family = str(loaded.config.model.get("name", "denoiser"))
-    if family in ("mlm", "hollow", "hf_mlm"):
+    kind = kind_of(model)
+    sir = kind.sampler == "sir"  # strategy-(ii) DRE run: SIR over its frozen reference (MATH.md §6.3)
+    if kind.sampler == "none":
+        family = str(loaded.config.model.get("name", kind.family))
         raise ValueError(f"{loaded.directory} holds a {family} clean-data model: its single-site conditionals "
                          "p(x^i | x^≠i) give no sampler of whole sequences (it is a teacher for target.name=parametric)")
-    ar = family in ("causal", "hf_causal")  # a causal LM (an AR teacher): drawn left to right, prompts first
+    ar = kind.sampler == "left_to_right"  # a causal LM (an AR teacher): drawn left to right, prompts first
     if ar and (args.infill or args.infill_json):
         raise ValueError("a causal LM run is sampled left to right: it can continue a --prompt, not fill a template "
                          "(--infill / --infill-json need a diffusion run)")

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from tcsm.models.clean import CleanLMConfig
+from tcsm.models.kinds import HOLLOW
 from tcsm.models.layers import RotaryEmbedding, TransformerBlock, init_weights, make_norm, zero_init_
 
 __all__ = ["HollowTransformer", "hollow_mask"]
@@ -33,7 +34,7 @@ def hollow_mask(length: int, device=None) -> Tensor:
 class HollowTransformer(nn.Module):
     """x [B, L] clean ids → logits [B, L, V] with logits[:, i] = log p(x^i = · | x^{≠i}) (+ const)."""
 
-    family = "hollow"
+    kind = HOLLOW
     #: methods besides forward that run the network (a sharded model gathers its weights for them too)
     forward_methods = ("streams",)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from tcsm.models.clean import CleanLMConfig, CleanTransformer
+from tcsm.models.kinds import MLM
 
 __all__ = ["MaskedLM"]
 
@@ -17,7 +18,7 @@ __all__ = ["MaskedLM"]
 class MaskedLM(CleanTransformer):
     """x [B, L] with ids in {0..V} (V = [MASK]) → logits [B, L, V] of p(x^i = · | unmasked tokens)."""
 
-    family = "mlm"
+    kind = MLM
 
     def __init__(self, cfg: CleanLMConfig):
         super().__init__(cfg, causal=False)

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from tcsm.models.config import TrunkConfig
+from tcsm.models.kinds import DENOISER
 from tcsm.models.layers import (
     ACTIVATIONS,
     KERNELS,
@@ -66,6 +67,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 class Denoiser(nn.Module):
     """x_t [B, L] (ids < num_states), t [B] in [0, 1] → logits [B, L, V] over clean tokens (float32)."""
+
+    kind = DENOISER
 
     def __init__(self, cfg: DenoiserConfig):
         super().__init__()

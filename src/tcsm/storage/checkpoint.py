@@ -41,6 +41,7 @@ from safetensors.torch import load_file, save_file
 
 from tcsm.core.errors import CheckpointError
 from tcsm.storage.fileio import file_digest, fsync_dir, fsync_file
+from tcsm.storage.migration import migrate_saved_config
 
 __all__ = [
     "EXPORT_FORMAT",
@@ -401,7 +402,7 @@ def read_state(directory: str | os.PathLike) -> tuple[int, dict]:
     d = Path(directory)
     if is_export_dir(d):
         step, state = _read_export(d)
-        _migrate_config(state["config"])
+        migrate_saved_config(state["config"])
         return step, state
     try:
         meta = json.loads((d / "state.json").read_text(encoding="utf-8"))
@@ -409,21 +410,8 @@ def read_state(directory: str | os.PathLike) -> tuple[int, dict]:
         step, state = int(meta["step"]), unpack(meta["state"], tensors)
     except (OSError, ValueError, KeyError, SafetensorError) as e:
         raise CheckpointError(f"checkpoint {str(d)!r} has an unreadable state: {e}") from None
-    _migrate_config(state.get("config") if isinstance(state, dict) else None)
+    migrate_saved_config(state.get("config") if isinstance(state, dict) else None)
     return step, state
-
-
-def _migrate_config(config: dict | None) -> None:
-    """Saved configs from before a model field existed get the value those models were trained with, so that
-    they rebuild the same function rather than the new default."""
-    model = config.get("model") if isinstance(config, dict) else None
-    if not isinstance(model, dict):
-        return
-    # An energy run's config describes its reference denoiser too.
-    for node in (model, model.get("reference_model")):
-        is_denoiser = isinstance(node, dict) and node and node.get("name", "denoiser") == "denoiser"
-        if is_denoiser and "activation" not in node:
-            node["activation"] = "gelu_tanh"  # the denoiser's MLP before `activation` (default now exact GELU)
 
 
 def read_weights(directory: str | os.PathLike, ema: bool = False, device="cpu") -> dict[str, torch.Tensor]:

@@ -1,5 +1,6 @@
-"""Readers of what older versions wrote or named: module paths that moved into the layer folders. Every shim for an
-old name lives here and says, once, in one line, what the new name is.
+"""Readers of what older versions wrote or named: module paths that moved into the layer folders, and saved configs
+from before a model field existed. Every shim for an old name lives here and says, once, in one line, what the new
+name is.
 
 An old import (`import tcsm.likelihood`, `from tcsm.batch import Batch`) still works: a meta-path finder maps the old
 module name to its new home (or, for a module that was split, to a view over its parts) and warns once."""
@@ -69,3 +70,16 @@ def install_module_aliases() -> None:
     """Let old module paths import (idempotent); called when `tcsm` is imported."""
     if not any(isinstance(f, _MovedModuleFinder) for f in sys.meta_path):
         sys.meta_path.append(_MovedModuleFinder())
+
+
+def migrate_saved_config(config: dict | None) -> None:
+    """Saved configs from before a model field existed get the value those models were trained with, so that
+    they rebuild the same function rather than the new default."""
+    model = config.get("model") if isinstance(config, dict) else None
+    if not isinstance(model, dict):
+        return
+    # An energy run's config describes its reference denoiser too.
+    for node in (model, model.get("reference_model")):
+        is_denoiser = isinstance(node, dict) and node and node.get("name", "denoiser") == "denoiser"  # its schema
+        if is_denoiser and "activation" not in node:
+            node["activation"] = "gelu_tanh"  # the denoiser's MLP before `activation` (default now exact GELU)

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from tcsm.models.kinds import kind_of
 from tcsm.paths import ProbabilityPath
 from tcsm.targets.ar import ARScoreEstimate, ARScoreEstimator, make_ar_estimator, sample_ar
 from tcsm.targets.base import ConditionalTarget, TargetBatch
@@ -59,6 +61,14 @@ class Teacher:
     log-probability differences, where bf16 rounding would add up to a visible error in the target.
     """
 
+    #: the keyword options this teacher takes besides `autocast` (a config's target section may hold more)
+    OPTIONS: tuple[str, ...] = ()
+
+    @classmethod
+    def accepted(cls, options: dict) -> dict:
+        """The entries of `options` this teacher takes."""
+        return {k: v for k, v in options.items() if k in cls.OPTIONS or k == "autocast"}
+
     def __init__(self, model: nn.Module, autocast: bool = False):
         self.model = model.eval()
         self.autocast = bool(autocast)
@@ -95,6 +105,8 @@ class Teacher:
 class MLMTeacher(Teacher):
     """p_1(· | x^{≠i}) = MLM head at i with x^i ← [MASK]: L masked copies per sequence, batched (MATH.md §4)."""
 
+    OPTIONS = ("max_tokens",)
+
     def __init__(self, model: nn.Module, max_tokens: int = 1 << 16, autocast: bool = False):
         super().__init__(model, autocast)
         self.max_tokens = int(max_tokens)
@@ -112,6 +124,18 @@ class HollowTeacher(Teacher):
 
 class ARTeacher(Teacher):
     """p^AR(y | x^{≠i}) = softmax_y ℓ^i(y) with ℓ from an `ARScoreEstimator` (MATH.md §4, §5.4)."""
+
+    OPTIONS = ("estimator", "k", "temperature", "max_tokens")
+    #: options an estimator has no use for (exact: no Top-K nor temperature; Taylor: no K nor token budget)
+    UNUSED: ClassVar[dict[str, tuple[str, ...]]] = {
+        "exact": ("k", "temperature"), "topk": ("temperature",), "taylor": ("k", "max_tokens"),
+    }  # fmt: skip
+
+    @classmethod
+    def accepted(cls, options: dict) -> dict:
+        opts = super().accepted(options)
+        drop = cls.UNUSED.get(opts.get("estimator", "exact"), ())
+        return {k: v for k, v in opts.items() if k not in drop}
 
     def __init__(
         self,
@@ -147,7 +171,7 @@ TEACHERS = {"mlm": MLMTeacher, "hollow": HollowTeacher, "causal": ARTeacher}
 def make_teacher(model: nn.Module, family: str | None = None, **kwargs) -> Teacher:
     """Wrap a clean-data model in the teacher of its family ("mlm" | "hollow" | "causal"; default
     `model.family`); keyword options go to the teacher (e.g. estimator="topk", k=5 for AR)."""
-    family = family or getattr(model, "family", None)
+    family = family or kind_of(model).family
     if family not in TEACHERS:
         raise ValueError(f"cannot make a teacher for family {family!r}; choose one of {sorted(TEACHERS)}")
     return TEACHERS[family](model, **kwargs)

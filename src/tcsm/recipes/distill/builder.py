@@ -124,6 +124,7 @@ def inspect_teacher(path: str | os.PathLike, ema: bool = True) -> TeacherSpec:
         )  # fmt: skip
     from tcsm.builders.config import load_config
     from tcsm.models.clean import CLEAN_PRESETS
+    from tcsm.models.kinds import family_of_name
     from tcsm.storage.checkpoint import read_state, resolve_checkpoint
 
     try:
@@ -136,7 +137,8 @@ def inspect_teacher(path: str | os.PathLike, ema: bool = True) -> TeacherSpec:
     if "config" not in state or "data_info" not in state:
         raise CheckpointError(f"{str(directory)!r} holds no run config; it was not written by `tcsm train`")
     model = dict(state["config"].get("model", {}))
-    if model.get("name") not in ("causal", "hf_causal"):
+    kind = family_of_name(model.get("name"))
+    if kind.sampler != "left_to_right":
         raise CheckpointError(
             f"teacher {str(directory)!r} holds a {model.get('name')!r} model, not a causal LM "
             "(train one with tcsm train -c clean-causal)"
@@ -145,7 +147,7 @@ def inspect_teacher(path: str | os.PathLike, ema: bool = True) -> TeacherSpec:
     header = _safetensors_header(directory / use)
     dims = {**CLEAN_PRESETS.get(model.get("preset"), {}), **{k: v for k, v in model.items() if v is not None}}
     hf_config = Path(str(model.get("name_or_path") or "")) / "config.json"
-    if model.get("name") == "hf_causal" and hf_config.is_file():  # a HF model trained by `tcsm train`
+    if hf_config.is_file():  # a HF model trained by `tcsm train` (model.name_or_path names its directory)
         hf = inspect_teacher(hf_config.parent)
         dims.update(d_model=hf.d_model, n_layers=hf.n_layers, n_heads=hf.n_heads, max_len=hf.max_len)
     blocks = {k.split(".")[1] for k in header if k.startswith("blocks.")}

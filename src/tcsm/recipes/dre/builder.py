@@ -21,6 +21,7 @@ from tcsm.builders.config import to_dict
 from tcsm.builders.frozen import load_frozen
 from tcsm.builders.registry import MODELS, OBJECTIVES, BuildContext
 from tcsm.core.errors import CheckpointError, ConfigError
+from tcsm.models.kinds import ENERGY, kind_of
 from tcsm.posttrain.dre.energy import EnergyModel
 from tcsm.posttrain.dre.ratio_head import RatioHead, RatioHeadConfig
 from tcsm.targets.base import freeze
@@ -140,7 +141,7 @@ def build_dre_objective(node: dict, ctx: BuildContext):
         "target": ctx.target,
         "antithetic": node["antithetic"],
     }
-    is_energy = isinstance(ctx.model, EnergyModel)
+    is_energy = kind_of(ctx.model) is ENERGY
     try:
         if strategy == "ii":
             if not is_energy:
