@@ -131,7 +131,7 @@ def test_gradient_flows_under_bf16_autocast():
 
 
 def test_selected_from_a_run_config():
-    from tcsm.builders.components import build_components
+    from tcsm.builders.assemble import build_components
     from tcsm.builders.config import load_config
 
     cfg = load_config("synthetic", ["objective.name=sedd", "path.source=uniform", "model.preset=tiny"])

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from tcsm.builders.loading import LoadedCheckpoint, load_checkpoint
-from tcsm.core.errors import CheckpointError
+from tcsm.core.errors import CheckpointError, ConfigError
 from tcsm.models.kinds import kind_of
 from tcsm.targets.base import freeze
 
-__all__ = ["DENOISER", "Frozen", "load_frozen"]
+__all__ = ["DENOISER", "Frozen", "load_frozen", "load_reference"]
 
 #: `families` value of a diffusion denoiser (a model with no clean-data `family`, not an energy model)
 DENOISER = ("denoiser",)
@@ -80,3 +80,25 @@ def load_frozen(
     if seq_len is not None and max_len is not None and int(seq_len) > max_len:
         raise CheckpointError(f"{role} {where!r} allows sequences of at most {max_len}; the data has {seq_len}")
     return Frozen(freeze(ck.model), ck)
+
+
+def load_reference(ctx, uses: list) -> None:
+    """The build step between the path and the model: load the run's frozen model (`reference.path`) once, with one
+    set of checks, into `ctx.reference` (and `ctx.reference_checkpoint`) when an entry of the run declares a use of
+    it (`ReferenceUse`); the entries then read it from the context. `uses`: (the entry's config node, its use)."""
+    ref = ctx.config.reference
+    uses = [(node, use) for node, use in uses if use is not None]
+    if not uses or not ref.path:
+        return
+    node, use = uses[0]
+    families = set(use.families)
+    for _, other in uses[1:]:
+        families &= set(other.families)
+    if not families:
+        roles = " and ".join(u.role for _, u in uses)
+        raise ConfigError(f"reference.path is read as {roles}, which accept no common kind of model")
+    if use.load is not None:
+        ctx.reference = use.load(node, ctx)
+        return
+    frozen = load_frozen(ref.path, ctx, role=use.role, families=tuple(sorted(families)), ema=ref.ema)
+    ctx.reference, ctx.reference_checkpoint = frozen.model, frozen.checkpoint

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tcsm.builders.frozen import load_frozen
-from tcsm.builders.registry import TARGETS, BuildContext
+from tcsm.builders.registry import TARGETS, BuildContext, ReferenceUse
 from tcsm.core.errors import ConfigError, TCSMError
 from tcsm.models.kinds import kind_of
 from tcsm.targets.parametric import TEACHERS, ParametricTarget, Teacher, make_teacher
@@ -69,14 +69,14 @@ def load_teacher(
 def _register_parametric() -> None:
     def build(node: dict, ctx):
         node = dict(node)
-        path, ema = ctx.config.reference.path, ctx.config.reference.ema
-        if not path:
+        if ctx.reference is None:
             raise ConfigError(
                 "reference.path must name the teacher: the checkpoint of a clean-data run (tcsm train -c clean-mlm ...)"
             )
         cache_size = node.pop("cache_size")
         try:
-            teacher = load_teacher(path, ctx.device or "cpu", ema=ema, vocab_size=ctx.vocab_size, **node)
+            family = kind_of(ctx.reference).family
+            teacher = make_teacher(ctx.reference, family, **TEACHERS[family].accepted(node))
         except TCSMError:
             raise
         except ValueError as e:  # an estimator option out of range
@@ -88,6 +88,7 @@ def _register_parametric() -> None:
         build,
         schema=ParametricTargetConfig,
         overwrite=True,
+        reference=ReferenceUse("reference.path (the teacher)", families=tuple(TEACHERS)),
         help="explicit N^1 target from a frozen clean-data model (BERT / AR / Hollow; MATH.md §4)",
     )
 

@@ -204,44 +204,22 @@ def add_config_arguments(p, preset: str, overrides_example: str = "optim.lr=1e-4
     p.add_argument("-o", "--out", help=f"run directory (default: train.out_dir, else runs/{preset}-<time>)")
 
 
-def add_steps_and_resume_arguments(p, run_kind: str) -> None:
-    """--steps, --resume and --resume-from of a recipe run; `run_kind` names its checkpoints in the help."""
-    p.add_argument("--steps", type=int, help="optimizer steps (train.steps)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
-    p.add_argument("--resume-from", metavar="CHECKPOINT", help=f"continue from this {run_kind} checkpoint")
-
-
-def flag_values(args, flags: dict[str, str]) -> dict:
-    """{config key: value} of the flags given on the command line; `flags` maps a flag's dest to its config key."""
-    return {key: getattr(args, flag) for flag, key in flags.items() if getattr(args, flag, None) is not None}
-
-
 def command_of(cfg) -> str:
-    """The tcsm command that trains a run with this config (a dict or a DictConfig)."""
+    """The tcsm command that trains a run with this config (a dict or a DictConfig): its recipe's, else train."""
+    from tcsm.recipes.spec import recipe_of
 
-    def get(section: str) -> str | None:
-        node = cfg.get(section) if isinstance(cfg, dict) else getattr(cfg, section, None)
-        return None if node is None else node.get("name")
-
-    objective, target = get("objective"), get("target")
-    if objective in ("dre", "preference", "sft"):
-        return f"tcsm finetune {objective}"
-    if target == "reward":
-        return "tcsm finetune reward"
-    if target == "distill":
-        return "tcsm distill"
-    return "tcsm train"
+    spec = recipe_of(cfg)
+    return "tcsm " + " ".join(spec.words) if spec is not None else "tcsm train"
 
 
-def resolve_recipe(args, preset: str, flags: dict[str, str], new_config: Callable) -> tuple:
+def resolve_recipe(args, preset: str, values: dict, new_config: Callable) -> tuple:
     """(config, run_dir, resume) of a recipe run. A resumed run starts from its saved config, which must be one
     this recipe trains; a new one from `new_config(config_name, flag_values)`, which builds it from the recipe's
-    source run (and refuses a missing one), with `preset` as the default -c and the label of the default run
+    source run (and refuses a missing one); `values` are the flags' {config key: value}, with `preset` as the default -c and the label of the default run
     directory."""
     from tcsm.builders.config import load_config, set_values
     from tcsm.core.errors import ConfigError
 
-    values = flag_values(args, flags)
     run_dir = Path(args.out) if args.out else None
     point = resume_point(args, run_dir)
     if point is not None:
@@ -261,22 +239,6 @@ def resolve_recipe(args, preset: str, flags: dict[str, str], new_config: Callabl
 def add_source_run_argument(p, help: str, *, required: bool = False) -> None:
     """The run a command starts from or reads: `--from RUN` (aliases `-k`, `--checkpoint`) in every command."""
     p.add_argument("--from", "-k", "--checkpoint", dest="checkpoint", metavar="RUN", required=required, help=help)
-
-
-def lazy_report(spec: str, count: int, *args, **kwargs) -> Callable[[Path], dict] | None:
-    """`run_dir -> module.function(run_dir, count, *args, **kwargs)` for spec "module:function", importing the
-    module only when the report is made (a recipe's evaluation imports what `--help` should not); None when
-    `count` (the examples or samples it evaluates) is 0: the evaluation is off."""
-    if count <= 0:
-        return None
-
-    def report(run_dir: Path) -> dict:
-        import importlib
-
-        module, name = spec.split(":")
-        return getattr(importlib.import_module(module), name)(run_dir, count, *args, **kwargs)
-
-    return report
 
 
 def run_recipe(

@@ -66,7 +66,8 @@ def run(args) -> int:
 
     import torch
 
-    from tcsm.builders.components import DataInfo, build_objective_for_checkpoint
+    from tcsm.builders.assemble import build_objective_for_checkpoint
+    from tcsm.builders.components import DataInfo
     from tcsm.builders.loading import load_checkpoint
     from tcsm.cli.common import check_writable, format_bound, jsonable
     from tcsm.core.errors import ConfigError

@@ -205,7 +205,8 @@ def _run_sampler(loaded, model, path, device, args):
     """The run's sampler (`tcsm.builders.sampler`: the same one its training samples used) with the flags given.
     A run whose objective cannot be rebuilt here (e.g. its reference run is gone) has no sampler of its own: only
     energy-model and causal-LM runs do, and their objectives read nothing but the model."""
-    from tcsm.builders.components import DataInfo, build_objective_for_checkpoint
+    from tcsm.builders.assemble import build_objective_for_checkpoint
+    from tcsm.builders.components import DataInfo
     from tcsm.builders.sampler import build_sampler
     from tcsm.core.errors import TCSMError
 

@@ -3,8 +3,10 @@
 The trainer calls an objective and nothing else method-specific; optional capabilities are declared by these
 protocols and checked with `isinstance`, never discovered by attribute probing:
 
-* `TrainingObjective`: `objective(model, batch, generator[, reference=...])` → (scalar loss, metrics), where
-  `batch` is a `tcsm.core.batch.Batch` (or clean tokens [B, L]) and metrics are detached 0-d tensors;
+* `TrainingObjective`: `objective(model, batch, generator)` → (scalar loss, metrics), where `batch` is a
+  `tcsm.core.batch.Batch` (or clean tokens [B, L]) and metrics are detached 0-d tensors. A run's frozen reference
+  is handed to the objective (or its target) once, when the run is built; the trainer never passes it. (Objectives
+  still accept `reference=` for a caller that builds one without it, e.g. a notebook.)
 * `Evaluates`: the objective brings its own validation metric (a clean-data LM's NLL instead of a diffusion bound);
 * `Samples`: the objective brings its own sampler (an AR model, SIR over an energy model), or says it has none
   (returns no tokens); it receives the run's `tcsm.sampling.own.OwnSettings` and any pinned positions;

@@ -34,9 +34,9 @@ import torch
 from torch import Tensor
 
 from tcsm.core.batch import Batch
-from tcsm.data.base import DataError, RowsBundle, TensorRows, compact_dtype, jsonl_objects
-from tcsm.data.build import DATA_KINDS, build_data
-from tcsm.data.text import resolve_splits, tokenized_splits
+from tcsm.data.base import DataError, RowsBundle, TensorRows, jsonl_objects
+from tcsm.data.build import DATA_KINDS
+from tcsm.data.prompted import build_prompted, encode, pad_prompt_rows, prompted_source
 
 __all__ = ["PairRows", "PairsBundle", "build_pairs", "read_pair_records", "tokenize_pairs", "tokenizer_signature"]
 
@@ -131,13 +131,6 @@ def tokenizer_signature(bundle) -> str:
     return f"{bundle.meta.get('tokenizer_data') or bundle.label}/V={bundle.vocab_size}"
 
 
-def _encode(tokenizer, text: str) -> list[int] | None:
-    try:
-        return list(tokenizer.encode(text)) if text else []
-    except DataError:  # e.g. a character outside a character-level vocabulary
-        return None
-
-
 def tokenize_pairs(
     records, tokenizer, seq_len: int, *, truncate: bool, pad_id: int | None, bad: Counter, where: str
 ) -> tuple[PairRows, int]:
@@ -153,7 +146,7 @@ def tokenize_pairs(
         if stored is not None and all(0 <= i < V for x in stored for i in x):
             ids = list(stored)
         else:
-            ids = [_encode(tokenizer, s) for s in (prompt, chosen, rejected)]
+            ids = [encode(tokenizer, s) for s in (prompt, chosen, rejected)]
         if any(x is None for x in ids):
             bad["text outside the tokenizer's vocabulary"] += 1
             continue
@@ -187,35 +180,7 @@ def tokenize_pairs(
     return PairRows(chosen, rejected, mask), truncated
 
 
-def pad_prompt_rows(
-    rows, seq_len: int, pad_id: int | None, vocab_size: int, *, slots: int
-) -> tuple[list[Tensor], Tensor]:
-    """`rows` of (prompt ids, `slots` response ids) as one [N, seq_len] tensor per slot — prompt, response, then
-    `pad_id` — in the compact dtype, and the prompt mask [N, seq_len] (shared by preference pairs and SFT)."""
-    L = int(seq_len)
-    dtype = compact_dtype(max(int(vocab_size), (pad_id or 0) + 1))
-    outs = [torch.zeros(len(rows), L, dtype=dtype) for _ in range(slots)]
-    mask = torch.zeros(len(rows), L, dtype=torch.bool)
-    for k, (p, responses) in enumerate(rows):
-        for out, resp in zip(outs, responses):
-            out[k] = torch.tensor(p + resp + [pad_id] * (L - len(p) - len(resp)), dtype=dtype)
-        mask[k, : len(p)] = True
-    return outs, mask
-
-
 # --------------------------------------------------------------------------------------------------- the kind
-
-
-def _pad_id(tokenizer, base, pad: str | None) -> int | None:
-    if pad is None:
-        eos = getattr(base, "eos_id", None)
-        return eos if eos is not None else getattr(tokenizer, "eos_id", None)
-    ids = _encode(tokenizer, pad)
-    if ids is None or len(ids) != 1:
-        raise DataError(
-            f"data.pad must be text of exactly one token, got {pad!r} ({ids and len(ids)} tokens)"
-        )
-    return ids[0]
 
 
 def build_pairs(
@@ -236,57 +201,30 @@ def build_pairs(
     name: str | None = None,
 ) -> PairsBundle:
     """The `pairs` data kind (see the module docstring)."""
-    if not isinstance(tokenizer, dict) or "kind" not in tokenizer:
-        raise DataError(
-            "pairs data needs `tokenizer`: the data section (with its `kind`) of the run the pairs are for; "
-            "`tcsm finetune preference --from RUN` sets it"
-        )
-    if tokenizer["kind"] == "pairs":
-        raise DataError("pairs data: `tokenizer` must name a text data section, not another pairs section")
-    mode, files = resolve_splits(path, train_path, valid_path, test_path, valid_frac, test_frac, "pairs")
-    base = build_data(tokenizer)
-    tok = base.tokenizer
-    L = int(seq_len if seq_len is not None else base.seq_len)
-    if L < 2:
-        raise DataError(f"pairs data: seq_len must be >= 2, got {L}")
-    pad_id = _pad_id(tok, base, pad)
-    signature = tokenizer_signature(base)
-    bad: Counter = Counter()
+    source = prompted_source(
+        "pairs", tokenizer, for_what="the run the pairs are for", command="tcsm finetune preference --from RUN",
+        path=path, train_path=train_path, valid_path=valid_path, test_path=test_path, seq_len=seq_len, pad=pad,
+        valid_frac=valid_frac, test_frac=test_frac, min_len=2,
+    )  # fmt: skip
+    signature = tokenizer_signature(source.base)
     fields = (prompt_field, chosen_field, rejected_field)
-    opts = {"truncate": bool(truncate), "pad_id": pad_id, "bad": bad}
+    opts = {"truncate": bool(truncate), "pad_id": source.pad_id, "bad": source.bad}
     stored = 0
 
     def tokenize(f):
         nonlocal stored
-        records = [] if f is None else read_pair_records(f, fields, bad, signature)
+        records = [] if f is None else read_pair_records(f, fields, source.bad, signature)
         stored += sum(r[4] is not None for r in records)
-        return tokenize_pairs(records, tok, L, where=f or "", **opts)
+        return tokenize_pairs(records, source.tokenizer, source.seq_len, where=f or "", **opts)
 
-    splits, truncated = tokenized_splits(mode, files, tokenize, valid_frac, test_frac, seed)
-    src = files["path"] if mode == "fractions" else files["train"]
-    usable = sum(len(s) for s in splits.values())
-    if usable == 0:
-        reasons = ", ".join(f"{n} {why}" for why, n in bad.items()) or "the file holds no records"
-        raise DataError(
-            f"no usable preference pair in {src} ({reasons}); each JSON line needs "
-            f"{', '.join(repr(k) for k in fields if k)} as non-empty, different texts"
-        )
-    return PairsBundle(
-        name=name or f"{Path(src).name.split('.')[0]}-pairs",
-        vocab_size=int(base.vocab_size),
-        seq_len=L,
-        tokenizer=tok,
-        eos_id=getattr(base, "eos_id", None),
-        meta={
-            "files": files,
-            "bad_records": dict(bad),
-            "truncated": truncated,
-            "pad_id": pad_id,
-            "tokenizer_data": base.label,
-            "stored_token_ids": stored,
-        },
-        **splits,
-    )
+    needs = ", ".join(repr(k) for k in fields if k)
+    bundle = build_prompted(
+        source, PairsBundle, tokenize, valid_frac=valid_frac, test_frac=test_frac, seed=seed, name=name,
+        empty="no usable preference pair in {src} ({reasons}); each JSON line needs " + needs
+        + " as non-empty, different texts",
+    )  # fmt: skip
+    bundle.meta["stored_token_ids"] = stored
+    return bundle
 
 
 DATA_KINDS["pairs"] = build_pairs

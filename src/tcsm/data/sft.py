@@ -31,9 +31,8 @@ from torch import Tensor
 
 from tcsm.core.batch import Batch
 from tcsm.data.base import DataError, RowsBundle, TensorRows, jsonl_objects
-from tcsm.data.build import DATA_KINDS, build_data
-from tcsm.data.pairs import _encode, _pad_id, pad_prompt_rows
-from tcsm.data.text import resolve_splits, tokenized_splits
+from tcsm.data.build import DATA_KINDS
+from tcsm.data.prompted import build_prompted, encode, pad_prompt_rows, prompted_source
 
 __all__ = ["ChatTemplate", "SFTBundle", "SFTRows", "build_sft", "read_sft_records"]
 
@@ -195,7 +194,7 @@ def tokenize_sft(records, tokenizer, seq_len: int, *, truncate: bool, pad_id: in
     L = int(seq_len)
     rows, too_long, truncated = [], [], 0
     for n, prompt, completion in records:
-        p, c = _encode(tokenizer, prompt), _encode(tokenizer, completion)
+        p, c = encode(tokenizer, prompt), encode(tokenizer, completion)
         if p is None or c is None:
             bad["text outside the tokenizer's vocabulary"] += 1
             continue
@@ -243,47 +242,27 @@ def build_sft(
     name: str | None = None,
 ) -> SFTBundle:
     """The `sft` data kind (see the module docstring)."""
-    if not isinstance(tokenizer, dict) or "kind" not in tokenizer:
-        raise DataError(
-            "sft data needs `tokenizer`: the data section (with its `kind`) of the run it fine-tunes; "
-            "`tcsm finetune sft --from RUN` sets it"
-        )
-    if tokenizer["kind"] in ("sft", "pairs"):
-        raise DataError("sft data: `tokenizer` must name a text data section, not another sft / pairs section")
-    mode, files = resolve_splits(path, train_path, valid_path, test_path, valid_frac, test_frac, "sft")
-    base = build_data(tokenizer)
-    tok = base.tokenizer
-    L = int(seq_len if seq_len is not None else base.seq_len)
-    pad_id = _pad_id(tok, base, pad)
+    source = prompted_source(
+        "sft", tokenizer, for_what="the run it fine-tunes", command="tcsm finetune sft --from RUN", path=path,
+        train_path=train_path, valid_path=valid_path, test_path=test_path, seq_len=seq_len, pad=pad,
+        valid_frac=valid_frac, test_frac=test_frac,
+    )  # fmt: skip
     template = ChatTemplate(chat_template) if chat_template else None
-    bad: Counter = Counter()
     fields = (prompt_field, completion_field, messages_field)
-    opts = {"truncate": bool(truncate), "pad_id": pad_id, "bad": bad}
-    def tokenize(f):
-        records = [] if f is None else read_sft_records(f, fields, template, bad)
-        return tokenize_sft(records, tok, L, where=f or "", **opts)
+    opts = {"truncate": bool(truncate), "pad_id": source.pad_id, "bad": source.bad}
 
-    splits, truncated = tokenized_splits(mode, files, tokenize, valid_frac, test_frac, seed)
-    src = files["path"] if mode == "fractions" else files["train"]
-    if sum(len(s) for s in splits.values()) == 0:
-        reasons = ", ".join(f"{n} {why}" for why, n in bad.items()) or "the file holds no records"
-        raise DataError(
-            f"no usable prompt/completion record in {src} ({reasons}); each JSON line needs "
-            f"{prompt_field!r} and {completion_field!r} texts (or messages), or {messages_field!r}"
-        )
-    return SFTBundle(
-        name=name or f"{Path(src).name.split('.')[0]}-sft",
-        vocab_size=int(base.vocab_size),
-        seq_len=L,
-        tokenizer=tok,
-        eos_id=getattr(base, "eos_id", None),
-        meta={"files": files, "bad_records": dict(bad), "truncated": truncated, "pad_id": pad_id,
-              "tokenizer_data": base.label,
-              # saved with the run (chat_template.jinja) and its export (tokenizer_config.json), so the model is
-              # prompted at inference as it was trained
-              **({"chat_template": template.text} if template is not None else {})},
-        **splits,
-    )
+    def tokenize(f):
+        records = [] if f is None else read_sft_records(f, fields, template, source.bad)
+        return tokenize_sft(records, source.tokenizer, source.seq_len, where=f or "", **opts)
+
+    # the template is saved with the run (chat_template.jinja) and its export (tokenizer_config.json), so the model
+    # is prompted at inference as it was trained
+    return build_prompted(
+        source, SFTBundle, tokenize, valid_frac=valid_frac, test_frac=test_frac, seed=seed, name=name,
+        empty="no usable prompt/completion record in {src} ({reasons}); each JSON line needs "
+        f"{prompt_field!r} and {completion_field!r} texts (or messages), or {messages_field!r}",
+        meta={"chat_template": template.text} if template is not None else {},
+    )  # fmt: skip
 
 
 DATA_KINDS["sft"] = build_sft

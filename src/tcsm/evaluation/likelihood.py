@@ -40,7 +40,7 @@ from torch import Tensor
 from tcsm.core.results import EvalResult, summarise_nats
 from tcsm.paths import ProbabilityPath
 from tcsm.paths.bounds import _work_dtype, nelbo_integrand, prior_term, resolve_bound
-from tcsm.paths.timesteps import stratified_times
+from tcsm.paths.timesteps import T_MIN, stratified_times
 
 Denoiser = Callable[[Tensor, Tensor], Tensor]
 
@@ -49,7 +49,7 @@ Denoiser = Callable[[Tensor, Tensor], Tensor]
 _T_HI = 1.0 - 2.0**-24
 
 
-_T_LO = torch.finfo(torch.float32).tiny
+_T_LO = T_MIN
 
 
 _LN2 = math.log(2.0)
@@ -251,3 +251,21 @@ def evaluate_bound(
             )
     return EvalResult(summarise_nats(torch.cat(per_seq) / L, L, bound), num_t=int(num_t))
 
+
+def nelbo_given_prompt(denoiser: Denoiser, x1: Tensor, cond_mask: Tensor | None, path: ProbabilityPath, *,
+                       num_t: int, generator: torch.Generator | None = None, bound: str | None = None) -> Tensor:  # fmt: skip
+    """E_t[w(t) G(t, x_t)] per sequence [B] (float64) with the positions of `cond_mask` (a prompt) clean at every t,
+    at `num_t` stratified times with one x_t each (`Batch.noised`): for the masked source the prompt positions
+    contribute nothing, so this estimates the NELBO of the rest given the prompt (MATH.md §2.4). No gradients are
+    taken here only if the caller says so."""
+    from tcsm.core.batch import Batch
+
+    bound = resolve_bound(path, bound)
+    b = Batch(x1, cond_mask=cond_mask)
+    total = torch.zeros(x1.shape[0], dtype=torch.float64, device=x1.device)
+    times = stratified_times(num_t, x1.shape[0], generator=generator, device=x1.device)
+    for k in range(num_t):
+        t = times[k].clamp_min(T_MIN)
+        xt = b.noised(path, x1, t, generator)
+        total += nelbo_integrand(denoiser(xt, t), x1, xt, t, path, bound).double() / num_t
+    return total

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from tcsm.core.names import NameTable
+
 __all__ = [
     "BREGMAN",
     "F_DIVERGENCES",
@@ -231,7 +233,11 @@ class Logistic(BregmanGenerator):
         )
 
 
-BREGMAN: dict[str, BregmanGenerator] = {g.name: g for g in (GKL(), Squared(), ItakuraSaito(), Logistic())}
+BREGMAN = NameTable(
+    "Bregman generator",
+    {g.name: g for g in (GKL(), Squared(), ItakuraSaito(), Logistic())},
+    passes=lambda g: isinstance(g, BregmanGenerator),
+)
 BREGMAN["kl"] = BREGMAN["gkl"]
 BREGMAN["lsif"] = BREGMAN["squared"]
 BREGMAN["bce"] = BREGMAN["logistic"]
@@ -240,12 +246,7 @@ BREGMAN["itakura_saito"] = BREGMAN["is"]
 
 def get_bregman(name: str | BregmanGenerator) -> BregmanGenerator:
     """Look up a Bregman generator by name (one of `BREGMAN`) or pass one through."""
-    if isinstance(name, BregmanGenerator):
-        return name
-    try:
-        return BREGMAN[name]
-    except KeyError:
-        raise ValueError(f"unknown Bregman generator {name!r}; choose one of {sorted(BREGMAN)}") from None
+    return BREGMAN.lookup(name)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -292,13 +293,11 @@ def logistic(log_q: Tensor, log_m: Tensor) -> Tensor:
     return kl(log_q, log_a) + kl(log_m, log_a)
 
 
-F_DIVERGENCES: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
-    "kl": kl,
-    "reverse_kl": reverse_kl,
-    "is": itakura_saito,
-    "squared": squared,
-    "logistic": logistic,
-}
+F_DIVERGENCES = NameTable(
+    "divergence",
+    {"kl": kl, "reverse_kl": reverse_kl, "is": itakura_saito, "squared": squared, "logistic": logistic},
+    passes=callable,
+)
 F_DIVERGENCES["rkl"] = reverse_kl
 F_DIVERGENCES["lsif"] = squared
 F_DIVERGENCES["pearson"] = squared
@@ -309,9 +308,4 @@ F_DIVERGENCES["itakura_saito"] = itakura_saito
 
 def get_f_divergence(name: str | Callable[[Tensor, Tensor], Tensor]) -> Callable[[Tensor, Tensor], Tensor]:
     """Look up a divergence between distributions by name (one of `F_DIVERGENCES`) or pass a callable through."""
-    if callable(name):
-        return name
-    try:
-        return F_DIVERGENCES[name]
-    except KeyError:
-        raise ValueError(f"unknown divergence {name!r}; choose one of {sorted(F_DIVERGENCES)}") from None
+    return F_DIVERGENCES.lookup(name)

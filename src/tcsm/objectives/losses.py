@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from tcsm.core.names import NameTable
 from tcsm.objectives.divergences import BregmanGenerator, get_bregman, get_f_divergence
 from tcsm.paths import ProbabilityPath
 from tcsm.targets.base import TargetBatch
@@ -257,15 +258,10 @@ def _validate_score(bregman="gkl", divergence=None, weight_cap=None, **_) -> Non
 score_loss.validate = _validate_score
 
 
-LOSSES: dict[str, LossFn] = {"distrib": distrib_loss, "score": score_loss}
+LOSSES = NameTable("loss", {"distrib": distrib_loss, "score": score_loss}, passes=callable)
 
 
 def get_loss(name: str | LossFn) -> LossFn:
     """Look up a per-position loss by name (one of `LOSSES`) or pass a callable through."""
-    if callable(name):
-        return name
-    try:
-        return LOSSES[name]
-    except KeyError:
-        raise ValueError(f"unknown loss {name!r}; choose one of {sorted(LOSSES)}") from None
+    return LOSSES.lookup(name)
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from tcsm.core.names import NameTable
 from tcsm.objectives.losses import _masked
 from tcsm.paths import ProbabilityPath
 from tcsm.targets.base import TargetBatch
@@ -31,23 +32,22 @@ def alpha_dot_weight(path: ProbabilityPath, t: Tensor) -> Tensor:
     return path.schedule.alpha_dot(t)
 
 
-WEIGHTINGS: dict[str, WeightFn] = {
+WEIGHTINGS = NameTable(
+    "time weighting",
+    {
     "kappa": kappa_weight,
     "elbo": kappa_weight,
     "uniform": unit_weight,
     "none": unit_weight,
     "alpha_dot": alpha_dot_weight,
-}
+    },
+    passes=callable,
+)
 
 
 def get_weighting(name: str | WeightFn) -> WeightFn:
     """Look up a time weighting ω(path, t) → [B] by name (one of `WEIGHTINGS`) or pass a callable through."""
-    if callable(name):
-        return name
-    try:
-        return WEIGHTINGS[name]
-    except KeyError:
-        raise ValueError(f"unknown time weighting {name!r}; choose one of {sorted(WEIGHTINGS)}") from None
+    return WEIGHTINGS.lookup(name)
 
 
 def reduce_loss(per_pos: Tensor, batch: TargetBatch, time_weight: Tensor | None = None) -> Tensor:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from tcsm.core.names import NameTable
 from tcsm.paths.base import ProbabilityPath
 from tcsm.paths.masked import MaskedPath
 from tcsm.paths.schedules import (
@@ -32,13 +33,12 @@ __all__ = [
     "make_schedule",
 ]
 
-PATHS = {"masked": MaskedPath, "uniform": UniformPath}
+PATHS = NameTable("source", {"masked": MaskedPath, "uniform": UniformPath})
 
 
 def make_path(kind: str, vocab_size: int, schedule: Schedule | str | None = None, **schedule_kwargs) -> ProbabilityPath:
     """Build a path by source name ("masked" | "uniform") and schedule (object or name)."""
-    if kind not in PATHS:
-        raise ValueError(f"unknown source {kind!r}; choose one of {sorted(PATHS)}")
+    cls = PATHS.lookup(kind)
     if isinstance(schedule, str):
         schedule = make_schedule(schedule, **schedule_kwargs)
-    return PATHS[kind](vocab_size, schedule)
+    return cls(vocab_size, schedule)

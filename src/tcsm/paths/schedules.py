@@ -13,6 +13,8 @@ import math
 import torch
 from torch import Tensor
 
+from tcsm.core.names import NameTable
+
 
 class Schedule:
     """Base class: subclasses implement `alpha`, `one_minus_alpha` and `alpha_dot`."""
@@ -148,18 +150,12 @@ class LogLinearSchedule(Schedule):
         return (1.0 - (1.0 - a.clamp(self.eps, 1.0)) / (1.0 - self.eps)).clamp(0.0, 1.0)
 
 
-SCHEDULES = {
-    "linear": LinearSchedule,
-    "cosine": CosineSchedule,
-    "polynomial": PolynomialSchedule,
-    "loglinear": LogLinearSchedule,
-}
+SCHEDULES = NameTable(
+    "schedule",
+    {"linear": LinearSchedule, "cosine": CosineSchedule, "polynomial": PolynomialSchedule, "loglinear": LogLinearSchedule},
+)
 
 
 def make_schedule(name: str, **kwargs) -> Schedule:
     """Build a schedule by name: one of `SCHEDULES`."""
-    try:
-        cls = SCHEDULES[name]
-    except KeyError:
-        raise ValueError(f"unknown schedule {name!r}; choose one of {sorted(SCHEDULES)}") from None
-    return cls(**kwargs)
+    return SCHEDULES.lookup(name)(**kwargs)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+#: the smallest t a bound is evaluated at: t > 0, where the weights w(t) are finite (float32's smallest normal)
+T_MIN = torch.finfo(torch.float32).tiny
+
 
 def sample_times(
     batch_size: int,

@@ -23,6 +23,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from tcsm.core.names import NameTable
 from tcsm.models.kinds import kind_of
 from tcsm.paths import ProbabilityPath
 from tcsm.targets.ar import ARScoreEstimate, ARScoreEstimator, make_ar_estimator, sample_ar
@@ -165,16 +166,13 @@ class ARTeacher(Teacher):
         return f"ARTeacher({type(self.model).__name__}, {self.estimator!r})"
 
 
-TEACHERS = {"mlm": MLMTeacher, "hollow": HollowTeacher, "causal": ARTeacher}
+TEACHERS = NameTable("teacher family", {"mlm": MLMTeacher, "hollow": HollowTeacher, "causal": ARTeacher})
 
 
 def make_teacher(model: nn.Module, family: str | None = None, **kwargs) -> Teacher:
     """Wrap a clean-data model in the teacher of its family ("mlm" | "hollow" | "causal"; default
     `model.family`); keyword options go to the teacher (e.g. estimator="topk", k=5 for AR)."""
-    family = family or kind_of(model).family
-    if family not in TEACHERS:
-        raise ValueError(f"cannot make a teacher for family {family!r}; choose one of {sorted(TEACHERS)}")
-    return TEACHERS[family](model, **kwargs)
+    return TEACHERS.lookup(family or kind_of(model).family)(model, **kwargs)
 
 
 class ParametricTarget(ConditionalTarget):

@@ -1,4 +1,4 @@
-"""One training loop for every objective: the trainer calls `objective(model, batch, generator, reference=...)`
+"""One training loop for every objective: the trainer calls `objective(model, batch, generator)`
 and nothing else method-specific (DESIGN.md; the contract is `tcsm.core.protocols`). It adds AdamW with warm-up and decay, gradient clipping and accumulation, EMA,
 bf16 autocast, DDP, periodic validation with the likelihood bound, logged samples, and exact resume.
 
@@ -25,7 +25,8 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from tcsm.builders.components import Components, DataInfo, build_components
+from tcsm.builders.assemble import build_components
+from tcsm.builders.components import Components, DataInfo
 from tcsm.builders.config import set_values
 from tcsm.core.errors import ConfigError, TrainingError
 from tcsm.core.progress import duration
@@ -215,7 +216,6 @@ class Trainer(RunState):
         self.parts = components
         self.data, self.path, self.objective = components.data, components.path, components.objective
         self.model = components.model
-        self.reference = components.reference
         self.callbacks = [*components.callbacks, *callbacks]
         for cb in self.callbacks:
             if not isinstance(cb, TrainerCallback):
@@ -313,10 +313,9 @@ class Trainer(RunState):
             batch = self.data.get_batch("train", indices[c * self.micro : (c + 1) * self.micro], self.device)
             with self.parallel.accumulate(self.forward_model, last=k == len(mine) - 1):
                 with autocast(self.device, self.precision):
-                    # A reference is passed only when the run has one, so a plain objective(model, batch,
-                    # generator) satisfies the contract (tcsm.core.protocols.TrainingObjective).
-                    extra = {} if self.reference is None else {"reference": self.reference}
-                    loss, metrics = self.objective(self.forward_model, batch, generator=generator, **extra)
+                    # The run's frozen reference reached what needs it when the run was built
+                    # (tcsm.core.protocols.TrainingObjective): the step passes only the model, batch and noise.
+                    loss, metrics = self.objective(self.forward_model, batch, generator=generator)
                 (loss * scale).backward()
             if "loss" not in metrics:  # the protocol asks only for (loss, metrics); the log always has the loss
                 metrics = {**metrics, "loss": loss.detach()}

@@ -34,7 +34,7 @@ from tcsm.models.modes import eval_mode
 from tcsm.objectives import get_weighting, neutral_rows
 from tcsm.paths import ProbabilityPath
 from tcsm.paths.bounds import nelbo_integrand, resolve_bound
-from tcsm.paths.timesteps import sample_times, stratified_times
+from tcsm.paths.timesteps import T_MIN, sample_times, stratified_times
 
 __all__ = [
     "PREFERENCE_LOSSES",
@@ -45,7 +45,6 @@ __all__ = [
     "sequence_log_ratio",
 ]
 
-_T_LO = torch.finfo(torch.float32).tiny
 
 
 def _compute_dtype(x: Tensor) -> torch.dtype:
@@ -275,7 +274,7 @@ class PreferenceObjective:
                     for k in ("g_w", "g_l", "kl", "loss", "nats")
                 }
                 for k in range(K):
-                    t = times[k].clamp_min(_T_LO)
+                    t = times[k].clamp_min(T_MIN)
                     d = self._draw(model, ref, b, t, generator)
                     dw, dl = d.delta.chunk(2)
                     g_model = nelbo_integrand(d.logits, d.x1, d.xt, d.t, self.path, self.bound).double()

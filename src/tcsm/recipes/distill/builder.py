@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from tcsm.builders.registry import TARGETS, BuildContext
+from tcsm.builders.registry import TARGETS, BuildContext, ReferenceUse
 from tcsm.core.errors import CheckpointError, ConfigError
 
 __all__ = [
@@ -39,7 +39,9 @@ class DistillTargetConfig:
 
     name: str = "distill"
     estimator: str = field(
-        default="topk_ngram", metadata={"help": "exact | topk | topk_ngram | taylor (MATH.md §5.4)"}
+        default="topk_ngram",
+        metadata={"help": "exact | topk | topk_ngram | taylor (MATH.md §5.4)",
+                  "choices": ("exact", "topk", "topk_ngram", "taylor")},
     )
     k: int = field(default=8, metadata={"help": "topk / topk_ngram: the teacher's candidates per position"})
     ngram_order: int = field(
@@ -48,7 +50,10 @@ class DistillTargetConfig:
     ngram_k: int | None = field(default=None, metadata={"help": "topk_ngram: the n-gram's candidates (null: k)"})
     temperature: float = field(default=1.0, metadata={"help": "taylor: ℓ is divided by this"})
     max_tokens: int = field(default=1 << 16, metadata={"help": "tokens per teacher pass (memory bound)"})
-    proposal: str = field(default="data", metadata={"help": "x_1 ~ h: data | teacher (no data) | student"})
+    proposal: str = field(
+        default="data",
+        metadata={"help": "x_1 ~ h: data | teacher (no data) | student", "choices": ("data", "teacher", "student")},
+    )
     sample_steps: int = field(default=16, metadata={"help": "proposal=student: sampler steps per draw"})
     audit_rows: int = field(
         default=0, metadata={"help": "sequences per step scored exactly to report missed mass (0: none)"}
@@ -354,19 +359,18 @@ def load_distill_teacher(spec: TeacherSpec, device, *, vocab_size: int, ema: boo
     return model.eval().requires_grad_(False)
 
 
-def build_distill_target(node: dict, ctx: BuildContext):
-    """`target.name: distill`: AR teacher → N^1 target with an estimator and a proposal (MATH.md §5.4)."""
+def load_checked_teacher(node: dict, ctx: BuildContext):
+    """The reference step of a distillation run: the AR teacher named by reference.path (a tcsm causal-LM run or a
+    Hugging Face causal-LM directory), checked against the student's data and memory before it is loaded."""
     from omegaconf import OmegaConf
 
-    from tcsm.posttrain.distill.target import PROPOSALS, DistillTarget
-    from tcsm.targets.parametric import ARTeacher
+    from tcsm.posttrain.distill.target import PROPOSALS
 
-    node = dict(node)
     ref = ctx.config.reference
-    if not ref.path:
-        raise ConfigError("reference.path must name the AR teacher: a tcsm causal-LM run or a HF causal-LM directory")
     if node["proposal"] not in PROPOSALS:
         raise ConfigError(f"target.proposal must be one of {list(PROPOSALS)}, got {node['proposal']!r}")
+    if node["estimator"] not in ESTIMATOR_OPTIONS:
+        raise ConfigError(f"target.estimator must be one of {sorted(ESTIMATOR_OPTIONS)}, got {node['estimator']!r}")
     device = torch.device(ctx.device or "cpu")
     spec = inspect_teacher(ref.path, ema=ref.ema)
     check_teacher_vocabulary(spec, ctx.data, OmegaConf.to_container(ctx.config.data, resolve=True))
@@ -382,19 +386,29 @@ def build_distill_target(node: dict, ctx: BuildContext):
         proposal=node["proposal"],
     )  # fmt: skip
     check_teacher_fits(spec, work, device, node["memory_budget_gb"], node["max_tokens"])
-    options = {
-        "exact": {"max_tokens": node["max_tokens"]},
-        "topk": {"k": node["k"], "max_tokens": node["max_tokens"]},
-        "topk_ngram": {"k": node["k"], "ngram_k": node["ngram_k"], "max_tokens": node["max_tokens"]},
-        "taylor": {"temperature": node["temperature"]},
-    }
-    if node["estimator"] not in options:
-        raise ConfigError(f"target.estimator must be one of {sorted(options)}, got {node['estimator']!r}")
-    model = load_distill_teacher(
-        spec, device, vocab_size=ctx.vocab_size, ema=ref.ema, bos_token_id=node["bos_token_id"]
-    )
+    return load_distill_teacher(spec, device, vocab_size=ctx.vocab_size, ema=ref.ema, bos_token_id=node["bos_token_id"])
+
+
+#: the teacher options each estimator takes (MATH.md §5.4)
+ESTIMATOR_OPTIONS = {
+    "exact": ("max_tokens",),
+    "topk": ("k", "max_tokens"),
+    "topk_ngram": ("k", "ngram_k", "max_tokens"),
+    "taylor": ("temperature",),
+}
+
+
+def build_distill_target(node: dict, ctx: BuildContext):
+    """`target.name: distill`: AR teacher → N^1 target with an estimator and a proposal (MATH.md §5.4)."""
+    from tcsm.posttrain.distill.target import DistillTarget
+    from tcsm.targets.parametric import ARTeacher
+
+    node = dict(node)
+    if ctx.reference is None:
+        raise ConfigError("reference.path must name the AR teacher: a tcsm causal-LM run or a HF causal-LM directory")
+    options = {k: node[k] for k in ESTIMATOR_OPTIONS[node["estimator"]]}
     try:
-        teacher = ARTeacher(model, node["estimator"], autocast=node["autocast"], **options[node["estimator"]])
+        teacher = ARTeacher(ctx.reference, node["estimator"], autocast=node["autocast"], **options)
         return DistillTarget(
             teacher,
             node["proposal"],
@@ -413,5 +427,6 @@ TARGETS.register(
     build_distill_target,
     schema=DistillTargetConfig,
     overwrite=True,
+    reference=ReferenceUse("reference.path (the teacher)", families=("causal",), load=load_checked_teacher),
     help="AR → diffusion distillation: an AR teacher's N^1 conditionals on data / teacher / student proposals (MATH.md §5.4)",
 )

@@ -18,8 +18,10 @@ import torch
 from tcsm.builders.config import load_config, set_values
 from tcsm.builders.loading import load_checkpoint
 from tcsm.builders.sampler import sample_settings
+from tcsm.core.errors import ConfigError
 from tcsm.evaluation.genppl import sample_entropy
 from tcsm.recipes.distill.builder import inspect_teacher, load_distill_teacher
+from tcsm.recipes.spec import lazy_report
 from tcsm.sampling.settings import draw
 
 __all__ = ["distill_config", "distill_report", "teacher_nll"]
@@ -92,3 +94,44 @@ def _decoder(ck):
         return ck.build_data().decode
     except (ValueError, OSError):
         return None
+
+
+def compose(args, config: str, values: dict):
+    """`tcsm distill`'s run config from its arguments."""
+    if not args.checkpoint:
+        raise ConfigError("give the teacher: tcsm distill --teacher RUN_OR_HF_DIR (or --resume -o DIR)")
+    return distill_config(args.checkpoint, config, args.overrides, values)
+
+
+def _eval_steps(text: str) -> list[int]:
+    try:
+        steps = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        steps = []
+    if not steps or min(steps) < 1:
+        raise ConfigError(f"--eval-steps must be positive integers separated by commas, got {text!r}")
+    return steps
+
+
+def report_of(args):
+    return lazy_report("tcsm.recipes.distill.compose:distill_report", args.eval_samples, _eval_steps(args.eval_steps))
+
+
+def cost_summary(run_dir, cfg) -> str | None:
+    """One line: the teacher's mean sequence scores per student step, against the exact marginal's."""
+    import json
+    from pathlib import Path
+
+    rows = []
+    path = Path(run_dir) / "metrics.jsonl"
+    if path.is_file():
+        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    per_seq = [r["target/seq_scores"] for r in rows if "target/seq_scores" in r]
+    if not per_seq:
+        return None
+    mean = sum(per_seq) / len(per_seq)
+    text = f"teacher cost: {mean:.1f} sequence scores per sequence, {mean * cfg.train.batch_size:.0f} per student step"
+    missed = [r["target/missed_mass"] for r in rows if "target/missed_mass" in r]
+    if missed:
+        text += f"; candidate sets miss {sum(missed) / len(missed):.3f} of the teacher's mass"
+    return text

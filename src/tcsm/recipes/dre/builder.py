@@ -18,8 +18,7 @@ from typing import Any, Optional
 
 from tcsm.builders.components import DataInfo
 from tcsm.builders.config import to_dict
-from tcsm.builders.frozen import load_frozen
-from tcsm.builders.registry import MODELS, OBJECTIVES, BuildContext
+from tcsm.builders.registry import MODELS, OBJECTIVES, BuildContext, ReferenceUse
 from tcsm.core.errors import CheckpointError, ConfigError
 from tcsm.models.kinds import ENERGY, kind_of
 from tcsm.posttrain.dre.energy import EnergyModel
@@ -70,18 +69,16 @@ def _reference_architecture(node: dict, ctx: BuildContext):
     return MODELS.build(name, arch, ctx)
 
 
-@MODELS.register("energy", schema=EnergyModelConfig)
+@MODELS.register("energy", schema=EnergyModelConfig, reference=ReferenceUse("reference.path"))
 def build_energy_model(node: dict, ctx: BuildContext) -> EnergyModel:
     """Strategy-(ii) energy model p^ref · e^{f_θ}: a frozen reference and a trainable ratio head (MATH.md §5.1)."""
     if isinstance(ctx.data, DataInfo):
         # Loading a checkpoint: only the architecture is needed, the checkpoint holds both sets of weights.
         reference = freeze(_reference_architecture(node, ctx))
     else:
-        ref = ctx.config.reference
-        if not ref.path:
+        if ctx.reference is None:
             raise ConfigError("reference.path must name the reference checkpoint (tcsm finetune dre --from RUN sets it)")
-        frozen = load_frozen(ref.path, ctx, role="reference.path", ema=ref.ema)
-        reference, ck = frozen.model, frozen.checkpoint
+        reference, ck = ctx.reference, ctx.reference_checkpoint
         saved = {k: v for k, v in node["reference_model"].items() if v is not None}
         stored = {k: v for k, v in to_dict(ck.config.model).items() if v is not None}
         if saved and saved != stored:
@@ -109,9 +106,12 @@ def build_energy_model(node: dict, ctx: BuildContext) -> EnergyModel:
 class DREObjectiveConfig:
     name: str = "dre"
     strategy: str = field(
-        default="ii", metadata={"help": "i: the student denoiser over p^ref | ii: energy model p^ref·e^f"}
+        default="ii",
+        metadata={"help": "i: the student denoiser over p^ref | ii: energy model p^ref·e^f", "choices": ("i", "ii")},
     )
-    loss: str = field(default="bce", metadata={"help": "lsif | bce (EDLM's NCE) | gkl (MATH.md §5.1)"})
+    loss: str = field(
+        default="bce", metadata={"help": "lsif | bce (EDLM's NCE) | gkl (MATH.md §5.1)", "choices": ("lsif", "bce", "gkl")}
+    )
     num_negatives: int = field(default=1, metadata={"help": "reference draws x̂_1 ~ p^ref_{1|t} per x_t"})
     level: str = field(default="token", metadata={"help": "strategy i: token (N^1 conditionals) | sequence"})
     reference: Optional[str] = field(  # noqa: UP045
@@ -129,7 +129,7 @@ class DREObjectiveConfig:
     eval_max_rows: int = field(default=8192, metadata={"help": "strategy ii evaluation: head rows per call"})
 
 
-@OBJECTIVES.register("dre", schema=DREObjectiveConfig)
+@OBJECTIVES.register("dre", schema=DREObjectiveConfig, reference=ReferenceUse("reference.path"))
 def build_dre_objective(node: dict, ctx: BuildContext):
     """Density-ratio post-training, strategy (i) or (ii), Bregman DRE loss (MATH.md §5.1)."""
     from tcsm.posttrain.dre.objective import DensityRatioObjective, EnergyObjective
@@ -170,10 +170,8 @@ def build_dre_objective(node: dict, ctx: BuildContext):
         if reference == "ema" and not ctx.config.train.ema > 0:
             raise ConfigError("objective.reference=ema needs the trainer's EMA: set train.ema > 0")
         if reference is None:
-            # Scoring a saved run (no target built) needs no reference: strategy i is evaluated as a denoiser.
-            if ctx.target is not None:
-                ref = ctx.config.reference
-                ctx.reference = load_frozen(ref.path, ctx, role="reference.path", ema=ref.ema).model
+            # Scoring a saved run loads no reference (the entry's use is not for scoring): strategy i is then
+            # evaluated as a denoiser.
             reference = ctx.reference
         return DensityRatioObjective(
             ctx.path, reference, level=node["level"], refresh_every=node["refresh_every"], **common

@@ -9,6 +9,7 @@ reference's; strategy (i) keeps the reference's denoiser, starts the student fro
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -18,21 +19,18 @@ from tcsm.builders.loading import load_checkpoint
 from tcsm.builders.source import source_run
 from tcsm.core.errors import ConfigError
 from tcsm.evaluation.likelihood import evaluate_bound
+from tcsm.recipes.spec import lazy_report
 
 __all__ = ["dre_config", "dre_report"]
 
 
-def _strategy(preset: str | None, overrides, values: dict) -> str:
-    """objective.strategy as the layers above the reference run's config will set it (last one wins)."""
-    if "objective.strategy" in values:
-        return str(values["objective.strategy"])
-    for item in reversed(list(overrides)):
-        if item.startswith("objective.strategy="):
-            return item.split("=", 1)[1]
-    cfg = load_config(preset) if preset else None
-    if cfg is None or cfg.objective.name != "dre":
+def _strategy(base: dict, preset: str | None, overrides, values: dict) -> str:
+    """objective.strategy as the config loader resolves it from the reference run's config, the preset and the
+    overrides, with a flag's value on top (flags are set last)."""
+    cfg = load_config(preset, list(overrides), base=copy.deepcopy(base))
+    if cfg.objective.name != "dre":
         raise ConfigError("tcsm finetune dre needs objective.name=dre (the finetune-dre preset sets it)")
-    return str(cfg.objective.strategy)
+    return str(values.get("objective.strategy", cfg.objective.strategy))
 
 
 def dre_config(checkpoint, preset: str | None = "finetune-dre", overrides=(), values: dict | None = None):
@@ -42,7 +40,7 @@ def dre_config(checkpoint, preset: str | None = "finetune-dre", overrides=(), va
     directory, base = source_run(checkpoint, "dre")
     # Never write into the reference run, and never inherit its own warm start.
     base["train"] = {**base.get("train", {}), "out_dir": None, "init_from": None}
-    strategy = _strategy(preset, overrides, values)
+    strategy = _strategy(base, preset, overrides, values)
     given = values.pop("objective.reference", None)  # --reference: ema | previous | a checkpoint
     if given is not None:
         values["objective.reference" if given in ("ema", "previous") else "reference.path"] = given
@@ -69,7 +67,7 @@ def dre_report(run_dir, num_examples: int, seed: int = 0) -> dict:
 
     Strategy (ii): the reference's valid masked bound and the energy model's IS estimate for every n of
     `objective.log_z_samples` (labelled; MATH.md §5.1, §8 item 14). Strategy (i): both models' valid bounds."""
-    from tcsm.builders.components import build_objective_for_checkpoint
+    from tcsm.builders.assemble import build_objective_for_checkpoint
     from tcsm.core.protocols import Evaluates
 
     post = load_checkpoint(run_dir)
@@ -104,3 +102,14 @@ def dre_report(run_dir, num_examples: int, seed: int = 0) -> dict:
     if floor is not None:
         out["floor_bpc"] = floor / math.log(2)
     return out
+
+
+def compose(args, config: str, values: dict):
+    """`tcsm finetune dre`'s run config from its arguments."""
+    if not args.checkpoint:
+        raise ConfigError("give the reference run: tcsm finetune dre --from RUN_DIR (or --resume -o DIR)")
+    return dre_config(args.checkpoint, config, args.overrides, values)
+
+
+def report_of(args):
+    return lazy_report("tcsm.recipes.dre.compose:dre_report", args.eval_examples)

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tcsm.builders.frozen import load_frozen
-from tcsm.builders.registry import OBJECTIVES, BuildContext
+from tcsm.builders.registry import OBJECTIVES, BuildContext, ReferenceUse
 from tcsm.core.errors import ConfigError
 from tcsm.targets.base import DataTarget
 
@@ -23,7 +22,8 @@ class PreferenceObjectiveConfig:
 
     name: str = "preference"
     loss: str = field(
-        default="paper", metadata={"help": "paper (BCE, logits Δ − log β) | dpo (−log σ(β_dpo (Δ_w − Δ_l)))"}
+        default="paper",
+        metadata={"help": "paper (BCE, logits Δ − log β) | dpo (−log σ(β_dpo (Δ_w − Δ_l)))", "choices": ("paper", "dpo")},
     )
     beta: float = field(
         default=1.0, metadata={"help": "paper loss: the margin β of r = p^θ/(β p^ref) (MATH.md §5.3)"}
@@ -43,7 +43,9 @@ class PreferenceObjectiveConfig:
     )
 
 
-@OBJECTIVES.register("preference", schema=PreferenceObjectiveConfig)
+@OBJECTIVES.register(
+    "preference", schema=PreferenceObjectiveConfig, reference=ReferenceUse("reference.path", scoring=True)
+)
 def build_preference_objective(node: dict, ctx: BuildContext):
     """Pairwise preference loss (paper BCE or DPO-style) against a frozen pre-trained reference (MATH.md §5.3)."""
     from tcsm.posttrain.preference.objective import PreferenceObjective
@@ -52,10 +54,8 @@ def build_preference_objective(node: dict, ctx: BuildContext):
         raise ConfigError(
             f"objective preference noises the pairs itself: use target.name=data, not {type(ctx.target).__name__}"
         )
-    ref = ctx.config.reference
-    if not ref.path:
+    if ctx.reference is None:
         raise ConfigError("reference.path must name the pre-trained checkpoint (tcsm finetune preference --from RUN)")
-    ctx.reference = load_frozen(ref.path, ctx, role="reference.path", ema=ref.ema).model
     try:
         return PreferenceObjective(
             ctx.path,

@@ -27,6 +27,7 @@ from tcsm.core.errors import ConfigError
 from tcsm.data.pairs import tokenizer_signature
 from tcsm.evaluation.genppl import sample_entropy
 from tcsm.posttrain.reward.rewards import evaluate_reward, make_reward
+from tcsm.recipes.spec import lazy_report
 from tcsm.sampling.settings import SampleSettings, draw
 from tcsm.storage.fileio import write_atomically
 
@@ -224,3 +225,20 @@ def preference_report(
         held = json.loads(summary.read_text(encoding="utf-8"))
         out.update({k: held[k] for k in ("pref_accuracy", "reward_margin", "kl_ref") if k in held})
     return out
+
+
+def compose(args, config: str, values: dict):
+    """`tcsm finetune preference`'s run config from its arguments."""
+    if not args.checkpoint or not args.pairs:
+        raise ConfigError(
+            "give the pre-trained model and the pairs: tcsm finetune preference --from RUN --pairs FILE "
+            "(or --resume -o DIR)"
+        )
+    return preference_config(args.checkpoint, args.pairs, config, args.overrides, values)
+
+
+def report_of(args):
+    if not args.eval_reward:
+        return None
+    return lazy_report("tcsm.recipes.preference.compose:preference_report", args.eval_samples, args.eval_reward,
+                       prompt=args.eval_prompt)  # fmt: skip

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tcsm.builders.frozen import load_frozen
-from tcsm.builders.registry import TARGETS
+from tcsm.builders.registry import TARGETS, ReferenceUse
 from tcsm.core.errors import ConfigError
 from tcsm.posttrain.reward.rewards import GridReward, make_reward
 from tcsm.posttrain.reward.targets import RewardFullTarget, RewardN1Target, RewardTarget
@@ -31,7 +30,7 @@ class RewardTargetConfig:
     )
     beta: float = field(default=1.0, metadata={"help": "temperature β of p^R ∝ p_1 e^{R/β}"})
     neighbourhood: str = field(
-        default="full", metadata={"help": "full (SNIS, MATH.md §5.2) | n1 (explicit q^{R,i})"}
+        default="full", metadata={"help": "full (SNIS, MATH.md §5.2) | n1 (explicit q^{R,i})", "choices": ("full", "n1")}
     )
     num_proposals: int = field(default=8, metadata={"help": "N^full: proposals B per noisy state"})
     reward_floor: float | None = field(
@@ -39,7 +38,8 @@ class RewardTargetConfig:
         metadata={"help": "N^full: skip groups whose rewards are all <= this (e.g. -1e4 for R=-1e5)"},
     )
     xt_source: str = field(
-        default="pretrained", metadata={"help": "x_t from noised: data | pretrained | model samples"}
+        default="pretrained",
+        metadata={"help": "x_t from noised: data | pretrained | model samples", "choices": ("data", "pretrained", "model")},
     )
     h: str = field(default="clean", metadata={"help": "N^1: x_1 given x_t: clean | pretrained | model"})
     sample_steps: int = field(default=64, metadata={"help": "sampler steps of the x_t sample pool"})
@@ -84,10 +84,9 @@ def check_reward_domain(spec, ctx, what: str = "target.reward=") -> None:
 def build_reward_target(node: dict, ctx) -> RewardTarget:
     """`target.name: reward`: N^full / N^1 reward-tilted target around a frozen pre-trained checkpoint (§5.2)."""
     node = dict(node)
-    ref = ctx.config.reference
-    if not ref.path:
+    pre = ctx.reference
+    if pre is None:
         raise ConfigError("reference.path must name the pre-trained checkpoint (tcsm finetune reward --from RUN)")
-    pre = load_frozen(ref.path, ctx, role="reference.path (the pre-trained model)", ema=ref.ema).model
     check_reward_domain(node["reward"], ctx)
     decode = getattr(ctx.data, "decode", None)
     try:
@@ -133,6 +132,7 @@ def _register_reward() -> None:
         build_reward_target,
         schema=RewardTargetConfig,
         overwrite=True,
+        reference=ReferenceUse("reference.path (the pre-trained model)"),
         help="reward-tilted target p^R ∝ p_1 e^{R/β} around a frozen pre-trained model (MATH.md §5.2)",
     )
 

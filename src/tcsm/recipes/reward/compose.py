@@ -13,7 +13,9 @@ from tcsm.builders.config import load_config, set_values
 from tcsm.builders.loading import load_checkpoint
 from tcsm.builders.sampler import sample_settings
 from tcsm.builders.source import source_run
+from tcsm.core.errors import ConfigError
 from tcsm.posttrain.reward.rewards import evaluate_reward, make_reward
+from tcsm.recipes.spec import lazy_report
 from tcsm.sampling.settings import draw
 
 __all__ = ["reward_config", "reward_report"]
@@ -58,3 +60,14 @@ def reward_report(run_dir, num_samples: int, seed: int = 0) -> dict:
         out[f"{name}_reward_stderr"] = float(r.std() / max(1, r.numel()) ** 0.5)
         out[f"{name}_example"] = data.decode(x[0])
     return out
+
+
+def compose(args, config: str, values: dict):
+    """`tcsm finetune reward`'s run config from its arguments."""
+    if not args.checkpoint:
+        raise ConfigError("give the pre-trained model: tcsm finetune reward --checkpoint RUN_DIR (or --resume -o DIR)")
+    return reward_config(args.checkpoint, config, args.overrides, values)
+
+
+def report_of(args):
+    return lazy_report("tcsm.recipes.reward.compose:reward_report", args.eval_samples)

@@ -32,3 +32,10 @@ def sft_config(checkpoint, records, preset: str | None = "finetune-sft", overrid
         raise ConfigError(f"an instruction fine-tune needs objective.name=sft, got {cfg.objective.name!r}")
     start = {"train.init_from": str(directory), "train.init_weights": "ema"}
     return set_values(cfg, {**{k: v for k, v in start.items() if k not in (values or {})}, **(values or {})})
+
+
+def compose(args, config: str, values: dict):
+    """`tcsm finetune sft`'s run config from its arguments."""
+    if not args.checkpoint or not args.data:
+        raise ConfigError("give the pre-trained model and the data: tcsm finetune sft --from RUN --data FILE")
+    return sft_config(args.checkpoint, args.data, config, args.overrides, values)
