@@ -21,7 +21,7 @@ __all__ = ["COMMANDS", "Parser", "main"]
 COMMANDS: dict[str, str] = {
     "quickstart": "tcsm.cli.quickstart",
     "train": "tcsm.cli.train",
-    "eval": "tcsm.cli.eval_modes",  # tcsm.cli.eval plus --zeroshot / --genppl
+    "eval": "tcsm.cli.eval",  # the bound, --zeroshot, --genppl
     "sample": "tcsm.cli.sample",
     "finetune": "tcsm.cli.finetune",
     "distill": "tcsm.cli.distill",  # AR teacher → diffusion student (MATH.md §5.4)

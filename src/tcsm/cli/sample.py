@@ -225,10 +225,10 @@ def _run_sampler(loaded, model, path, device, args):
 
 def run(args) -> int:
     import torch
-    from tqdm.auto import tqdm
 
     from tcsm.builders.loading import load_checkpoint
     from tcsm.cli.common import check_writable
+    from tcsm.core.progress import WorkProgress
     from tcsm.data.base import readable_text
     from tcsm.sampling.common import row_evaluations
     from tcsm.sampling.registry import sampler_names
@@ -310,8 +310,7 @@ def run(args) -> int:
     chunks = [(g, min(args.batch_size, args.num_samples - s)) for g in groups
               for s in range(0, args.num_samples, args.batch_size)]
     steps = length if ar else settings.steps  # a causal LM draws one position per step
-    bar = tqdm(total=len(chunks) * steps, desc="sampling", unit="step", disable=args.no_progress,
-               file=sys.stderr, leave=False)
+    bar = WorkProgress(len(chunks) * steps, "sampling", "steps", enabled=not args.no_progress)
     t0 = time.perf_counter()
     records, calls, evals, taken = [], 0, 0, 0
     for g, b in chunks:

@@ -37,6 +37,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from tcsm.core.progress import WorkProgress
 from tcsm.core.results import EvalResult, summarise_nats
 from tcsm.paths import ProbabilityPath
 from tcsm.paths.bounds import _work_dtype, nelbo_integrand, prior_term, resolve_bound
@@ -234,10 +235,7 @@ def evaluate_bound(
         raise ValueError("evaluate_bound needs at least one non-empty sequence")
     device = data.device if device is None else torch.device(device)
     starts = range(0, N, int(batch_size))
-    if progress:
-        from tqdm.auto import tqdm
-
-        starts = tqdm(starts, desc=f"nelbo[{bound}]", unit="batch")
+    bar = WorkProgress(len(starts), f"nelbo[{bound}]", "batches", enabled=progress)
     per_seq = []
     with torch.no_grad():
         for s in starts:
@@ -249,6 +247,8 @@ def evaluate_bound(
                 .double()
                 .cpu()
             )
+            bar.update(1)
+    bar.close()
     return EvalResult(summarise_nats(torch.cat(per_seq) / L, L, bound), num_t=int(num_t))
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
-import sys
 import time
 import weakref
 from collections.abc import Callable
@@ -29,7 +28,7 @@ from tcsm.builders.assemble import build_components
 from tcsm.builders.components import Components, DataInfo
 from tcsm.builders.config import set_values
 from tcsm.core.errors import ConfigError, TrainingError
-from tcsm.core.progress import duration
+from tcsm.core.progress import WorkProgress
 from tcsm.core.protocols import Evaluates, StepInfo, TrainerCallback
 from tcsm.core.results import EvalResult
 from tcsm.data import absolute_paths
@@ -139,27 +138,6 @@ def _refuse_moved_data(cfg, run_dir) -> None:
 
     refuse_missing_data(OmegaConf.to_container(cfg.data, resolve=True), f"run {str(run_dir)!r}",
                         "resume with its new location as an override: --resume data.{key}=NEW_PATH")
-
-
-class _Progress:
-    """Progress lines for output that is not a terminal: step, rate over this session, ETA. (The training loss is
-    in metrics.jsonl; printed here it would be the one figure in nats among the bits of the validation lines.)"""
-
-    def __init__(self, step: int, total: int, every_s: float):
-        self.start_step, self.total, self.every_s = step, total, every_s
-        self.start = self.last = time.perf_counter()
-
-    def due(self, step: int, final: bool) -> bool:
-        now = time.perf_counter()
-        if final or now - self.last >= self.every_s:
-            self.last = now
-            return True
-        return False
-
-    def line(self, step: int) -> str:
-        rate = (step - self.start_step) / max(time.perf_counter() - self.start, 1e-9)
-        eta = duration((self.total - step) / rate) if rate > 0 else "?"
-        return f"step {step}/{self.total} ({100 * step / self.total:.1f}%), {rate:.3g} steps/s, ETA {eta}"
 
 
 class Trainer(RunState):
@@ -463,8 +441,8 @@ class Trainer(RunState):
     def _write(self, msg: str) -> None:
         if not self.env.is_main:  # ranks that evaluate alongside rank 0 (FSDP) have nothing of their own to say
             return
-        if self._bar is not None and not self._bar.disable:  # printed above a live progress bar
-            self._bar.write(msg, file=sys.stdout)
+        if self._bar is not None and self._bar.bar_shown:  # printed above a live progress bar
+            self._bar.write(msg)
         else:
             self._print(msg)
 
@@ -505,20 +483,10 @@ class Trainer(RunState):
                 + (f"resuming at step {self.step}" if self.step else f"{t.steps} steps")
             )
             self._warn_empty_held_out()
-        from tqdm.auto import tqdm
-
-        self._bar = tqdm(
-            total=t.steps,
-            initial=self.step,
-            disable=True if not (env.is_main and t.progress) else None,
-            dynamic_ncols=True,
-            unit="step",
-            file=sys.stderr,
-            smoothing=0.05,
-        )
-        # Without a terminal tqdm hides itself; periodic lines then show progress (a log file, a batch job).
-        progress_lines = env.is_main and t.progress and self._bar.disable
-        progress = _Progress(self.step, t.steps, self.progress_every_s)
+        # A bar on a terminal; otherwise a line every progress_every_s with the step, rate and ETA (a log file, a
+        # batch job). (The training loss is in metrics.jsonl; in a line it would be the one figure in nats.)
+        self._bar = WorkProgress(t.steps, "step", "steps", initial=self.step, every_s=self.progress_every_s,
+                                 enabled=env.is_main and t.progress, emit=self._print)  # fmt: skip
         self.window_start = time.perf_counter() - self.window_elapsed_before
         self.window_elapsed_before = 0.0
         for cb in self.callbacks:
@@ -532,7 +500,6 @@ class Trainer(RunState):
                     window[k] = window.get(k, 0.0) + v
                 self.window_steps += 1
                 window_steps, window_start = self.window_steps, self.window_start
-                self._bar.update(1)
                 final = self.step == t.steps
                 if self.step % t.log_every == 0 or final or self.step == 1:
                     now = time.perf_counter()
@@ -547,10 +514,9 @@ class Trainer(RunState):
                         row["window_steps_since_resume"] = window_steps
                         self.window_lost = False
                     self.logger.scalars("train", self.step, row)
-                    self._bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{row['lr']:.2e}", refresh=False)
+                    self._bar.postfix(loss=f"{row['loss']:.4f}", lr=f"{row['lr']:.2e}")
                     self.window, self.window_steps, self.window_start = {}, 0, time.perf_counter()
-                if progress_lines and progress.due(self.step, final):
-                    self._print(progress.line(self.step))
+                self._bar.update(1, final=final)
                 did_eval = self._periodic(t.eval_every, final)
                 if did_eval:
                     self._eval_and_log(final)

@@ -178,7 +178,7 @@ def test_eval_of_an_energy_run_says_its_cost_shows_progress_and_defaults_to_the_
     cap = capsys.readouterr()
     result = json.loads(cap.out)
     assert result["num_sequences"] == 8 and result["log_z_samples"] == 4  # the run's train.eval_examples, n
-    progress = [line for line in cap.err.splitlines() if line.startswith("energy-model estimate:")]
+    progress = [line for line in cap.err.splitlines() if line.startswith("energy-model estimate ")]
     assert len(progress) > 2 and all("ETA" in line and "energy rows" in line for line in progress)
     assert main(["eval", str(out), "--max-examples", "12", "--log-z-samples", "2", "--num-t", "1"]) == 0
     cap = capsys.readouterr()
