@@ -153,3 +153,13 @@ def test_the_families_table_matches_the_registered_models(name):
     from tcsm.builders.registry import MODELS
 
     assert name in MODELS
+
+
+def test_the_per_family_tables_of_the_upper_layers_cover_exactly_the_clean_families():
+    """The teachers (targets) and default losses (objectives) are keyed by the families declared here."""
+    from tcsm.models.clean_families import clean_model_families
+    from tcsm.objectives.clean_lm import CLEAN_LOSSES
+    from tcsm.targets.parametric import TEACHERS
+
+    clean = {kind.family for kind in FAMILIES.values() if kind.likelihood == "nll"}
+    assert set(TEACHERS) == set(CLEAN_LOSSES) == set(clean_model_families()) == clean
