@@ -71,7 +71,7 @@ def load_frozen(
 
         known = {k: v for k, v in ck.data_info.items() if k in DataInfo.__dataclass_fields__}
         DataInfo(**known).check_compatible(data, f"{role} {where}")
-    if family == "denoiser" and source is not None and ck.config.path.source != source:
+    if kind_of(ck.model).is_denoiser and source is not None and ck.config.path.source != source:
         raise CheckpointError(
             f"{role} {where!r} is a {ck.config.path.source} model; this run has a {source} path (a frozen model "
             "needs the same vocabulary and noise source as the run)"

@@ -85,7 +85,7 @@ def _run_bound(args) -> int:
     from tcsm.builders.loading import load_checkpoint
     from tcsm.cli.common import check_writable, format_bound, jsonable
     from tcsm.core.errors import ConfigError
-    from tcsm.posttrain.dre.objective import EnergyObjective
+    from tcsm.models.kinds import kind_of
     from tcsm.storage.fileio import write_atomically
     from tcsm.train.distributed import resolve_device
     from tcsm.train.trainer import autocast, evaluate_model
@@ -122,7 +122,7 @@ def _run_bound(args) -> int:
         raise ConfigError(f"data sequences have length {data.seq_len} but the model allows at most {max_len}")
     x = data.split(e.split)
     objective = build_objective_for_checkpoint(ckpt.config, ckpt.model, data, device)
-    energy = isinstance(objective, EnergyObjective)
+    energy = kind_of(ckpt.model).likelihood == "estimate"  # an energy model's IS estimate (MATH.md §6.3)
     # An energy run's estimate costs ~n(1 + L/2) energy calls per sequence and time: by default, as many sequences as
     # its training evaluated (a run that evaluated none: the finetune-dre preset's 64), not the whole split.
     limit = e.max_examples or ((int(ckpt.config.train.eval_examples) or 64) if energy else None)

@@ -71,7 +71,7 @@ def _block_with_cache(block: TransformerBlock, x: Tensor, rope, past):
 class CausalLM(CleanTransformer):
     """x [B, L] clean ids → next-token logits [B, L, V]: logits[:, j] = log p(· | x^{<j}) (+ const), BOS id V."""
 
-    kind = CAUSAL
+    model_kind = CAUSAL
     #: methods besides forward that run the network (a sharded model gathers its weights for them too)
     forward_methods = ("forward_soft", "log_prob", "kv_cache", "extend")
 

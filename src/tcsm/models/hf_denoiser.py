@@ -54,7 +54,7 @@ def auto_class_kind(config: dict) -> str:
 class HFDenoiser(nn.Module):
     """x_t [B, L] (ids < num_states), t [B] → logits [B, L, V] from a pretrained HF masked or causal LM."""
 
-    kind = FAMILIES["hf_denoiser"]
+    model_kind = FAMILIES["hf_denoiser"]
 
     def __init__(
         self,

@@ -34,7 +34,7 @@ def hollow_mask(length: int, device=None) -> Tensor:
 class HollowTransformer(nn.Module):
     """x [B, L] clean ids → logits [B, L, V] with logits[:, i] = log p(x^i = · | x^{≠i}) (+ const)."""
 
-    kind = HOLLOW
+    model_kind = HOLLOW
     #: methods besides forward that run the network (a sharded model gathers its weights for them too)
     forward_methods = ("streams",)
 

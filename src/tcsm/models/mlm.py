@@ -18,7 +18,7 @@ __all__ = ["MaskedLM"]
 class MaskedLM(CleanTransformer):
     """x [B, L] with ids in {0..V} (V = [MASK]) → logits [B, L, V] of p(x^i = · | unmasked tokens)."""
 
-    kind = MLM
+    model_kind = MLM
 
     def __init__(self, cfg: CleanLMConfig):
         super().__init__(cfg, causal=False)

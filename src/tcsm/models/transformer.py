@@ -68,7 +68,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 class Denoiser(nn.Module):
     """x_t [B, L] (ids < num_states), t [B] in [0, 1] → logits [B, L, V] over clean tokens (float32)."""
 
-    kind = DENOISER
+    model_kind = DENOISER
 
     def __init__(self, cfg: DenoiserConfig):
         super().__init__()

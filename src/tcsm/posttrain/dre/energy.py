@@ -20,7 +20,7 @@ __all__ = ["EnergyModel"]
 class EnergyModel(nn.Module):
     """(x_1 [B, L], x_t [B, L], t [B]) → f_θ [B]; `reference` is the frozen p^ref, `head` the trained f_θ."""
 
-    kind = ENERGY
+    model_kind = ENERGY
 
     def __init__(self, reference: nn.Module, head: RatioHead):
         super().__init__()
