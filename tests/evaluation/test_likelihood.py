@@ -654,6 +654,8 @@ def test_nelbo_terms_with_cond_mask_estimate_the_pinned_bound(kind):
     est, se = terms.mean(0), terms.std(0) / math.sqrt(terms.shape[0])
     exact = exact_bound_given_prompt(den, z, cond, path)
     assert ((est - exact).abs() <= 4 * se).all(), (est, exact, se)
+    with pytest.raises(ValueError, match="cond_mask must have x1's shape"):
+        nelbo_terms(den, x1, path, num_t=2, cond_mask=cond)
     if kind == "masked":  # nothing left to score
         pinned = torch.ones(1, L, dtype=torch.bool)
         assert float(nelbo(den, z[None], path, num_t=4, cond_mask=pinned)[0]) == 0.0

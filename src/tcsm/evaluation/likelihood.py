@@ -138,6 +138,8 @@ def nelbo_terms(
         )
     if int(num_t) < 1:
         raise ValueError(f"num_t must be >= 1, got {num_t}")
+    if cond_mask is not None and tuple(cond_mask.shape) != tuple(x1.shape):
+        raise ValueError(f"cond_mask must have x1's shape {tuple(x1.shape)}, got {tuple(cond_mask.shape)}")
     num_t = int(num_t)
     B = x1.shape[0]
     device = x1.device
