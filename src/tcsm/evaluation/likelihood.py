@@ -123,9 +123,10 @@ def nelbo_terms(
     i.e. the memory of one forward pass on the batch); the random draws do not depend on `chunk_size`.
 
     `cond_mask` [B, L] (a prompt, `Batch.cond_mask`): those positions are clean at every t, so the terms estimate
-    the bound on −log p^θ(completion | prompt) (MATH.md §2.4, "completion | prompt"): exact at the exact posterior
-    for the masked source, whose pinned positions score nothing; for the uniform source their clean-position rate
-    terms stay in G, which keeps it an upper bound.
+    the bound on −log p^θ(completion | prompt): the path-space KL of MATH.md §2.1 for the processes that hold the
+    prompt fixed, estimated as in §2.4. Exact at the exact posterior for the masked source, whose pinned positions
+    score nothing; for the uniform source their rate terms (model rate out of a clean position; the reference
+    process has none) stay in G, each ≥ 0, so it stays an upper bound.
     """
     bound = resolve_bound(path, bound)
     if x1.dim() != 2:
