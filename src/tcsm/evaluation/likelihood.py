@@ -65,7 +65,9 @@ def _safe_times(t: Tensor) -> Tensor:
     return t.to(torch.float32).clamp(_T_LO, _T_HI)
 
 
-def _sample_xt(x1: Tensor, t: Tensor, path: ProbabilityPath, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+def _sample_xt(
+    x1: Tensor, t: Tensor, path: ProbabilityPath, generator: torch.Generator | None, cond_mask: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """x_t from p_{t|1}(·|x_1) split on E = {some token is corrupted (masked / changed)}, with the weight [B]
     that keeps E_{x_t}[w(t) G] unbiased (MATH.md §2.4).
 
@@ -73,23 +75,30 @@ def _sample_xt(x1: Tensor, t: Tensor, path: ProbabilityPath, generator: torch.Ge
     The draw picks E with probability q = max(P(E), 1/2) (q = 1 where G = 0 off E: `integrand_zero_at_x1`)
     and returns weight P(E)/q on E, P(not E)/(1 − q) off it: the tail is capped at 2 P(E) κ_t = O(L α̇_t).
     On E, the first corrupted position is drawn from its truncated geometric law and the later ones
-    independently; every token keeps exactly its kernel k_t (MATH.md §1.1).
+    independently; every token keeps exactly its kernel k_t (MATH.md §1.1). With `cond_mask` [B, L] (a prompt)
+    the pinned positions stay x_1 and E, its probability and the geometric draw run over the free positions only,
+    in their order; without it the draws are those of the free case to the bit.
     """
     B, L = x1.shape
     wd = t.dtype
+    pos = torch.arange(L, device=x1.device)
+    if cond_mask is None:
+        free, n_free, rank = None, torch.full((B,), float(L), dtype=wd, device=x1.device), pos
+    else:  # rank: a free position's index among the free ones
+        free = ~cond_mask.to(device=x1.device, dtype=torch.bool)
+        n_free, rank = free.sum(-1).to(wd), free.long().cumsum(-1) - 1
     e = path.corrupt_prob(t)  # per-token P(x_t^i ≠ x_1^i)
     log_keep = torch.log1p(-e)  # log(1 − e) ≤ 0
-    p_event = -torch.expm1(L * log_keep)  # P(E) = 1 − (1 − e)^L, accurate when e is tiny
+    p_event = -torch.expm1(n_free * log_keep)  # P(E) = 1 − (1 − e)^n, accurate when e is tiny
     q = torch.ones_like(p_event) if path.integrand_zero_at_x1 else p_event.clamp_min(0.5)
     u = torch.rand(2, B, generator=generator, device=x1.device, dtype=wd)
     event = u[0] < q
-    # First corrupted position j: P(j) = (1 − e)^j e / P(E), by inverting its CDF (1 − (1 − e)^{j+1}) / P(E).
+    # First corrupted free position j: P(j) = (1 − e)^j e / P(E), by inverting its CDF (1 − (1 − e)^{j+1}) / P(E).
     j = torch.floor(torch.log1p(-u[1] * p_event) / log_keep)
-    j = torch.nan_to_num(j, nan=0.0, posinf=L - 1.0).clamp(0, L - 1).long()
-    pos = torch.arange(L, device=x1.device)
+    j = torch.minimum(torch.nan_to_num(j, nan=0.0, posinf=float(L)), (n_free - 1).clamp_min(0)).clamp_min(0).long()
     later = torch.rand(B, L, generator=generator, device=x1.device, dtype=wd) < e.unsqueeze(-1)
-    corrupt = (pos == j.unsqueeze(-1)) | ((pos > j.unsqueeze(-1)) & later)
-    corrupt = corrupt & event.unsqueeze(-1)
+    corrupt = (rank == j.unsqueeze(-1)) | ((rank > j.unsqueeze(-1)) & later)
+    corrupt = corrupt & event.unsqueeze(-1) if free is None else corrupt & event.unsqueeze(-1) & free
     xt = torch.where(corrupt, path.corrupt(x1, t, generator), x1)
     weight = torch.where(event, p_event / q, (1.0 - p_event) / (1.0 - q).clamp_min(torch.finfo(wd).tiny))
     return xt, weight
@@ -104,6 +113,7 @@ def nelbo_terms(
     generator: torch.Generator | None = None,
     bound: str | None = None,
     chunk_size: int | None = None,
+    cond_mask: Tensor | None = None,
 ) -> Tensor:
     """Per-stratum Monte Carlo terms [num_t, B] of the path-space integral (MATH.md §2.4); their mean over
     dim 0 plus `prior_term` is `nelbo`. Row k uses t ∈ [k/num_t, (k+1)/num_t), so the row-to-row spread gives
@@ -111,6 +121,12 @@ def nelbo_terms(
 
     The denoiser is called on at most `chunk_size` (x_t, t) rows at a time (default B: one stratum per call,
     i.e. the memory of one forward pass on the batch); the random draws do not depend on `chunk_size`.
+
+    `cond_mask` [B, L] (a prompt, `Batch.cond_mask`): those positions are clean at every t, so the terms estimate
+    the bound on −log p^θ(completion | prompt): the path-space KL of MATH.md §2.1 for the processes that hold the
+    prompt fixed, estimated as in §2.4. Exact at the exact posterior for the masked source, whose pinned positions
+    score nothing; for the uniform source their rate terms (model rate out of a clean position; the reference
+    process has none) stay in G, each ≥ 0, so it stays an upper bound.
     """
     bound = resolve_bound(path, bound)
     if x1.dim() != 2:
@@ -123,6 +139,8 @@ def nelbo_terms(
         )
     if int(num_t) < 1:
         raise ValueError(f"num_t must be >= 1, got {num_t}")
+    if cond_mask is not None and tuple(cond_mask.shape) != tuple(x1.shape):
+        raise ValueError(f"cond_mask must have x1's shape {tuple(x1.shape)}, got {tuple(cond_mask.shape)}")
     num_t = int(num_t)
     B = x1.shape[0]
     device = x1.device
@@ -163,7 +181,8 @@ def nelbo_terms(
     for k0 in range(0, num_t, per_block):
         k1 = min(num_t, k0 + per_block)
         xt_blk, row_weight[k0 * B : k1 * B] = _sample_xt(
-            x1.repeat(k1 - k0, 1), t_rows[k0 * B : k1 * B], path, generator
+            x1.repeat(k1 - k0, 1), t_rows[k0 * B : k1 * B], path, generator,
+            None if cond_mask is None else cond_mask.repeat(k1 - k0, 1),
         )
         pending.append(xt_blk)
         n_pending += xt_blk.shape[0]
@@ -186,6 +205,7 @@ def nelbo(
     generator: torch.Generator | None = None,
     bound: str | None = None,
     chunk_size: int | None = None,
+    cond_mask: Tensor | None = None,
 ) -> Tensor:
     """Per-sequence upper bound on −log p^θ_1(x_1) in nats, FloatTensor[B] (float64 where available).
 
@@ -194,12 +214,16 @@ def nelbo(
     one of `path.bounds`; None → its default ("masked" for the masked source, "reversal" (§2.3 B) for the
     uniform one, whose "dfm" selects §2.3 A).
     All randomness comes from `generator`; `chunk_size` bounds the rows per denoiser call. Differentiable
-    (no no_grad here).
+    (no no_grad here). With `cond_mask` (a prompt, never noised) it bounds −log p^θ_1(completion | prompt)
+    (see `nelbo_terms`); the prior term, the same for every position, then counts the free positions only.
     """
     bound = resolve_bound(path, bound)
     prior = prior_term(x1, path)  # raises early for a masked source with a clipped start
+    if cond_mask is not None and x1.shape[1] > 0:
+        prior = prior * (~cond_mask.bool()).sum(-1).to(prior.dtype) / x1.shape[1]
     terms = nelbo_terms(
-        denoiser, x1, path, num_t=num_t, generator=generator, bound=bound, chunk_size=chunk_size
+        denoiser, x1, path, num_t=num_t, generator=generator, bound=bound, chunk_size=chunk_size,
+        cond_mask=cond_mask,
     )
     return terms.mean(0) + prior
 
@@ -250,22 +274,3 @@ def evaluate_bound(
             bar.update(1)
     bar.close()
     return EvalResult(summarise_nats(torch.cat(per_seq) / L, L, bound), num_t=int(num_t))
-
-
-def nelbo_given_prompt(denoiser: Denoiser, x1: Tensor, cond_mask: Tensor | None, path: ProbabilityPath, *,
-                       num_t: int, generator: torch.Generator | None = None, bound: str | None = None) -> Tensor:  # fmt: skip
-    """E_t[w(t) G(t, x_t)] per sequence [B] (float64) with the positions of `cond_mask` (a prompt) clean at every t,
-    at `num_t` stratified times with one x_t each (`Batch.noised`): for the masked source the prompt positions
-    contribute nothing, so this estimates the NELBO of the rest given the prompt (MATH.md §2.4). No gradients are
-    taken here only if the caller says so."""
-    from tcsm.core.batch import Batch
-
-    bound = resolve_bound(path, bound)
-    b = Batch(x1, cond_mask=cond_mask)
-    total = torch.zeros(x1.shape[0], dtype=torch.float64, device=x1.device)
-    times = stratified_times(num_t, x1.shape[0], generator=generator, device=x1.device)
-    for k in range(num_t):
-        t = times[k].clamp_min(T_MIN)
-        xt = b.noised(path, x1, t, generator)
-        total += nelbo_integrand(denoiser(xt, t), x1, xt, t, path, bound).double() / num_t
-    return total

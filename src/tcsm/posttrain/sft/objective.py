@@ -8,7 +8,7 @@ import torch
 
 from tcsm.core.batch import as_batch
 from tcsm.core.results import summarise_nats
-from tcsm.evaluation.likelihood import nelbo_given_prompt
+from tcsm.evaluation.likelihood import nelbo_terms
 from tcsm.models.modes import eval_mode
 from tcsm.paths.bounds import resolve_bound
 
@@ -16,7 +16,8 @@ __all__ = ["SFTObjective"]
 
 
 class SFTObjective:
-    """`objective(model, batch, generator, **kw)` is `inner`'s; `evaluate` is the completion | prompt bound."""
+    """`objective(model, batch, generator, **kw)` is `inner`'s; `evaluate` is the completion | prompt bound
+    (`nelbo_terms` with the prompt as its `cond_mask`)."""
 
     def __init__(self, inner, path, eval_num_t: int = 4, bound: str | None = None):
         if int(eval_num_t) < 1:
@@ -46,7 +47,8 @@ class SFTObjective:
             for s in range(0, N, int(batch_size)):
                 x1 = rows.x1[s : s + batch_size].to(device)
                 cond = None if rows.cond_mask is None else rows.cond_mask[s : s + batch_size].to(device)
-                total = nelbo_given_prompt(model, x1, cond, self.path, num_t=K, generator=generator, bound=self.bound)
+                terms = nelbo_terms(model, x1, self.path, num_t=K, generator=generator, bound=self.bound, cond_mask=cond)
+                total = terms.double().mean(0)
                 scored = L - (cond.sum(-1) if cond is not None else 0)
                 nats.append((total / torch.as_tensor(scored, device=device).clamp_min(1)).cpu())
         return summarise_nats(torch.cat(nats), L, f"{self.bound}, completion | prompt")
