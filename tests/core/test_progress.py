@@ -20,7 +20,7 @@ def test_plain_lines_count_the_rate_from_a_resumed_start(monkeypatch):
     p.update(10)  # 10 s in: not yet due
     assert lines == []
     p.update(10, final=True)  # the last update always gets a line
-    assert lines == ["step 40/100 steps (40.0%), 0.667 steps/s, 30s elapsed, ETA 1m30s"]
+    assert lines == ["step 40/100 (40.0%), 0.667 steps/s, 30s elapsed, ETA 1m30s"]
 
 
 def test_disabled_progress_is_silent_and_write_prints_plainly():

@@ -86,7 +86,7 @@ class WorkProgress:
         eta = duration(max(self.total - self.done, 0.0) / rate) if rate > 0 else "?"
         pct = 100 * min(self.done / self.total, 1.0) if self.total > 0 else 100.0
         return (
-            f"{self.desc} {self.done:,.0f}/{self.total:,.0f} {self.unit} ({pct:.1f}%), {rate:.3g} {self.unit}/s, "
+            f"{self.desc} {self.done:,.0f}/{self.total:,.0f} ({pct:.1f}%), {rate:.3g} {self.unit}/s, "
             f"{duration(elapsed)} elapsed, ETA {eta}"
         )
 
