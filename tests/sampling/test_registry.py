@@ -210,3 +210,39 @@ def test_the_old_builders_sampler_module_still_imports():
     with pytest.warns(DeprecationWarning, match="tcsm.builders.sampler moved to tcsm.sampling.settings"):
         old = importlib.import_module("tcsm.builders.sampler")
     assert old.sample_settings is sample_settings and old.build_sampler is not None
+
+
+class _SIRObjective:
+    """An objective that brings its own sampler (`Samples`): SIR with a fixed energy over the given reference."""
+
+    def __init__(self, path):
+        self.path, self.seen = path, None
+
+    def sample(self, model, num, length, generator=None, device=None, *, settings=None, fixed=None, values=None):
+        from tcsm.posttrain.dre.sir import sample_sir
+
+        self.seen = settings
+        return sample_sir(model, _energy, self.path, batch_size=num, length=length, num_steps=settings.steps,
+                          num_candidates=settings.sir_k, window=settings.sir_window,
+                          temperature=settings.sir_temperature, grid=settings.grid, fixed=fixed, values=values,
+                          generator=generator, device=device, return_stats=True)  # fmt: skip
+
+
+def _energy(x1, xt, t):
+    return x1.float().sum(-1) / 4
+
+
+def test_the_objectives_own_sampler_draws_what_sir_draws_with_the_sections_keys(one_thread):
+    from tcsm.posttrain.dre.sir import sample_sir
+    from tcsm.sampling.own import OwnSettings
+
+    model, path = _Logits(), MaskedPath(V)
+    objective = _SIRObjective(path)
+    section = sample_settings({"method": "euler", "steps": 6, "sir_k": 3, "sir_window": [0.2, 0.9],
+                               "sir_temperature": 0.5, "grid": "cosine"})  # fmt: skip
+    x, stats = draw(model, path, 4, L, section, objective=objective, generator=torch.Generator().manual_seed(5))
+    assert type(objective.seen) is OwnSettings and objective.seen.sir_window == (0.2, 0.9)  # method is not its key
+    ref, ref_stats = sample_sir(model, _energy, path, batch_size=4, length=L, num_steps=6, num_candidates=3,
+                                window=(0.2, 0.9), temperature=0.5, grid="cosine",
+                                generator=torch.Generator().manual_seed(5), return_stats=True)  # fmt: skip
+    assert torch.equal(x, ref) and stats.num_calls == ref_stats.num_calls and stats.counts == ref_stats.counts
