@@ -20,7 +20,7 @@ from tcsm.sampling import registry
 from tcsm.sampling.decoding import decode
 from tcsm.sampling.registry import Sampler, SamplerSettings, register_sampler, sampler_class, sampler_names
 from tcsm.sampling.samplers import sample
-from tcsm.sampling.settings import SampleSettings, draw, make_sampler, section_fields
+from tcsm.sampling.settings import SampleSettings, draw, make_sampler, sample_settings, section_fields
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "tcsm"
 V, L = 5, 6
@@ -42,7 +42,8 @@ class _Logits(torch.nn.Module):
 
 def test_the_names_come_from_the_registry_everywhere(capsys):
     names = sampler_names()
-    assert set(names) == {"ancestral", "analytic", "euler", "random", "confidence", "margin", "entropy", "threshold"}
+    assert names == ("ancestral", "analytic", "euler", "joint", "random", "confidence", "margin", "entropy",
+                     "threshold")  # fmt: skip
     with pytest.raises(ConfigError, match=r"^sample\.method must be one of \[.*'threshold'\], got 'bogus'$"):
         load_config("synthetic", ["sample.method=bogus"])
     from tcsm.cli import main
@@ -145,3 +146,103 @@ def test_callers_outside_sampling_go_through_draw():
                 if names:
                     offenders.append(f"{rel}:{node.lineno} imports {sorted(names)}")
     assert not offenders, offenders
+
+
+def test_tcsm_sample_method_choices_are_the_registry():
+    import argparse
+
+    from tcsm.cli import sample as sample_cli
+
+    p = argparse.ArgumentParser()
+    sample_cli.add_arguments(p)
+    (action,) = [a for a in p._actions if "--method" in a.option_strings]
+    assert tuple(action.choices) == sampler_names()
+
+
+def test_unknown_method_is_one_line_listing_the_registry():
+    with pytest.raises(ConfigError) as e:
+        sample_settings({"method": "gibbs"})
+    message = str(e.value)
+    assert "\n" not in message and message.startswith("sample.method must be one of")
+    assert all(repr(n) in message for n in sampler_names())
+
+
+@pytest.mark.parametrize("method", sampler_names())
+def test_every_registered_sampler_builds_from_a_config_section(method):
+    cfg = load_config("synthetic", [f"sample.method={method}", "sample.steps=7"])
+    sampler = make_sampler(sample_settings(cfg.sample))
+    assert type(sampler) is sampler_class(method) and sampler.settings.steps == 7
+    assert set(vars(sampler.settings)) == {f.name for f in dataclasses.fields(sampler_class(method).settings_type)}
+    # a caller's explicit override (a report's step count) wins over the section; None keeps the section's value
+    assert sample_settings(cfg.sample, steps=3, grid=None).steps == 3
+
+
+def test_joint_draws_what_the_sampling_function_draws_with_the_models_x1_sampler(one_thread):
+    from tcsm.evaluation.exact import EnumerableDistribution
+
+    dist, path = EnumerableDistribution.random(3, 3, seed=0), MaskedPath(3)
+    x, stats = draw(dist, path, 6, 3, SampleSettings(method="joint", steps=4, grid="cosine"),
+                    generator=torch.Generator().manual_seed(2))  # fmt: skip
+    ref, ref_stats = sample(None, path, batch_size=6, length=3, num_steps=4, method="joint", grid="cosine",
+                            x1_sampler=dist.x1_sampler(path), generator=torch.Generator().manual_seed(2),
+                            return_stats=True)  # fmt: skip
+    assert torch.equal(x, ref) and stats.num_calls == ref_stats.num_calls
+    with pytest.raises(ConfigError, match="^method joint needs a model that draws x̂_1 jointly"):
+        draw(_Logits(), path, 2, L, SampleSettings(method="joint", steps=2))
+
+
+def test_sir_reports_the_one_sampling_stats_type(one_thread):
+    from tcsm.posttrain.dre.sir import sample_sir
+    from tcsm.sampling import SamplingStats
+
+    model, path = _Logits(), MaskedPath(V)
+    _, st = sample_sir(model, lambda x1, xt, t: x1.float().sum(-1), path, batch_size=3, length=L, num_steps=4,
+                       window=(0.0, 1.0), generator=torch.Generator().manual_seed(0), return_stats=True)  # fmt: skip
+    assert isinstance(st, SamplingStats) and st.method == "sir" and st.counts["sir_steps"] == 4
+    assert st.num_calls >= 1 and st.num_rows == int(st.row_calls.sum()) and st.counts["energy_rows"] == 2 * st.num_rows
+
+
+def test_the_old_builders_sampler_module_still_imports():
+    import importlib
+    import sys
+
+    sys.modules.pop("tcsm.builders.sampler", None)
+    with pytest.warns(DeprecationWarning, match="tcsm.builders.sampler moved to tcsm.sampling.settings"):
+        old = importlib.import_module("tcsm.builders.sampler")
+    assert old.sample_settings is sample_settings and old.build_sampler is not None
+
+
+class _SIRObjective:
+    """An objective that brings its own sampler (`Samples`): SIR with a fixed energy over the given reference."""
+
+    def __init__(self, path):
+        self.path, self.seen = path, None
+
+    def sample(self, model, num, length, generator=None, device=None, *, settings=None, fixed=None, values=None):
+        from tcsm.posttrain.dre.sir import sample_sir
+
+        self.seen = settings
+        return sample_sir(model, _energy, self.path, batch_size=num, length=length, num_steps=settings.steps,
+                          num_candidates=settings.sir_k, window=settings.sir_window,
+                          temperature=settings.sir_temperature, grid=settings.grid, fixed=fixed, values=values,
+                          generator=generator, device=device, return_stats=True)  # fmt: skip
+
+
+def _energy(x1, xt, t):
+    return x1.float().sum(-1) / 4
+
+
+def test_the_objectives_own_sampler_draws_what_sir_draws_with_the_sections_keys(one_thread):
+    from tcsm.posttrain.dre.sir import sample_sir
+    from tcsm.sampling.own import OwnSettings
+
+    model, path = _Logits(), MaskedPath(V)
+    objective = _SIRObjective(path)
+    section = sample_settings({"method": "euler", "steps": 6, "sir_k": 3, "sir_window": [0.2, 0.9],
+                               "sir_temperature": 0.5, "grid": "cosine"})  # fmt: skip
+    x, stats = draw(model, path, 4, L, section, objective=objective, generator=torch.Generator().manual_seed(5))
+    assert type(objective.seen) is OwnSettings and objective.seen.sir_window == (0.2, 0.9)  # method is not its key
+    ref, ref_stats = sample_sir(model, _energy, path, batch_size=4, length=L, num_steps=6, num_candidates=3,
+                                window=(0.2, 0.9), temperature=0.5, grid="cosine",
+                                generator=torch.Generator().manual_seed(5), return_stats=True)  # fmt: skip
+    assert torch.equal(x, ref) and stats.num_calls == ref_stats.num_calls and stats.counts == ref_stats.counts

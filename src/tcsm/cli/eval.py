@@ -359,10 +359,9 @@ def _run_genppl(args) -> int:
     import torch
 
     from tcsm.builders.loading import load_reference_lm
-    from tcsm.builders.sampler import sample_settings
     from tcsm.cli.sample import load_tokenizer
     from tcsm.sampling.common import row_evaluations
-    from tcsm.sampling.settings import draw
+    from tcsm.sampling.settings import draw, sample_settings
     from tcsm.train.distributed import resolve_device
 
     if not args.reference:

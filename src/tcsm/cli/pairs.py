@@ -49,10 +49,10 @@ def run(args) -> int:
     from pathlib import Path
 
     from tcsm.builders.loading import load_checkpoint
-    from tcsm.builders.sampler import sample_settings
     from tcsm.core.errors import ConfigError
     from tcsm.posttrain.reward.rewards import make_reward
     from tcsm.recipes.preference.compose import sample_pairs, write_pairs
+    from tcsm.sampling.settings import sample_settings
     from tcsm.train.distributed import resolve_device
 
     prompts = list(args.prompt)

@@ -33,11 +33,10 @@ def run(args) -> int:
 
     from tcsm.builders.config import load_config
     from tcsm.builders.loading import load_checkpoint
-    from tcsm.builders.sampler import sample_settings
     from tcsm.cli.common import claim_run_dir, default_run_dir, format_bound, jsonable
     from tcsm.cli.train import train
     from tcsm.evaluation.likelihood import evaluate_bound
-    from tcsm.sampling.settings import draw
+    from tcsm.sampling.settings import draw, sample_settings
     from tcsm.storage.fileio import write_atomically
 
     start = time.perf_counter()

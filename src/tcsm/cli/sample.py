@@ -40,6 +40,14 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _method(text: str) -> str:
+    from tcsm.sampling.registry import sampler_names
+
+    if text not in sampler_names():
+        raise argparse.ArgumentTypeError(f"unknown --method {text!r}; choose one of {', '.join(sampler_names())}")
+    return text
+
+
 def _float_in(lo: float, hi: float, lo_open: bool = True):
     def parse(text: str) -> float:
         try:
@@ -62,11 +70,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="samples (per prompt / template when given); default 4")
     p.add_argument("--steps", type=_positive_int, default=None,
                    help="sampler steps K (default: the run's sample.steps; a causal LM run takes one step per position)")
-    from tcsm.sampling.registry import sampler_names
+    from tcsm.sampling.registry import sampler_class, sampler_names
 
-    p.add_argument("--method", default=None,
-                   help=f"sampler: {' | '.join(sampler_names())} (default: the run's sample.method, else ancestral for masked, "
-                        "analytic for uniform; the last five are decoding orders for masked models)")
+    names = sampler_names()
+    orders = ", ".join(n for n in names if sampler_class(n).steps_at_most_positions)
+    p.add_argument("--method", default=None, choices=names, type=_method, metavar="METHOD",
+                   help=f"sampler: {' | '.join(names)} (default: the run's sample.method, else ancestral for masked, "
+                        f"analytic for uniform; {orders} are decoding orders for masked models)")
     p.add_argument("--block-length", type=_positive_int, default=None,
                    help="masked models: decode blocks of this many positions left to right, --method inside each "
                         "(default: the run's sample.block_length)")
@@ -202,13 +212,13 @@ def _escape(text: str) -> str:
 
 
 def _run_sampler(loaded, model, path, device, args):
-    """The run's sampler (`tcsm.builders.sampler`: the same one its training samples used) with the flags given.
+    """The run's sampler (`tcsm.sampling.settings`: the same one its training samples used) with the flags given.
     A run whose objective cannot be rebuilt here (e.g. its reference run is gone) has no sampler of its own: only
     energy-model and causal-LM runs do, and their objectives read nothing but the model."""
     from tcsm.builders.assemble import build_objective_for_checkpoint
     from tcsm.builders.components import DataInfo
-    from tcsm.builders.sampler import build_sampler
     from tcsm.core.errors import TCSMError
+    from tcsm.sampling.settings import build_sampler
 
     try:
         objective = build_objective_for_checkpoint(loaded.config, model, DataInfo(**loaded.data_info), device)
@@ -230,14 +240,9 @@ def run(args) -> int:
     from tcsm.cli.common import check_writable
     from tcsm.core.progress import WorkProgress
     from tcsm.data.base import readable_text
-    from tcsm.sampling.common import row_evaluations
-    from tcsm.sampling.registry import sampler_names
+    from tcsm.sampling.common import GRIDS, row_evaluations
     from tcsm.storage.fileio import write_atomically
     from tcsm.train.distributed import resolve_device
-
-    if args.method is not None and args.method not in sampler_names():
-        raise ValueError(f"unknown --method {args.method!r}; choose one of {', '.join(sampler_names())}")
-    from tcsm.sampling.common import GRIDS
 
     if args.grid is not None and args.grid not in GRIDS:
         raise ValueError(f"unknown --grid {args.grid!r}; choose uniform or cosine")

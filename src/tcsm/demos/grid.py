@@ -220,9 +220,8 @@ def run_grid_demo(
     """
     from tcsm.builders.config import load_config
     from tcsm.builders.loading import load_checkpoint
-    from tcsm.builders.sampler import sample_settings
     from tcsm.recipes.reward.compose import reward_config
-    from tcsm.sampling.settings import draw
+    from tcsm.sampling.settings import draw, sample_settings
 
     if size not in SIZES:
         raise ValueError(f"unknown demo size {size!r}; choose one of {sorted(SIZES)}")

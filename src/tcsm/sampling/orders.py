@@ -22,10 +22,14 @@ class _Order(Sampler):
         _no_trajectory(self, record_steps)  # decoding runs the whole batch at once: chunk_size does not apply
         return decode(
             model, path, batch_size=num, length=length, num_steps=s.steps, method=self.name, grid=s.grid,
-            temperature=s.temperature, top_p=s.top_p, threshold=getattr(s, "threshold", 0.1), block_length=s.block_length,
-            final_argmax=s.final_argmax, time_independent=s.time_independent(model, path), fixed=fixed,
-            values=values, generator=generator, device=device, callback=callback,
+            temperature=s.temperature, top_p=s.top_p, block_length=s.block_length, final_argmax=s.final_argmax,
+            time_independent=s.time_independent(model, path), fixed=fixed, values=values, generator=generator,
+            device=device, callback=callback, **self.order_settings(),
         )  # fmt: skip
+
+    def order_settings(self) -> dict:
+        """`decode`'s keywords that only this order's settings hold."""
+        return {}
 
 
 @register_sampler
@@ -71,3 +75,6 @@ class Threshold(_Order):
     name = "threshold"
     help = "unmask every position whose confidence exceeds `threshold` (at most `steps` steps)"
     settings_type = ThresholdSettings
+
+    def order_settings(self) -> dict:
+        return {"threshold": self.settings.threshold}

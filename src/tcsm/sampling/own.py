@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tcsm.sampling.registry import Sampler, SamplerSettings, register_sampler
+from tcsm.sampling.registry import DrawSettings, Sampler, register_sampler
 
 __all__ = ["OwnSampler", "OwnSettings"]
 
 
 @dataclass(frozen=True)
-class OwnSettings(SamplerSettings):
+class OwnSettings(DrawSettings):
     sir_k: int = field(default=2, metadata={"help": "energy (DRE ii) runs: SIR candidates per step"})
     sir_window: tuple[float, float] = field(
         default=(0.4, 0.6), metadata={"help": "energy runs: α_t window where SIR is used ([0, 1]: every step)"}

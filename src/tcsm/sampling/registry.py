@@ -12,7 +12,7 @@ from typing import ClassVar
 from tcsm.sampling.common import GRIDS
 from tcsm.sampling.samplers import may_cache
 
-__all__ = ["SAMPLERS", "Sampler", "SamplerSettings", "register_sampler", "sampler_class", "sampler_names"]
+__all__ = ["SAMPLERS", "DrawSettings", "Sampler", "SamplerSettings", "register_sampler", "sampler_class", "sampler_names"]
 
 #: the modules whose import registers the built-in samplers (imported before any name is looked up)
 HOMES = ("tcsm.sampling.path_samplers", "tcsm.sampling.orders", "tcsm.sampling.own")
@@ -24,21 +24,16 @@ def _help(text: str) -> dict:
 
 @dataclass(frozen=True)
 class SamplerSettings:
-    """What every sampler takes: K steps on a time grid, and how each conditional is drawn."""
+    """What every sampler takes: K steps on a time grid, and whether it may reuse a row's model output."""
 
     steps: int = field(default=128, metadata=_help("sampler steps"))
     grid: str = field(default="uniform", metadata=_help("time grid: uniform | cosine"))
-    temperature: float = field(default=1.0, metadata=_help("softmax temperature of the denoiser's conditionals"))
-    top_p: float = field(default=1.0, metadata=_help("nucleus truncation of each conditional (1: none)"))
-    final_argmax: bool = field(default=False, metadata=_help("take the most likely token at the last step"))
     cache: bool = field(default=True, metadata=_help("MDLM's cache where the model and path allow it"))
 
     def checks(self) -> list[tuple[bool, str]]:
         return [
             (int(self.steps) >= 1, f"steps must be >= 1, got {self.steps}"),
             (self.grid in GRIDS, f"grid must be one of {list(GRIDS)}, got {self.grid!r}"),
-            (self.temperature > 0, f"temperature must be > 0, got {self.temperature}"),
-            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
         ]
 
     def __post_init__(self):
@@ -49,6 +44,22 @@ class SamplerSettings:
     def time_independent(self, model, path) -> bool:
         """Whether the sampler may reuse a row's denoiser output while its x_t is unchanged (`may_cache`)."""
         return bool(self.cache) and may_cache(model, path)
+
+
+@dataclass(frozen=True)
+class DrawSettings(SamplerSettings):
+    """A sampler that draws each token from the denoiser's conditionals: how they are shaped before the draw."""
+
+    temperature: float = field(default=1.0, metadata=_help("softmax temperature of the denoiser's conditionals"))
+    top_p: float = field(default=1.0, metadata=_help("nucleus truncation of each conditional (1: none)"))
+    final_argmax: bool = field(default=False, metadata=_help("take the most likely token at the last step"))
+
+    def checks(self) -> list[tuple[bool, str]]:
+        return [
+            *super().checks(),
+            (self.temperature > 0, f"temperature must be > 0, got {self.temperature}"),
+            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+        ]
 
 
 class Sampler:

@@ -1,8 +1,9 @@
 """How a run samples (MATH.md §6): its config's `sample:` section as one value, `SampleSettings` — `method` plus
 every registered sampler's settings fields, derived from the registry (`sampling.registry`), so a new sampler's
-keys appear here without an edit — and `draw`, the one place that turns (model, path, objective, settings) into
-samples. The trainer's logged samples, `tcsm sample`, gen-PPL, quickstart, the demos and the recipe reports all
-call `draw` with the run's section, so a run samples the same way everywhere.
+keys appear here without an edit. `sample_settings` reads a section (with a caller's explicit overrides, e.g. a
+report's step count or a command line's flags), `draw` turns (model, path, objective, settings) into samples and
+`RunSampler` holds them for a run. The trainer's logged samples, `tcsm sample`, gen-PPL, quickstart, the demos and
+the recipe reports all go through here, so a run samples the same way everywhere.
 
 An objective that brings its own sampler declares it (`tcsm.core.protocols.Samples`: SIR over an energy model,
 left to right for an autoregressive model) and receives the section's `OwnSettings`; otherwise the sampler named
@@ -11,16 +12,22 @@ by `method` (None: `ancestral`) runs."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
+from typing import Any
 
 from torch import Tensor
 
+from tcsm.core.errors import ConfigError
 from tcsm.core.protocols import Samples
 from tcsm.sampling.common import prefix_condition
 from tcsm.sampling.own import OwnSampler
 from tcsm.sampling.registry import Sampler, all_sampler_classes, sampler_class, sampler_names
 
-__all__ = ["DEFAULT_METHOD", "SampleSettings", "draw", "make_sampler", "section_fields"]
+__all__ = [
+    "DEFAULT_METHOD", "RunSampler", "SampleSettings", "build_sampler", "draw", "make_sampler", "sample_settings",
+    "section_fields",
+]  # fmt: skip
 
 #: the sampler of `method: null`: the sparse cached reveal on a masked path, the analytic bridge elsewhere
 DEFAULT_METHOD = "ancestral"
@@ -62,6 +69,30 @@ def _section_type() -> type:
 SampleSettings = _section_type()
 
 
+def sample_settings(section, **overrides) -> SampleSettings:
+    """`SampleSettings` from a run's `sample:` section (a config node, dataclass or mapping; keys that are not
+    sampler settings, such as `num`, are left out) with `overrides` (None values ignored) on top. ConfigError in one
+    line for a bad value, or for a threshold override when the method is not "threshold"."""
+    known = [f.name for f in fields(SampleSettings)]
+    unknown = sorted(set(overrides) - set(known))
+    if unknown:
+        raise TypeError(f"unknown sampler settings {unknown}")
+    read = section.get if isinstance(section, Mapping) else lambda k, d: getattr(section, k, d)
+    values = {k: v for k in known if (v := read(k, MISSING)) is not MISSING}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    if overrides.get("threshold") is not None and values.get("method") != "threshold":
+        # the cut-off of the threshold order only: ignoring it would sample with another law than the one asked for
+        raise ConfigError(
+            f"threshold={overrides['threshold']} is a setting of method threshold, but this sampler's method is "
+            f"{values.get('method') or 'the path default'}; add method threshold (tcsm sample --method threshold) "
+            "or leave the threshold out"
+        )
+    try:
+        return SampleSettings(**values)
+    except ValueError as e:
+        raise ConfigError(f"sample.{e}") from None
+
+
 def make_sampler(settings, objective=None) -> Sampler:
     """The sampler a section chooses: the objective's own when it declares `Samples`, else `method`'s."""
     if isinstance(objective, Samples):
@@ -96,3 +127,30 @@ def draw(
     sampler = make_sampler(settings, objective)
     return sampler(model, path, num, length, objective=objective, generator=generator, device=device, fixed=fixed,
                    values=values, callback=callback, chunk_size=chunk_size, record_steps=record_steps)  # fmt: skip
+
+
+@dataclass
+class RunSampler:
+    """Draw from a run: `model`, `path`, the run's `objective` (its own sampler when it declares `Samples`) and
+    `settings`. `__call__` returns (tokens or None, stats with `.method` and `.num_calls`)."""
+
+    model: Any
+    path: Any
+    objective: Any
+    settings: Any
+
+    @property
+    def own(self) -> bool:
+        """Whether the objective brings its own sampler (SIR, left to right) instead of a registered one."""
+        return isinstance(self.objective, Samples)
+
+    def __call__(self, num: int, length: int, *, generator=None, device=None, fixed=None, values=None, callback=None):
+        return draw(
+            self.model, self.path, num, length, self.settings, objective=self.objective, generator=generator,
+            device=device, fixed=fixed, values=values, callback=callback,
+        )  # fmt: skip
+
+
+def build_sampler(cfg, model, path, objective, **overrides) -> RunSampler:
+    """The run's sampler: `cfg.sample` with `overrides` (a command line's flags; None: the run's value)."""
+    return RunSampler(model, path, objective, sample_settings(cfg.sample, **overrides))

@@ -31,6 +31,7 @@ MOVED_MODULES: dict[str, tuple[str, ...]] = {
     "tcsm.likelihood": ("tcsm.evaluation.likelihood", "tcsm.core.results", "tcsm.paths.bounds"),
     "tcsm.posttrain.preference.pairs": ("tcsm.data.pairs",),
     "tcsm.posttrain.sft.data": ("tcsm.data.sft",),
+    "tcsm.builders.sampler": ("tcsm.sampling.settings",),
     **{f"tcsm.posttrain.{m}.builder": (f"tcsm.recipes.{m}.builder",) for m in ("dre", "preference", "reward", "sft", "distill")},
     **{f"tcsm.posttrain.{m}.recipe": (f"tcsm.recipes.{m}.compose",) for m in ("dre", "preference", "reward", "sft", "distill")},
 }

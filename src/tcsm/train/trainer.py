@@ -372,9 +372,9 @@ class Trainer(RunState):
     @torch.no_grad()
     def samples(self) -> list[str]:
         """`sample.num` decoded sequences from the eval model (rank 0), drawn by the run's sampler
-        (`tcsm.builders.sampler`: the objective's own when it declares one, the path sampler otherwise, with the
+        (`tcsm.sampling.settings`: the objective's own when it declares one, the path sampler otherwise, with the
         `sample:` settings); none when the model has no sampler."""
-        from tcsm.builders.sampler import build_sampler
+        from tcsm.sampling.settings import build_sampler
 
         s = self.cfg.sample
         if s.num == 0:

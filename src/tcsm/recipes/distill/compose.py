@@ -17,12 +17,11 @@ import torch
 
 from tcsm.builders.config import load_config, set_values
 from tcsm.builders.loading import load_checkpoint
-from tcsm.builders.sampler import sample_settings
 from tcsm.core.errors import ConfigError
 from tcsm.evaluation.genppl import sample_entropy
 from tcsm.recipes.distill.builder import inspect_teacher, load_distill_teacher
 from tcsm.recipes.spec import lazy_report
-from tcsm.sampling.settings import draw
+from tcsm.sampling.settings import draw, sample_settings
 
 __all__ = ["distill_config", "distill_report", "teacher_nll"]
 

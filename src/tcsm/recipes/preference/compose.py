@@ -21,14 +21,13 @@ import torch
 
 from tcsm.builders.config import load_config, set_values
 from tcsm.builders.loading import load_checkpoint
-from tcsm.builders.sampler import sample_settings
 from tcsm.builders.source import source_run
 from tcsm.core.errors import ConfigError
 from tcsm.data.pairs import tokenizer_signature
 from tcsm.evaluation.genppl import sample_entropy
 from tcsm.posttrain.reward.rewards import evaluate_reward, make_reward
 from tcsm.recipes.spec import lazy_report
-from tcsm.sampling.settings import SampleSettings, draw
+from tcsm.sampling.settings import SampleSettings, draw, sample_settings
 from tcsm.storage.fileio import write_atomically
 
 __all__ = ["preference_config", "preference_report", "sample_pairs", "write_pairs"]

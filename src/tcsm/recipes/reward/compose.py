@@ -11,12 +11,11 @@ import torch
 
 from tcsm.builders.config import load_config, set_values
 from tcsm.builders.loading import load_checkpoint
-from tcsm.builders.sampler import sample_settings
 from tcsm.builders.source import source_run
 from tcsm.core.errors import ConfigError
 from tcsm.posttrain.reward.rewards import evaluate_reward, make_reward
 from tcsm.recipes.spec import lazy_report
-from tcsm.sampling.settings import draw
+from tcsm.sampling.settings import draw, sample_settings
 
 __all__ = ["reward_config", "reward_report"]
 
