@@ -80,3 +80,24 @@ def test_a_reference_of_the_wrong_kind_is_one_error(source, tmp_path):
     cfg = load_config("synthetic", tiny("target.name=parametric", f"reference.path={source}"))
     with pytest.raises((CheckpointError, ConfigError), match="reference.path \\(the teacher\\)"):
         build_components(cfg, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("recipe", ["reward", "dre-i"])
+def test_loading_the_reference_leaves_the_models_initial_weights_alone(source, recipe):
+    """A reference read by a target or an objective is loaded outside the run's random stream (rebuilding its
+    model draws initial weights), so the trainable model starts as it would with no reference: fixed-seed runs
+    keep their numbers whatever step loads it."""
+    from tcsm.builders.components import DataInfo, build_data, build_model_for_checkpoint
+
+    if recipe == "reward":
+        cfg = reward_config(source, "finetune-reward", values={"target.reward": "python:math:fsum", "train.steps": 1})
+    else:
+        cfg = dre_config(source, values={"objective.strategy": "i", "train.steps": 1})
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(3)
+        parts = build_components(cfg, torch.device("cpu"))
+        torch.manual_seed(3)
+        alone = build_model_for_checkpoint(cfg, DataInfo.of(build_data(cfg)).to_dict(), "cpu")
+    assert parts.reference is not None
+    for (k, a), (_, b) in zip(parts.model.state_dict().items(), alone.state_dict().items(), strict=True):
+        assert torch.equal(a, b), k

@@ -68,3 +68,39 @@ def test_a_flag_naming_no_key_of_the_schema_fails():
     spec = replace(recipe("reward"), flags=(Flag("target.no_such_key"),))
     with pytest.raises(KeyError, match="no_such_key"):
         add_recipe_arguments(argparse.ArgumentParser(), spec)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_flag_takes_its_help_from_the_schema(name):
+    """A flag's help is its schema field's `help` metadata (a data kind's: its builder's Annotated parameter)."""
+    spec = recipe(name)
+    for flag in spec.flags:
+        field, _ = flag_field(spec, flag)
+        assert field.metadata.get("help"), f"{flag.key} has no help in its schema"
+
+
+@pytest.mark.parametrize("words", [*(("finetune", n) for n in NAMES), ("distill",)])
+def test_help_lists_every_flag_it_listed(words, capsys):
+    """`tcsm <words> --help` (what a person reads) names every option string the hand-written commands had."""
+    from tcsm.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main([*words, "--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    before = BEFORE[" ".join(words) if words != ("finetune", "distill") else "distill"]
+    for row in before.values():
+        for option in row["options"]:
+            assert option in text, f"tcsm {' '.join(words)} --help does not list {option}"
+
+
+def test_the_distill_command_and_finetune_distill_are_one_spec(monkeypatch):
+    """`tcsm distill` and `tcsm finetune distill` parse the same flags into the same run (one spec)."""
+    import tcsm.cli.recipe as recipe_cli
+    from tcsm.cli import main
+
+    seen = []
+    monkeypatch.setattr(recipe_cli, "run_recipe_spec", lambda args, spec: seen.append((spec, args.k)) or 0)
+    for words in (("distill",), ("finetune", "distill")):
+        assert main([*words, "--teacher", "T", "-k", "3"]) == 0
+    assert seen == [(recipe("distill"), 3)] * 2

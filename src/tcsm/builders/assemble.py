@@ -22,7 +22,9 @@ def build_components(cfg, device: torch.device, data=None) -> Components:
     ctx.path = build_path(cfg, data.vocab_size)
     sections = {key: section(cfg, key) for key in ("model", "target", "objective")}
     entries = {"model": MODELS, "target": TARGETS, "objective": OBJECTIVES}
-    load_reference(ctx, [(node, entries[key].get(name).reference) for key, (name, node) in sections.items()])
+    uses = {key: entries[key].get(name).reference for key, (name, _) in sections.items()}
+    # The trainable model's initial weights depend on train.seed alone unless it is built around the reference.
+    load_reference(ctx, [(sections[key][1], use) for key, use in uses.items()], own_stream=uses["model"] is None)
     name, node = sections["model"]
     ctx.model = MODELS.build(name, node, ctx).to(device)
     name, node = sections["target"]

@@ -257,21 +257,26 @@ class RunConfig:
 
 def schema_from_signature(fn, key: str, name: str) -> type:
     """A config dataclass whose fields are `key` (= name) plus the keyword parameters of `fn`, typed by its
-    annotations (Any where missing) — so a builder's own signature validates its config section."""
+    annotations (Any where missing) — so a builder's own signature validates its config section. A parameter
+    annotated `Annotated[type, "help"]` gives its field that help (`--help`, a recipe's flag)."""
     try:
-        hints = typing.get_type_hints(fn)
+        hints = typing.get_type_hints(fn, include_extras=True)
     except (NameError, TypeError):  # unresolvable annotations: fall back to untyped fields
         hints = {}
     fields = [(key, str, name)]
     for p in inspect.signature(fn).parameters.values():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name == key:
             continue
-        tp = _omegaconf_type(hints.get(p.name, Any))
+        hint, meta = hints.get(p.name, Any), {}
+        if typing.get_origin(hint) is typing.Annotated:  # Annotated[type, "help"]
+            hint, *notes = typing.get_args(hint)
+            meta = {"help": " ".join(n for n in notes if isinstance(n, str))}
+        tp = _omegaconf_type(hint)
         default = p.default if p.default is not p.empty else MISSING
         if isinstance(default, (list, dict)):
-            fields.append((p.name, tp, field(default_factory=lambda d=default: copy.deepcopy(d))))
+            fields.append((p.name, tp, field(default_factory=lambda d=default: copy.deepcopy(d), metadata=meta)))
         else:
-            fields.append((p.name, tp, default))
+            fields.append((p.name, tp, field(default=default, metadata=meta)))
     return dataclasses.make_dataclass(f"{name.title()}Config", fields)
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from tcsm.builders.loading import LoadedCheckpoint, load_checkpoint
 from tcsm.core.errors import CheckpointError, ConfigError
 from tcsm.models.kinds import kind_of
@@ -82,14 +84,24 @@ def load_frozen(
     return Frozen(freeze(ck.model), ck)
 
 
-def load_reference(ctx, uses: list) -> None:
+def load_reference(ctx, uses: list, *, own_stream: bool = False) -> None:
     """The build step between the path and the model: load the run's frozen model (`reference.path`) once, with one
     set of checks, into `ctx.reference` (and `ctx.reference_checkpoint`) when an entry of the run declares a use of
-    it (`ReferenceUse`); the entries then read it from the context. `uses`: (the entry's config node, its use)."""
+    it (`ReferenceUse`); the entries then read it from the context. `uses`: (the entry's config node, its use).
+
+    `own_stream`: load it without drawing from the run's random stream (rebuilding a checkpoint's model draws
+    initial weights before it reads the saved ones), so the trainable model built next starts from the same
+    weights as a run without a frozen model; a model built *around* the reference (an energy model) leaves this
+    off, its initialisation following the load as part of its own build."""
     ref = ctx.config.reference
     uses = [(node, use) for node, use in uses if use is not None]
     if not uses or not ref.path:
         return
+    if own_stream:
+        device = torch.device(ctx.device) if ctx.device is not None else None
+        cuda = [device.index or 0] if device is not None and device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda):
+            return load_reference(ctx, uses)
     node, use = uses[0]
     families = set(use.families)
     for _, other in uses[1:]:

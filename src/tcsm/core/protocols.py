@@ -5,8 +5,7 @@ protocols and checked with `isinstance`, never discovered by attribute probing:
 
 * `TrainingObjective`: `objective(model, batch, generator)` → (scalar loss, metrics), where `batch` is a
   `tcsm.core.batch.Batch` (or clean tokens [B, L]) and metrics are detached 0-d tensors. A run's frozen reference
-  is handed to the objective (or its target) once, when the run is built; the trainer never passes it. (Objectives
-  still accept `reference=` for a caller that builds one without it, e.g. a notebook.)
+  is handed to the objective (or its target) once, by its constructor, when the run is built; no call passes it.
 * `Evaluates`: the objective brings its own validation metric (a clean-data LM's NLL instead of a diffusion bound);
 * `Samples`: the objective brings its own sampler (an AR model, SIR over an energy model), or says it has none
   (returns no tokens); it receives the run's `tcsm.sampling.own.OwnSettings` and any pinned positions;
@@ -28,7 +27,7 @@ __all__ = ["Evaluates", "Samples", "StepInfo", "TrainerCallback", "TrainingObjec
 @runtime_checkable
 class TrainingObjective(Protocol):
     def __call__(
-        self, model, batch, generator: torch.Generator | None = None, *, reference=None
+        self, model, batch, generator: torch.Generator | None = None
     ) -> tuple[Tensor, dict[str, Tensor]]: ...
 
 

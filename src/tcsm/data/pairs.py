@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 import torch
 from torch import Tensor
@@ -190,7 +190,7 @@ def build_pairs(
     test_path: str | None = None,
     tokenizer: dict | None = None,
     seq_len: int | None = None,
-    truncate: bool = False,
+    truncate: Annotated[bool, "cut responses that do not fit the model's length (default: refuse such pairs)"] = False,
     pad: str | None = None,
     prompt_field: str | None = "prompt",
     chosen_field: str = "chosen",

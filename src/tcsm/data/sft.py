@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import torch
 from torch import Tensor
@@ -230,12 +231,14 @@ def build_sft(
     test_path: str | None = None,
     tokenizer: dict | None = None,
     seq_len: int | None = None,
-    truncate: bool = False,
+    truncate: Annotated[bool, "cut completions that do not fit the model's length (default: refuse such records)"] = False,
     pad: str | None = None,
     prompt_field: str = "prompt",
     completion_field: str = "completion",
     messages_field: str = "messages",
-    chat_template: str | None = None,
+    chat_template: Annotated[
+        str | None, "chat template for messages records: Jinja text, .jinja file or tokenizer dir"
+    ] = None,
     valid_frac: float = 0.1,
     test_frac: float = 0.0,
     seed: int = 0,

@@ -112,7 +112,7 @@ class MaskedLMLoss(CleanLoss):
         inp = torch.where(v >= 1.0 - self.keep_rate, x1, inp)
         return torch.where(chosen, inp, x1), chosen
 
-    def __call__(self, model, batch, generator: torch.Generator | None = None, *, reference=None):
+    def __call__(self, model, batch, generator: torch.Generator | None = None):
         x1 = as_batch(batch).x1
         inp, chosen = self.corrupt(x1, model.mask_id, model.vocab_size, generator)
         logp = torch.log_softmax(model(inp).float(), dim=-1)
@@ -141,7 +141,7 @@ class _OnePassLoss(CleanLoss):
     def sequence_nll(self, model, x):
         return self.token_nll(model, x).sum(-1)
 
-    def __call__(self, model, batch, generator: torch.Generator | None = None, *, reference=None):
+    def __call__(self, model, batch, generator: torch.Generator | None = None):
         loss = self.token_nll(model, as_batch(batch).x1).mean()
         return loss, _metrics(loss)
 

@@ -5,7 +5,7 @@ loss (distrib / score, with a divergence) and a time weighting ω(t):
 
     L = E_{t ~ U(0,1)} ω(t) E_{x_1, x_t ~ target} (1/L) Σ_{i ∈ loss positions} ℓ^i(m_θ(· | x_t), q^i)
 
-`Objective(model, batch, generator, reference=None) -> (loss, metrics)` is the only entry point a trainer needs
+`Objective(model, batch, generator) -> (loss, metrics)` is the only entry point a trainer needs
 (the `TrainingObjective` protocol of `tcsm.core.protocols`; `batch` is a `tcsm.core.batch.Batch` or clean tokens [B, L]). A per-position
 loss is any callable `(logits, batch, path, **kw) -> Tensor` of shape [B, L] (per position; positions outside
 `batch.loss_mask` are ignored) or [B] (already summed per sequence); register new ones in `LOSSES`, new time
@@ -104,17 +104,17 @@ class Objective:
         return loss, metrics
 
     def __call__(
-        self, model, batch: Batch | Tensor, generator: torch.Generator | None = None, *, reference=None
+        self, model, batch: Batch | Tensor, generator: torch.Generator | None = None
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """Draw t and a target batch for the clean batch, run `model(x_t, t)`, return (loss, metrics).
 
         `generator` (None: the global RNG) must live on the batch's device; it drives t, the noise and the
-        target. `model` and `reference` are handed to the target (on-policy targets sample `model`).
+        target. `model` is handed to the target (on-policy targets sample it).
         Metrics are detached 0-d tensors on the batch's device (no host sync per step).
         """
         batch = as_batch(batch)
         t = self.sample_t(batch.x1.shape[0], device=batch.x1.device, generator=generator)
-        tb = self.target(batch, t, self.path, generator, model=model, reference=reference)
+        tb = self.target(batch, t, self.path, generator, model=model)
         if batch.weight is not None:  # targets may expand each sequence into several rows (N^full)
             tb = tb.with_weight(batch.weight.repeat_interleave(tb.xt.shape[0] // batch.x1.shape[0]))
         logits = model(tb.xt, tb.t)

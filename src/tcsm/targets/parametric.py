@@ -221,7 +221,7 @@ class ParametricTarget(ConditionalTarget):
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
 
-    def __call__(self, batch, t: Tensor, path: ProbabilityPath, generator=None, *, model=None, reference=None) -> TargetBatch:
+    def __call__(self, batch, t: Tensor, path: ProbabilityPath, generator=None, *, model=None) -> TargetBatch:
         if self.teacher.vocab_size != path.vocab_size:
             raise ValueError(
                 f"teacher vocabulary V={self.teacher.vocab_size} differs from the path's V={path.vocab_size}"

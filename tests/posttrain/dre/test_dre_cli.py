@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 from train_helpers import assert_same_weights, final_weights, restore_torch_threads, tiny  # noqa: F401
 
+import tcsm
 from tcsm.builders.config import load_config
 from tcsm.cli import main
 from tcsm.cli.train import train
@@ -160,6 +162,27 @@ def test_config_assembly_and_flag_errors(reference, tmp_path, capsys):
     assert main(["finetune", "dre", "--from", str(reference), "-n", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("tcsm finetune: error:") for line in err)
+
+
+def test_the_strategy_is_the_resolved_configs(reference, tmp_path, capsys):
+    """The strategy the recipe composes for is the one the config resolves to, wherever it is set (the flag, a
+    key=value override, a -c file), so `--reference` is accepted or refused by that same value."""
+    def printed(*extra) -> str:
+        flags = [a for a in extra if "=" not in a or a.startswith("-")]
+        assert main(["finetune", "dre", "--from", str(reference), *flags, "--print-config",
+                     *[a for a in extra if a not in flags]]) == 0  # fmt: skip
+        return capsys.readouterr().out
+
+    by_flag = printed("--strategy", "i")
+    assert printed("objective.strategy=i") == by_flag
+    preset = tmp_path / "strategy-i.yaml"  # the finetune-dre preset with strategy i
+    preset.write_text((Path(tcsm.__file__).parent / "configs" / "finetune-dre.yaml").read_text().replace(
+        "strategy: ii", "strategy: i"))  # fmt: skip
+    assert printed("-c", str(preset)) == by_flag
+    assert "reference: ema" in printed("objective.strategy=i", "--reference", "ema", "train.ema=0.9")
+    assert main(["finetune", "dre", "--from", str(reference), "--reference", "ema", "--print-config"]) == 2
+    assert "--reference belongs to strategy i" in capsys.readouterr().err
+    assert "name: energy" in printed("--strategy", "ii", "objective.strategy=i")  # a flag is set last
 
 
 def test_eval_of_an_energy_run_says_its_cost_shows_progress_and_defaults_to_the_runs_eval_size(

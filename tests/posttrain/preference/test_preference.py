@@ -173,9 +173,9 @@ def test_objective_is_the_stated_loss_of_delta_at_independent_xt_with_shared_t(s
     V, L, P, B, K = 4, 6, 2, 3, 2
     path = PATHS[source](V)
     model, ref = Table(V, L, 0), Table(V, L, 1)
-    obj = PreferenceObjective(path, loss=loss, beta=0.5, beta_dpo=2.0, num_t=K)
+    obj = PreferenceObjective(path, loss=loss, beta=0.5, beta_dpo=2.0, num_t=K, reference=ref)
     batch = _pairs(B, L, V, P)
-    value, metrics = obj(model, batch, torch.Generator().manual_seed(7), reference=ref)
+    value, metrics = obj(model, batch, torch.Generator().manual_seed(7))
 
     g = torch.Generator().manual_seed(7)
     t = sample_times(B * K, generator=g).view(K, B).T.reshape(-1)  # draw k of pair b: time k·B + b (pair_times)
@@ -214,10 +214,11 @@ def test_prompt_positions_never_change_and_never_enter_the_loss(source):
         xw, xl = obj.noised_pair(batch, t, torch.Generator().manual_seed(s))
         assert torch.equal(xw[:, :P], batch.x1[:, :P]) and torch.equal(xl[:, :P], batch.rejected[:, :P])
     model, ref = Table(V, L, 3), Table(V, L, 4)
-    clean, _ = obj(model, batch, torch.Generator().manual_seed(5), reference=ref)
+    obj.reference = ref
+    clean, _ = obj(model, batch, torch.Generator().manual_seed(5))
     (g_clean,) = torch.autograd.grad(clean, model.w)
     model.poison = ref.poison = batch.cond_mask.repeat_interleave(4, 0).repeat(2, 1)
-    poisoned, _ = obj(model, batch, torch.Generator().manual_seed(5), reference=ref)
+    poisoned, _ = obj(model, batch, torch.Generator().manual_seed(5))
     (g_poisoned,) = torch.autograd.grad(poisoned, model.w)
     assert torch.equal(clean, poisoned) and torch.equal(g_clean, g_poisoned) and torch.isfinite(g_clean).all()
 

@@ -151,7 +151,7 @@ class DistillTarget(Target):
 
     # --- the target -------------------------------------------------------------------------------------
 
-    def __call__(self, batch, t: Tensor, path: ProbabilityPath, generator=None, *, model=None, reference=None):
+    def __call__(self, batch, t: Tensor, path: ProbabilityPath, generator=None, *, model=None):
         if self.teacher.vocab_size != path.vocab_size:
             raise ValueError(
                 f"teacher vocabulary V={self.teacher.vocab_size} differs from the path's V={path.vocab_size}"

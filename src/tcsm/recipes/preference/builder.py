@@ -1,7 +1,7 @@
 """Preference fine-tuning builders (MATH.md §5.3): the pairwise objectives and their frozen reference.
 
-`objective.name: preference` loads the pre-trained run named by `reference.path`, freezes it and puts it in
-`ctx.reference`, which the trainer hands to the objective on every step (`Components.reference`); the student
+`objective.name: preference` declares a use of the run's frozen model (`reference.path`), which the build loads
+once into `ctx.reference` (`tcsm.builders.frozen.load_reference`) and this builder gives the objective; the student
 itself starts from the same weights through `train.init_from` (tcsm.recipes.preference.compose sets both).
 """
 
