@@ -79,6 +79,6 @@ def run_recipe_spec(args, spec: RecipeSpec) -> int:
     if spec.before_training is not None:
         spec.before_training(args, cfg)
     report = _call(spec.report, args) if spec.report else None
-    summarize = (lambda _summary: spec.summarize(args, run_dir, cfg)) if spec.summarize else None
+    summarize = (lambda summary: spec.summarize(args, run_dir, cfg, summary)) if spec.summarize else None
     return run_recipe(args, cfg, run_dir, resume, report=report, report_file=spec.report_file,
                       describe=lambda r: spec.describe(args, r), summarize=summarize)  # fmt: skip

@@ -61,7 +61,8 @@ class RecipeSpec:
     report: str | None = None
     report_file: str = ""
     describe: Callable[[Any, dict], str] = lambda args, report: ""
-    summarize: Callable[[Any, Any, Any], str | None] | None = None  # (args, run_dir, cfg) → a line after training
+    #: (args, run_dir, cfg, the run's final summary) → a line printed after training, or None
+    summarize: Callable[[Any, Any, Any, dict], str | None] | None = None
     check: Callable[[Any], None] | None = None  # (args) → raise ConfigError on a bad combination, before any work
     before_training: Callable[[Any, Any], None] | None = None  # (args, cfg): checks that need the config
     #: (config key, value) that marks a run of this recipe (a resumed run must be one)

@@ -45,7 +45,7 @@ def _check(args) -> None:
         raise ConfigError("--teacher cannot change on --resume: the run keeps the teacher it was started with")
 
 
-def _summarize(args, run_dir, cfg) -> str | None:
+def _summarize(args, run_dir, cfg, summary: dict) -> str | None:
     from tcsm.recipes.distill.compose import cost_summary
 
     return cost_summary(run_dir, cfg)

@@ -36,13 +36,8 @@ def _describe(args, report: dict) -> str:
     )
 
 
-def _held_out_line(args, run_dir, cfg) -> str | None:
-    import json
-    from pathlib import Path
-
-    f = Path(run_dir) / "summary.json"
-    summary = json.loads(f.read_text(encoding="utf-8")) if f.is_file() else {}
-    if "pref_accuracy" not in summary:
+def _held_out_line(args, run_dir, cfg, summary: dict) -> str | None:
+    if summary.get("pref_accuracy") is None:
         return None
     return (
         f"held-out pairs ({summary['num_pairs']}): preference accuracy {summary['pref_accuracy']:.3f}, "
