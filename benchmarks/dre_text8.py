@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from tcsm.builders.config import load_config
-from tcsm.builders.loading import load_checkpoint, load_reference_lm
+from tcsm.builders.loading import load_checkpoint, load_scorer_lm
 from tcsm.evaluation import generative_perplexity, sample_entropy
 from tcsm.posttrain.dre.likelihood import evaluate_energy_estimate
 from tcsm.posttrain.dre.sir import sample_sir
@@ -150,7 +150,7 @@ def main() -> None:
         save("likelihood", {**res, "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0})
         print(json.dumps(results["likelihood"], indent=1), flush=True)
     if "genppl" not in results:
-        judge = load_reference_lm(str(judge_dir), torch.device("cpu"))
+        judge = load_scorer_lm(str(judge_dir), torch.device("cpu"))
         real = data.test[: args.num_samples].long()
         rows = [{"model": "data", **judged(judge, real)}]
         ks = [int(k) for k in args.sir_k.split(",")]

@@ -2,7 +2,7 @@
 
 What runs (CPU only, everything through the library's Trainer and recipe functions):
 
-1. Pre-training, data and reference LM: exactly those of benchmarks/reward_text.py (its functions are reused):
+1. Pre-training, data and scorer LM: exactly those of benchmarks/reward_text.py (its functions are reused):
    the first 2 MiB of TinyStories, a 1024-token byte-level BPE, 32-token chunks, a 0.86M-parameter masked
    diffusion transformer (2,000 steps) and a causal transformer for gen-PPL (1,200 steps). `--work` may point at
    reward_text.py's working directory to reuse its runs.

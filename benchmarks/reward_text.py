@@ -225,7 +225,7 @@ def train_or_resume(cfg, run_dir: Path) -> float:
 
 
 class Judge:
-    """VADER reward and continuation gen-PPL under the project's causal reference LM."""
+    """VADER reward and continuation gen-PPL under the project's causal scorer LM."""
 
     def __init__(self, ref_model, data, prompt_len: int):
         from tcsm.posttrain.reward.rewards import make_reward

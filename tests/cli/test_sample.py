@@ -177,7 +177,7 @@ def hf_reference(tmp_path_factory):
 
 
 def test_eval_genppl_curve_and_samples_file(run_dir, hf_reference, capsys, tmp_path):
-    from tcsm.evaluation import ReferenceLM, generative_perplexity
+    from tcsm.evaluation import ScorerLM, generative_perplexity
 
     png = tmp_path / "curve.png"
     res = _eval_json(capsys, run_dir, "--genppl", "--reference", hf_reference, "--steps", "4,16",
@@ -190,7 +190,7 @@ def test_eval_genppl_curve_and_samples_file(run_dir, hf_reference, capsys, tmp_p
     assert main(["sample", str(run_dir), "-n", "3", "--steps", "8", "-o", str(samples), "--no-progress"]) == 0
     res = _eval_json(capsys, run_dir, "--genppl", "--reference", hf_reference, "--samples", samples)
     texts = [json.loads(line)["text"] for line in samples.read_text().splitlines()]
-    direct = generative_perplexity(ReferenceLM.from_pretrained(hf_reference), texts=texts)
+    direct = generative_perplexity(ScorerLM.from_pretrained(hf_reference), texts=texts)
     assert res["genppl"][0]["gen_ppl"] == pytest.approx(direct.gen_ppl, rel=1e-6)
 
 

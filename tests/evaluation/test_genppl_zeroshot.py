@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tcsm.evaluation import (
-    ReferenceLM,
+    ScorerLM,
     build_blocks,
     generative_perplexity,
     lambada_detokenize,
@@ -153,7 +153,7 @@ def _manual_nll(model, seq, eos=None, window=None):
 
 def test_genppl_with_tiny_hf_gpt2_matches_manual_computation():
     model = _tiny_gpt2()
-    ref = ReferenceLM.from_hf(model)
+    ref = ScorerLM.from_hf(model)
     seqs = [[3, 4, 5, 6, 7], [8, 9, 1, 10, 1, 11, 12], [13, 14]]  # ragged; the 2nd repeats EOS (id 1)
     res = generative_perplexity(ref, token_ids=seqs, batch_size=2)
     parts = [_manual_nll(model, s, eos=1) for s in seqs]
@@ -168,7 +168,7 @@ def test_genppl_with_tiny_hf_gpt2_matches_manual_computation():
 
 def test_genppl_scores_long_samples_in_context_windows():
     model = _tiny_gpt2(n_positions=16)
-    ref = ReferenceLM.from_hf(model)
+    ref = ScorerLM.from_hf(model)
     ref.context_length = 4
     seq = list(range(2, 13))  # 11 tokens → windows of 4, 4, 3
     res = generative_perplexity(ref, token_ids=[seq])
@@ -185,7 +185,7 @@ def test_genppl_retokenizes_text_with_the_reference_tokenizer():
         tokenizer_object=_bpe().hf._tokenizer, eos_token="<|endoftext|>", bos_token="<|endoftext|>"
     )
     model = _tiny_gpt2(vocab_size=50257, n_positions=64)
-    ref = ReferenceLM.from_hf(model, tok)
+    ref = ScorerLM.from_hf(model, tok)
     texts = ["The cat sat on the mat.", "Hello world, hello world!"]
     res = generative_perplexity(ref, texts=texts)
     direct = generative_perplexity(ref, token_ids=[tok.encode(t) for t in texts])
@@ -201,7 +201,7 @@ def test_genppl_with_a_project_causal_lm_scores_every_token():
     model = CausalLM(CleanLMConfig(vocab_size=11, max_len=8, d_model=16, n_layers=1, n_heads=2)).eval()
     torch.nn.init.normal_(model.head.weight)  # the zero-initialised head would make every token log V
     seqs = [[1, 2, 3, 4], [5, 6]]
-    res = generative_perplexity(ReferenceLM.from_tcsm(model), token_ids=seqs)
+    res = generative_perplexity(ScorerLM.from_tcsm(model), token_ids=seqs)
     with torch.no_grad():
         expected = -sum(float(model.log_prob(torch.tensor([s]))) for s in seqs) / 6
     assert res.num_tokens == 6
@@ -209,7 +209,7 @@ def test_genppl_with_a_project_causal_lm_scores_every_token():
 
 
 def test_genppl_argument_errors():
-    ref = ReferenceLM.from_callable(lambda ids: torch.zeros(*ids.shape, 5))
+    ref = ScorerLM.from_callable(lambda ids: torch.zeros(*ids.shape, 5))
     with pytest.raises(ValueError, match="exactly one"):
         generative_perplexity(ref)
     with pytest.raises(ValueError, match="no tokenizer"):

@@ -25,7 +25,7 @@ __all__ = [
     "check_same_architecture",
     "config_from_state",
     "load_checkpoint",
-    "load_reference_lm",
+    "load_scorer_lm",
 ]
 
 
@@ -99,17 +99,17 @@ def check_same_architecture(saved, requested, where: str) -> None:
         )
 
 
-def load_reference_lm(path: str, device):
-    """A `ReferenceLM` from a Hugging Face model directory or a tcsm checkpoint of a causal model."""
+def load_scorer_lm(path: str, device):
+    """A `ScorerLM` from a Hugging Face model directory or a tcsm checkpoint of a causal model."""
     from pathlib import Path
 
-    from tcsm.evaluation.genppl import ReferenceLM
+    from tcsm.evaluation.genppl import ScorerLM
 
     p = Path(path)
     if (p / "config.json").is_file():
-        return ReferenceLM.from_pretrained(p, device=device)
+        return ScorerLM.from_pretrained(p, device=device)
     ref = load_checkpoint(p, device=device)
     if kind_of(ref.model).sampler != "left_to_right":
-        raise ValueError(f"--reference {path!r} is neither a Hugging Face model directory nor a causal-LM checkpoint")
+        raise ValueError(f"--scorer {path!r} is neither a Hugging Face model directory nor a causal-LM checkpoint")
     data = ref.build_data()
-    return ReferenceLM.from_tcsm(ref.model, data.tokenizer, eos_id=data.eos_id, device=device, name=str(p))
+    return ScorerLM.from_tcsm(ref.model, data.tokenizer, eos_id=data.eos_id, device=device, name=str(p))

@@ -4,7 +4,7 @@ pseudo-NLL of a clean-data model, tcsm.objectives.clean_lm), as in the trainer's
 
 * `--zeroshot SETS`: zero-shot perplexity bounds of a GPT-2-BPE model on WikiText-2, PTB, LAMBADA and the
   LM1B subset, with the SEDD/MDLM protocol (docs/evaluation.md, tcsm.evaluation.zeroshot);
-* `--genppl --reference PATH`: generative perplexity of samples under a reference causal LM and their
+* `--genppl --scorer PATH`: generative perplexity of samples under a scorer causal LM and their
   unigram entropy, for one or several numbers of sampling steps (a plot with `--plot`), or for samples
   written by `tcsm sample --format jsonl` (`--samples`).
 
@@ -212,9 +212,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _add(p, z, "--bpe-dir", metavar="DIR",
          help="folder with GPT-2's encoder.json and vocab.bpe (default: the checkpoint's, else DATA_ROOT/gpt2_bpe)")
     g = p.add_argument_group("generative perplexity and sample entropy")
-    _add(p, g, "--genppl", action="store_true", help="score samples with a reference causal LM")
-    _add(p, g, "--reference", metavar="PATH",
-         help="reference LM: a Hugging Face model directory, or a checkpoint of a causal model trained by tcsm")
+    _add(p, g, "--genppl", action="store_true", help="score samples with a scorer causal LM")
+    _add(p, g, "--scorer", "--reference", dest="scorer", metavar="PATH",
+         help="scorer LM: a Hugging Face model directory, or a checkpoint of a causal model trained by tcsm "
+              "(--reference: its old name)")
     _add(p, g, "--samples", metavar="FILE", help="score these samples (jsonl from `tcsm sample`) instead of sampling")
     _add(p, g, "--num-samples", type=int, default=16, help="samples per number of steps (default 16)")
     _add(p, g, "--steps", default="128", help="sampling steps; a comma-separated list gives a curve (default 128)")
@@ -358,14 +359,14 @@ def _score(ref, texts: list[str], tokens, max_length, batch_size) -> dict:
 def _run_genppl(args) -> int:
     import torch
 
-    from tcsm.builders.loading import load_reference_lm
+    from tcsm.builders.loading import load_scorer_lm
     from tcsm.cli.sample import load_tokenizer
     from tcsm.sampling.common import row_evaluations
     from tcsm.sampling.settings import draw, sample_settings
     from tcsm.train.distributed import resolve_device
 
-    if not args.reference:
-        raise ValueError("--genppl needs --reference (a Hugging Face model directory or a causal-LM checkpoint)")
+    if not args.scorer:
+        raise ValueError("--genppl needs --scorer (a Hugging Face model directory or a causal-LM checkpoint)")
     try:
         steps = [int(s) for s in args.steps.split(",")]
     except ValueError:
@@ -376,7 +377,7 @@ def _run_genppl(args) -> int:
     ):
         raise ValueError("--temperature must be > 0 and --top-p in (0, 1]")
     device = resolve_device(args.device)
-    ref = load_reference_lm(args.reference, device)
+    ref = load_scorer_lm(args.scorer, device)
     batch = args.batch_size or 8
     rows, lines, settings = [], [], None
     if args.samples:
@@ -393,7 +394,7 @@ def _run_genppl(args) -> int:
         path = ckpt.build_path()
         tok = load_tokenizer(ckpt)
         L = int(ckpt.data_info["seq_len"])
-        lines.append(f"{ckpt.directory} (step {ckpt.step}, {ckpt.weights} weights), reference {ref.name}:")
+        lines.append(f"{ckpt.directory} (step {ckpt.step}, {ckpt.weights} weights), scorer {ref.name}:")
         for K in steps:
             settings = sample_settings(ckpt.config.sample, steps=K, method=args.method, temperature=args.temperature,
                                        top_p=args.top_p)  # fmt: skip
@@ -424,6 +425,6 @@ def _run_genppl(args) -> int:
             plot_genppl_vs_steps(rows, args.plot, title=f"{ckpt.directory.name} vs {ref.name}")
             lines.append(f"  plot: {args.plot}")
     temperature, top_p = (args.temperature, args.top_p) if settings is None else (settings.temperature, settings.top_p)
-    _emit(args, {**header, "reference": ref.name, "temperature": temperature, "top_p": top_p,
+    _emit(args, {**header, "scorer": ref.name, "temperature": temperature, "top_p": top_p,
                  "seed": args.seed, "genppl": rows}, lines)
     return 0
