@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from tcsm.builders import config
-from tcsm.builders.config import load_config, without_reference
+from tcsm.builders.config import load_config
 from tcsm.core.errors import ConfigError
+from tcsm.storage import migration
+from tcsm.storage.migration import without_reference
 
 
 @pytest.mark.parametrize(
@@ -18,7 +19,7 @@ from tcsm.core.errors import ConfigError
      ("finetune-dre", "model.reference")],
 )  # fmt: skip
 def test_old_names_are_read_as_reference_path_with_a_note(preset, old, capsys, monkeypatch):
-    monkeypatch.setattr(config, "_noted", set())  # a note is printed once per process and old key
+    monkeypatch.setattr(migration, "_noted", set())  # a note is printed once per process and old key
     extra = ["model.name=energy"] if old.startswith("model.") else []
     ema_key = "target.ema" if old.startswith("target.") else f"{old}_ema"
     cfg = load_config(preset, [*extra, f"{old}=runs/x", f"{ema_key}=false"])

@@ -397,13 +397,13 @@ def test_data_summary_gives_the_floor_in_bits():
 
 
 def test_presets_state_their_expected_cost():
-    from tcsm.builders.config import _preset_text, list_presets
+    from tcsm.builders.presets import list_presets, preset_text
 
     for name in list_presets():
-        text, _ = _preset_text(name)
+        text, _ = preset_text(name)
         assert re.search(r"^# expected cost: .+", text, re.MULTILINE), name
     readme = (ROOT / "README.md").read_text()
-    small = _preset_text("text8-prefix-small")[0]
+    small = preset_text("text8-prefix-small")[0]
     cost = re.search(r"^# expected cost: (.+)$", small, re.MULTILINE).group(1)
     assert re.search(r"text8-prefix-small.*(hours|days)", readme) and "h" in cost
 

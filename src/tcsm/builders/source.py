@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tcsm.builders.config import without_reference
 from tcsm.core.errors import CheckpointError
 from tcsm.models.kinds import FAMILIES, family_of_name
 from tcsm.storage.checkpoint import read_state, resolve_checkpoint
+from tcsm.storage.migration import without_reference
 
 __all__ = ["NOT_DENOISERS", "source_run"]
 

@@ -17,7 +17,8 @@ DEFAULT_PRESET = "synthetic"
 def config_help(preset: str | None = None) -> str:
     """Epilog of config-taking commands: the presets and every config key with its default — the values of a plain
     `tcsm train` (the default preset), or of a recipe's own `preset` over the run it starts from."""
-    from tcsm.builders.config import describe_keys, list_presets, preset_description
+    from tcsm.builders.help import describe_keys
+    from tcsm.builders.presets import list_presets, preset_description
 
     lines = ["presets (--config NAME, or a YAML path):"]
     for name in list_presets():

@@ -1,9 +1,11 @@
-"""Readers of what older versions wrote or named: module paths that moved into the layer folders, and saved configs
-from before a model field existed. Every shim for an old name lives here and says, once, in one line, what the new
+"""Readers of what older versions wrote or named: module paths that moved into the layer folders, config keys that
+moved (MOVED_KEYS), and saved configs from before a model field existed. Every shim for an old name lives here and says, once, in one line, what the new
 name is.
 
 An old import (`import tcsm.likelihood`, `from tcsm.batch import Batch`) still works: a meta-path finder maps the old
-module name to its new home (or, for a module that was split, to a view over its parts) and warns once."""
+module name to its new home (or, for a module that was split, to a view over its parts) and warns once. An old config
+key (`objective.sir_k=4`, `target.teacher: run`) is read as its new one, with a note on stderr when a person wrote
+it and silently when it comes from a saved run's config."""
 
 from __future__ import annotations
 
@@ -13,6 +15,12 @@ import importlib.util
 import sys
 import types
 import warnings
+from typing import TYPE_CHECKING
+
+from tcsm.core.errors import ConfigError
+
+if TYPE_CHECKING:  # omegaconf is imported where a config is read, so that `import tcsm` stays cheap
+    from omegaconf import DictConfig
 
 #: old module → the module(s) that now hold its names, searched in order.
 MOVED_MODULES: dict[str, tuple[str, ...]] = {
@@ -84,3 +92,82 @@ def migrate_saved_config(config: dict | None) -> None:
         is_denoiser = isinstance(node, dict) and node and node.get("name", "denoiser") == "denoiser"  # its schema
         if is_denoiser and "activation" not in node:
             node["activation"] = "gelu_tanh"  # the denoiser's MLP before `activation` (default now exact GELU)
+
+
+#: Keys that moved, old → new. A config (YAML, override) that still uses an old key is read as the new one with a
+#: one-line note on stderr; a saved run's config is migrated silently, so every existing run still loads.
+MOVED_KEYS = {
+    "objective.sir_k": "sample.sir_k",
+    "objective.sir_window": "sample.sir_window",
+    "objective.sir_temperature": "sample.sir_temperature",
+    # the one frozen model of a run, four names before
+    "target.pretrained": "reference.path",
+    "target.teacher": "reference.path",
+    "model.reference": "reference.path",
+    "objective.reference": "reference.path",
+    "target.ema": "reference.ema",
+    "model.reference_ema": "reference.ema",
+    "objective.reference_ema": "reference.ema",
+}
+
+#: old keys whose values listed here keep their meaning in place (objective.reference=ema | previous: strategy
+#: (i) of DRE refers to the trainer's own EMA or previous iterate, not to a frozen checkpoint)
+KEPT_VALUES = {"objective.reference": ("ema", "previous")}
+
+
+def without_reference(run_config: dict) -> dict:
+    """A run's config (plain dict) without its frozen model (`reference` and every old name of it): the base of a
+    recipe that starts from that run and chooses its own reference."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in run_config.items() if k != "reference"}
+    for old, new in MOVED_KEYS.items():
+        section, key = old.split(".", 1)
+        inside = isinstance(out.get(section), dict) and out[section].get(key) not in KEPT_VALUES.get(old, ())
+        if new.startswith("reference.") and inside:
+            out[section].pop(key, None)
+    return out
+
+_noted: set[str] = set()
+
+
+def move_keys(layer: DictConfig, label: str | None) -> DictConfig:
+    """`layer` with every key of MOVED_KEYS it sets under its new name; a note per old key unless `label` is None."""
+    from omegaconf import OmegaConf
+
+    moved = {}
+    for old, new in MOVED_KEYS.items():
+        value = OmegaConf.select(layer, old, default=_ABSENT)
+        if value is _ABSENT or value in KEPT_VALUES.get(old, ()):
+            continue
+        if value is None:  # unset under its old name: nothing to carry over
+            moved[old] = (None, None)
+            continue
+        there = OmegaConf.select(layer, new, default=_ABSENT)
+        if there is not _ABSENT and there != value:
+            raise ConfigError(f"{old} (the old name of {new}) and {new} are both set, to different values")
+        earlier = next((v for n, v in moved.values() if n == new), _ABSENT)
+        if earlier is not _ABSENT and earlier != value:
+            raise ConfigError(f"{old} and another old name of {new} are both set, to different values")
+        moved[old] = (new, value)
+    if not moved:
+        return layer
+    layer = OmegaConf.merge(layer, {})  # a copy: presets are cached by nobody, but callers may reuse a base
+    for old, (new, value) in moved.items():
+        section, key = old.split(".", 1)
+        del layer[section][key]
+        if new is None:
+            continue
+        OmegaConf.update(layer, new, value, force_add=True)
+        if label is not None and old not in _noted:
+            _noted.add(old)
+            sys.stderr.write(f"tcsm: note: {old} is now {new} (read as {new}={_show(value)}; in {label})\n")
+    return layer
+
+
+_ABSENT = object()
+
+
+def _show(value) -> str:
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    return str(OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value)
+
