@@ -138,13 +138,14 @@ def test_a_diverging_run_reports_an_infinite_perplexity_instead_of_crashing(tmp_
 def test_eval_prints_inf_for_a_perplexity_beyond_the_float_range(tmp_path, capsys, monkeypatch):
     # How far a diverged run lands depends on the device (a GPU run of the test above passed e^709): beyond it the
     # printed line must still say inf, while the JSON (which has no inf) says null.
-    import tcsm.train.trainer as trainer_mod
+    import tcsm.evaluation.run as evaluation_run
+
     from tcsm.core.results import summarise_nats
 
     run = tmp_path / "run"
     assert main(["train", "-o", str(run), *tiny("train.steps=2", "train.eval_every=0", "train.sample_every=0")]) == 0
     capsys.readouterr()
-    monkeypatch.setattr(trainer_mod, "evaluate_model", lambda *a, **k: summarise_nats(torch.full((4,), 800.0), 6, "masked"))
+    monkeypatch.setattr(evaluation_run, "evaluate_model", lambda *a, **k: summarise_nats(torch.full((4,), 800.0), 6, "masked"))
     assert main(["eval", str(run), "--max-examples", "4"]) == 0
     assert "perplexity inf " in capsys.readouterr().out
     assert main(["eval", str(run), "--max-examples", "4", "--json"]) == 0

@@ -85,10 +85,11 @@ def _run_bound(args) -> int:
     from tcsm.builders.loading import load_checkpoint
     from tcsm.cli.common import check_writable, format_bound, jsonable
     from tcsm.core.errors import ConfigError
+    from tcsm.core.precision import autocast
+    from tcsm.evaluation.run import evaluate_model
     from tcsm.models.kinds import kind_of
     from tcsm.storage.fileio import write_atomically
     from tcsm.train.distributed import resolve_device
-    from tcsm.train.trainer import autocast, evaluate_model
 
     if args.max_examples is not None and args.max_examples < 1:
         raise ConfigError(
@@ -275,6 +276,7 @@ def _run_zeroshot(args) -> int:
     import torch
     from omegaconf import OmegaConf
 
+    from tcsm.core.precision import autocast as _autocast
     from tcsm.data import gpt2_tokenizer
     from tcsm.evaluation.zeroshot import (
         ZEROSHOT_SETS,
@@ -283,7 +285,6 @@ def _run_zeroshot(args) -> int:
         zeroshot_perplexity,
     )
     from tcsm.train.distributed import resolve_device
-    from tcsm.train.trainer import autocast as _autocast
 
     names = list(ZEROSHOT_SETS) if args.zeroshot == "all" else [s.strip() for s in args.zeroshot.split(",")]
     unknown = [n for n in names if n not in ZEROSHOT_SETS]

@@ -11,8 +11,6 @@ the same update (to float summation order), and a resumed run replays exactly th
 
 from __future__ import annotations
 
-import contextlib
-import inspect
 import math
 import time
 import weakref
@@ -28,11 +26,13 @@ from tcsm.builders.assemble import build_components
 from tcsm.builders.components import Components, DataInfo
 from tcsm.builders.config import set_values
 from tcsm.core.errors import ConfigError, TrainingError
+from tcsm.core.precision import autocast, resolve_precision
 from tcsm.core.progress import WorkProgress
-from tcsm.core.protocols import Evaluates, StepInfo, TrainerCallback
+from tcsm.core.protocols import StepInfo, TrainerCallback
 from tcsm.core.results import EvalResult
 from tcsm.data import absolute_paths
 from tcsm.data.base import readable_text
+from tcsm.evaluation.run import evaluate_model
 from tcsm.storage.checkpoint import (
     clean_leftovers,
 )
@@ -45,65 +45,12 @@ from tcsm.train.parallel import Parallel
 from tcsm.train.rundir import clear_run, hold_run_dir, refuse_existing_run, refuse_overwriting_sources
 from tcsm.train.state import RunState
 
-__all__ = ["Trainer", "evaluate_model", "resolve_precision", "stream_seed"]
+__all__ = ["Trainer", "stream_seed"]
 
 
 def stream_seed(*keys: int) -> int:
     """A 63-bit seed from integer keys (e.g. seed, step, micro-batch): independent streams per key tuple."""
     return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(1, np.uint64)[0] >> np.uint64(1))
-
-
-#: On CPU, bf16 autocast pays off only once matmuls are wide: measured here, a 4 × 256 denoiser trains 1.5× faster
-#: in bf16 while a 2 × 64 one runs 1.5× slower (the casts cost more than the matmuls save).
-CPU_BF16_MIN_WIDTH = 256
-
-
-def resolve_precision(precision: str, device: torch.device, model: torch.nn.Module | None = None) -> str:
-    """auto → bf16 on GPUs that support it, and on CPU for models whose widest linear layer has at least
-    CPU_BF16_MIN_WIDTH inputs; fp32 otherwise (fp16 is never chosen: it is very slow on CPU)."""
-    if precision != "auto":
-        return precision
-    if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    if device.type == "cpu" and model is not None:
-        widths = [m.in_features for m in model.modules() if isinstance(m, torch.nn.Linear)]
-        return "bf16" if widths and max(widths) >= CPU_BF16_MIN_WIDTH else "fp32"
-    return "fp32"
-
-
-def autocast(device: torch.device, precision: str):
-    """bf16 autocast for precision "bf16", a no-op for "fp32"."""
-    if precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def evaluate_model(objective, model, data, path, e, *, generator=None, device=None, progress=False) -> EvalResult:
-    """The validation metric of `model` on `data` [N, L] under eval settings `e` (the `eval` config section).
-
-    An objective that trains something other than a denoiser (e.g. a clean-data LM, tcsm.objectives.clean_lm) brings its
-    own `evaluate`; every other model gets the diffusion likelihood bound (MATH.md §2.4). Both are `EvalResult`s.
-    """
-    if isinstance(objective, Evaluates):
-        # `progress` is optional in the contract: evaluators written without it keep working
-        params = inspect.signature(objective.evaluate).parameters
-        wants = "progress" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-        extra = {"progress": progress} if wants else {}
-        result = objective.evaluate(model, data, batch_size=e.batch_size, generator=generator, device=device, **extra)
-        return EvalResult.of(result, f"{type(objective).__name__}.evaluate")
-    from tcsm.evaluation.likelihood import evaluate_bound
-
-    return evaluate_bound(
-        model,
-        data,
-        path,
-        batch_size=e.batch_size,
-        num_t=e.num_t,
-        generator=generator,
-        bound=e.bound,
-        device=device,
-        progress=progress,
-    )
 
 
 def micro_batch_plan(t, world_size: int) -> tuple[int, int]:
