@@ -139,7 +139,6 @@ def test_eval_prints_inf_for_a_perplexity_beyond_the_float_range(tmp_path, capsy
     # How far a diverged run lands depends on the device (a GPU run of the test above passed e^709): beyond it the
     # printed line must still say inf, while the JSON (which has no inf) says null.
     import tcsm.evaluation.run as evaluation_run
-
     from tcsm.core.results import summarise_nats
 
     run = tmp_path / "run"

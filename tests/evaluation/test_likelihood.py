@@ -577,9 +577,8 @@ def test_every_evaluation_is_a_typed_result_the_trainer_formats():
     model's metric by its own word; an evaluator that forgets a required entry fails by name where it is called."""
     from types import SimpleNamespace
 
-    from tcsm.evaluation.run import evaluate_model
-
     from tcsm.core.results import EvalResult, summarise_nats
+    from tcsm.evaluation.run import evaluate_model
 
     r = summarise_nats(torch.tensor([1.0, 2.0]), 4, "masked")
     assert isinstance(r, EvalResult) and r.bpc == pytest.approx(1.5 / math.log(2)) and r.num_sequences == 2

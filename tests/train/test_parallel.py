@@ -185,14 +185,14 @@ def test_activation_checkpointing_recomputes_and_changes_nothing(tmp_path, monke
 
 
 def test_a_save_killed_before_its_rename_is_never_loaded(tmp_path, monkeypatch):
-    from tcsm.train import state
+    from tcsm.train import checkpointer
 
     trainer, _ = _fit(tmp_path, "train.steps=3")
 
     def killed(*args, **kwargs):  # every shard is written; the process dies before rank 0 completes the directory
         raise SystemExit(137)
 
-    monkeypatch.setattr(state, "save_checkpoint", killed)
+    monkeypatch.setattr(checkpointer, "save_checkpoint", killed)
     trainer.step = 4
     with pytest.raises(SystemExit):
         trainer.save()

@@ -138,12 +138,12 @@ def test_a_row_replayed_after_a_resume_equals_the_uninterrupted_runs(tmp_path):
 
 def test_a_row_replayed_from_an_older_checkpoint_says_it_averages_fewer_steps(tmp_path, monkeypatch):
     """A checkpoint written before the logging window was saved cannot replay the window: the row says so."""
-    from tcsm.train.state import RunState
+    from tcsm.train.checkpointer import Checkpointer
 
     keys = ("train.steps=8", "train.save_every=3", "train.log_every=4")
-    plain_state = RunState.state
+    plain_state = Checkpointer.state
     with monkeypatch.context() as m:
-        m.setattr(RunState, "state", lambda self, w=None: {k: v for k, v in plain_state(self, w).items() if k != "log_window"})
+        m.setattr(Checkpointer, "state", lambda self, c: {k: v for k, v in plain_state(self, c).items() if k != "log_window"})
         trainer = Trainer.from_config(_cfg(*keys), tmp_path, log=lambda s: None, callbacks=[_KillAfter(5)])
         with pytest.raises(_Killed):
             trainer.fit()

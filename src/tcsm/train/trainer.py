@@ -37,13 +37,13 @@ from tcsm.storage.checkpoint import (
     clean_leftovers,
 )
 from tcsm.storage.fileio import atomic_path, write_atomically
+from tcsm.train.checkpointer import Checkpointer, LoopCounters, warm_start
 from tcsm.train.distributed import DistEnv, all_reduce_mean, barrier, setup_distributed
 from tcsm.train.ema import EMA
 from tcsm.train.logs import LOGGERS, RunLogger, plot_curves
 from tcsm.train.optim import build_optimizer, lr_at, set_lr
 from tcsm.train.parallel import Parallel
 from tcsm.train.rundir import clear_run, hold_run_dir, refuse_existing_run, refuse_overwriting_sources
-from tcsm.train.state import RunState
 
 __all__ = ["Trainer", "stream_seed"]
 
@@ -87,7 +87,7 @@ def _refuse_moved_data(cfg, run_dir) -> None:
                         "resume with its new location as an override: --resume data.{key}=NEW_PATH")
 
 
-class Trainer(RunState):
+class Trainer:
     """Train `components` (data, path, model, target, objective) under the `optim` / `train` / `eval` / `sample`
     settings of `cfg` in `run_dir`; `resume` is a checkpoint path or True (the run's latest).
 
@@ -96,6 +96,8 @@ class Trainer(RunState):
 
     `cfg` is still the whole run config: it is what checkpoints store so that a run can be resumed and its model
     rebuilt. `callbacks` (`tcsm.core.protocols.TrainerCallback`) are added to `components.callbacks`.
+    `self.checkpoints` (tcsm.train.checkpointer.Checkpointer) writes and reads the run's checkpoints; the loop
+    calls `save()` every `train.save_every` steps.
     """
 
     def __init__(
@@ -146,7 +148,7 @@ class Trainer(RunState):
             if not isinstance(cb, TrainerCallback):
                 raise TypeError(f"{cb!r} is not a TrainerCallback (on_fit_start, on_step_end)")
         if t.init_from and not resume:
-            self._init_weights(t.init_from, ema=t.init_weights == "ema")
+            warm_start(self.model, t.init_from, ema=t.init_weights == "ema", data=self.data, device=self.device)
         self.precision = resolve_precision(t.precision, self.device, self.model)
         self.parallel = Parallel.of(t, self.env, self.precision)
         if t.logger not in LOGGERS:  # before anything is written (an --overwrite clears the old run below)
@@ -172,8 +174,13 @@ class Trainer(RunState):
         self.window_steps, self.window_start = 0, time.perf_counter()
         self.window_elapsed_before = 0.0  # of the window restored from a checkpoint: its time before the save
         self.window_lost = False  # restored from a checkpoint that predates saving the window
+        self.checkpoints = Checkpointer(
+            self.run_dir, self.cfg, env=self.env, parallel=self.parallel, model=self.model, ema=self.ema,
+            optimizer=self.optimizer, batches=self.batches, data=self.data, data_info=self.data_info,
+        )
         if resume:
-            self._restore(resume)
+            self.resumed_from, counters = self.checkpoints.restore(resume)
+            self._continue_from(counters)
         if overwrite and not resume and run_dir is not None and self.env.is_main:
             # Everything that can fail while building (components, warm start, optimizer) has succeeded: only now
             # is the old run replaced, so a run that cannot start never costs the old one its files.
@@ -211,6 +218,39 @@ class Trainer(RunState):
             return cls(components, cfg, run_dir, resume=resume, env=env, overwrite=overwrite, **kwargs)
 
     # ----------------------------------------------------------------------------------------------- state
+
+    def counters(self, log_window: dict | None = None) -> LoopCounters:
+        """The loop's counters as a checkpoint stores them (`log_window`: see `log_window_state`)."""
+        window = log_window if log_window is not None else self.log_window_state()
+        return LoopCounters(self.step, self.elapsed, self.last_eval, window)
+
+    def log_window_state(self) -> dict:
+        """The open logging window: metric sums since the last train row, their step count and wall time. Several
+        processes: the mean of their sums (a collective: call on every rank), so a replayed row equals the
+        uninterrupted one up to rounding; one process: the sums themselves, so it is identical."""
+        sums = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else float(v) for k, v in self.window.items()}
+        if self.env.distributed:
+            sums = all_reduce_mean({k: float(v) for k, v in sums.items()}, self.env)
+        return {"steps": self.window_steps, "sums": sums, "elapsed_s": time.perf_counter() - self.window_start}
+
+    def _continue_from(self, counters: LoopCounters) -> None:
+        """Take the loop's counters of a restored checkpoint, its logging window included."""
+        self.step, self.elapsed, self.last_eval = counters.step, counters.elapsed, counters.last_eval
+        window = counters.log_window
+        if window is None:  # saved before the window was: the next row averages fewer steps, and says so
+            self.window_lost = self.step % self.cfg.train.log_every != 0
+        else:
+            self.window = {
+                k: v.to(self.device) if isinstance(v, torch.Tensor) else float(v) for k, v in window["sums"].items()
+            }
+            self.window_steps = int(window["steps"])
+            self.window_elapsed_before = float(window["elapsed_s"])
+
+    def save(self) -> Path | None:
+        """Write a checkpoint of the current step (rank 0; shards on every rank under FSDP) and wait for it on
+        every rank; never one whose weights a non-finite update has corrupted."""
+        self.check_finite()
+        return self.checkpoints.save(self.counters())
 
     def eval_model(self) -> torch.nn.Module:
         """The model evaluation and sampling use: the EMA copy when there is one and eval.ema is set."""
@@ -414,7 +454,7 @@ class Trainer(RunState):
         if self.env.is_main and self.run_dir is not None:
             (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg), encoding="utf-8")
             self._save_tokenizer()
-            clean_leftovers(self.checkpoint_root)
+            clean_leftovers(self.checkpoints.root)
         if self.step >= t.steps:
             self._print(f"nothing to do: the run is at step {self.step} >= train.steps={t.steps}")
             return self.summary()

@@ -1,10 +1,14 @@
-"""What a run saves and restores (the Trainer's side of `tcsm.storage.checkpoint`): the state dict of a step (config, data
-order, optimizer, EMA, random streams, elapsed time, last evaluation), writing it atomically with the weights,
-warm starts, and the exact resume that replays an uninterrupted run bit for bit. `Trainer` inherits it."""
+"""Where a run's checkpoints are written and read back (the Trainer's side of `tcsm.storage.checkpoint`).
+
+The Trainer holds a `Checkpointer` built from what a checkpoint contains: the model, its EMA, the optimizer, the
+data order (`EpochBatches`), the run config, the processes and the run directory. `save(counters)` writes one step
+atomically (whole weights on rank 0, or shards on every rank under FSDP) with the torch / CUDA random states;
+`restore(resume)` loads them all back and returns the loop's counters, so a resumed run replays the uninterrupted
+one bit for bit. `warm_start` loads another run's weights as a fresh run's starting point."""
 
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -21,30 +25,59 @@ from tcsm.storage.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from tcsm.train.distributed import all_reduce_mean, barrier
+from tcsm.train.distributed import barrier
 
-__all__ = ["RunState"]
+__all__ = ["Checkpointer", "LoopCounters", "warm_start"]
 
 
-class RunState:
-    """The save / restore half of the Trainer: expects its `cfg`, `model`, `ema`, `optimizer`, `batches`, `env`,
-    `device`, `data_info`, `step`, `elapsed`, `last_eval`, `window` (`window_steps`, `window_start`, ...), `run_dir`
-    and `check_finite`."""
+@dataclass
+class LoopCounters:
+    """What the loop itself carries from one session to the next: its step, training wall time, last evaluation and
+    the open logging window (metric sums since the last train row, their step count and wall time; None when the
+    checkpoint predates saving it)."""
+
+    step: int
+    elapsed: float = 0.0
+    last_eval: dict = field(default_factory=dict)
+    log_window: dict | None = None
+
+
+def check_same_tokens(saved_info: dict, data, where: str) -> None:
+    """CheckpointError unless `data` has the token ids of the checkpoint's (vocabulary, tokenizer)."""
+    from tcsm.builders.components import DataInfo
+
+    if saved_info.get("tokenizer_identity"):
+        known = {k: v for k, v in saved_info.items() if k in DataInfo.__dataclass_fields__}
+        DataInfo(**known).check_compatible(data, where)
+
+
+def warm_start(model: torch.nn.Module, where: str, *, ema: bool, data, device: torch.device) -> None:
+    """Load a trained model's weights (its EMA ones if saved and `ema`) into `model` as a new run's starting point."""
+    directory = resolve_checkpoint(where)
+    check_same_tokens(read_state(directory)[1].get("data_info") or {}, data, str(directory))
+    use_ema = ema and (directory / "ema.safetensors").is_file()
+    load_weights_into(model, read_weights(directory, ema=use_ema, device=device), str(directory))
+
+
+class Checkpointer:
+    """Saves and restores one run's training state. Its inputs are explicit: `model` (the unwrapped module whose
+    parameters the optimizer holds), `ema` (tcsm.train.ema.EMA or None), `optimizer`, `batches` (the seeded data
+    order), `cfg` (the whole run config, stored so the run can be rebuilt), `env` and `parallel` (processes and
+    strategy), `data` / `data_info` (checked on resume) and `run_dir` (None: nothing is written)."""
+
+    def __init__(self, run_dir, cfg, *, env, parallel, model, ema, optimizer, batches, data, data_info):
+        self.run_dir = None if run_dir is None else Path(run_dir)
+        self.cfg, self.env, self.parallel = cfg, env, parallel
+        self.model, self.ema, self.optimizer, self.batches = model, ema, optimizer, batches
+        self.data, self.data_info = data, data_info
+        self.device = env.device
 
     @property
-    def checkpoint_root(self) -> Path | None:
+    def root(self) -> Path | None:
+        """The run's `checkpoints/` directory (None without a run directory)."""
         return None if self.run_dir is None else self.run_dir / "checkpoints"
 
-    def log_window_state(self) -> dict:
-        """The open logging window: metric sums since the last train row, their step count and wall time. Several
-        processes: the mean of their sums (a collective: call on every rank), so a replayed row equals the
-        uninterrupted one up to rounding; one process: the sums themselves, so it is identical."""
-        sums = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else float(v) for k, v in self.window.items()}
-        if self.env.distributed:
-            sums = all_reduce_mean({k: float(v) for k, v in sums.items()}, self.env)
-        return {"steps": self.window_steps, "sums": sums, "elapsed_s": time.perf_counter() - self.window_start}
-
-    def state(self, log_window: dict | None = None) -> dict:
+    def state(self, counters: LoopCounters) -> dict:
         """Everything but the weights; sharded runs keep the optimizer in their shards (`tcsm.train.sharded`)."""
         rng = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available() and self.device.type == "cuda":
@@ -54,46 +87,44 @@ class RunState:
             "data_info": self.data_info.to_dict(),
             "optimizer": None if self.parallel.sharded else self.optimizer.state_dict(),
             "strategy": self.parallel.strategy,
-            "lr_schedule": {"step": self.step},  # lr_at is a pure function of the step
+            "lr_schedule": {"step": counters.step},  # lr_at is a pure function of the step
             "batches": self.batches.state_dict(),
             "ema": self.ema.state() if self.ema is not None else None,
             "rng": rng,
             "world_size": self.env.world_size,
-            "elapsed_s": self.elapsed,
-            "last_eval": self.last_eval,
-            "log_window": log_window if log_window is not None else self.log_window_state(),
+            "elapsed_s": counters.elapsed,
+            "last_eval": counters.last_eval,
+            "log_window": counters.log_window,
         }
 
-    def save(self) -> Path | None:
-        """Write a checkpoint of the current step (rank 0) and wait for it on every rank."""
-        self.check_finite()  # never write weights a non-finite update has corrupted
+    def save(self, counters: LoopCounters) -> Path | None:
+        """Write the checkpoint of step `counters.step` (rank 0; every rank writes its shards under FSDP) and wait
+        for it on every rank. Call on every rank, with weights already checked finite."""
         if self.parallel.sharded:
-            return self._save_sharded()
+            return self._save_sharded(counters)
         path = None
-        log_window = self.log_window_state()
-        if self.env.is_main and self.checkpoint_root is not None:
+        if self.env.is_main and self.root is not None:
             path = save_checkpoint(
-                self.checkpoint_root,
-                self.step,
+                self.root,
+                counters.step,
                 model=self.model,
                 ema_model=self.ema.model if self.ema is not None else None,
-                state=self.state(log_window),
+                state=self.state(counters),
                 config_yaml=OmegaConf.to_yaml(self.cfg),
                 keep_last=self.cfg.train.keep_last,
             )
         barrier(self.env)
         return path
 
-    def _save_sharded(self) -> Path | None:
+    def _save_sharded(self, counters: LoopCounters) -> Path | None:
         """Every rank writes its shards into a staging directory; rank 0 completes it (state, whole weights,
         manifest) and renames it into place (tcsm.train.sharded)."""
         from tcsm.train import sharded
 
-        if self.checkpoint_root is None:
+        if self.root is None:
             return None
         ema_model = self.ema.model if self.ema is not None else None
-        log_window = self.log_window_state()  # a collective: every rank, before rank 0 alone writes the state
-        staged = sharded.staging_dir(self.checkpoint_root, self.step, self.env)
+        staged = sharded.staging_dir(self.root, counters.step, self.env)
         sharded.write_shards(staged, self.model, self.optimizer, ema_model, self.env)
         consolidated = self.cfg.train.consolidated_weights
         weights = sharded.full_weights(self.model, self.env) if consolidated else None
@@ -101,11 +132,11 @@ class RunState:
         path = None
         if self.env.is_main:
             path = save_checkpoint(
-                self.checkpoint_root,
-                self.step,
+                self.root,
+                counters.step,
                 model=weights,
                 ema_model=ema_weights,
-                state=self.state(log_window),
+                state=self.state(counters),
                 config_yaml=OmegaConf.to_yaml(self.cfg),
                 keep_last=self.cfg.train.keep_last,
                 staged=staged,
@@ -113,27 +144,10 @@ class RunState:
         barrier(self.env)
         return path
 
-    def _init_weights(self, where: str, ema: bool) -> None:
-        """Load a trained model's weights (EMA ones if saved and requested) as the starting point."""
-        directory = resolve_checkpoint(where)
-        self._check_same_tokens(read_state(directory)[1].get("data_info") or {}, str(directory))
-        use_ema = ema and (directory / "ema.safetensors").is_file()
-        load_weights_into(
-            self.model, read_weights(directory, ema=use_ema, device=self.device), str(directory)
-        )
-
-    def _check_same_tokens(self, saved_info: dict, where: str) -> None:
-        """CheckpointError unless this run's data has the token ids of the checkpoint's (vocabulary, tokenizer)."""
-        from tcsm.builders.components import DataInfo
-
-        if saved_info.get("tokenizer_identity"):
-            known = {k: v for k, v in saved_info.items() if k in DataInfo.__dataclass_fields__}
-            DataInfo(**known).check_compatible(self.data, where)
-
     def _check_same_data(self, saved_info: dict, where: str) -> None:
         """A resume must read the token stream the checkpoint was trained on: the same tokenizer and, for
         prepared shards, the same index (its checksum)."""
-        self._check_same_tokens(saved_info, where)
+        check_same_tokens(saved_info, self.data, where)
         before, now = saved_info.get("index_checksum"), self.data_info.index_checksum
         if before and now and before != now:
             raise CheckpointError(
@@ -141,9 +155,12 @@ class RunState:
                 f"{now[:12]}…; resume with the shards it was trained on"
             )
 
-    def _restore(self, resume) -> None:
+    def restore(self, resume) -> tuple[Path, LoopCounters]:
+        """Load the checkpoint `resume` names (True: the run's latest) into the model, EMA, optimizer, data order
+        and random streams; returns its directory and the loop's counters. CheckpointError if it cannot be
+        resumed exactly (another architecture, seed, batch size or token stream)."""
         if resume is True:
-            if self.checkpoint_root is None:
+            if self.root is None:
                 raise CheckpointError("--resume needs a run directory")
             where = self.run_dir
         else:
@@ -169,19 +186,13 @@ class RunState:
             torch.set_rng_state(rng["torch"])
         if "cuda" in rng and self.device.type == "cuda":
             torch.cuda.set_rng_state(rng["cuda"], self.device)
-        self.step = step
-        self.elapsed = float(state.get("elapsed_s", 0.0))
-        self.last_eval = dict(state.get("last_eval") or {})
-        window = state.get("log_window")
-        if window is None:  # saved before the window was: the next row averages fewer steps, and says so
-            self.window_lost = step % self.cfg.train.log_every != 0
-        else:
-            self.window = {
-                k: v.to(self.device) if isinstance(v, torch.Tensor) else float(v) for k, v in window["sums"].items()
-            }
-            self.window_steps = int(window["steps"])
-            self.window_elapsed_before = float(window["elapsed_s"])
-        self.resumed_from = directory
+        counters = LoopCounters(
+            step=step,
+            elapsed=float(state.get("elapsed_s", 0.0)),
+            last_eval=dict(state.get("last_eval") or {}),
+            log_window=state.get("log_window"),
+        )
+        return directory, counters
 
     def _restore_whole(self, directory: Path, state: dict) -> None:
         """Weights, EMA and optimizer of a checkpoint that rank 0 wrote whole (ddp or one process)."""
