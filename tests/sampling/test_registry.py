@@ -13,7 +13,8 @@ import pytest
 import torch
 from train_helpers import restore_torch_threads  # noqa: F401
 
-from tcsm.builders.config import SampleConfig, load_config
+from tcsm.builders.config import load_config
+from tcsm.builders.schema import SampleConfig
 from tcsm.core.errors import ConfigError
 from tcsm.paths import MaskedPath, UniformPath
 from tcsm.sampling import registry

@@ -15,23 +15,14 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from tcsm.builders.overrides import parse_overrides
-from tcsm.builders.presets import list_presets, load_preset, preset_description
+from tcsm.builders.presets import load_preset
 from tcsm.builders.registry import import_plugins
-from tcsm.builders.schema import COMPONENTS, FIXED_SECTIONS, RunConfig, SampleConfig, schema_for, to_dict
+from tcsm.builders.schema import COMPONENTS, FIXED_SECTIONS, schema_for, to_dict
 from tcsm.builders.validation import friendly, validate
 from tcsm.core.errors import ConfigError
 from tcsm.storage.migration import move_keys, without_reference
 
-__all__ = [
-    "COMPONENTS",
-    "RunConfig",
-    "SampleConfig",
-    "list_presets",
-    "load_config",
-    "preset_description",
-    "set_values",
-    "to_dict",
-]
+__all__ = ["load_config", "set_values", "to_dict"]  # to_dict (schema.py) is here too: most callers need both
 
 
 def _drop_replaced_components(raw: DictConfig, layer: DictConfig) -> DictConfig:

@@ -322,7 +322,6 @@ def schema_for(raw: DictConfig) -> DictConfig:
     return schema
 
 
-
 def to_dict(cfg: DictConfig) -> dict:
     """A plain, JSON-serialisable dict of a config."""
     return OmegaConf.to_container(cfg, resolve=True)

@@ -94,7 +94,8 @@ def all_recipes() -> list[RecipeSpec]:
 
 
 def _schema_of_section(spec: RecipeSpec, section: str) -> type:
-    from tcsm.builders.config import COMPONENTS, RunConfig, load_config
+    from tcsm.builders.config import load_config
+    from tcsm.builders.schema import COMPONENTS, RunConfig
 
     if section == "data" and spec.data_kind is not None:
         return COMPONENTS["data"][2](spec.data_kind)
