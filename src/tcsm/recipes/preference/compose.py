@@ -21,11 +21,11 @@ import torch
 
 from tcsm.builders.config import load_config, set_values
 from tcsm.builders.loading import load_checkpoint
-from tcsm.builders.source import source_run
 from tcsm.core.errors import ConfigError
 from tcsm.data.pairs import tokenizer_signature
 from tcsm.evaluation.genppl import sample_entropy
 from tcsm.posttrain.reward.rewards import evaluate_reward, make_reward
+from tcsm.recipes.records import records_base
 from tcsm.recipes.spec import lazy_report
 from tcsm.sampling.settings import SampleSettings, draw, sample_settings
 from tcsm.storage.fileio import write_atomically
@@ -137,18 +137,11 @@ def preference_config(
     """The fine-tuning config: pre-trained run's config < preset < overrides < `values` (dotted key → value),
     with `data` the pairs file tokenized by the pre-trained run's tokenizer, `reference.path` and
     `train.init_from` the checkpoint directory (set train.init_from=null in `values` to start afresh)."""
-    directory, base = source_run(checkpoint, "preference")
-    pairs = Path(pairs).expanduser()
-    if pairs.is_dir():
-        raise ConfigError(f"preference pairs {str(pairs)!r} is a directory; give the JSONL file `tcsm pairs` wrote")
-    if not pairs.is_file():
-        raise ConfigError(f"preference pairs file not found: {pairs} (write one with `tcsm pairs`)")
-    text_data = dict(base.get("data") or {})
-    if text_data.get("kind") == "pairs":  # a fine-tune of a fine-tune: keep the original tokenizer
-        text_data = dict(text_data["tokenizer"])
-    base["data"] = {"kind": "pairs", "path": str(pairs.resolve()), "tokenizer": text_data}
-    base["target"] = {"name": "data"}
-    base["train"] = {**base.get("train", {}), "out_dir": None}  # never write into the pre-trained run
+    directory, base = records_base(
+        checkpoint, "preference", "pairs", pairs,
+        is_dir="preference pairs {path!r} is a directory; give the JSONL file `tcsm pairs` wrote",
+        missing="preference pairs file not found: {path} (write one with `tcsm pairs`)",
+    )  # fmt: skip
     cfg = load_config(preset, list(overrides), base=base)
     cfg = set_values(cfg, {"reference.path": str(directory), **(values or {})})
     if cfg.objective.name != "preference":

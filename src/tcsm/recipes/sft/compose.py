@@ -3,11 +3,9 @@ records with the pre-trained run's tokenizer, `objective.name: sft`, and the pre
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from tcsm.builders.config import load_config, set_values
-from tcsm.builders.source import source_run
 from tcsm.core.errors import ConfigError
+from tcsm.recipes.records import records_base
 
 __all__ = ["sft_config"]
 
@@ -15,18 +13,11 @@ __all__ = ["sft_config"]
 def sft_config(checkpoint, records, preset: str | None = "finetune-sft", overrides=(), values: dict | None = None):
     """Pre-trained run's config < preset < overrides < `values`, with `data` the records file tokenized by the
     pre-trained run's tokenizer and `train.init_from` the checkpoint (set train.init_from=null to start afresh)."""
-    directory, base = source_run(checkpoint, "sft")
-    records = Path(records).expanduser()
-    if records.is_dir():
-        raise ConfigError(f"--data {str(records)!r} is a directory; give the JSONL file of prompt/completion or messages records")
-    if not records.is_file():
-        raise ConfigError(f"instruction data file not found: {records}")
-    text_data = dict(base.get("data") or {})
-    if text_data.get("kind") in ("pairs", "sft"):  # a fine-tune of a fine-tune: keep the original tokenizer
-        text_data = dict(text_data["tokenizer"])
-    base["data"] = {"kind": "sft", "path": str(records.resolve()), "tokenizer": text_data}
-    base["target"] = {"name": "data"}
-    base["train"] = {**base.get("train", {}), "out_dir": None}  # never write into the pre-trained run
+    directory, base = records_base(
+        checkpoint, "sft", "sft", records,
+        is_dir="--data {path!r} is a directory; give the JSONL file of prompt/completion or messages records",
+        missing="instruction data file not found: {path}",
+    )  # fmt: skip
     cfg = load_config(preset, list(overrides), base=base)
     if cfg.objective.name != "sft":
         raise ConfigError(f"an instruction fine-tune needs objective.name=sft, got {cfg.objective.name!r}")
