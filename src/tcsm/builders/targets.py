@@ -1,6 +1,6 @@
 """Pre-training target builders: `target.name` → a Target (data, parametric teacher), loading the frozen models
 they need from checkpoints here, so that the target classes take model objects only. The post-training targets
-register in their method's builder (`tcsm.recipes.reward.builder`, `tcsm.recipes.distill.builder`)."""
+register in their recipe's builder (`tcsm.recipes.reward.builder`, `tcsm.recipes.distill.builder`)."""
 
 from __future__ import annotations
 
