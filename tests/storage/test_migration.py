@@ -129,3 +129,18 @@ def test_current_key_names_the_key_a_config_holds():
     assert migration.current_key("objective.sir_k", 4, tcsm) == "sample.sir_k"
     assert migration.current_key("objective.reference", "ema", dre) == "objective.reference"  # a kept value
     assert migration.current_key("train.steps", 3, dre) == "train.steps"
+
+
+def test_the_config_loader_and_set_values_read_dres_old_key(capsys, monkeypatch):
+    from tcsm.builders.config import load_config, set_values, to_dict
+
+    monkeypatch.setattr(migration, "_noted", set())
+    cfg = load_config("finetune-dre", ["objective.loss=lsif"])  # the name from the preset, the key from a person
+    assert cfg.objective.bregman == "lsif" and "loss" not in cfg.objective
+    assert "objective.loss of objective.name=dre is now objective.bregman" in capsys.readouterr().err
+    saved = to_dict(load_config("finetune-dre"))
+    saved["objective"]["loss"] = saved["objective"].pop("bregman")  # a run saved before the rename
+    assert load_config(base=saved).objective.bregman == "bce" and capsys.readouterr().err == ""
+    assert set_values(cfg, {"objective.loss": "gkl"}).objective.bregman == "gkl"
+    assert load_config("synthetic", ["objective.loss=score"]).objective.loss == "score"
+    assert capsys.readouterr().err == ""
