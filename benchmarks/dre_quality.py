@@ -104,7 +104,7 @@ def variant_config(ref_dir: Path, name: str, args):
         "train.eval_examples=32",
         "train.save_every=100",
     ]
-    return dre_config(ref_dir, "finetune-dre", overrides, {"objective.strategy": strategy, "objective.loss": loss})
+    return dre_config(ref_dir, "finetune-dre", overrides, {"objective.strategy": strategy, "objective.bregman": loss})
 
 
 def quality(models: dict, path, source, args, seed: int) -> list[dict]:

@@ -82,7 +82,7 @@ def energy_config(ref_dir: Path, args):
     overrides = [f"train.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in QUIET.items()]
     overrides += [f"train.steps={args.dre_steps}", "train.batch_size=32", f"optim.lr={args.dre_lr}",
                   f"objective.num_negatives={args.negatives}", "train.eval_examples=16", "train.save_every=100"]
-    return dre_config(ref_dir, "finetune-dre", overrides, {"objective.strategy": "ii", "objective.loss": "bce"})
+    return dre_config(ref_dir, "finetune-dre", overrides, {"objective.strategy": "ii", "objective.bregman": "bce"})
 
 
 def judged(judge, x) -> dict:

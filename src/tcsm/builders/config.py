@@ -20,7 +20,7 @@ from tcsm.builders.registry import import_plugins
 from tcsm.builders.schema import COMPONENTS, FIXED_SECTIONS, schema_for, to_dict
 from tcsm.builders.validation import friendly, validate
 from tcsm.core.errors import ConfigError
-from tcsm.storage.migration import move_keys, without_reference
+from tcsm.storage.migration import current_key, move_layers, without_reference
 
 __all__ = ["load_config", "set_values", "to_dict"]  # to_dict (schema.py) is here too: most callers need both
 
@@ -46,12 +46,13 @@ def load_config(
 ) -> DictConfig:
     """Merge schema defaults < base < preset (name or YAML path) < `key=value` overrides; validate; return a
     read-only DictConfig. Raises ConfigError with a one-line message on any mistake."""
-    layers: list[DictConfig] = []
+    labelled: list[tuple[DictConfig, str | None]] = []
     if base is not None:
-        layers.append(move_keys(OmegaConf.create(base) if not isinstance(base, DictConfig) else base, None))
+        labelled.append((OmegaConf.create(base) if not isinstance(base, DictConfig) else base, None))
     if preset is not None:
-        layers.append(move_keys(load_preset(preset), f"config {preset}"))
-    layers.append(move_keys(parse_overrides(overrides), "the overrides"))
+        labelled.append((load_preset(preset), f"config {preset}"))
+    labelled.append((parse_overrides(overrides), "the overrides"))
+    layers = move_layers(labelled)  # old keys → new, across layers (an override's key under a preset's entry name)
     raw = OmegaConf.create({})
     for layer in layers:
         raw = OmegaConf.merge(_drop_replaced_components(raw, layer), layer)
@@ -117,7 +118,7 @@ def set_values(cfg, values: dict):
     d = to_dict(cfg)
     for key, v in values.items():
         node = d
-        *parents, leaf = key.split(".")
+        *parents, leaf = current_key(key, v, d).split(".")  # an old name sets the key the config holds
         for k in parents:
             node = node.setdefault(k, {})
         node[leaf] = v

@@ -1,5 +1,5 @@
 """Readers of what older versions wrote or named: module paths that moved into the layer folders, config keys that
-moved (MOVED_KEYS), and saved configs from before a model field existed. Every shim for an old name lives here and says, once, in one line, what the new
+moved (MOVED_KEYS, and MOVED_ENTRY_KEYS inside one registry entry's section), and saved configs from before a model field existed. Every shim for an old name lives here and says, once, in one line, what the new
 name is.
 
 An old import (`import tcsm.likelihood`, `from tcsm.batch import Batch`) still works: a meta-path finder maps the old
@@ -15,6 +15,7 @@ import importlib.util
 import sys
 import types
 import warnings
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from tcsm.core.errors import ConfigError
@@ -126,7 +127,7 @@ def without_reference(run_config: dict) -> dict:
             out[section].pop(key, None)
     return out
 
-_noted: set[str] = set()
+_noted: set = set()  # the old keys noted so far (once per process)
 
 
 def move_keys(layer: DictConfig, label: str | None) -> DictConfig:
@@ -161,6 +162,73 @@ def move_keys(layer: DictConfig, label: str | None) -> DictConfig:
             _noted.add(old)
             sys.stderr.write(f"tcsm: note: {old} is now {new} (read as {new}={_show(value)}; in {label})\n")
     return layer
+
+
+#: Keys that moved inside the section of one registry entry only: (section, the section's `name`) → {old: new}.
+#: DRE's Bregman generator (lsif | bce | gkl) was `objective.loss`; it is `objective.bregman`, as in the composed
+#: objective, whose `objective.loss` (distrib | score, the loss form) keeps its name.
+MOVED_ENTRY_KEYS: dict[tuple[str, str], dict[str, str]] = {("objective", "dre"): {"loss": "bregman"}}
+
+
+def move_layers(layers: Sequence[tuple[DictConfig, str | None]]) -> list[DictConfig]:
+    """The layers of a run config, lowest first, each with the label of who wrote it (None: a saved run's config),
+    with every moved key under its new name: MOVED_KEYS in every layer (`move_keys`), MOVED_ENTRY_KEYS in a layer
+    whose section names that entry or, not naming one, lies over a layer that does (a preset's `objective.name:
+    dre` under an override's `objective.loss=lsif`). A note per old key unless the label is None."""
+    from omegaconf import DictConfig
+
+    names: dict[str, object] = {}  # section → the entry named by the highest layer so far
+    out = []
+    for layer, label in layers:
+        layer = move_keys(layer, label)
+        for (section, entry), keys in MOVED_ENTRY_KEYS.items():
+            node = layer.get(section)
+            if not isinstance(node, DictConfig):
+                continue
+            names[section] = node.get("name", names.get(section))
+            if names[section] == entry:
+                layer = _move_entry_keys(layer, section, entry, keys, label)
+        out.append(layer)
+    return out
+
+
+def _move_entry_keys(layer: DictConfig, section: str, entry: str, keys: dict[str, str], label: str | None):
+    from omegaconf import OmegaConf
+
+    for old, new in keys.items():
+        value = layer[section].get(old, _ABSENT)
+        if value is _ABSENT:
+            continue
+        there = layer[section].get(new, _ABSENT)
+        if value is not None and there is not _ABSENT and there != value:
+            raise ConfigError(
+                f"{section}.{old} (the old name of {section}.{new} for {section}.name={entry}) and {section}.{new} "
+                "are both set, to different values"
+            )
+        layer = OmegaConf.merge(layer, {})  # a copy, as in move_keys
+        del layer[section][old]
+        if value is None:  # unset under its old name: nothing to carry over
+            continue
+        OmegaConf.update(layer, f"{section}.{new}", value, force_add=True)
+        if label is not None and (section, entry, old) not in _noted:
+            _noted.add((section, entry, old))
+            sys.stderr.write(
+                f"tcsm: note: {section}.{old} of {section}.name={entry} is now {section}.{new} "
+                f"(read as {section}.{new}={_show(value)}; in {label})\n"
+            )
+    return layer
+
+
+def current_key(key: str, value, config: dict) -> str:
+    """The name that the dotted `key`, set to `value` on top of the complete run `config` (a plain dict), has now:
+    a caller that sets values on a loaded config (`builders.config.set_values`) writes the key the config holds,
+    rather than an old name beside it."""
+    if key in MOVED_KEYS and value not in KEPT_VALUES.get(key, ()):
+        return MOVED_KEYS[key]
+    section, _, leaf = key.partition(".")
+    node = config.get(section)
+    name = node.get("name") if isinstance(node, dict) else None
+    return f"{section}.{MOVED_ENTRY_KEYS[section, name][leaf]}" if leaf in MOVED_ENTRY_KEYS.get((section, name), {}) else key
 
 
 _ABSENT = object()

@@ -19,7 +19,7 @@ overrides, then the flags below:
 * `--strategy i`: the student denoiser starts from the reference and fits r = p^θ/p^ref against a frozen reference
   (default: the `--from` run; `--reference ema | previous` for the EMA or the SPIN-like previous iterate).
 
-    tcsm finetune dre --from runs/synthetic --loss bce -n 4 --steps 500 -o runs/dre
+    tcsm finetune dre --from runs/synthetic --bregman bce -n 4 --steps 500 -o runs/dre
     tcsm finetune dre --from runs/synthetic --strategy i --reference previous objective.refresh_every=50
     tcsm finetune dre --resume -o runs/dre            # continue the run
 
@@ -57,7 +57,7 @@ RECIPE = RecipeSpec(
     source_help="reference run, checkpoints or step_* directory",
     flags=(
         Flag("objective.strategy"),
-        Flag("objective.loss"),
+        Flag("objective.bregman", ("--loss",)),
         Flag("objective.num_negatives", ("-n",), minimum=1),
         Flag("objective.reference"),
     ),

@@ -5,7 +5,7 @@
   checkpoint loads without the reference run (its architecture is `model.reference_model`, which `tcsm finetune
   dre` copies from the reference run).
 * `objective.name: dre` — strategy i (the student denoiser against the frozen `reference.path`, or
-  `objective.reference` = `ema` | `previous`) or ii (an energy model), with loss lsif | bce | gkl and `num_negatives` reference draws per x_t.
+  `objective.reference` = `ema` | `previous`) or ii (an energy model), with the Bregman generator `bregman` = lsif | bce | gkl (formerly `objective.loss`) and `num_negatives` reference draws per x_t.
 
 A reference whose vocabulary or noise source differs from the run's is refused with a one-line CheckpointError.
 """
@@ -109,8 +109,12 @@ class DREObjectiveConfig:
         default="ii",
         metadata={"help": "i: the student denoiser over p^ref | ii: energy model p^ref·e^f", "choices": ("i", "ii")},
     )
-    loss: str = field(
-        default="bce", metadata={"help": "lsif | bce (EDLM's NCE) | gkl (MATH.md §5.1)", "choices": ("lsif", "bce", "gkl")}
+    bregman: str = field(
+        default="bce",
+        metadata={
+            "help": "Bregman generator of the DRE loss: lsif | bce (EDLM's NCE) | gkl (MATH.md §5.1)",
+            "choices": ("lsif", "bce", "gkl"),
+        },
     )
     num_negatives: int = field(default=1, metadata={"help": "reference draws x̂_1 ~ p^ref_{1|t} per x_t"})
     level: str = field(default="token", metadata={"help": "strategy i: token (N^1 conditionals) | sequence"})
@@ -136,7 +140,7 @@ def build_dre_objective(node: dict, ctx: BuildContext):
 
     strategy, reference = node["strategy"], node["reference"]
     common = {
-        "loss": node["loss"],
+        "loss": node["bregman"],
         "num_negatives": node["num_negatives"],
         "target": ctx.target,
         "antithetic": node["antithetic"],

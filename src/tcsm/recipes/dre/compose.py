@@ -80,7 +80,7 @@ def dre_report(run_dir, num_examples: int, seed: int = 0) -> dict:
     e = cfg.eval
     out = {
         "strategy": cfg.objective.strategy,
-        "loss": cfg.objective.loss,
+        "loss": cfg.objective.bregman,
         "split": e.split,
         "step": post.step,
     }
