@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = next(p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if p.is_dir()) / "data"
+SHARED = next((p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if p.is_dir()), ROOT.parent / "shared") / "data"
 GPT2 = SHARED / "gpt2_bpe"
 PY = sys.executable
 TCSM = [PY, "-m", "tcsm.cli"]

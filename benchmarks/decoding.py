@@ -85,7 +85,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     args.seed = 0
 
-    from tcsm.builders.loading import load_checkpoint, load_reference_lm
+    from tcsm.builders.loading import load_checkpoint, load_scorer_lm
     from tcsm.evaluation import generative_perplexity, sample_entropy
     from tcsm.evaluation.report import write_report
     from tcsm.sampling.settings import SampleSettings, draw
@@ -101,7 +101,7 @@ def main() -> None:
 
     ckpt = load_checkpoint(args.checkpoint, device="cpu")
     path, data = ckpt.build_path(), ckpt.build_data()
-    judge = load_reference_lm(args.reference, "cpu")
+    judge = load_scorer_lm(args.reference, "cpu")
     L = int(ckpt.data_info["seq_len"])
     real = data.test[: args.num_samples].long()
     data_ppl = generative_perplexity(judge, token_ids=real).gen_ppl

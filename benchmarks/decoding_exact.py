@@ -23,9 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "sampling"))
 from test_samplers import empirical, exact_denoiser, tv
 
+from tcsm.evaluation.exact import EnumerableDistribution
 from tcsm.paths import MaskedPath
 from tcsm.sampling import decoding
-from tcsm.toy import EnumerableDistribution
 
 
 def _leftmost_top_n(scores, eligible, n, generator=None):

@@ -2,7 +2,7 @@
 
 Question: does a diffusion student distilled from an autoregressive teacher learn faster, at equal student
 steps, than the same student trained on data alone — and do its samples look likely to the teacher at few
-sampling steps? What runs, all through the library (`tcsm.posttrain.distill.recipe`, the Trainer):
+sampling steps? What runs, all through the library (`tcsm.recipes.distill.compose`, the Trainer):
 
 1. Data: the first 2 MiB of TinyStories train (../shared/data/tinystories), a byte-level BPE trained on its
    first 95% (`--vocab` tokens), stories joined with EOS, `--seq-len`-token chunks; the last 5% is held out.
@@ -93,7 +93,7 @@ def teacher_config(a):
 
 
 def student_config(a, name: str, teacher_dir: Path):
-    from tcsm.posttrain.distill.recipe import distill_config
+    from tcsm.recipes.distill.compose import distill_config
 
     over = [
         "model.preset=tiny", f"model.d_model={a.student_width}", f"model.n_layers={a.student_layers}", "model.n_heads=4",
@@ -152,7 +152,7 @@ class Timer:
 
 
 def make_trainers(a, names, teacher_dir: Path, work: Path) -> dict:
-    from tcsm.protocols import StepInfo
+    from tcsm.core.protocols import StepInfo
     from tcsm.train.trainer import Trainer
 
     trainers = {}
@@ -210,7 +210,7 @@ def run_rounds(a, trainers: dict, results: dict, save) -> None:
 
 
 def final_reports(a, names, teacher_dir: Path, work: Path, results: dict, save) -> None:
-    from tcsm.posttrain.distill.recipe import distill_report
+    from tcsm.recipes.distill.compose import distill_report
 
     steps = [int(s) for s in a.sample_steps.split(",")]
     for name in names:
@@ -235,9 +235,9 @@ def audits(a, teacher_dir: Path, results: dict, save) -> None:
         return
     from tcsm.builders.loading import load_checkpoint
     from tcsm.evaluation.genppl import sample_entropy
-    from tcsm.posttrain.distill.builder import inspect_teacher, load_distill_teacher
     from tcsm.posttrain.distill.ngram import RightContextNgram
-    from tcsm.posttrain.distill.recipe import teacher_nll
+    from tcsm.recipes.distill.builder import inspect_teacher, load_distill_teacher
+    from tcsm.recipes.distill.compose import teacher_nll
     from tcsm.targets.ar import (
         ExactARScore,
         TaylorARScore,
@@ -302,7 +302,7 @@ def paired_bounds(a, names, work: Path, results: dict, save) -> None:
     if "paired" in results or "data" not in names:
         return
     from tcsm.builders.loading import load_checkpoint
-    from tcsm.likelihood import nelbo
+    from tcsm.evaluation.likelihood import nelbo
 
     per = {}
     for name in names:

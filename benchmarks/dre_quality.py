@@ -6,7 +6,7 @@ The source's transition matrix is known, so sample quality is exact: the mean tr
 pair law π(a)P(a, b). Steps, all with the project's Trainer and one pinned thread:
 
 1. pre-train a masked reference on the `synthetic` preset (`--pretrain-steps`);
-2. fine-tune it with `tcsm finetune dre`'s config (`tcsm.posttrain.dre.recipe.dre_config`): strategy (ii) energy models
+2. fine-tune it with `tcsm finetune dre`'s config (`tcsm.recipes.dre.compose.dre_config`): strategy (ii) energy models
    with BCE (≈ EDLM's NCE), LSIF and generalized KL, and strategy (i) with BCE;
 3. sample every model at K steps ∈ `--steps` — the energy models by SIR with k ∈ `--sir-k` candidates at every
    step (window [0, 1]; k = 1 is the reference's own sampler in distribution) and with EDLM's window [0.4, 0.6] —
@@ -41,12 +41,12 @@ import torch
 
 from tcsm.builders.config import load_config, set_values
 from tcsm.builders.loading import load_checkpoint
-from tcsm.errors import TrainingError
-from tcsm.likelihood import evaluate_bound
+from tcsm.core.errors import TrainingError
+from tcsm.evaluation.likelihood import evaluate_bound
 from tcsm.posttrain.dre.energy import EnergyModel
 from tcsm.posttrain.dre.likelihood import evaluate_energy_estimate
-from tcsm.posttrain.dre.recipe import dre_config
 from tcsm.posttrain.dre.sir import sample_sir
+from tcsm.recipes.dre.compose import dre_config
 from tcsm.sampling import may_cache, sample
 from tcsm.train.fit import fit
 from tcsm.train.trainer import Trainer
@@ -104,7 +104,7 @@ def variant_config(ref_dir: Path, name: str, args):
         "train.eval_examples=32",
         "train.save_every=100",
     ]
-    return dre_config(ref_dir, "finetune-dre", overrides, {"objective.strategy": strategy, "objective.loss": loss})
+    return dre_config(ref_dir, "finetune-dre", overrides, {"objective.strategy": strategy, "objective.bregman": loss})
 
 
 def quality(models: dict, path, source, args, seed: int) -> list[dict]:

@@ -25,11 +25,11 @@ from pathlib import Path
 import torch
 
 from tcsm.builders.config import load_config
-from tcsm.builders.loading import load_checkpoint, load_reference_lm
+from tcsm.builders.loading import load_checkpoint, load_scorer_lm
 from tcsm.evaluation import generative_perplexity, sample_entropy
 from tcsm.posttrain.dre.likelihood import evaluate_energy_estimate
-from tcsm.posttrain.dre.recipe import dre_config
 from tcsm.posttrain.dre.sir import sample_sir
+from tcsm.recipes.dre.compose import dre_config
 from tcsm.sampling import may_cache, sample
 from tcsm.train.fit import fit
 
@@ -82,7 +82,7 @@ def energy_config(ref_dir: Path, args):
     overrides = [f"train.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in QUIET.items()]
     overrides += [f"train.steps={args.dre_steps}", "train.batch_size=32", f"optim.lr={args.dre_lr}",
                   f"objective.num_negatives={args.negatives}", "train.eval_examples=16", "train.save_every=100"]
-    return dre_config(ref_dir, "finetune-dre", overrides, {"objective.strategy": "ii", "objective.loss": "bce"})
+    return dre_config(ref_dir, "finetune-dre", overrides, {"objective.strategy": "ii", "objective.bregman": "bce"})
 
 
 def judged(judge, x) -> dict:
@@ -150,7 +150,7 @@ def main() -> None:
         save("likelihood", {**res, "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0})
         print(json.dumps(results["likelihood"], indent=1), flush=True)
     if "genppl" not in results:
-        judge = load_reference_lm(str(judge_dir), torch.device("cpu"))
+        judge = load_scorer_lm(str(judge_dir), torch.device("cpu"))
         real = data.test[: args.num_samples].long()
         rows = [{"model": "data", **judged(judge, real)}]
         ks = [int(k) for k in args.sir_k.split(",")]

@@ -1,6 +1,6 @@
 """Generative perplexity and sample entropy against the number of sampling steps (docs/evaluation.md).
 
-Needs a diffusion checkpoint and a causal reference LM trained on the same data. Either pass them
+Needs a diffusion checkpoint and a causal scorer LM trained on the same data. Either pass them
 (`--checkpoint`, `--reference`), or let the script train small ones on text8-prefix with the project's
 Trainer (`--train-steps`, `--ref-train-steps`; a few CPU minutes each, into `--work-dir`). For each K in
 `--steps` it draws `--num-samples` sequences with one seed, then scores them with the reference (gen-PPL) and
@@ -62,7 +62,7 @@ def diffusion_config(args) -> dict:
 def reference_config(args) -> dict:
     """A small causal transformer on the same data: the judge of the samples."""
     return {
-        "description": "genppl_vs_steps benchmark: causal reference LM on text8-prefix",
+        "description": "genppl_vs_steps benchmark: causal scorer LM on text8-prefix",
         "data": _data(args.length),
         "model": {"name": "causal", "preset": "small", "max_len": args.length},
         "objective": {"name": "clean_lm"},
@@ -97,7 +97,7 @@ def main() -> None:
     def log(msg: str) -> None:
         print(msg, flush=True)
 
-    from tcsm.builders.loading import load_checkpoint, load_reference_lm
+    from tcsm.builders.loading import load_checkpoint, load_scorer_lm
     from tcsm.evaluation import generative_perplexity, sample_entropy
     from tcsm.evaluation.report import plot_genppl_vs_steps, write_report
     from tcsm.sampling import may_cache, sample
@@ -116,7 +116,7 @@ def main() -> None:
     device = torch.device("cpu")
     ckpt = load_checkpoint(args.checkpoint, device=device)
     path, data = ckpt.build_path(), ckpt.build_data()
-    ref = load_reference_lm(args.reference, device)
+    ref = load_scorer_lm(args.reference, device)
     L = int(ckpt.data_info["seq_len"])
     time_independent = may_cache(ckpt.model, path)
 

@@ -102,7 +102,7 @@ def make_schedule(step: int, total: int, warmup: int = 50, floor: float = 0.1) -
 
 def train_student(name: str, objective, train_data, pool_idx, valid, path, a) -> dict:
     """One student run: same init and batch order for every target; returns its BPC curve and timing."""
-    from tcsm.likelihood import evaluate_bound
+    from tcsm.evaluation.likelihood import evaluate_bound
     from tcsm.models import build_denoiser
 
     torch.manual_seed(a.seed)

@@ -2,14 +2,14 @@
 
 What runs (CPU only, everything through the library's Trainer and recipe functions):
 
-1. Pre-training, data and reference LM: exactly those of benchmarks/reward_text.py (its functions are reused):
+1. Pre-training, data and scorer LM: exactly those of benchmarks/reward_text.py (its functions are reused):
    the first 2 MiB of TinyStories, a 1024-token byte-level BPE, 32-token chunks, a 0.86M-parameter masked
    diffusion transformer (2,000 steps) and a causal transformer for gen-PPL (1,200 steps). `--work` may point at
    reward_text.py's working directory to reuse its runs.
-2. Pairs without human data (`tcsm.posttrain.preference.recipe.sample_pairs`, as `tcsm pairs`): `--groups` groups of
+2. Pairs without human data (`tcsm.recipes.preference.compose.sample_pairs`, as `tcsm pairs`): `--groups` groups of
    `--group` prompted samples of the pre-trained model, each scored by VADER; the best and the worst of a group
    become chosen / rejected (tied groups are dropped, so the reward-call budget is exactly groups × group).
-3. Preference fine-tuning (`tcsm.posttrain.preference.recipe.preference_config`, as `tcsm finetune preference`) for a sweep
+3. Preference fine-tuning (`tcsm.recipes.preference.compose.preference_config`, as `tcsm finetune preference`) for a sweep
    of β with the paper's BCE loss (β a margin) and of β_DPO with the DPO-style loss, one epoch over the pairs.
 4. Baselines at the same number of reward calls: reward fine-tuning with the N^full target (B proposals × G noisy
    states × steps = the pairs' budget; reward_text.py's config), and best-of-N of the pre-trained model (N calls
@@ -57,7 +57,7 @@ def since(start: tuple[float, float]) -> dict:
 
 
 def preference_run_config(pre_dir: Path, pairs: Path, loss: str, beta: float, steps: int, args):
-    from tcsm.posttrain.preference.recipe import preference_config
+    from tcsm.recipes.preference.compose import preference_config
 
     over = [
         f"train.steps={steps}",
@@ -96,8 +96,8 @@ def make_pairs(pre, data, path, args, out: Path) -> dict:
     stats_file = out.with_suffix(".stats.json")
     if out.is_file() and stats_file.is_file():
         return json.loads(stats_file.read_text())
-    from tcsm.posttrain.preference.recipe import sample_pairs, write_pairs
     from tcsm.posttrain.reward.rewards import make_reward
+    from tcsm.recipes.preference.compose import sample_pairs, write_pairs
 
     start = clock()
     reward = make_reward("vader", decode=data.decode)

@@ -68,7 +68,7 @@ def build(name: str, device: str, threads: int, work: Path):
         teacher = prerequisite("clean-" + name.split("[")[1].rstrip("]"), work, device, threads)
         cfg = load_config(preset, overrides + [f"target.teacher={teacher}"])
     elif preset == "finetune-grid":
-        from tcsm.posttrain.reward.recipe import reward_config
+        from tcsm.recipes.reward.compose import reward_config
 
         cfg = reward_config(prerequisite("demo-grid", work, device, threads), preset, overrides)
     else:

@@ -122,7 +122,7 @@ class CachedDenoiser:
 @torch.no_grad()
 def evaluate(model, path, data, bounds, *, batch_size, num_t, seed, precision):
     """{bound: per-sequence nats per token (list)} on `data`, sharing the denoiser calls between bounds."""
-    from tcsm.likelihood import nelbo
+    from tcsm.evaluation.likelihood import nelbo
 
     model.eval()
     per = {b: [] for b in bounds}
@@ -150,7 +150,7 @@ def run_variant(name, suite, overrides, label, args, out_root):
     from omegaconf import OmegaConf
 
     from tcsm.builders.config import load_config
-    from tcsm.likelihood import BOUNDS
+    from tcsm.paths.bounds import BOUNDS
     from tcsm.train.trainer import Trainer
 
     preset = "text8-prefix-small" if suite == "text8" else "synthetic"

@@ -184,7 +184,7 @@ def causal_config(data: dict, args):
 
 
 def finetune_config(pre_dir: Path, B: int, beta: float, args):
-    from tcsm.posttrain.reward.recipe import reward_config
+    from tcsm.recipes.reward.compose import reward_config
 
     over = [
         f"train.steps={args.finetune_steps}",
@@ -225,7 +225,7 @@ def train_or_resume(cfg, run_dir: Path) -> float:
 
 
 class Judge:
-    """VADER reward and continuation gen-PPL under the project's causal reference LM."""
+    """VADER reward and continuation gen-PPL under the project's causal scorer LM."""
 
     def __init__(self, ref_model, data, prompt_len: int):
         from tcsm.posttrain.reward.rewards import make_reward

@@ -110,8 +110,8 @@ def hand_written_step(batches, precision, model=None, device="cpu", compile_mode
 
 
 def tcsm_step(train_tokens, args, precision, compile_model):
-    from tcsm.batch import Batch  # noqa: F401  (the trainer feeds Batch-compatible tensors)
     from tcsm.builders import Components, load_config
+    from tcsm.core.batch import Batch  # noqa: F401  (the trainer feeds Batch-compatible tensors)
     from tcsm.data.base import CharTokenizer, DataBundle
     from tcsm.models import build_denoiser
     from tcsm.objectives import Objective

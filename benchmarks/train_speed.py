@@ -71,8 +71,8 @@ class PlainCE:
 
 def objectives(paths):
     """name → (objective(model, x1, generator) → (loss, metrics), path kind)."""
-    from tcsm.baselines import ScoreEntropyObjective
     from tcsm.objectives import Objective
+    from tcsm.objectives.sedd import ScoreEntropyObjective
 
     m, u = paths["masked"], paths["uniform"]
     return {
@@ -115,7 +115,7 @@ def step_timer(model, objective, x1, precision, seed):
 
 def loss_only_timer(objective, logits0, x1, path, precision, seed):
     """Loss + backward to fixed logits (the model excluded): the loss's own cost."""
-    from tcsm.baselines import ScoreEntropyObjective  # noqa: F401 (objectives share loss_from_batch)
+    from tcsm.objectives.sedd import ScoreEntropyObjective  # noqa: F401 (objectives share loss_from_batch)
     from tcsm.targets import DataTarget
 
     g = torch.Generator().manual_seed(seed)

@@ -4,7 +4,7 @@
 Every mutant is an exact source-text replacement (`old` → `new`) in one file. A pattern must occur exactly once
 in its file, or the run stops before testing anything: the list stays valid as the code moves, and a mutant can
 never silently test nothing. Each mutant runs in a private copy of the tree (never in your files; nothing to
-restore here), with the test files registered for its module (`MODULE_TESTS`, or the mutant's own), `pytest -x`
+restore here), with the test files registered for its module (`module_tests`: derived from the layout, or the mutant's own), `pytest -x`
 and a timeout. The tests failing (or timing out) kill the mutant; passing lets it survive. A survivor is a bug
 the suite would let through — or an equivalent mutant (no behaviour change), which the list marks with the reason
 (`equivalent=`) so that the report tells the two apart.
@@ -49,7 +49,7 @@ class Mutant:
     old: str
     new: str
     why: str  # the bug it plants, in words
-    tests: tuple[str, ...] = ()  # overrides MODULE_TESTS[file] (files or node ids)
+    tests: tuple[str, ...] = ()  # overrides module_tests(file) (files or node ids)
     equivalent: str = ""  # why it cannot change behaviour, if it cannot
 
 
@@ -58,42 +58,36 @@ def M(id, file, old, new, why, tests=(), equivalent=""):  # a table row, kept sh
 
 
 S = "src/tcsm/"
-DRE = "tests/posttrain/dre/"
 
-# Test files per module, quickest and most direct first (pytest -x stops at the first failure).
-MODULE_TESTS: dict[str, tuple[str, ...]] = {
-    S + "schedules.py": ("tests/test_paths.py", "tests/test_likelihood.py"),
-    S + "paths.py": (
-        "tests/test_paths.py",
-        "tests/test_likelihood.py",
-        "tests/test_baselines.py",
-        "tests/sampling/test_samplers.py",
-    ),
-    S + "likelihood.py": ("tests/test_likelihood.py",),
-    S + "objectives.py": ("tests/test_objectives.py", "tests/test_baselines.py"),
-    S + "divergences.py": ("tests/test_divergences.py", "tests/test_objectives.py"),
-    S + "targets/base.py": ("tests/test_paths.py", "tests/test_objectives.py", "tests/test_parametric.py"),
-    S + "targets/parametric.py": (
-        "tests/test_clean_models.py::test_mlm_teacher_matches_position_loop",
-        "tests/test_parametric.py",
-        "tests/posttrain/distill/test_distill.py",
-    ),
-    S + "targets/ar.py": ("tests/posttrain/distill/test_distill.py", "tests/test_parametric.py"),
-    S + "posttrain/dre/losses.py": (
-        DRE + "test_losses.py",
-        DRE + "test_dre_objective.py",
-        DRE + "test_sir.py",
-    ),
-    S + "posttrain/dre/objective.py": (DRE + "test_dre_objective.py",),
-    S + "posttrain/dre/sir.py": (DRE + "test_sir.py", DRE + "test_dre_objective.py"),
-    S + "posttrain/dre/likelihood.py": (DRE + "test_dre_objective.py", DRE + "test_losses.py"),
-    S + "posttrain/preference/objective.py": ("tests/posttrain/preference/test_preference.py",),
-    S + "posttrain/distill/target.py": ("tests/posttrain/distill/test_distill.py",),
+#: Tests of a module from another folder than its own: the oracles that check a module through its users (a path's
+#: bound integrand through the likelihood estimator, a target through the objective). Keyed by source folder.
+ORACLES: dict[str, tuple[str, ...]] = {
+    "paths": ("tests/evaluation/test_likelihood.py", "tests/objectives/test_sedd.py", "tests/sampling/test_samplers.py"),
+    "core": ("tests/evaluation/test_likelihood.py",),
+    "objectives": ("tests/objectives/test_sedd.py",),
+    "targets": ("tests/paths/test_paths.py", "tests/objectives/test_composed.py", "tests/models/test_clean.py"),
+    "posttrain/distill": ("tests/targets/test_parametric.py",),
 }
 
+
+def module_tests(file: str, root: Path = ROOT) -> tuple[str, ...]:
+    """The tests of `src/tcsm/<folder>/<module>.py`, derived from the layout (tests mirror the packages): its own
+    `tests/<folder>/test_<module>.py` first, then the rest of `tests/<folder>/`, then the folder's ORACLES."""
+    rel = Path(file).relative_to(S)
+    folder = rel.parent.as_posix()
+    tests_dir = root / "tests" / folder
+    own = tests_dir / f"test_{rel.stem}.py"
+    rest = sorted(tests_dir.glob("test_*.py")) if tests_dir.is_dir() else []
+    found = ([own] if own.is_file() else []) + [f for f in rest if f != own]
+    names = [f.relative_to(root).as_posix() for f in found]
+    return tuple(dict.fromkeys(names + [o for o in ORACLES.get(folder, ()) if (root / o).is_file()]))
+
+
 # fmt: off
-SCH, PTH, LIK, OBJ, DIV = (S + f for f in ("schedules.py", "paths.py", "likelihood.py", "objectives.py",
-                                              "divergences.py"))
+SCH, PBASE, PMASK, PUNI, BND = (S + "paths/" + f for f in ("schedules.py", "base.py", "masked.py", "uniform.py",
+                                                          "bounds.py"))
+RES, LIK = S + "core/results.py", S + "evaluation/likelihood.py"
+OLOSS, OWT, DIV = (S + "objectives/" + f for f in ("losses.py", "weighting.py", "divergences.py"))
 TBASE, TPAR, TAR = S + "targets/base.py", S + "targets/parametric.py", S + "targets/ar.py"
 DLOSS, DOBJ, DSIR, DLIK = (S + "posttrain/dre/" + f for f in ("losses.py", "objective.py", "sir.py",
                                                                 "likelihood.py"))
@@ -116,90 +110,90 @@ MUTANTS: list[Mutant] = [
     M("sched.loglinear_time", SCH, "return (1.0 - self.eps) * (1.0 - t)", "return (1.0 - self.eps) * t",
       "log-linear 1 − α_t at t instead of 1 − t"),
     # --- paths (MATH.md §1, §2.2, §2.3, §6.2) ---
-    M("paths.masked_noise_swap", PTH,
+    M("paths.masked_noise_swap", PMASK,
       "# An unmasked token at s survives to t with probability α_t / α_s.\n        a_s, a_t = self.alpha(s), self.alpha(t)",
       "# An unmasked token at s survives to t with probability α_t / α_s.\n        a_s, a_t = self.alpha(t), self.alpha(s)",
       "masked noising chain with s and t swapped"),
-    M("paths.masked_kernel_weight", PTH,
+    M("paths.masked_kernel_weight", PMASK,
       "return torch.where(is_mask, torch.log(onem).expand(hit.shape), out)",
       "return torch.where(is_mask, torch.log(a).expand(hit.shape), out)", "masked kernel: P(mask) = α_t"),
-    M("paths.uniform_corrupt_prob", PTH,
+    M("paths.uniform_corrupt_prob", PUNI,
       "return self.schedule.one_minus_alpha(t).clamp(0.0, 1.0) * (V - 1) / V",
       "return self.schedule.one_minus_alpha(t).clamp(0.0, 1.0)",
       "uniform corruption probability without the 1/V chance of redrawing x_1"),
-    M("paths.uniform_corrupt_shift", PTH, "shift = torch.randint(1, V,", "shift = torch.randint(0, V,",
+    M("paths.uniform_corrupt_shift", PUNI, "shift = torch.randint(1, V,", "shift = torch.randint(0, V,",
       "uniform corruption may return x_1 itself (off by one)"),
-    M("paths.uniform_kernel_norm", PTH, "base = _col(self.schedule.one_minus_alpha(t), xt).unsqueeze(-1) / V",
+    M("paths.uniform_kernel_norm", PUNI, "base = _col(self.schedule.one_minus_alpha(t), xt).unsqueeze(-1) / V",
       "base = _col(self.schedule.one_minus_alpha(t), xt).unsqueeze(-1)", "uniform kernel without 1/V"),
-    M("paths.masked_bound_weight", PTH, "return self.kappa(t), g.sum(-1)",
+    M("paths.masked_bound_weight", PMASK, "return self.kappa(t), g.sum(-1)",
       "return self.schedule.alpha_dot(t), g.sum(-1)", "masked bound weighted by α̇_t instead of κ_t"),
-    M("paths.masked_bound_detach", PTH, "nll = lse - lg.gather", "nll = lse.detach() - lg.gather",
+    M("paths.masked_bound_detach", PMASK, "nll = lse - lg.gather", "nll = lse.detach() - lg.gather",
       "masked bound with a detached log-partition: right value, wrong gradient (issue 26, gap 1)"),
-    M("paths.masked_bound_unmasked", PTH, "g = torch.where(xt == self.mask_id, nll.to(wd)",
+    M("paths.masked_bound_unmasked", PMASK, "g = torch.where(xt == self.mask_id, nll.to(wd)",
       "g = torch.where(xt >= 0, nll.to(wd)", "masked bound counts carried (unmasked) positions"),
-    M("paths.masked_bridge_time", PTH, "out = torch.cat([lam * probs, (1.0 - lam).expand(",
+    M("paths.masked_bridge_time", PMASK, "out = torch.cat([lam * probs, (1.0 - lam).expand(",
       "out = torch.cat([(1.0 - lam) * probs, lam.expand(", "masked bridge with λ and 1 − λ swapped"),
-    M("paths.uniform_bridge_kernel", PTH, "k_t = a_t * hit + (1.0 - a_t) / V",
+    M("paths.uniform_bridge_kernel", PUNI, "k_t = a_t * hit + (1.0 - a_t) / V",
       "k_t = a_s * hit + (1.0 - a_s) / V", "uniform bridge divides by the kernel at s instead of t"),
-    M("paths.uniform_prior_kl", PTH,
+    M("paths.uniform_prior_kl", PUNI,
       "kl = hit * math.log(V * hit) + (V - 1) * (1.0 - a0) / V * math.log1p(-a0)",
       "kl = hit * math.log(V * hit)", "uniform prior KL without the off-diagonal terms"),
-    M("paths.jump_prob_time", PTH, "onem = self.schedule.one_minus_alpha(t)\n        lam",
+    M("paths.jump_prob_time", PBASE, "onem = self.schedule.one_minus_alpha(t)\n        lam",
       "onem = self.schedule.one_minus_alpha(s)\n        lam", "λ_{t→s} normalised by 1 − α_s"),
-    M("paths.target_kernel_sign", PTH, "log_p1_cond + self.log_kernel(xt, t)",
+    M("paths.target_kernel_sign", PBASE, "log_p1_cond + self.log_kernel(xt, t)",
       "log_p1_cond - self.log_kernel(xt, t)", "N^1 target divides by the kernel"),
-    M("paths.dfm_sign", PTH, "-log_mz - log_mx.exp())", "-log_mz + log_mx.exp())", "DFM integrand: + m(x_t)"),
-    M("paths.reversal_rate_norm", PTH, "c = adot / (V * alpha.clamp_min(tiny))",
+    M("paths.dfm_sign", PUNI, "-log_mz - log_mx.exp())", "-log_mz + log_mx.exp())", "DFM integrand: + m(x_t)"),
+    M("paths.reversal_rate_norm", PUNI, "c = adot / (V * alpha.clamp_min(tiny))",
       "c = adot / alpha.clamp_min(tiny)", "reversal weight c_t without 1/V"),
-    M("paths.reversal_r_offby1", PTH, "torch.where(is_z, 1.0 + b3, one)", "torch.where(is_z, b3, one)",
+    M("paths.reversal_r_offby1", PUNI, "torch.where(is_z, 1.0 + b3, one)", "torch.where(is_z, b3, one)",
       "reversal ratio r at y = x_1 is b instead of 1 + b"),
-    M("paths.reversal_gkl_sign", PTH, "s_minus_r - r * log_ratio)", "s_minus_r + r * log_ratio)",
+    M("paths.reversal_gkl_sign", PUNI, "s_minus_r - r * log_ratio)", "s_minus_r + r * log_ratio)",
       "generalised KL with + r log(ŝ/r)"),
     # --- likelihood (MATH.md §2) ---
-    M("lik.integrand_weight", LIK, "torch.where(G > 0, w * G, torch.zeros_like(G))",
+    M("lik.integrand_weight", BND, "torch.where(G > 0, w * G, torch.zeros_like(G))",
       "torch.where(G > 0, G, torch.zeros_like(G))", "bound integrand without the weight w(t)"),
     M("lik.is_weight", LIK, "weight = torch.where(event, p_event / q,",
       "weight = torch.where(event, torch.ones_like(q),",
       "x_t split on E without the importance weight P(E)/q"),
     M("lik.first_pos_ceil", LIK, "j = torch.floor(torch.log1p(-u[1] * p_event) / log_keep)",
       "j = torch.ceil(torch.log1p(-u[1] * p_event) / log_keep)", "first corrupted position off by one"),
-    M("lik.later_direction", LIK, "((pos > j.unsqueeze(-1)) & later)", "((pos < j.unsqueeze(-1)) & later)",
+    M("lik.later_direction", LIK, "((rank > j.unsqueeze(-1)) & later)", "((rank < j.unsqueeze(-1)) & later)",
       "later corrupted positions drawn before the first one"),
-    M("lik.p_event_L", LIK, "p_event = -torch.expm1(L * log_keep)", "p_event = -torch.expm1(log_keep)",
+    M("lik.p_event_L", LIK, "p_event = -torch.expm1(n_free * log_keep)", "p_event = -torch.expm1(log_keep)",
       "P(E) for one token instead of L"),
     M("lik.prior_sign", LIK, "return terms.mean(0) + prior", "return terms.mean(0) - prior",
       "prior term subtracted"),
     M("lik.row_sequence", LIK, "z = x1[torch.arange(done, done + n, device=device) % B]",
       "z = x1[torch.arange(done, done + n, device=device) // B]",
       "row j scored against x_1 of j // B, not j mod B"),
-    M("lik.later_from_first", LIK, "((pos > j.unsqueeze(-1)) & later)", "((pos >= j.unsqueeze(-1)) & later)",
+    M("lik.later_from_first", LIK, "((rank > j.unsqueeze(-1)) & later)", "((rank >= j.unsqueeze(-1)) & later)",
       "later corrupted positions from the first one on",
-      equivalent="position j is already in the set through `pos == j`: the union is the same"),
-    M("lik.bpt_length", LIK, "return nats / (length * _LN2)", "return nats / _LN2",
+      equivalent="position j is already in the set through `rank == j`: the union is the same"),
+    M("lik.bpt_length", RES, "return nats / (length * _LN2)", "return nats / _LN2",
       "bits per token not divided by L"),
     # --- objectives (MATH.md §3, §7) ---
-    M("obj.reduce_per_token", OBJ, "return per_seq.mean() / L", "return per_seq.mean()",
+    M("obj.reduce_per_token", OWT, "return per_seq.mean() / L", "return per_seq.mean()",
       "loss per sequence, not per token"),
-    M("obj.reduce_weight_div", OBJ, "per_seq = per_seq * time_weight.to(per_seq.dtype)",
+    M("obj.reduce_weight_div", OWT, "per_seq = per_seq * time_weight.to(per_seq.dtype)",
       "per_seq = per_seq / time_weight.to(per_seq.dtype)", "time weight divides"),
-    M("obj.reduce_mask", OBJ, "per_seq = _masked(per_pos, batch.loss_mask).sum(-1) if",
+    M("obj.reduce_mask", OWT, "per_seq = _masked(per_pos, batch.loss_mask).sum(-1) if",
       "per_seq = per_pos.sum(-1) if", "reduction sums positions off the loss mask"),
-    M("obj.place_mask", OBJ, "return torch.where(mask, values.reshape(mask.shape), values.new_zeros(()))",
+    M("obj.place_mask", OLOSS, "return torch.where(mask, values.reshape(mask.shape), values.new_zeros(()))",
       "return values.reshape(mask.shape)", "per-position values kept off the loss mask"),
-    M("obj.distrib_axis", OBJ, "value = -_gather(_floor(torch.log_softmax(rows, -1), clamp), z)",
+    M("obj.distrib_axis", OLOSS, "value = -_gather(_floor(torch.log_softmax(rows, -1), clamp), z)",
       "value = -_gather(_floor(torch.log_softmax(rows, 0), clamp), z)",
       "clamped MC cross-entropy on the wrong axis"),
-    M("obj.score_explicit_norm", OBJ, "log_w = log_q - log_q_z.unsqueeze(-1)", "log_w = log_q",
+    M("obj.score_explicit_norm", OLOSS, "log_w = log_q - log_q_z.unsqueeze(-1)", "log_w = log_q",
       "explicit score target q_y instead of q_y / q_z"),
-    M("obj.score_explicit_swap", OBJ, "gen.divergence_log(log_w, log_m - log_m_z.unsqueeze(-1))",
+    M("obj.score_explicit_swap", OLOSS, "gen.divergence_log(log_w, log_m - log_m_z.unsqueeze(-1))",
       "gen.divergence_log(log_m - log_m_z.unsqueeze(-1), log_w)", "Bregman divergence arguments swapped"),
-    M("obj.tilt_min", OBJ, "log_k = log_k - log_k.min(-1, keepdim=True).values",
+    M("obj.tilt_min", OLOSS, "log_k = log_k - log_k.min(-1, keepdim=True).values",
       "log_k = log_k - log_k.max(-1, keepdim=True).values", "kernel tilt normalised by k_max"),
-    M("obj.tilt_direction", OBJ, "torch.log_softmax(rows - log_k, -1)", "torch.log_softmax(rows + log_k, -1)",
+    M("obj.tilt_direction", OLOSS, "torch.log_softmax(rows - log_k, -1)", "torch.log_softmax(rows + log_k, -1)",
       "tilted model m·k instead of m/k"),
-    M("obj.kappa_weight", OBJ, "return path.kappa(t)", "return path.schedule.alpha_dot(t)",
+    M("obj.kappa_weight", OWT, "return path.kappa(t)", "return path.schedule.alpha_dot(t)",
       "'kappa' weighting returns α̇_t"),
-    M("obj.paper_scale", OBJ, "value = value / path.vocab_size", "value = value * path.vocab_size",
+    M("obj.paper_scale", OLOSS, "value = value / path.vocab_size", "value = value * path.vocab_size",
       "paper scale multiplies by V"),
     # --- divergences (MATH.md §3.5) ---
     M("div.gkl_box_sign", DIV, "torch.exp(-log_m_z) + log_m.sum(-1)", "torch.exp(-log_m_z) - log_m.sum(-1)",
@@ -311,7 +305,7 @@ MUTANTS: list[Mutant] = [
 
 
 def tests_for(m: Mutant) -> tuple[str, ...]:
-    return m.tests or MODULE_TESTS[m.file]
+    return m.tests or module_tests(m.file)
 
 
 def check(mutants: list[Mutant], root: Path) -> list[str]:
@@ -331,9 +325,9 @@ def check(mutants: list[Mutant], root: Path) -> list[str]:
             problems.append(f"{m.id}: pattern found {n} times in {m.file} (must be exactly once): {m.old!r}")
         if m.old == m.new:
             problems.append(f"{m.id}: the replacement is the pattern")
-        if m.file not in MODULE_TESTS and not m.tests:
-            problems.append(f"{m.id}: no tests registered for {m.file}")
-        for t in tests_for(m) if (m.tests or m.file in MODULE_TESTS) else ():
+        if not tests_for(m):
+            problems.append(f"{m.id}: no tests for {m.file} (tests/<folder>/ is empty and the mutant names none)")
+        for t in tests_for(m):
             if not (root / t.split("::")[0]).is_file():
                 problems.append(f"{m.id}: no test file {t}")
     return problems

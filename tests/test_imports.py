@@ -16,13 +16,25 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 PACKAGE = SRC / "tcsm"
 
-#: Layers from the bottom; a module may import its own layer and the ones below. Everything not listed is the
-#: base layer: math (paths, objectives, likelihood, sampling, targets, ...), models, data, evaluation.
-LAYERS = ["tcsm.builders", "tcsm.train", "tcsm.recipes", "tcsm.demos", "tcsm.cli"]
-
-#: A post-training method folder (tcsm.posttrain.<method>) holds every layer of its method: its `builder` module
-#: is in the builders layer, its `recipe` module in the recipes layer, and everything else is base-layer math.
-METHOD_LAYERS = {"builder": "tcsm.builders", "recipe": "tcsm.recipes"}
+#: The folders of src/tcsm from the bottom layer up (DESIGN.md "Layers"): a module may import its own folder and the
+#: folders before it, never one after it. No module is assigned a layer by its file name.
+LAYERS = [
+    "core",  # Batch, protocols, errors, the typed evaluation result, progress
+    "storage",  # atomic files, checkpoints, readers of older saved runs
+    "paths",  # sources, schedules, t draws, bound integrands
+    "models",  # networks
+    "data",  # every data kind
+    "sampling",  # samplers
+    "targets",  # what p_{1|t} to match
+    "objectives",  # losses, divergences, weightings, the composed objective
+    "evaluation",  # likelihood bounds and the other evaluators
+    "posttrain",  # each post-training method's math
+    "builders",  # configs and checkpoints -> objects
+    "train",  # the one Trainer
+    "recipes",  # post-training recipes: schema, registry entries, run config, report
+    "demos",
+    "cli",
+]
 
 
 def _module_name(path: Path) -> str:
@@ -65,13 +77,21 @@ def _graph() -> dict[str, set[str]]:
 
 
 def _layer(name: str) -> int:
+    """The rank of a module's top folder in LAYERS; the package root (lazy exports) is below everything."""
     parts = name.split(".")
-    if parts[:2] == ["tcsm", "posttrain"] and len(parts) >= 4 and parts[3] in METHOD_LAYERS:
-        name = METHOD_LAYERS[parts[3]]
-    for i, prefix in enumerate(LAYERS, start=1):
-        if name == prefix or name.startswith(prefix + "."):
-            return i
-    return 0
+    if len(parts) < 2:
+        return -1
+    assert parts[1] in LAYERS, f"{name} is in no layer: add its folder to LAYERS"
+    return LAYERS.index(parts[1])
+
+
+def test_every_folder_is_a_layer():
+    """`ls src/tcsm` is the architecture: every entry is a layer's folder (or data: configs), none a loose module."""
+    entries = sorted(p.name for p in PACKAGE.iterdir() if p.name != "__pycache__")
+    loose = [e for e in entries if e.endswith(".py") and e != "__init__.py"]
+    assert not loose, f"loose modules at the top of src/tcsm: {loose}"
+    folders = {e for e in entries if (PACKAGE / e / "__init__.py").is_file()}
+    assert folders == set(LAYERS), sorted(folders ^ set(LAYERS))
 
 
 def test_no_import_cycles():
@@ -111,8 +131,8 @@ def test_no_import_cycles():
 
 
 def test_no_upward_imports():
-    """Math modules, models and data never import the build layer, the trainer, recipes, demos or the CLI; the build
-    layer never imports the trainer; and so on up (LAYERS)."""
+    """No module imports a folder above its own (LAYERS): math, models and data never import the build layer, the
+    trainer, recipes, demos or the CLI; the build layer never imports the trainer; and so on up."""
     bad = []
     for name, edges in _graph().items():
         if name == "tcsm":
@@ -144,20 +164,13 @@ def test_every_tcsm_import_resolves(path):
     assert not missing, "\n".join(missing)
 
 
-def test_method_folders_are_layered_too():
-    """The rule above sees inside a method folder: its losses and objective (base layer) never import its builder
-    or recipe, and its builder never imports its recipe."""
-    assert _layer("tcsm.posttrain.dre.losses") == 0
-    assert _layer("tcsm.posttrain.dre.builder") == _layer("tcsm.builders.models") == 1
-    assert _layer("tcsm.posttrain.preference.recipe") == LAYERS.index("tcsm.recipes") + 1
+def test_method_math_is_below_its_recipe():
+    """A method's math (tcsm.posttrain.<m>) sits below the builders, the trainer and its recipe (tcsm.recipes.<m>),
+    and every method has both."""
     methods = sorted(p.name for p in (PACKAGE / "posttrain").iterdir() if (p / "__init__.py").is_file())
-    assert methods == ["distill", "dre", "preference", "reward", "sft"], methods
-    for method in methods:
-        for path in (PACKAGE / "posttrain" / method).glob("*.py"):
-            name = _module_name(path)
-            for module, _, line in _imports(path):
-                if module.startswith("tcsm.") and _layer(module) > _layer(name):
-                    raise AssertionError(f"{name}:{line} imports {module} from a higher layer")
+    recipes = sorted(p.name for p in (PACKAGE / "recipes").iterdir() if (p / "__init__.py").is_file())
+    assert methods == recipes == ["distill", "dre", "preference", "reward", "sft"], (methods, recipes)
+    assert _layer("tcsm.posttrain.dre.losses") < _layer("tcsm.builders.models") < _layer("tcsm.recipes.dre")
 
 
 def test_benchmarks_never_import_the_cli():

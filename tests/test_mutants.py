@@ -28,16 +28,23 @@ def test_every_pattern_is_found_exactly_once(mutants):
     """A pattern that moved or changed fails here, so the list never silently tests nothing."""
     assert mutants.check(mutants.MUTANTS, ROOT) == []
     assert 60 <= len(mutants.MUTANTS) <= 100
-    assert {m.file for m in mutants.MUTANTS} == set(mutants.MODULE_TESTS)
-    bad = mutants.Mutant("x", "src/tcsm/schedules.py", "return", "yield", "ambiguous")
+    bad = mutants.Mutant("x", "src/tcsm/paths/schedules.py", "return", "yield", "ambiguous")
     assert "found" in mutants.check([bad], ROOT)[0]  # "return" occurs many times
+
+
+def test_module_tests_follow_the_layout(mutants):
+    """A module's tests are found from the layout: its own tests/<folder>/test_<module>.py first, then its folder."""
+    tests = mutants.module_tests("src/tcsm/paths/schedules.py")
+    assert tests[0] == "tests/paths/test_paths.py" or "tests/paths/test_schedules.py" in tests
+    assert all((ROOT / t).is_file() for t in tests)
+    assert mutants.module_tests("src/tcsm/posttrain/dre/losses.py")[0] == "tests/posttrain/dre/test_losses.py"
 
 
 def test_one_run_kills_a_bug_and_keeps_the_users_files(mutants, tmp_path, monkeypatch):
     """Two mutants in parallel copies: κ_t with * for / fails its test (killed); a docstring edit passes
     (survived). The working tree's file is byte-for-byte unchanged and the summary counts both."""
-    file = "src/tcsm/schedules.py"
-    test = ("tests/test_paths.py::test_linear_and_loglinear_closed_forms",)
+    file = "src/tcsm/paths/schedules.py"
+    test = ("tests/paths/test_paths.py::test_linear_and_loglinear_closed_forms",)
     before = hashlib.sha256((ROOT / file).read_bytes()).hexdigest()
     bug = mutants.Mutant(
         "bug", file, "return self.alpha_dot(t) / denom", "return self.alpha_dot(t) * denom", "κ wrong", test

@@ -18,6 +18,10 @@ from __future__ import annotations
 
 import importlib
 
+from tcsm.storage.migration import install_module_aliases
+
+install_module_aliases()
+
 __version__ = "0.1.0"
 
 #: public name → the module that defines it
@@ -27,17 +31,17 @@ _EXPORTS = {
     "MaskedPath": "tcsm.paths",
     "UniformPath": "tcsm.paths",
     "make_path": "tcsm.paths",
-    "LinearSchedule": "tcsm.schedules",
-    "CosineSchedule": "tcsm.schedules",
-    "PolynomialSchedule": "tcsm.schedules",
-    "LogLinearSchedule": "tcsm.schedules",
-    "make_schedule": "tcsm.schedules",
+    "LinearSchedule": "tcsm.paths.schedules",
+    "CosineSchedule": "tcsm.paths.schedules",
+    "PolynomialSchedule": "tcsm.paths.schedules",
+    "LogLinearSchedule": "tcsm.paths.schedules",
+    "make_schedule": "tcsm.paths.schedules",
     # the objective contract
-    "Batch": "tcsm.batch",
+    "Batch": "tcsm.core.batch",
     "Objective": "tcsm.objectives",
     "distrib_loss": "tcsm.objectives",
     "score_loss": "tcsm.objectives",
-    "ScoreEntropyObjective": "tcsm.baselines",
+    "ScoreEntropyObjective": "tcsm.objectives.sedd",
     "Target": "tcsm.targets",
     "TargetBatch": "tcsm.targets",
     "DataTarget": "tcsm.targets",
@@ -45,11 +49,11 @@ _EXPORTS = {
     "ParametricTarget": "tcsm.targets",
     "RewardN1Target": "tcsm.posttrain.reward.targets",
     "RewardFullTarget": "tcsm.posttrain.reward.targets",
-    "BREGMAN": "tcsm.divergences",
-    "F_DIVERGENCES": "tcsm.divergences",
+    "BREGMAN": "tcsm.objectives.divergences",
+    "F_DIVERGENCES": "tcsm.objectives.divergences",
     # likelihood and sampling
-    "nelbo": "tcsm.likelihood",
-    "evaluate_bound": "tcsm.likelihood",
+    "nelbo": "tcsm.evaluation.likelihood",
+    "evaluate_bound": "tcsm.evaluation.likelihood",
     "sample": "tcsm.sampling",
     "may_cache": "tcsm.sampling",
     # models

@@ -1,4 +1,4 @@
-"""Decoding orders of masked models (tcsm.sampling.decoding) against exact enumeration (tcsm.toy).
+"""Decoding orders of masked models (tcsm.sampling.decoding) against exact enumeration (tcsm.evaluation.exact).
 
 Exact where a law exists: with the exact denoiser and one position per step, the random, margin and entropy
 orders reproduce p_1 (the chain rule in an order that depends only on what is revealed), alone and inside blocks.
@@ -12,11 +12,11 @@ import pytest
 import torch
 from test_samplers import empirical, exact_denoiser, tv, tv_tol
 
+from tcsm.evaluation.exact import EnumerableDistribution
 from tcsm.paths import MaskedPath, UniformPath
 from tcsm.sampling import DECODERS, decode
 from tcsm.sampling.decoding import count_schedule
 from tcsm.sampling.settings import SampleSettings, draw
-from tcsm.toy import EnumerableDistribution
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

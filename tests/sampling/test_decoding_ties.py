@@ -20,11 +20,17 @@ import pytest
 import torch
 from test_samplers import empirical, exact_denoiser, tv, tv_tol
 
+from tcsm.evaluation.exact import EnumerableDistribution
 from tcsm.paths import MaskedPath
+from tcsm.paths.schedules import (
+    CosineSchedule,
+    LinearSchedule,
+    LogLinearSchedule,
+    PolynomialSchedule,
+    Schedule,
+)
 from tcsm.sampling import decode
 from tcsm.sampling.settings import SampleSettings
-from tcsm.schedules import CosineSchedule, LinearSchedule, LogLinearSchedule, PolynomialSchedule, Schedule
-from tcsm.toy import EnumerableDistribution
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

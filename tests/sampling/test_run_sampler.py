@@ -1,5 +1,5 @@
 """A run samples the same way in training and from the command line (DESIGN.md "samplers through the contract"):
-the trainer's logged samples and `tcsm sample` both come from `tcsm.builders.sampler` with the run's `sample:`
+the trainer's logged samples and `tcsm sample` both come from `tcsm.sampling.settings` with the run's `sample:`
 settings, for the path samplers and for an energy model's SIR; old `objective.sir_*` keys are read as `sample.*`."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from train_helpers import restore_torch_threads, tiny  # noqa: F401
 from tcsm.builders.config import load_config
 from tcsm.cli import main
 from tcsm.cli.train import train
-from tcsm.errors import ConfigError
+from tcsm.core.errors import ConfigError
 from tcsm.sampling.settings import SampleSettings
 from tcsm.train.trainer import Trainer
 
@@ -45,7 +45,7 @@ def test_the_trainer_and_tcsm_sample_draw_the_same_sequences(run, capsys):
 
 def test_the_run_settings_reach_the_sampler(run):
     from tcsm.builders.loading import load_checkpoint
-    from tcsm.builders.sampler import build_sampler
+    from tcsm.sampling.settings import build_sampler
 
     ck = load_checkpoint(run)
     s = build_sampler(ck.config, ck.model, ck.build_path(), None).settings
@@ -83,7 +83,7 @@ def test_sample_settings_check_themselves():
 
 
 def _saved_config(run):
-    from tcsm.checkpoint import read_state, resolve_checkpoint
+    from tcsm.storage.checkpoint import read_state, resolve_checkpoint
 
     return read_state(resolve_checkpoint(run))[1]["config"]
 

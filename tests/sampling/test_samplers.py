@@ -1,4 +1,4 @@
-"""Samplers (MATH.md §6) checked against exact enumeration (tcsm.toy).
+"""Samplers (MATH.md §6) checked against exact enumeration (tcsm.evaluation.exact).
 
 Distribution checks compare the empirical law of N samples with an exact law by total variation. The
 tolerance is tv_tol(S, N) = ½√(S/N) + √(ln(10⁶)/(2N)): the first term bounds E[TV] for S states, the second
@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 
+from tcsm.evaluation.exact import EnumerableDistribution
 from tcsm.paths import MaskedPath, UniformPath
 from tcsm.sampling import (
     SamplingStats,
@@ -23,7 +24,6 @@ from tcsm.sampling import (
     sample,
     time_grid,
 )
-from tcsm.toy import EnumerableDistribution
 
 PATHS = {"masked": MaskedPath, "uniform": UniformPath}
 FACTORIZED = [

@@ -8,10 +8,12 @@ modules, models and data below it take objects only, and the trainer, recipes an
     ckpt = load_checkpoint("runs/demo")                      # .model (EMA weights), .config, .build_path()
 """
 
-from tcsm.builders.components import Components, DataInfo, build_components, build_data, build_path
-from tcsm.builders.config import RunConfig, load_config
+from tcsm.builders.assemble import build_components
+from tcsm.builders.components import Components, DataInfo, build_data, build_path
+from tcsm.builders.config import load_config
 from tcsm.builders.loading import LoadedCheckpoint, load_checkpoint
 from tcsm.builders.registry import MODELS, OBJECTIVES, TARGETS, BuildContext
+from tcsm.builders.schema import RunConfig
 
 __all__ = [
     "MODELS",

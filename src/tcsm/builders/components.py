@@ -12,18 +12,15 @@ from typing import Any
 
 import torch
 
-from tcsm.builders.registry import MODELS, OBJECTIVES, TARGETS, BuildContext
-from tcsm.errors import ConfigError
-from tcsm.protocols import TrainerCallback
+from tcsm.builders.registry import MODELS, OBJECTIVES, BuildContext
+from tcsm.core.errors import ConfigError
 
 __all__ = [
     "Components",
     "DataInfo",
-    "build_components",
     "build_data",
     "build_model_for_checkpoint",
     "build_objective",
-    "build_objective_for_checkpoint",
     "build_path",
     "section",
 ]
@@ -73,7 +70,7 @@ class DataInfo:
 
     def check_compatible(self, bundle, where: str) -> None:
         """Raise CheckpointError unless `bundle` uses the token ids this model was trained on."""
-        from tcsm.errors import CheckpointError
+        from tcsm.core.errors import CheckpointError
 
         other = DataInfo.of(bundle)
         if self.tokenizer_identity and other.tokenizer_identity and self.tokenizer_identity != other.tokenizer_identity:
@@ -114,8 +111,8 @@ def build_path(cfg, vocab_size: int):
 
 @dataclass
 class Components:
-    """What a Trainer trains: data, path, model, target and objective, plus the optional frozen `reference` the
-    trainer hands to the objective on every step and the `callbacks` it calls (`tcsm.protocols`)."""
+    """What a Trainer trains: data, path, model, target and objective, the run's frozen `reference` (handed to what
+    needs it when it was built; the trainer never passes it) and the `callbacks` it calls (`tcsm.core.protocols`)."""
 
     data: Any
     path: Any
@@ -125,23 +122,6 @@ class Components:
     context: BuildContext | None = None
     reference: torch.nn.Module | None = None
     callbacks: list = field(default_factory=list)
-
-
-def build_components(cfg, device: torch.device, data=None) -> Components:
-    """Build data, path, model (on `device`), target and objective from a validated run config."""
-    data = build_data(cfg) if data is None else data
-    ctx = BuildContext(config=cfg, device=device, data=data)
-    ctx.path = build_path(cfg, data.vocab_size)
-    name, node = section(cfg, "model")
-    ctx.model = MODELS.build(name, node, ctx).to(device)
-    name, node = section(cfg, "target")
-    target = TARGETS.build(name, node, ctx)
-    ctx.target = target.to(device) if hasattr(target, "to") else target
-    objective = build_objective(cfg, ctx)
-    callbacks = [c for c in (ctx.target, objective) if isinstance(c, TrainerCallback)]
-    return Components(
-        data, ctx.path, ctx.model, ctx.target, objective, ctx, ctx.reference, callbacks
-    )
 
 
 def build_objective(cfg, ctx: BuildContext):
@@ -158,15 +138,3 @@ def build_model_for_checkpoint(cfg, data_info: dict, device) -> torch.nn.Module:
     ctx.path = build_path(cfg, info.vocab_size)
     name, node = section(cfg, "model")
     return MODELS.build(name, node, ctx).to(device)
-
-
-def build_objective_for_checkpoint(cfg, model: torch.nn.Module, data, device):
-    """The objective a checkpoint's run trained `model` with, for its model-scoring hooks (`evaluate`, `sample`).
-
-    No target is built (ctx.target is None): scoring a model needs only the model and the data, and a teacher
-    or reward model would be loaded for nothing; builders accept a missing target (the composed objective then
-    uses the data target)."""
-    device = torch.device(device)
-    ctx = BuildContext(config=cfg, device=device, data=data, model=model)
-    ctx.path = build_path(cfg, int(data.vocab_size))
-    return build_objective(cfg, ctx)

@@ -1,7 +1,7 @@
 """Models that leave tcsm: `export(run, out_dir)` writes a trained run as a Hugging Face-style directory, and
 `from_pretrained(out_dir)` reads it back (no `transformers` needed).
 
-The directory (`tcsm.checkpoint.EXPORT_FORMAT`):
+The directory (`tcsm.storage.checkpoint.EXPORT_FORMAT`):
 
     config.json              model_type "tcsm", auto_map for trust_remote_code, the architecture, the sampler
                              defaults (`sampling`) and, under `tcsm`, the run's config, data and step
@@ -14,7 +14,7 @@ The directory (`tcsm.checkpoint.EXPORT_FORMAT`):
     manifest.json            sha256 of config.json and model.safetensors; written last
 
 Everything that reads checkpoints (`load_checkpoint`, `train.init_from`, frozen references, `tcsm sample`,
-`tcsm eval`) reads an export directory too, through `tcsm.checkpoint`. It is built in a hidden temporary
+`tcsm eval`) reads an export directory too, through `tcsm.storage.checkpoint`. It is built in a hidden temporary
 directory and renamed into place; an existing directory is replaced only if it holds an export, and then only
 the files that export wrote (the manifest's `written`).
 """
@@ -37,9 +37,11 @@ from safetensors.torch import save_file
 
 from tcsm.builders.config import to_dict
 from tcsm.builders.loading import load_checkpoint
-from tcsm.checkpoint import EXPORT_FORMAT, MANIFEST, is_export_dir
-from tcsm.errors import CheckpointError
-from tcsm.fileio import file_digest, fsync_dir, fsync_file
+from tcsm.core.errors import CheckpointError
+from tcsm.models.hf_denoiser import auto_class_kind
+from tcsm.models.kinds import kind_of
+from tcsm.storage.checkpoint import EXPORT_FORMAT, MANIFEST, is_export_dir
+from tcsm.storage.fileio import file_digest, fsync_dir, fsync_file
 
 __all__ = ["char_tokenizer_json", "export", "from_pretrained"]
 
@@ -54,14 +56,9 @@ def from_pretrained(directory: str | os.PathLike, device: str | torch.device = "
 
 
 def _kind(model) -> str:
-    from tcsm.models.hf_denoiser import HFDenoiser
-    from tcsm.posttrain.dre.energy import EnergyModel
-
-    if isinstance(model, EnergyModel):
-        return "energy"
-    if isinstance(model, HFDenoiser):
-        return "hf_denoiser"
-    return getattr(model, "family", None) or "denoiser"
+    """What the export writes for `model` (its declared `kind.export`; its family when it cannot be exported)."""
+    kind = kind_of(model)
+    return kind.export or kind.family
 
 
 def char_tokenizer_json(chars: str, mask: bool) -> dict:
@@ -255,7 +252,7 @@ def _prepare_target(out: Path, overwrite: bool, keep_others: bool = False) -> li
         raise CheckpointError(f"export target {str(out)!r} is a file; choose a directory")
     entries = {p.name for p in out.iterdir()}
     if entries and not is_export_dir(out):
-        from tcsm.checkpoint import list_checkpoints
+        from tcsm.storage.checkpoint import list_checkpoints
 
         run = (out / "checkpoints").is_dir() or (out / "config.yaml").is_file() or list_checkpoints(out)
         what = "holds a training run" if run else "exists and does not hold a tcsm export"
@@ -395,7 +392,7 @@ def _transformers_notes(hf: dict, kind: str) -> list[str]:
     except ImportError:
         return ["transformers is not installed here, so the export was not checked against it"]
     base_type = hf["base_model"].get("model_type")
-    lm = "MASKED_LM" if hf["denoiser"].get("kind") == "mlm" else "CAUSAL_LM"
+    lm = auto_class_kind(hf["denoiser"])
     names = getattr(modeling_auto, f"MODEL_FOR_{lm}_MAPPING_NAMES", {})
     if base_type not in CONFIG_MAPPING or base_type not in names:
         return [(f"transformers cannot load this export: its base model type {base_type!r} is not a "

@@ -15,11 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from tcsm.builders.loading import LoadedCheckpoint, load_checkpoint
-from tcsm.errors import CheckpointError
+from tcsm.core.errors import CheckpointError, ConfigError
+from tcsm.models.kinds import kind_of
 from tcsm.targets.base import freeze
 
-__all__ = ["DENOISER", "Frozen", "load_frozen"]
+__all__ = ["DENOISER", "Frozen", "load_frozen", "load_reference"]
 
 #: `families` value of a diffusion denoiser (a model with no clean-data `family`, not an energy model)
 DENOISER = ("denoiser",)
@@ -34,11 +37,7 @@ class Frozen:
 
 
 def _family(model) -> str:
-    from tcsm.posttrain.dre.energy import EnergyModel
-
-    if isinstance(model, EnergyModel):
-        return "energy"
-    return getattr(model, "family", None) or "denoiser"
+    return kind_of(model).family
 
 
 def load_frozen(
@@ -74,7 +73,7 @@ def load_frozen(
 
         known = {k: v for k, v in ck.data_info.items() if k in DataInfo.__dataclass_fields__}
         DataInfo(**known).check_compatible(data, f"{role} {where}")
-    if family == "denoiser" and source is not None and ck.config.path.source != source:
+    if kind_of(ck.model).is_denoiser and source is not None and ck.config.path.source != source:
         raise CheckpointError(
             f"{role} {where!r} is a {ck.config.path.source} model; this run has a {source} path (a frozen model "
             "needs the same vocabulary and noise source as the run)"
@@ -83,3 +82,35 @@ def load_frozen(
     if seq_len is not None and max_len is not None and int(seq_len) > max_len:
         raise CheckpointError(f"{role} {where!r} allows sequences of at most {max_len}; the data has {seq_len}")
     return Frozen(freeze(ck.model), ck)
+
+
+def load_reference(ctx, uses: list, *, own_stream: bool = False) -> None:
+    """The build step between the path and the model: load the run's frozen model (`reference.path`) once, with one
+    set of checks, into `ctx.reference` (and `ctx.reference_checkpoint`) when an entry of the run declares a use of
+    it (`ReferenceUse`); the entries then read it from the context. `uses`: (the entry's config node, its use).
+
+    `own_stream`: load it without drawing from the run's random stream (rebuilding a checkpoint's model draws
+    initial weights before it reads the saved ones), so the trainable model built next starts from the same
+    weights as a run without a frozen model; a model built *around* the reference (an energy model) leaves this
+    off, its initialisation following the load as part of its own build."""
+    ref = ctx.config.reference
+    uses = [(node, use) for node, use in uses if use is not None]
+    if not uses or not ref.path:
+        return
+    if own_stream:
+        device = torch.device(ctx.device) if ctx.device is not None else None
+        cuda = [device.index or 0] if device is not None and device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda):
+            return load_reference(ctx, uses)
+    node, use = uses[0]
+    families = set(use.families)
+    for _, other in uses[1:]:
+        families &= set(other.families)
+    if not families:
+        roles = " and ".join(u.role for _, u in uses)
+        raise ConfigError(f"reference.path is read as {roles}, which accept no common kind of model")
+    if use.load is not None:
+        ctx.reference = use.load(node, ctx)
+        return
+    frozen = load_frozen(ref.path, ctx, role=use.role, families=tuple(sorted(families)), ema=ref.ema)
+    ctx.reference, ctx.reference_checkpoint = frozen.model, frozen.checkpoint

@@ -1,6 +1,6 @@
 """Checkpoints → objects: a trained model with its config, path and data (the build layer's loading side).
 
-`tcsm.checkpoint` reads and writes checkpoint directories; this module turns one into a ready model through
+`tcsm.storage.checkpoint` reads and writes checkpoint directories; this module turns one into a ready model through
 the same builders a run uses, so every caller (trainer `init_from`, targets' frozen references, CLI, demos)
 loads a model in one way.
 """
@@ -16,15 +16,16 @@ import torch
 
 from tcsm.builders.components import build_data, build_model_for_checkpoint, build_path
 from tcsm.builders.config import load_config, to_dict
-from tcsm.checkpoint import load_weights_into, read_state, read_weights, resolve_checkpoint
-from tcsm.errors import CheckpointError
+from tcsm.core.errors import CheckpointError
+from tcsm.models.kinds import kind_of
+from tcsm.storage.checkpoint import load_weights_into, read_state, read_weights, resolve_checkpoint
 
 __all__ = [
     "LoadedCheckpoint",
     "check_same_architecture",
     "config_from_state",
     "load_checkpoint",
-    "load_reference_lm",
+    "load_scorer_lm",
 ]
 
 
@@ -98,17 +99,17 @@ def check_same_architecture(saved, requested, where: str) -> None:
         )
 
 
-def load_reference_lm(path: str, device):
-    """A `ReferenceLM` from a Hugging Face model directory or a tcsm checkpoint of a causal model."""
+def load_scorer_lm(path: str, device):
+    """A `ScorerLM` from a Hugging Face model directory or a tcsm checkpoint of a causal model."""
     from pathlib import Path
 
-    from tcsm.evaluation.genppl import ReferenceLM
+    from tcsm.evaluation.genppl import ScorerLM
 
     p = Path(path)
     if (p / "config.json").is_file():
-        return ReferenceLM.from_pretrained(p, device=device)
+        return ScorerLM.from_pretrained(p, device=device)
     ref = load_checkpoint(p, device=device)
-    if getattr(ref.model, "family", None) != "causal":
-        raise ValueError(f"--reference {path!r} is neither a Hugging Face model directory nor a causal-LM checkpoint")
+    if kind_of(ref.model).sampler != "left_to_right":
+        raise ValueError(f"--scorer {path!r} is neither a Hugging Face model directory nor a causal-LM checkpoint")
     data = ref.build_data()
-    return ReferenceLM.from_tcsm(ref.model, data.tokenizer, eos_id=data.eos_id, device=device, name=str(p))
+    return ScorerLM.from_tcsm(ref.model, data.tokenizer, eos_id=data.eos_id, device=device, name=str(p))

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from tcsm.builders.registry import MODELS, BuildContext
-from tcsm.errors import ConfigError
+from tcsm.core.errors import ConfigError
 from tcsm.models.clean import CLEAN_PRESETS, CleanLMConfig
 from tcsm.models.clean_families import build_clean_model
 
@@ -319,7 +319,7 @@ def build_hf_denoiser(node: dict, ctx: BuildContext):
     if not where:
         raise ConfigError("model.name_or_path must name a local Hugging Face model directory")
     local = bool(node["local_files_only"])
-    from tcsm.checkpoint import is_export_dir
+    from tcsm.storage.checkpoint import is_export_dir
 
     if is_export_dir(where):
         raise ConfigError(f"model.name_or_path {where!r} is a tcsm export, not a Hugging Face LM: start from it with "

@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from tcsm.builders.registry import OBJECTIVES, BuildContext
-from tcsm.clean_losses import CLEAN_LOSSES, MaskedLMLoss
-from tcsm.errors import ConfigError
+from tcsm.core.errors import ConfigError
+from tcsm.models.kinds import kind_of
+from tcsm.objectives.clean_lm import CLEAN_LOSSES, MaskedLMLoss
 
 __all__ = ["CleanObjectiveConfig", "SEDDObjectiveConfig", "TCSMObjectiveConfig"]
 
@@ -77,7 +78,7 @@ _OBJECTIVE_FAMILY = {"mlm": "mlm", "autoregressive": "causal", "pseudo_likelihoo
 def _register_clean() -> None:
     def make(objective: str):
         def build(node: dict, ctx):
-            family = getattr(ctx.model, "family", None)
+            family = kind_of(ctx.model).family
             want = _OBJECTIVE_FAMILY.get(objective, family)
             if family is None or family not in CLEAN_LOSSES or family != want:
                 raise ConfigError(
@@ -85,7 +86,7 @@ def _register_clean() -> None:
                     f"model.name builds a {type(ctx.model).__name__}; use objective.name=clean_lm with model.name="
                     "mlm | causal | hollow (or hf_mlm | hf_causal)"
                 )
-            if family != "mlm":
+            if CLEAN_LOSSES[family] is not MaskedLMLoss:
                 return CLEAN_LOSSES[family]()
             hi = node["mask_rate_max"]
             rate = node["mask_rate"] if hi is None else (node["mask_rate"], hi)
@@ -128,7 +129,7 @@ class SEDDObjectiveConfig:
 @OBJECTIVES.register("sedd", schema=SEDDObjectiveConfig)
 def build_sedd_objective(node: dict, ctx: BuildContext):
     """SEDD-style score entropy (mean-parameterised): train on the path's NELBO integrand (MATH.md §2.3 B)."""
-    from tcsm.baselines import ScoreEntropyObjective
+    from tcsm.objectives.sedd import ScoreEntropyObjective
     from tcsm.targets.base import DataTarget
 
     if ctx.target is not None and not isinstance(ctx.target, DataTarget):

@@ -17,27 +17,31 @@ imported and used as the builder directly, so a user's own component needs no re
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tcsm.errors import ConfigError
+from tcsm.core.errors import ConfigError
 
-__all__ = ["MODELS", "OBJECTIVES", "TARGETS", "BuildContext", "Entry", "Registry", "import_plugins"]
+__all__ = ["MODELS", "OBJECTIVES", "TARGETS", "BuildContext", "Entry", "ReferenceUse", "Registry", "import_plugins"]
 
 
 @dataclass
 class BuildContext:
     """What a builder may need besides its own config node. Fields are filled in build order
-    (data → path → model → target → objective), so a target builder sees the model, an objective the target."""
+    (data → path → reference → model → target → objective), so a model builder sees the frozen reference, a target
+    builder the model, an objective the target; nothing writes a field back."""
 
     config: Any  # the whole run config (DictConfig)
     device: Any = None  # torch.device the run trains on
     data: Any = None  # tcsm.data.DataBundle
     path: Any = None  # tcsm.paths.ProbabilityPath
+    reference: Any = None  # the run's frozen model (`reference.path`), loaded once before the model (or None)
+    reference_checkpoint: Any = None  # the checkpoint it came from (None for a Hugging Face directory)
     model: Any = None  # the trainable denoiser (unwrapped)
     target: Any = None  # tcsm.targets.Target
-    reference: Any = None  # a frozen reference model a target builder loaded for the objective (or None)
     extras: dict[str, Any] = field(default_factory=dict)  # free slot for components that cooperate
 
     @property
@@ -50,11 +54,24 @@ class BuildContext:
 
 
 @dataclass(frozen=True)
+class ReferenceUse:
+    """An entry's use of the run's frozen model: how errors name it (`role`), the model families it accepts, and, for
+    a reference that is not a tcsm checkpoint (a Hugging Face teacher), `load(node, ctx) -> model` instead of the
+    checked checkpoint loader. `scoring`: also needed to score a saved run (not only to train)."""
+
+    role: str
+    families: tuple[str, ...] = ("denoiser",)
+    load: Callable[[dict, BuildContext], Any] | None = None
+    scoring: bool = False
+
+
+@dataclass(frozen=True)
 class Entry:
     name: str
     builder: Callable[[dict, BuildContext], Any]
     schema: type | None = None  # a dataclass: the keys of the config section besides `name`
     help: str = ""
+    reference: ReferenceUse | None = None  # the entry reads ctx.reference
 
 
 class Registry:
@@ -74,6 +91,7 @@ class Registry:
         schema: type | None = None,
         help: str | None = None,
         overwrite: bool = False,
+        reference: ReferenceUse | None = None,
     ):
         """Register `builder(node, ctx)` under `name`; usable as a decorator. Returns the builder."""
 
@@ -83,7 +101,7 @@ class Registry:
                     f"{self.kind} {name!r} is already registered; pass overwrite=True to replace it"
                 )
             doc = help if help is not None else (fn.__doc__ or "").strip().split("\n")[0]
-            self._entries[name] = Entry(name, fn, schema, doc)
+            self._entries[name] = Entry(name, fn, schema, doc, reference)
             return fn
 
         return add(builder) if builder is not None else add
@@ -125,18 +143,20 @@ class Registry:
         return f"Registry({self.kind!r}, {sorted(self._entries)})"
 
 
+def _recipe_builders() -> tuple[str, ...]:
+    """`tcsm.recipes.<m>.builder` of every recipe folder: found by listing the package, never imported here (the
+    recipes sit above the builders and plug into them, as a user's `plugins:` module does)."""
+    spec = importlib.util.find_spec("tcsm.recipes")
+    locations = spec.submodule_search_locations if spec is not None else None
+    return tuple(
+        f"tcsm.recipes.{m.name}.builder" for m in sorted(pkgutil.iter_modules(locations or []), key=lambda m: m.name)
+        if m.ispkg
+    )
+
+
 #: The modules whose import registers the built-in entries; one module may register several kinds (a recipe's
 #: model, target and objective together). A registry imports them all before it reports a name as unknown.
-BUILDER_MODULES = (
-    "tcsm.builders.models",
-    "tcsm.builders.targets",
-    "tcsm.builders.objectives",
-    "tcsm.posttrain.dre.builder",
-    "tcsm.posttrain.preference.builder",
-    "tcsm.posttrain.sft.builder",
-    "tcsm.posttrain.distill.builder",
-    "tcsm.posttrain.reward.builder",
-)
+BUILDER_MODULES = ("tcsm.builders.models", "tcsm.builders.targets", "tcsm.builders.objectives", *_recipe_builders())
 
 MODELS = Registry("model", homes=BUILDER_MODULES)
 TARGETS = Registry("target", homes=BUILDER_MODULES)

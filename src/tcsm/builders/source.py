@@ -6,21 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tcsm.builders.config import without_reference
-from tcsm.checkpoint import read_state, resolve_checkpoint
-from tcsm.errors import CheckpointError
+from tcsm.core.errors import CheckpointError
+from tcsm.models.kinds import FAMILIES, family_of_name
+from tcsm.storage.checkpoint import read_state, resolve_checkpoint
+from tcsm.storage.migration import without_reference
 
 __all__ = ["NOT_DENOISERS", "source_run"]
 
 #: model.name of the runs that are not diffusion denoisers, with what they are and what reads them
-NOT_DENOISERS = {
-    "energy": "an energy model (tcsm finetune dre strategy ii; sampled by SIR)",
-    "causal": "an autoregressive clean-data model (a teacher for tcsm distill)",
-    "mlm": "a masked clean-data model (a teacher for target.name=parametric)",
-    "hollow": "a Hollow clean-data model (a teacher for target.name=parametric)",
-    "hf_causal": "a Hugging Face causal LM",
-    "hf_mlm": "a Hugging Face masked LM",
-}
+NOT_DENOISERS = {name: kind.description for name, kind in FAMILIES.items() if not kind.is_denoiser}
 
 
 def source_run(checkpoint, recipe: str) -> tuple[Path, dict]:
@@ -33,7 +27,7 @@ def source_run(checkpoint, recipe: str) -> tuple[Path, dict]:
         raise CheckpointError(f"{str(directory)!r} holds no run config; it was not written by `tcsm train`")
     base = without_reference(dict(state["config"]))
     name = (base.get("model") or {}).get("name", "denoiser")
-    if name in NOT_DENOISERS:
+    if not family_of_name(name).is_denoiser:
         raise CheckpointError(
             f"{str(directory)!r} trained {NOT_DENOISERS[name]} (model.name={name}); tcsm finetune {recipe} needs a "
             "diffusion denoiser run (tcsm train) to start from"

@@ -1,14 +1,15 @@
 """Pre-training target builders: `target.name` → a Target (data, parametric teacher), loading the frozen models
 they need from checkpoints here, so that the target classes take model objects only. The post-training targets
-register in their method's builder (`tcsm.posttrain.reward.builder`, `tcsm.posttrain.distill.builder`)."""
+register in their recipe's builder (`tcsm.recipes.reward.builder`, `tcsm.recipes.distill.builder`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from tcsm.builders.frozen import load_frozen
-from tcsm.builders.registry import TARGETS, BuildContext
-from tcsm.errors import ConfigError, TCSMError
+from tcsm.builders.registry import TARGETS, BuildContext, ReferenceUse
+from tcsm.core.errors import ConfigError, TCSMError
+from tcsm.models.kinds import kind_of
 from tcsm.targets.parametric import TEACHERS, ParametricTarget, Teacher, make_teacher
 
 __all__ = ["ParametricTargetConfig", "load_teacher"]
@@ -61,31 +62,21 @@ def load_teacher(
     model = load_frozen(
         path, role="reference.path (the teacher)", families=tuple(TEACHERS), ema=ema, device=device, vocab_size=vocab_size
     ).model
-    family = model.family
-    keep = {"causal": ("estimator", "k", "temperature", "max_tokens"), "mlm": ("max_tokens",), "hollow": ()}[
-        family
-    ]
-    opts = {k: v for k, v in options.items() if k in keep or k == "autocast"}
-    if family == "causal":
-        est = opts.get("estimator", "exact")
-        drop = {"exact": ("k", "temperature"), "topk": ("temperature",), "taylor": ("k", "max_tokens")}.get(
-            est, ()
-        )
-        opts = {k: v for k, v in opts.items() if k not in drop}
-    return make_teacher(model, family, **opts)
+    family = kind_of(model).family
+    return make_teacher(model, family, **TEACHERS[family].accepted(options))
 
 
 def _register_parametric() -> None:
     def build(node: dict, ctx):
         node = dict(node)
-        path, ema = ctx.config.reference.path, ctx.config.reference.ema
-        if not path:
+        if ctx.reference is None:
             raise ConfigError(
                 "reference.path must name the teacher: the checkpoint of a clean-data run (tcsm train -c clean-mlm ...)"
             )
         cache_size = node.pop("cache_size")
         try:
-            teacher = load_teacher(path, ctx.device or "cpu", ema=ema, vocab_size=ctx.vocab_size, **node)
+            family = kind_of(ctx.reference).family
+            teacher = make_teacher(ctx.reference, family, **TEACHERS[family].accepted(node))
         except TCSMError:
             raise
         except ValueError as e:  # an estimator option out of range
@@ -97,6 +88,7 @@ def _register_parametric() -> None:
         build,
         schema=ParametricTargetConfig,
         overwrite=True,
+        reference=ReferenceUse("reference.path (the teacher)", families=tuple(TEACHERS)),
         help="explicit N^1 target from a frozen clean-data model (BERT / AR / Hollow; MATH.md §4)",
     )
 

@@ -2,7 +2,7 @@
 
 A command module defines `HELP` (one line), `add_arguments(parser)` and `run(args) -> int`; it should import
 heavy modules (torch, models) inside `run` so that `tcsm --help` stays fast. Errors a user can cause
-(`tcsm.errors.TCSMError`, `tcsm.data.DataError`, bad files) are printed as one line on stderr with exit status
+(`tcsm.core.errors.TCSMError`, `tcsm.data.DataError`, bad files) are printed as one line on stderr with exit status
 2; set TCSM_TRACEBACK=1 to see the traceback instead.
 """
 
@@ -21,7 +21,7 @@ __all__ = ["COMMANDS", "Parser", "main"]
 COMMANDS: dict[str, str] = {
     "quickstart": "tcsm.cli.quickstart",
     "train": "tcsm.cli.train",
-    "eval": "tcsm.cli.eval_modes",  # tcsm.cli.eval plus --zeroshot / --genppl
+    "eval": "tcsm.cli.eval",  # the bound, --zeroshot, --genppl
     "sample": "tcsm.cli.sample",
     "finetune": "tcsm.cli.finetune",
     "distill": "tcsm.cli.distill",  # AR teacher → diffusion student (MATH.md §5.4)
@@ -54,7 +54,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    from tcsm.errors import TCSMError
+    from tcsm.core.errors import TCSMError
 
     errors: list[type[BaseException]] = [TCSMError, OSError]
     try:
@@ -102,8 +102,8 @@ def _resume_hint(argv: list[str], run_dir: str | None) -> str:
         return ""
     import warnings
 
-    from tcsm.checkpoint import resolve_checkpoint
-    from tcsm.errors import CheckpointError
+    from tcsm.core.errors import CheckpointError
+    from tcsm.storage.checkpoint import resolve_checkpoint
 
     try:
         with warnings.catch_warnings():

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tcsm.fileio import write_atomically
+from tcsm.storage.fileio import write_atomically
 
 #: the preset `tcsm train` runs without --config
 DEFAULT_PRESET = "synthetic"
@@ -17,7 +17,8 @@ DEFAULT_PRESET = "synthetic"
 def config_help(preset: str | None = None) -> str:
     """Epilog of config-taking commands: the presets and every config key with its default — the values of a plain
     `tcsm train` (the default preset), or of a recipe's own `preset` over the run it starts from."""
-    from tcsm.builders.config import describe_keys, list_presets, preset_description
+    from tcsm.builders.help import describe_keys
+    from tcsm.builders.presets import list_presets, preset_description
 
     lines = ["presets (--config NAME, or a YAML path):"]
     for name in list_presets():
@@ -80,7 +81,7 @@ def claim_run_dir(run_dir, *, resume: bool, overwrite: bool) -> None:
     the whole run has been built, so a run that cannot start never costs the old one its files."""
     import os
 
-    from tcsm.errors import ConfigError
+    from tcsm.core.errors import ConfigError
     from tcsm.train.rundir import refuse_existing_run, refuse_foreign_dir, refuse_run_in_use
 
     if overwrite and resume:
@@ -99,7 +100,7 @@ def check_overwrite(args) -> None:
     (tcsm.train.rundir.refuse_overwriting_sources) when DIR is the run the new one starts from."""
     if not getattr(args, "overwrite", False):
         return
-    from tcsm.errors import ConfigError
+    from tcsm.core.errors import ConfigError
 
     if not getattr(args, "out", None):
         raise ConfigError("--overwrite needs -o DIR, the run directory to replace")
@@ -112,7 +113,7 @@ def check_writable(path) -> None:
     permission); an existing file is left as it is."""
     import os
 
-    from tcsm.errors import ConfigError
+    from tcsm.core.errors import ConfigError
 
     p = Path(path)
     if p.is_dir():
@@ -151,8 +152,8 @@ def resume_point(args, run_dir: Path | None) -> tuple[Path, Path, dict | None] |
     continues, or None when the command starts a new run. The run directory is --out's when given."""
     if not (args.resume or args.resume_from):
         return None
-    from tcsm.checkpoint import read_state, resolve_checkpoint
-    from tcsm.errors import CheckpointError
+    from tcsm.core.errors import CheckpointError
+    from tcsm.storage.checkpoint import read_state, resolve_checkpoint
 
     where = args.resume_from or run_dir
     if where is None:
@@ -168,13 +169,13 @@ def _number(x) -> str:
 
 def format_bound(result: dict) -> str:
     """One line for an evaluation result: a likelihood bound or a clean model's NLL / pseudo-NLL (`EvalResult.label`)."""
-    from tcsm.likelihood import EvalResult
+    from tcsm.core.results import EvalResult
 
     result = EvalResult.of(result)
 
     floor = result.get("floor_bpc")
     gap = f" ({100 * (result['bpc'] / floor - 1):+.1f}% vs the source entropy {floor:.4f})" if floor else ""
-    # A clean-data model's exact or pseudo-NLL (tcsm.clean_losses) draws no times.
+    # A clean-data model's exact or pseudo-NLL (tcsm.objectives.clean_lm) draws no times.
     times = f" × {result['num_t']} t" if "num_t" in result else ""
     return (
         f"{result['bpc']:.4f} ± {result['bpc_stderr']:.4f} bits/token, perplexity {_number(result['perplexity'])}"
@@ -204,44 +205,22 @@ def add_config_arguments(p, preset: str, overrides_example: str = "optim.lr=1e-4
     p.add_argument("-o", "--out", help=f"run directory (default: train.out_dir, else runs/{preset}-<time>)")
 
 
-def add_steps_and_resume_arguments(p, run_kind: str) -> None:
-    """--steps, --resume and --resume-from of a recipe run; `run_kind` names its checkpoints in the help."""
-    p.add_argument("--steps", type=int, help="optimizer steps (train.steps)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
-    p.add_argument("--resume-from", metavar="CHECKPOINT", help=f"continue from this {run_kind} checkpoint")
-
-
-def flag_values(args, flags: dict[str, str]) -> dict:
-    """{config key: value} of the flags given on the command line; `flags` maps a flag's dest to its config key."""
-    return {key: getattr(args, flag) for flag, key in flags.items() if getattr(args, flag, None) is not None}
-
-
 def command_of(cfg) -> str:
-    """The tcsm command that trains a run with this config (a dict or a DictConfig)."""
+    """The tcsm command that trains a run with this config (a dict or a DictConfig): its recipe's, else train."""
+    from tcsm.recipes.spec import recipe_of
 
-    def get(section: str) -> str | None:
-        node = cfg.get(section) if isinstance(cfg, dict) else getattr(cfg, section, None)
-        return None if node is None else node.get("name")
-
-    objective, target = get("objective"), get("target")
-    if objective in ("dre", "preference", "sft"):
-        return f"tcsm finetune {objective}"
-    if target == "reward":
-        return "tcsm finetune reward"
-    if target == "distill":
-        return "tcsm distill"
-    return "tcsm train"
+    spec = recipe_of(cfg)
+    return "tcsm " + " ".join(spec.words) if spec is not None else "tcsm train"
 
 
-def resolve_recipe(args, preset: str, flags: dict[str, str], new_config: Callable) -> tuple:
+def resolve_recipe(args, preset: str, values: dict, new_config: Callable) -> tuple:
     """(config, run_dir, resume) of a recipe run. A resumed run starts from its saved config, which must be one
     this recipe trains; a new one from `new_config(config_name, flag_values)`, which builds it from the recipe's
-    source run (and refuses a missing one), with `preset` as the default -c and the label of the default run
+    source run (and refuses a missing one); `values` are the flags' {config key: value}, with `preset` as the default -c and the label of the default run
     directory."""
     from tcsm.builders.config import load_config, set_values
-    from tcsm.errors import ConfigError
+    from tcsm.core.errors import ConfigError
 
-    values = flag_values(args, flags)
     run_dir = Path(args.out) if args.out else None
     point = resume_point(args, run_dir)
     if point is not None:
@@ -261,22 +240,6 @@ def resolve_recipe(args, preset: str, flags: dict[str, str], new_config: Callabl
 def add_source_run_argument(p, help: str, *, required: bool = False) -> None:
     """The run a command starts from or reads: `--from RUN` (aliases `-k`, `--checkpoint`) in every command."""
     p.add_argument("--from", "-k", "--checkpoint", dest="checkpoint", metavar="RUN", required=required, help=help)
-
-
-def lazy_report(spec: str, count: int, *args, **kwargs) -> Callable[[Path], dict] | None:
-    """`run_dir -> module.function(run_dir, count, *args, **kwargs)` for spec "module:function", importing the
-    module only when the report is made (a recipe's evaluation imports what `--help` should not); None when
-    `count` (the examples or samples it evaluates) is 0: the evaluation is off."""
-    if count <= 0:
-        return None
-
-    def report(run_dir: Path) -> dict:
-        import importlib
-
-        module, name = spec.split(":")
-        return getattr(importlib.import_module(module), name)(run_dir, count, *args, **kwargs)
-
-    return report
 
 
 def run_recipe(

@@ -56,7 +56,7 @@ def run(args) -> int:
     from pathlib import Path
 
     from tcsm.cli.common import default_run_dir
-    from tcsm.errors import ConfigError
+    from tcsm.core.errors import ConfigError
 
     if getattr(args, "demo", None) is None:
         print("tcsm demo: error: choose a demo: tcsm demo grid --help", file=sys.stderr)

@@ -1,14 +1,28 @@
 """`tcsm eval`: bits per token and perplexity of a checkpoint on a data split, with the likelihood bound of
-tcsm.likelihood (MATH.md §2), or with the checkpoint objective's own metric where it has one (the exact or
-pseudo-NLL of a clean-data model, tcsm.clean_losses), as in the trainer's validation."""
+tcsm.evaluation.likelihood (MATH.md §2), or with the checkpoint objective's own metric where it has one (the exact or
+pseudo-NLL of a clean-data model, tcsm.objectives.clean_lm), as in the trainer's validation; and two more modes:
+
+* `--zeroshot SETS`: zero-shot perplexity bounds of a GPT-2-BPE model on WikiText-2, PTB, LAMBADA and the
+  LM1B subset, with the SEDD/MDLM protocol (docs/evaluation.md, tcsm.evaluation.zeroshot);
+* `--genppl --scorer PATH`: generative perplexity of samples under a scorer causal LM and their
+  unigram entropy, for one or several numbers of sampling steps (a plot with `--plot`), or for samples
+  written by `tcsm sample --format jsonl` (`--samples`).
+
+The shared options (--num-t, --batch-size, --bound, --weights, --device, --precision, --json, --output) keep their
+meaning in every mode."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import textwrap
+import time
 
-HELP = "evaluate a checkpoint: likelihood bound (or a clean model's NLL) as bits per token and perplexity"
+HELP = (
+    "evaluate a checkpoint: likelihood bound (or a clean model's NLL) as bits per token and perplexity; zero-shot "
+    "(--zeroshot) and generative (--genppl) perplexity"
+)
 EPILOG = textwrap.fill(
     "Cost: a pre-trained run's bound makes one denoiser call per sequence and time (--num-t). An energy model "
     "(tcsm finetune dre, strategy ii) has no tractable bound; its importance-sampling estimate makes n * (1 + "
@@ -19,7 +33,7 @@ EPILOG = textwrap.fill(
 )
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def _add_bound_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="run directory, its checkpoints/ directory, or one step_* checkpoint")
     p.add_argument(
         "overrides", nargs="*", metavar="key=value", help="config overrides (eval.*, data.*; not model.*)"
@@ -38,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="energy models: reference draws n for log Z, one estimate per n; the cost grows with the largest "
         "(default: the run's objective.log_z_samples, 1,4,16)",
     )
-    p.add_argument("--bound", help="likelihood bound (default: the path's, see tcsm.likelihood)")
+    p.add_argument("--bound", help="likelihood bound (default: the path's, see tcsm.evaluation.likelihood)")
     p.add_argument("--weights", choices=("ema", "model"), help="EMA or raw weights (default: EMA when saved)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument(
@@ -60,20 +74,22 @@ def build_run_data(ckpt):
     return ckpt.build_data()
 
 
-def run(args) -> int:
+def _run_bound(args) -> int:
     import math
     import sys
 
     import torch
 
-    from tcsm.builders.components import DataInfo, build_objective_for_checkpoint
+    from tcsm.builders.assemble import build_objective_for_checkpoint
+    from tcsm.builders.components import DataInfo
     from tcsm.builders.loading import load_checkpoint
     from tcsm.cli.common import check_writable, format_bound, jsonable
-    from tcsm.errors import ConfigError
-    from tcsm.fileio import write_atomically
-    from tcsm.posttrain.dre.objective import EnergyObjective
+    from tcsm.core.errors import ConfigError
+    from tcsm.core.precision import autocast
+    from tcsm.evaluation.run import evaluate_model
+    from tcsm.models.kinds import kind_of
+    from tcsm.storage.fileio import write_atomically
     from tcsm.train.distributed import resolve_device
-    from tcsm.train.trainer import autocast, evaluate_model
 
     if args.max_examples is not None and args.max_examples < 1:
         raise ConfigError(
@@ -107,7 +123,7 @@ def run(args) -> int:
         raise ConfigError(f"data sequences have length {data.seq_len} but the model allows at most {max_len}")
     x = data.split(e.split)
     objective = build_objective_for_checkpoint(ckpt.config, ckpt.model, data, device)
-    energy = isinstance(objective, EnergyObjective)
+    energy = kind_of(ckpt.model).likelihood == "estimate"  # an energy model's IS estimate (MATH.md §6.3)
     # An energy run's estimate costs ~n(1 + L/2) energy calls per sequence and time: by default, as many sequences as
     # its training evaluated (a run that evaluated none: the finetune-dre preset's 64), not the whole split.
     limit = e.max_examples or ((int(ckpt.config.train.eval_examples) or 64) if energy else None)
@@ -152,7 +168,7 @@ def run(args) -> int:
 
 
 def _positive_list(text: str, flag: str) -> str:
-    from tcsm.errors import ConfigError
+    from tcsm.core.errors import ConfigError
 
     try:
         values = [int(v) for v in text.split(",")]
@@ -176,3 +192,240 @@ def _energy_cost_line(objective, x, split_size: int, e) -> str:
         f"draws: about {rows:,.0f} energy calls (a pre-trained bound: {N * e.num_t:,}); more with --max-examples, "
         "--num-t, --log-z-samples"
     )
+
+
+def _add(p: argparse.ArgumentParser, group, *names, **kw) -> None:
+    # Skip options the base command already defines, so that its future options never clash with ours.
+    if not any(n in p._option_string_actions for n in names):
+        group.add_argument(*names, **kw)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    _add_bound_arguments(p)
+    z = p.add_argument_group("zero-shot perplexity (GPT-2-BPE models; docs/evaluation.md)")
+    _add(p, z, "--zeroshot", metavar="SETS",
+         help="comma-separated sets: wikitext2, ptb, lambada, lm1b, or all")
+    _add(p, z, "--data-root", metavar="DIR", help="folder holding the sets (default $TCSM_DATA_DIR or ../shared/data)")
+    _add(p, z, "--layout", choices=("sedd", "mdlm"), default="sedd",
+         help="block layout: sedd = plain L-token blocks (default); mdlm = BOS + L-2 tokens + EOS")
+    _add(p, z, "--block-size", type=int, help="block length (default: the model's training length)")
+    _add(p, z, "--max-documents", type=int, help="use only the first N documents of each set (quick checks)")
+    _add(p, z, "--bpe-dir", metavar="DIR",
+         help="folder with GPT-2's encoder.json and vocab.bpe (default: the checkpoint's, else DATA_ROOT/gpt2_bpe)")
+    g = p.add_argument_group("generative perplexity and sample entropy")
+    _add(p, g, "--genppl", action="store_true", help="score samples with a scorer causal LM")
+    _add(p, g, "--scorer", "--reference", dest="scorer", metavar="PATH",
+         help="scorer LM: a Hugging Face model directory, or a checkpoint of a causal model trained by tcsm "
+              "(--reference: its old name)")
+    _add(p, g, "--samples", metavar="FILE", help="score these samples (jsonl from `tcsm sample`) instead of sampling")
+    _add(p, g, "--num-samples", type=int, default=16, help="samples per number of steps (default 16)")
+    _add(p, g, "--steps", default="128", help="sampling steps; a comma-separated list gives a curve (default 128)")
+    _add(p, g, "--method", help="sampler, one of `tcsm sample --method`'s (default: the run's sample.method)")
+    _add(p, g, "--temperature", type=float, help="sampling temperature (default: the run's sample.temperature)")
+    _add(p, g, "--top-p", type=float, help="nucleus mass in (0, 1] (default: the run's sample.top_p)")
+    _add(p, g, "--seed", type=int, default=0, help="seed of the samples")
+    _add(p, g, "--plot", metavar="PNG", help="plot gen-PPL and entropy against steps to this file")
+
+
+def run(args) -> int:
+    if getattr(args, "zeroshot", None) and getattr(args, "genppl", False):
+        raise ValueError("give --zeroshot or --genppl, not both")
+    if args.output:  # every mode: a bad --output fails before the work, not after it
+        from tcsm.cli.common import check_writable
+
+        check_writable(args.output)
+    if getattr(args, "zeroshot", None):
+        return _run_zeroshot(args)
+    if getattr(args, "genppl", False):
+        return _run_genppl(args)
+    return _run_bound(args)
+
+
+# --------------------------------------------------------------------------------------------------- shared
+
+
+def _load(args, device):
+    from tcsm.builders.loading import load_checkpoint
+
+    return load_checkpoint(args.checkpoint, device=device, ema=args.weights != "model", overrides=list(args.overrides))
+
+
+def _emit(args, result: dict, lines: list[str]) -> None:
+    from tcsm.evaluation.report import to_jsonable, write_report
+
+    if args.output:
+        write_report(args.output, result)
+    if args.json:
+        print(json.dumps(to_jsonable(result)))
+    else:
+        print("\n".join(lines))
+
+
+def _check_positive(**values) -> None:
+    for name, v in values.items():
+        if v is not None and v < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {v}")
+
+
+# --------------------------------------------------------------------------------------------------- zero-shot
+
+
+def _run_zeroshot(args) -> int:
+    from pathlib import Path
+
+    import torch
+    from omegaconf import OmegaConf
+
+    from tcsm.core.precision import autocast as _autocast
+    from tcsm.data import gpt2_tokenizer
+    from tcsm.evaluation.zeroshot import (
+        ZEROSHOT_SETS,
+        default_data_root,
+        prepare_zeroshot,
+        zeroshot_perplexity,
+    )
+    from tcsm.train.distributed import resolve_device
+
+    names = list(ZEROSHOT_SETS) if args.zeroshot == "all" else [s.strip() for s in args.zeroshot.split(",")]
+    unknown = [n for n in names if n not in ZEROSHOT_SETS]
+    if unknown or not names:
+        raise ValueError(f"unknown zero-shot set {unknown[0] if unknown else ''!r}; choose from {list(ZEROSHOT_SETS)} or all")
+    _check_positive(block_size=args.block_size, max_documents=args.max_documents, num_t=args.num_t,
+                    batch_size=args.batch_size)
+    device = resolve_device(args.device)
+    ckpt = _load(args, device)
+    path = ckpt.build_path()
+    if path.vocab_size != 50257:
+        raise ValueError(
+            f"zero-shot perplexity needs a GPT-2-BPE model (50257 tokens); this checkpoint has {path.vocab_size}"
+        )
+    root = Path(args.data_root) if args.data_root else default_data_root()
+    data_cfg = OmegaConf.to_container(ckpt.config.data, resolve=True)
+    bpe_dir = args.bpe_dir or data_cfg.get("bpe_dir") or str(root / "gpt2_bpe")
+    tok = gpt2_tokenizer(bpe_dir, None if args.bpe_dir else data_cfg.get("encoder_json"),
+                         None if args.bpe_dir else data_cfg.get("vocab_bpe"))
+    L = args.block_size or int(ckpt.data_info["seq_len"])
+    max_len = getattr(getattr(ckpt.model, "cfg", None), "max_len", None)
+    if max_len is not None and L > max_len:
+        raise ValueError(f"--block-size {L} exceeds the model's maximum length {max_len}")
+    e = ckpt.config.eval
+    num_t = args.num_t or e.num_t
+    generator = torch.Generator(device=device).manual_seed(e.seed)
+    results, lines = {}, [f"{ckpt.directory} (step {ckpt.step}, {ckpt.weights} weights), zero-shot, L={L}:"]
+    for name in names:
+        data = prepare_zeroshot(name, tok, block_size=L, eos_id=tok.eos_id, bos_id=tok.eos_id, layout=args.layout,
+                                data_root=root, max_documents=args.max_documents)
+        with _autocast(device, args.precision):
+            r = zeroshot_perplexity(ckpt.model, path, data, batch_size=args.batch_size or e.batch_size,
+                                    num_t=num_t, generator=generator, bound=args.bound or e.bound, device=device,
+                                    progress=not args.json)
+        results[name] = r
+        lines.append(f"  {r['label']:<24} PPL <= {r['ppl_bound']:.2f} ± {r['ppl_bound_stderr']:.2f} "
+                     f"({r['num_blocks']} blocks, {r['bound']} bound, {num_t} t per block)")
+    _emit(args, {"checkpoint": str(ckpt.directory), "step": ckpt.step, "weights": ckpt.weights,
+                 "precision": args.precision, "zeroshot": results}, lines)
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------- gen-PPL
+
+
+def _read_samples(path: str) -> list[dict]:
+    rows = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for i, line in enumerate(f):
+                if line.strip():
+                    row = json.loads(line)
+                    if not isinstance(row, dict) or "text" not in row:
+                        raise ValueError(f"{path}: line {i + 1} has no \"text\" field (write it with --format jsonl)")
+                    rows.append(row)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON lines ({e.msg} at line {e.lineno})") from None
+    if not rows:
+        raise ValueError(f"{path}: no samples")
+    return rows
+
+
+def _score(ref, texts: list[str], tokens, max_length, batch_size) -> dict:
+    from tcsm.evaluation.genppl import generative_perplexity, sample_entropy
+
+    if ref.encode is not None:
+        res = generative_perplexity(ref, texts=texts, max_length=max_length, batch_size=batch_size)
+    else:
+        res = generative_perplexity(ref, token_ids=tokens, batch_size=batch_size)
+    return {**res.to_dict(), "entropy_mean": sample_entropy(tokens)["entropy_mean"]}
+
+
+def _run_genppl(args) -> int:
+    import torch
+
+    from tcsm.builders.loading import load_scorer_lm
+    from tcsm.cli.sample import load_tokenizer
+    from tcsm.sampling.common import row_evaluations
+    from tcsm.sampling.settings import draw, sample_settings
+    from tcsm.train.distributed import resolve_device
+
+    if not args.scorer:
+        raise ValueError("--genppl needs --scorer (a Hugging Face model directory or a causal-LM checkpoint)")
+    try:
+        steps = [int(s) for s in args.steps.split(",")]
+    except ValueError:
+        raise ValueError(f"--steps must be a comma-separated list of integers, got {args.steps!r}") from None
+    _check_positive(num_samples=args.num_samples, batch_size=args.batch_size, steps=min(steps))
+    if (args.temperature is not None and not args.temperature > 0) or (
+        args.top_p is not None and not 0 < args.top_p <= 1
+    ):
+        raise ValueError("--temperature must be > 0 and --top-p in (0, 1]")
+    device = resolve_device(args.device)
+    ref = load_scorer_lm(args.scorer, device)
+    batch = args.batch_size or 8
+    rows, lines, settings = [], [], None
+    if args.samples:
+        samples = _read_samples(args.samples)
+        texts = [s["text"] for s in samples]
+        tokens = [s.get("tokens") or [] for s in samples]
+        row = {"samples": args.samples, "num_samples": len(samples), **_score(ref, texts, tokens, None, batch)}
+        rows.append(row)
+        lines.append(f"{args.samples}: gen-PPL {row['gen_ppl']:.2f} under {ref.name}, "
+                     f"entropy {row['entropy_mean']:.3f} nats ({len(samples)} samples)")
+        header = {"samples": args.samples}
+    else:
+        ckpt = _load(args, device)
+        path = ckpt.build_path()
+        tok = load_tokenizer(ckpt)
+        L = int(ckpt.data_info["seq_len"])
+        lines.append(f"{ckpt.directory} (step {ckpt.step}, {ckpt.weights} weights), scorer {ref.name}:")
+        for K in steps:
+            settings = sample_settings(ckpt.config.sample, steps=K, method=args.method, temperature=args.temperature,
+                                       top_p=args.top_p)  # fmt: skip
+            generator = torch.Generator(device=device).manual_seed(args.seed)
+            t0, outs, calls, evals = time.perf_counter(), [], 0, 0
+            for s in range(0, args.num_samples, batch):
+                x, st = draw(ckpt.model, path, min(batch, args.num_samples - s), L, settings, generator=generator,
+                             device=device)
+                outs.append(x.cpu())
+                calls += st.num_calls
+                evals += row_evaluations(st, x.shape[0])
+            seconds = time.perf_counter() - t0
+            tokens = torch.cat(outs).tolist()
+            texts = [tok.decode(r) for r in tokens]
+            row = {"steps": K, "method": st.method, "num_samples": len(tokens), "network_calls": calls,
+                   "network_calls_per_sequence": evals / max(len(tokens), 1),
+                   "sample_seconds": seconds, **_score(ref, texts, tokens, L, batch)}
+            rows.append(row)
+            lines.append(f"  K={K:<5} gen-PPL {row['gen_ppl']:9.2f}  entropy {row['entropy_mean']:.3f} nats  "
+                         f"({len(tokens)} samples, {calls} network calls (batched; "
+                         f"{row['network_calls_per_sequence']:.1f} per sequence), {seconds:.1f}s)")
+            if args.json:  # progress for long curves, kept off stdout so that it stays one JSON object
+                print(f"  K={K}: gen-PPL {row['gen_ppl']:.2f}", file=sys.stderr)
+        header = {"checkpoint": str(ckpt.directory), "step": ckpt.step, "weights": ckpt.weights}
+        if args.plot and len(rows) > 0:
+            from tcsm.evaluation.report import plot_genppl_vs_steps
+
+            plot_genppl_vs_steps(rows, args.plot, title=f"{ckpt.directory.name} vs {ref.name}")
+            lines.append(f"  plot: {args.plot}")
+    temperature, top_p = (args.temperature, args.top_p) if settings is None else (settings.temperature, settings.top_p)
+    _emit(args, {**header, "scorer": ref.name, "temperature": temperature, "top_p": top_p,
+                 "seed": args.seed, "genppl": rows}, lines)
+    return 0

@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from tcsm.builders.export import export
-    from tcsm.errors import ConfigError
+    from tcsm.core.errors import ConfigError
 
     if args.keep_other_files and not args.overwrite:
         raise ConfigError("--keep-other-files goes with --overwrite (it says what an overwrite leaves in place)")

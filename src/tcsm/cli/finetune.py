@@ -1,46 +1,35 @@
-"""`tcsm finetune <recipe>`: post-train a pre-trained run; one module per recipe, registered in `RECIPES`.
+"""`tcsm finetune <recipe>`: post-train a pre-trained run, one subcommand per recipe of `tcsm.recipes` (its spec
+declares its flags, preset, composition and report; `tcsm.cli.recipe` turns the spec into a command).
 
-A recipe module defines `HELP`, `add_arguments(parser)` and `run(args) -> int`, like a command (tcsm.cli).
 Every recipe is an ordinary run of the one Trainer: same checkpoints, --resume, logs and one-line errors. An
-existing run directory is refused by the Trainer unless resumed; `--overwrite` (added to every recipe here)
-replaces it.
+existing run directory is refused by the Trainer unless resumed; `--overwrite` replaces it.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
 HELP = "post-train a pre-trained checkpoint (reward, ...: see tcsm finetune --help)"
 
-#: recipe name → module implementing it
-RECIPES: dict[str, str] = {
-    "reward": "tcsm.cli.finetune_reward",
-    "dre": "tcsm.cli.finetune_dre",
-    "preference": "tcsm.cli.finetune_preference",
-    "sft": "tcsm.cli.finetune_sft",
-}
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="recipe", metavar="<recipe>", parser_class=type(p))
-    for name, module_name in RECIPES.items():
-        module = importlib.import_module(module_name)
-        r = sub.add_parser(name, help=module.HELP, description=module.__doc__)
-        module.add_arguments(r)
-        if "--overwrite" not in r._option_string_actions:
-            from tcsm.cli.common import add_overwrite_argument
+    from tcsm.cli.recipe import add_recipe_arguments, run_recipe_spec
+    from tcsm.recipes.spec import all_recipes
 
-            add_overwrite_argument(r)
-        r.set_defaults(_recipe_run=module.run)
+    sub = p.add_subparsers(dest="recipe", metavar="<recipe>", parser_class=type(p))
+    for spec in all_recipes():
+        r = sub.add_parser(spec.name, help=spec.help, description=spec.doc,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+        add_recipe_arguments(r, spec)
+        r.set_defaults(_recipe_run=lambda args, spec=spec: run_recipe_spec(args, spec))
 
 
 def run(args) -> int:
     if getattr(args, "recipe", None) is None:
-        print(f"tcsm finetune: error: choose a recipe: {' | '.join(RECIPES)} (see tcsm finetune --help)", file=sys.stderr)
-        return 2
-    from tcsm.cli.common import check_overwrite
+        from tcsm.recipes.spec import all_recipes
 
-    check_overwrite(args)
+        names = " | ".join(s.name for s in all_recipes())
+        print(f"tcsm finetune: error: choose a recipe: {names} (see tcsm finetune --help)", file=sys.stderr)
+        return 2
     return int(args._recipe_run(args) or 0)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 
-from tcsm.errors import ConfigError
+from tcsm.core.errors import ConfigError
 
 __all__ = ["harness_from_checkpoint", "main", "register"]  # and TCSMLM, made on first use (needs lm-eval)
 
@@ -26,17 +26,17 @@ def harness_from_checkpoint(checkpoint: str, *, num_t: int = 32, seed: int = 0, 
                             no_ema: bool = False, **sampler):  # fmt: skip
     """(DiffusionHarness, tokenizer) of a masked diffusion run; `sampler`: overrides of its `sample:` settings."""
     from tcsm.builders.loading import load_checkpoint
-    from tcsm.builders.sampler import sample_settings
-    from tcsm.builders.source import NOT_DENOISERS
     from tcsm.cli.sample import load_tokenizer
     from tcsm.evaluation.harness import DiffusionHarness
+    from tcsm.models.kinds import kind_of
+    from tcsm.sampling.settings import sample_settings
 
     loaded = load_checkpoint(checkpoint, device=device, ema=not no_ema)
-    family = str(loaded.config.model.get("name", "denoiser"))
+    kind = kind_of(loaded.model)
     path = loaded.build_path()
     # every denoiser on a masked path (model.name=denoiser, hf_denoiser, a plugin's) has logits to bound with
-    if path.mask_id is None or family in NOT_DENOISERS:
-        what = NOT_DENOISERS.get(family, f"a {family} model")
+    if path.mask_id is None or not kind.is_denoiser:
+        what = kind.description
         raise ValueError(f"{loaded.directory}: the lm-eval adapter evaluates masked diffusion runs, not "
                          f"{what} on a {path.kind} path")  # fmt: skip
     length = int(getattr(loaded.model.cfg, "max_len", None) or loaded.data_info["seq_len"])
@@ -106,8 +106,15 @@ class _Adapter:
 
 #: model_args besides checkpoint and the sampler settings (tcsm.sampling.settings.SampleSettings), with their types
 _OWN_ARGS = {"num_t": int, "seed": int, "device": str, "no_ema": bool}
-_SAMPLER_TYPES = {"steps": int, "block_length": int, "sir_k": int, "threshold": float, "temperature": float,
-                  "top_p": float, "sir_temperature": float, "final_argmax": bool, "cache": bool}  # fmt: skip
+_SCALARS = {"int": int, "float": float, "bool": bool}
+
+
+def _sampler_type(key: str):
+    """int / float / bool for a scalar sampler setting (its declared type, optional or not), else None."""
+    from tcsm.sampling.settings import SampleSettings
+
+    f = SampleSettings.__dataclass_fields__.get(key)
+    return None if f is None else _SCALARS.get(str(f.type).removesuffix(" | None"))
 
 
 def _model_args(checkpoint, kwargs: dict) -> dict:
@@ -131,7 +138,7 @@ def _model_args(checkpoint, kwargs: dict) -> dict:
         )
     out: dict = {}
     for key, value in kwargs.items():
-        kind = _OWN_ARGS.get(key) or _SAMPLER_TYPES.get(key)
+        kind = _OWN_ARGS.get(key) or _sampler_type(key)
         if value is None or kind is None or kind is str:
             out[key] = value
         elif kind is bool:

@@ -5,7 +5,7 @@ Each pair is the best and the worst of `--group` samples drawn with the same pro
 of tcsm.posttrain.reward.rewards: `vader`, `profanity`, `hf:PATH[,label=1]` (a local classifier), `grid`, `python:module:function`.
 Groups whose rewards tie are redrawn. Every line holds `prompt`, `chosen`, `rejected` (the response texts, after
 the prompt), the two rewards, and the sampled token ids with the tokenizer they belong to (a run with the
-same tokenizer trains on exactly the judged tokens; tcsm.posttrain.preference.pairs):
+same tokenizer trains on exactly the judged tokens; tcsm.data.pairs):
 
     tcsm pairs --from runs/ts --reward vader -n 512 --prompt "Once upon a time, there was a" -o pairs.jsonl
     tcsm finetune preference --from runs/ts --pairs pairs.jsonl --loss paper --beta 1 -o runs/ts-pref
@@ -49,9 +49,10 @@ def run(args) -> int:
     from pathlib import Path
 
     from tcsm.builders.loading import load_checkpoint
-    from tcsm.errors import ConfigError
-    from tcsm.posttrain.preference.recipe import sample_pairs, write_pairs
+    from tcsm.core.errors import ConfigError
     from tcsm.posttrain.reward.rewards import make_reward
+    from tcsm.recipes.preference.compose import sample_pairs, write_pairs
+    from tcsm.sampling.settings import sample_settings
     from tcsm.train.distributed import resolve_device
 
     prompts = list(args.prompt)
@@ -68,7 +69,7 @@ def run(args) -> int:
     data = ck.build_data()
     from types import SimpleNamespace
 
-    from tcsm.posttrain.reward.builder import check_reward_domain
+    from tcsm.recipes.reward.builder import check_reward_domain
 
     shape = SimpleNamespace(config=ck.config, vocab_size=int(data.vocab_size), seq_len=int(data.seq_len))
     check_reward_domain(args.reward, shape, what="--reward ")  # before any sampling: a grid reward on text is noise
@@ -84,7 +85,7 @@ def run(args) -> int:
         args.num_pairs,
         group=args.group,
         prompts=prompts or [""],
-        steps=args.steps or int(ck.config.sample.steps),
+        settings=sample_settings(ck.config.sample, steps=args.steps),
         seed=args.seed,
         max_rounds=args.max_rounds,
     )

@@ -35,9 +35,9 @@ def run(args) -> int:
     from tcsm.builders.loading import load_checkpoint
     from tcsm.cli.common import claim_run_dir, default_run_dir, format_bound, jsonable
     from tcsm.cli.train import train
-    from tcsm.fileio import write_atomically
-    from tcsm.likelihood import evaluate_bound
-    from tcsm.sampling import sample
+    from tcsm.evaluation.likelihood import evaluate_bound
+    from tcsm.sampling.settings import draw, sample_settings
+    from tcsm.storage.fileio import write_atomically
 
     start = time.perf_counter()
     cfg = load_config(args.config, args.overrides)
@@ -70,12 +70,12 @@ def run(args) -> int:
     samples_nll = None
     texts, tokens = [], None
     if cfg.sample.num:
-        tokens = sample(
+        tokens, _ = draw(
             ckpt.model,
             path,
-            batch_size=max(cfg.sample.num, 64),
-            length=data.seq_len,
-            num_steps=cfg.sample.steps,
+            max(cfg.sample.num, 64),
+            data.seq_len,
+            sample_settings(cfg.sample),
             generator=torch.Generator().manual_seed(cfg.sample.seed),
         )
         texts = [data.decode(row) for row in tokens[: cfg.sample.num]]

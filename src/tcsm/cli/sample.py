@@ -24,8 +24,6 @@ import types
 
 HELP = "draw samples from a trained checkpoint (prompts, infilling, temperature, top-p)"
 
-METHODS = ("ancestral", "analytic", "euler", "random", "confidence", "margin", "entropy", "threshold")
-
 
 def _one_line_error(self, message: str):
     # Bad values (non-numbers, unknown choices) get the same one-line form as every other user error.
@@ -40,6 +38,14 @@ def _positive_int(text: str) -> int:
     if v < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return v
+
+
+def _method(text: str) -> str:
+    from tcsm.sampling.registry import sampler_names
+
+    if text not in sampler_names():
+        raise argparse.ArgumentTypeError(f"unknown --method {text!r}; choose one of {', '.join(sampler_names())}")
+    return text
 
 
 def _float_in(lo: float, hi: float, lo_open: bool = True):
@@ -64,9 +70,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="samples (per prompt / template when given); default 4")
     p.add_argument("--steps", type=_positive_int, default=None,
                    help="sampler steps K (default: the run's sample.steps; a causal LM run takes one step per position)")
-    p.add_argument("--method", default=None,
-                   help=f"sampler: {' | '.join(METHODS)} (default: the run's sample.method, else ancestral for masked, "
-                        "analytic for uniform; the last five are decoding orders for masked models)")
+    from tcsm.sampling.registry import sampler_class, sampler_names
+
+    names = sampler_names()
+    orders = ", ".join(n for n in names if sampler_class(n).steps_at_most_positions)
+    p.add_argument("--method", default=None, choices=names, type=_method, metavar="METHOD",
+                   help=f"sampler: {' | '.join(names)} (default: the run's sample.method, else ancestral for masked, "
+                        f"analytic for uniform; {orders} are decoding orders for masked models)")
     p.add_argument("--block-length", type=_positive_int, default=None,
                    help="masked models: decode blocks of this many positions left to right, --method inside each "
                         "(default: the run's sample.block_length)")
@@ -202,12 +212,13 @@ def _escape(text: str) -> str:
 
 
 def _run_sampler(loaded, model, path, device, args):
-    """The run's sampler (`tcsm.builders.sampler`: the same one its training samples used) with the flags given.
+    """The run's sampler (`tcsm.sampling.settings`: the same one its training samples used) with the flags given.
     A run whose objective cannot be rebuilt here (e.g. its reference run is gone) has no sampler of its own: only
     energy-model and causal-LM runs do, and their objectives read nothing but the model."""
-    from tcsm.builders.components import DataInfo, build_objective_for_checkpoint
-    from tcsm.builders.sampler import build_sampler
-    from tcsm.errors import TCSMError
+    from tcsm.builders.assemble import build_objective_for_checkpoint
+    from tcsm.builders.components import DataInfo
+    from tcsm.core.errors import TCSMError
+    from tcsm.sampling.settings import build_sampler
 
     try:
         objective = build_objective_for_checkpoint(loaded.config, model, DataInfo(**loaded.data_info), device)
@@ -224,18 +235,16 @@ def _run_sampler(loaded, model, path, device, args):
 
 def run(args) -> int:
     import torch
-    from tqdm.auto import tqdm
 
     from tcsm.builders.loading import load_checkpoint
     from tcsm.cli.common import check_writable
+    from tcsm.core.progress import WorkProgress
     from tcsm.data.base import readable_text
-    from tcsm.fileio import write_atomically
-    from tcsm.sampling.common import row_evaluations
+    from tcsm.sampling.common import GRIDS, row_evaluations
+    from tcsm.storage.fileio import write_atomically
     from tcsm.train.distributed import resolve_device
 
-    if args.method is not None and args.method not in METHODS:
-        raise ValueError(f"unknown --method {args.method!r}; choose one of {', '.join(METHODS)}")
-    if args.grid not in (None, "uniform", "cosine"):
+    if args.grid is not None and args.grid not in GRIDS:
         raise ValueError(f"unknown --grid {args.grid!r}; choose uniform or cosine")
     conditioned = bool(args.prompt) + bool(args.infill) + bool(args.infill_json)
     if conditioned > 1:
@@ -247,14 +256,15 @@ def run(args) -> int:
     device = resolve_device(args.device)
     loaded = load_checkpoint(args.checkpoint, device=device, ema=not args.no_ema)
     model, path = loaded.model, loaded.build_path()
-    from tcsm.posttrain.dre.energy import EnergyModel
+    from tcsm.models.kinds import kind_of
 
-    sir = isinstance(model, EnergyModel)  # strategy-(ii) DRE run: SIR over its frozen reference (MATH.md §6.3)
-    family = str(loaded.config.model.get("name", "denoiser"))
-    if family in ("mlm", "hollow", "hf_mlm"):
+    kind = kind_of(model)
+    sir = kind.sampler == "sir"  # strategy-(ii) DRE run: SIR over its frozen reference (MATH.md §6.3)
+    if kind.sampler == "none":
+        family = str(loaded.config.model.get("name", kind.family))
         raise ValueError(f"{loaded.directory} holds a {family} clean-data model: its single-site conditionals "
                          "p(x^i | x^≠i) give no sampler of whole sequences (it is a teacher for target.name=parametric)")
-    ar = family in ("causal", "hf_causal")  # a causal LM (an AR teacher): drawn left to right, prompts first
+    ar = kind.sampler == "left_to_right"  # a causal LM (an AR teacher): drawn left to right, prompts first
     if ar and (args.infill or args.infill_json):
         raise ValueError("a causal LM run is sampled left to right: it can continue a --prompt, not fill a template "
                          "(--infill / --infill-json need a diffusion run)")
@@ -305,8 +315,7 @@ def run(args) -> int:
     chunks = [(g, min(args.batch_size, args.num_samples - s)) for g in groups
               for s in range(0, args.num_samples, args.batch_size)]
     steps = length if ar else settings.steps  # a causal LM draws one position per step
-    bar = tqdm(total=len(chunks) * steps, desc="sampling", unit="step", disable=args.no_progress,
-               file=sys.stderr, leave=False)
+    bar = WorkProgress(len(chunks) * steps, "sampling", "steps", enabled=not args.no_progress)
     t0 = time.perf_counter()
     records, calls, evals, taken = [], 0, 0, 0
     for g, b in chunks:

@@ -18,9 +18,9 @@
   `tcsm prepare`), seq_len=128, valid_frac, test_frac, text_field="text": a small corpus read whole, in memory
   (tcsm.data.hf; needs tcsm[datasets]).
 * `pairs` — preference pairs (JSONL prompt / chosen / rejected) tokenized with another data section's tokenizer;
-  registered by tcsm.posttrain.preference.pairs, which builds that section with `build_data` (preference fine-tuning, MATH.md §5.3).
+  registered by tcsm.data.pairs, which builds that section with `build_data` (preference fine-tuning, MATH.md §5.3).
 * `sft` — prompt / completion records (TRL's formats, chats through a chat template) with the same conventions;
-  registered by tcsm.posttrain.sft.data (instruction fine-tuning).
+  registered by tcsm.data.sft (instruction fine-tuning).
 
 Unknown kinds or keys raise a DataError that lists what is accepted.
 
@@ -58,7 +58,7 @@ DATA_KINDS: dict[str, Callable[..., DataBundle]] = {
 
 #: Kinds registered by a module outside this package (which itself builds data with `build_data`, so it cannot be
 #: imported here): imported on first use, by name.
-PLUGIN_KINDS = {"pairs": "tcsm.posttrain.preference.pairs", "sft": "tcsm.posttrain.sft.data", "hf": "tcsm.data.hf"}
+PLUGIN_KINDS = {"pairs": "tcsm.data.pairs", "sft": "tcsm.data.sft", "hf": "tcsm.data.hf"}
 
 #: Keys of the data kinds that name files or folders (relative ones are read from the current directory).
 PATH_KEYS = ("path", "train_path", "valid_path", "test_path", "bpe_dir", "encoder_json", "vocab_bpe", "cache_dir")

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tcsm.core.progress import WorkProgress
 from tcsm.data import tokenizer_spec
 from tcsm.data.base import DataError
 from tcsm.data.inputs import Source, documents, expand_inputs
@@ -226,7 +227,6 @@ def prepare(
     """Tokenise `inputs` with `tokenizer` (a spec, tcsm.data.tokenizer_spec) into shards in `out`; returns the
     index it wrote. `text_field` (default "text") and `doc_separator` apply to some input kinds only: naming one
     that no input has is a DataError, like `seq_len` without `packing="pad"`."""
-    from tqdm.auto import tqdm
 
     started = time.perf_counter()
     if packing not in ("eos", "pad"):
@@ -293,7 +293,7 @@ def prepare(
     settings = {"dtype": dtype.str, "eos_id": tok.eos_id, "pad_id": tok.pad_id, "packing": packing, "seq_len": seq_len}
     writers = [_ShardWriter(tmp, s, dtype, shard_tokens) for s in SPLITS]
     total = sum(_text_size(s) for s in sources)
-    bar = tqdm(total=total, unit="char", unit_scale=True, disable=not progress or None, smoothing=0.1, desc="prepare")
+    bar = WorkProgress(total, "prepare", "chars", enabled=progress)
     pool = None
     try:
         batches = (b for b, _ in _sized(_batches(read(), fractions), bar))
@@ -313,7 +313,7 @@ def prepare(
                 w.documents += n
                 docs, tokens = docs + n, tokens + ids.size
             rate = max(time.perf_counter() - t0, 1e-9)
-            bar.set_postfix_str(f"{docs / rate:.0f} docs/s, {tokens / rate:.3g} tok/s", refresh=False)
+            bar.postfix(docs_per_s=f"{docs / rate:.0f}", tok_per_s=f"{tokens / rate:.3g}")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from tcsm.data.base import CharTokenizer, DataBundle, DataError, chunk, read_text, split_by_fractions
-from tcsm.fileio import file_digest
+from tcsm.storage.fileio import file_digest
 
 __all__ = ["ALPHABET", "TEXT8_URL", "build_text8", "default_cache_dir", "fetch"]
 

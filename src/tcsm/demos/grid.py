@@ -220,8 +220,8 @@ def run_grid_demo(
     """
     from tcsm.builders.config import load_config
     from tcsm.builders.loading import load_checkpoint
-    from tcsm.posttrain.reward.recipe import reward_config
-    from tcsm.sampling import sample
+    from tcsm.recipes.reward.compose import reward_config
+    from tcsm.sampling.settings import draw, sample_settings
 
     if size not in SIZES:
         raise ValueError(f"unknown demo size {size!r}; choose one of {sorted(SIZES)}")
@@ -251,17 +251,8 @@ def run_grid_demo(
     trajectories, finals = [], []
     for ck in (pre, post):
         g = torch.Generator().manual_seed(seed)
-        x, stats = sample(
-            ck.model,
-            path,
-            batch_size=num_samples,
-            length=2,
-            num_steps=sample_steps,
-            generator=g,
-            return_stats=True,
-            record_steps=record,
-            chunk_size=4096,
-        )
+        settings = sample_settings(ck.config.sample, steps=sample_steps)
+        x, stats = draw(ck.model, path, num_samples, 2, settings, generator=g, record_steps=record, chunk_size=4096)
         trajectories.append(stats.trajectory)
         finals.append(x)
     times = stats.times.tolist()

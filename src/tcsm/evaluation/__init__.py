@@ -9,7 +9,7 @@ from tcsm.evaluation.detokenizers import (
 )
 from tcsm.evaluation.genppl import (
     GenPPLResult,
-    ReferenceLM,
+    ScorerLM,
     generative_perplexity,
     sample_entropy,
     unigram_entropy,
@@ -27,7 +27,7 @@ __all__ = [
     "DETOKENIZERS",
     "ZEROSHOT_SETS",
     "GenPPLResult",
-    "ReferenceLM",
+    "ScorerLM",
     "ZeroShotBlocks",
     "build_blocks",
     "generative_perplexity",

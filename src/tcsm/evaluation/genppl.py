@@ -1,13 +1,13 @@
-"""Generative perplexity of samples under a reference causal LM, and the unigram entropy of samples.
+"""Generative perplexity of samples under a scorer causal LM, and the unigram entropy of samples.
 
 Generative perplexity (gen-PPL) scores what a sampler produced with an independent autoregressive model:
 gen-PPL = exp(Σ_n Σ_j −log p_ref(y_{n,j} | y_{n,<j}) / Σ_n #scored tokens). Low gen-PPL alone is easy to
 game with repetitive text, so it is always reported beside the sample entropy (MDLM/DUO report both):
 the entropy of the empirical unigram distribution of each sample, averaged over samples.
 
-The reference LM is anything that maps token ids [B, T] to next-token logits [B, T, V']; adapters wrap a
+The scorer LM is anything that maps token ids [B, T] to next-token logits [B, T, V']; adapters wrap a
 Hugging Face causal LM (lazy `transformers` import) or any callable such as a causal model trained by this
-project. When the reference uses another tokenizer, samples are decoded to text and re-encoded with it.
+project. When the scorer uses another tokenizer, samples are decoded to text and re-encoded with it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from torch import Tensor
 
 __all__ = [
     "GenPPLResult",
-    "ReferenceLM",
+    "ScorerLM",
     "generative_perplexity",
     "sample_entropy",
     "unigram_entropy",
@@ -31,12 +31,12 @@ __all__ = [
 
 
 @dataclass
-class ReferenceLM:
+class ScorerLM:
     """A causal LM used as a judge: `logits_fn(ids[B, T], attention_mask[B, T]) → logits[B, T, V']`.
 
     `convention` says which token position j's logits predict: "next" (Hugging Face: token j+1, so the first
     token of a window is not scored) or "current" (this project's `CausalLM`: token j, with its own BOS in
-    front, so every token is scored). `encode`/`decode` are the reference's own tokenizer (needed only to
+    front, so every token is scored). `encode`/`decode` are the scorer's own tokenizer (needed only to
     re-tokenise text); `context_length` bounds the window it is called on; `eos_id`/`bos_id` its specials.
     """
 
@@ -47,7 +47,7 @@ class ReferenceLM:
     eos_id: int | None = None
     bos_id: int | None = None
     device: torch.device | str = "cpu"
-    name: str = "reference"
+    name: str = "scorer"
     convention: str = "next"
 
     def __post_init__(self):
@@ -55,7 +55,7 @@ class ReferenceLM:
             raise ValueError(f"convention must be 'next' or 'current', got {self.convention!r}")
 
     @classmethod
-    def from_callable(cls, fn: Callable[[Tensor], Tensor], **kwargs) -> ReferenceLM:
+    def from_callable(cls, fn: Callable[[Tensor], Tensor], **kwargs) -> ScorerLM:
         """Wrap `fn(ids) → logits` (e.g. a causal model trained by this project); padding is on the right,
         which a causal model never attends to from earlier positions, so no mask is passed."""
         return cls(logits_fn=lambda ids, mask: fn(ids), **kwargs)
@@ -103,14 +103,14 @@ class ReferenceLM:
                    device=device, name=name or getattr(cfg, "_name_or_path", "") or type(model).__name__)
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, *, device: torch.device | str = "cpu") -> ReferenceLM:
+    def from_pretrained(cls, path: str | os.PathLike, *, device: torch.device | str = "cpu") -> ScorerLM:
         """Load a Hugging Face causal LM and tokenizer from a local directory (never downloads)."""
         try:
             import transformers
         except ImportError as e:  # pragma: no cover - exercised only without the extra
-            raise ImportError("a Hugging Face reference LM needs `pip install tcsm[hf]` (transformers)") from e
+            raise ImportError("a Hugging Face scorer LM needs `pip install tcsm[hf]` (transformers)") from e
         if not os.path.isdir(path):
-            raise FileNotFoundError(f"reference LM directory not found: {path}")
+            raise FileNotFoundError(f"scorer LM directory not found: {path}")
         model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, trust_remote_code=False)
         try:
             tok = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
@@ -128,7 +128,7 @@ class GenPPLResult:
     num_tokens: int
     num_sequences: int
     per_sequence_nll: list[float] = field(default_factory=list)
-    reference: str = ""
+    scorer: str = ""
 
     def to_dict(self) -> dict:
         return {
@@ -136,7 +136,7 @@ class GenPPLResult:
             "nll_nats_per_token": self.nll_nats_per_token,
             "num_tokens": self.num_tokens,
             "num_sequences": self.num_sequences,
-            "reference": self.reference,
+            "scorer": self.scorer,
         }
 
 
@@ -152,8 +152,8 @@ def _scored_mask(ids: Tensor, lengths: Tensor, eos_id: int | None, count_repeate
     return valid
 
 
-def _score_batch(ref: ReferenceLM, seqs: list[list[int]], count_repeated_eos: bool) -> tuple[Tensor, Tensor]:
-    """Σ NLL and #scored tokens per sequence, calling the reference on non-overlapping context windows."""
+def _score_batch(ref: ScorerLM, seqs: list[list[int]], count_repeated_eos: bool) -> tuple[Tensor, Tensor]:
+    """Σ NLL and #scored tokens per sequence, calling the scorer on non-overlapping context windows."""
     lengths = torch.tensor([len(s) for s in seqs])
     T = int(lengths.max())
     ids = torch.zeros(len(seqs), T, dtype=torch.long)
@@ -165,7 +165,7 @@ def _score_batch(ref: ReferenceLM, seqs: list[list[int]], count_repeated_eos: bo
     count = torch.zeros(len(seqs), dtype=torch.long, device=ref.device)
     window = ref.context_length or T
     nxt = ref.convention == "next"
-    # Each window is scored on its own (as MDLM does for samples longer than the reference's context). Under
+    # Each window is scored on its own (as MDLM does for samples longer than the scorer's context). Under
     # the "next" convention a window's first token has no context to be predicted from, so it is not scored.
     for s in range(0, T, window):
         chunk = ids[:, s : s + window]
@@ -186,7 +186,7 @@ def _score_batch(ref: ReferenceLM, seqs: list[list[int]], count_repeated_eos: bo
 
 @torch.no_grad()
 def generative_perplexity(
-    reference: ReferenceLM,
+    scorer: ScorerLM,
     *,
     texts: Sequence[str] | None = None,
     token_ids: Sequence[Sequence[int]] | Tensor | None = None,
@@ -195,10 +195,10 @@ def generative_perplexity(
     prepend_bos: bool = False,
     count_repeated_eos: bool = False,
 ) -> GenPPLResult:
-    """gen-PPL = exp(Σ NLL / Σ #scored) of samples under `reference`.
+    """gen-PPL = exp(Σ NLL / Σ #scored) of samples under `scorer`.
 
-    Give `texts` (decoded samples; re-tokenised with the reference's tokenizer) or `token_ids` (already in the
-    reference's vocabulary). Under the "next" convention tokens are scored from the second on (from the first
+    Give `texts` (decoded samples; re-tokenised with the scorer's tokenizer) or `token_ids` (already in the
+    scorer's vocabulary). Under the "next" convention tokens are scored from the second on (from the first
     with `prepend_bos`);
     every EOS after the first is skipped unless `count_repeated_eos` (MDLM/DUO treat them as padding).
     `max_length` truncates each re-tokenised sample, as MDLM does to the generator's length.
@@ -206,17 +206,17 @@ def generative_perplexity(
     if (texts is None) == (token_ids is None):
         raise ValueError("give exactly one of texts= or token_ids=")
     if texts is not None:
-        if reference.encode is None:
-            raise ValueError("this reference LM has no tokenizer; pass token_ids= in its vocabulary instead")
-        seqs = [list(reference.encode(t)) for t in texts]
+        if scorer.encode is None:
+            raise ValueError("this scorer LM has no tokenizer; pass token_ids= in its vocabulary instead")
+        seqs = [list(scorer.encode(t)) for t in texts]
     else:
         seqs = [list(map(int, s)) for s in (token_ids.tolist() if isinstance(token_ids, Tensor) else token_ids)]
     if max_length is not None:
         seqs = [s[:max_length] for s in seqs]
     if prepend_bos:
-        if reference.bos_id is None:
-            raise ValueError("prepend_bos=True but the reference LM has no BOS id")
-        seqs = [[reference.bos_id, *s] for s in seqs]
+        if scorer.bos_id is None:
+            raise ValueError("prepend_bos=True but the scorer LM has no BOS id")
+        seqs = [[scorer.bos_id, *s] for s in seqs]
     if not seqs:
         raise ValueError("no samples to score")
     total, n_tok = 0.0, 0
@@ -225,7 +225,7 @@ def generative_perplexity(
         batch = seqs[s : s + batch_size]
         # Empty samples (e.g. text that re-tokenises to nothing) have nothing to score.
         live = [b if b else [0] for b in batch]
-        nll, cnt = _score_batch(reference, live, count_repeated_eos)
+        nll, cnt = _score_batch(scorer, live, count_repeated_eos)
         total += float(nll.sum())
         n_tok += int(cnt.sum())
         per_seq.extend(torch.where(cnt > 0, nll / cnt.clamp_min(1), torch.nan).tolist())
@@ -233,7 +233,7 @@ def generative_perplexity(
         raise ValueError("the samples contain no scorable tokens (each needs at least two)")
     nats = total / n_tok
     return GenPPLResult(gen_ppl=math.exp(nats), nll_nats_per_token=nats, num_tokens=n_tok,
-                        num_sequences=len(seqs), per_sequence_nll=per_seq, reference=reference.name)
+                        num_sequences=len(seqs), per_sequence_nll=per_seq, scorer=scorer.name)
 
 
 def unigram_entropy(tokens: Sequence[int] | Tensor, ignore_ids: Sequence[int] = ()) -> float:

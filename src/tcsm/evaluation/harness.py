@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from tcsm.likelihood import nelbo_terms
-from tcsm.sampling.settings import SampleSettings, draw
+from tcsm.evaluation.likelihood import nelbo_terms
+from tcsm.sampling.settings import SampleSettings, draw, make_sampler
 
 __all__ = ["DiffusionHarness", "LogLikelihood"]
 
@@ -119,11 +119,7 @@ class DiffusionHarness:
             block is not None and L % block
         ):  # a block layout over the continuation only would need a new length
             settings = SampleSettings(**{**settings.__dict__, "block_length": None})
-        steps = (
-            min(settings.steps, n)
-            if settings.method not in (None, "ancestral", "analytic", "euler")
-            else None
-        )
+        steps = min(settings.steps, n) if make_sampler(settings).steps_at_most_positions else None
         if steps is not None and steps != settings.steps:
             settings = SampleSettings(**{**settings.__dict__, "steps": steps})
         fixed = torch.zeros(1, L, dtype=torch.bool, device=self.device)

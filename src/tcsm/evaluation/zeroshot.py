@@ -200,11 +200,11 @@ def zeroshot_perplexity(
 ) -> dict:
     """PPL ≤ exp(Σ_b NELBO(x_b) / Σ_b L) over the blocks x_b of one zero-shot set (MATH.md §2.4).
 
-    Every block gets its own bound (`tcsm.likelihood.evaluate_bound`, `num_t` stratified times per block);
+    Every block gets its own bound (`tcsm.evaluation.likelihood.evaluate_bound`, `num_t` stratified times per block);
     a sum of upper bounds is an upper bound, so the result is an upper bound on the model's perplexity, up to
     Monte Carlo error (reported as a standard error).
     """
-    from tcsm.likelihood import evaluate_bound
+    from tcsm.evaluation.likelihood import evaluate_bound
 
     if data.blocks.shape[1] > 0 and int(data.blocks.max()) >= path.vocab_size:
         raise ValueError(

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tcsm.models.clean import CleanLMConfig, CleanTransformer
+from tcsm.models.kinds import CAUSAL
 from tcsm.models.layers import TransformerBlock, apply_rotary
 
 __all__ = ["CausalLM", "KVCache"]
@@ -70,7 +71,7 @@ def _block_with_cache(block: TransformerBlock, x: Tensor, rope, past):
 class CausalLM(CleanTransformer):
     """x [B, L] clean ids → next-token logits [B, L, V]: logits[:, j] = log p(· | x^{<j}) (+ const), BOS id V."""
 
-    family = "causal"
+    model_kind = CAUSAL
     #: methods besides forward that run the network (a sharded model gathers its weights for them too)
     forward_methods = ("forward_soft", "log_prob", "kv_cache", "extend")
 

@@ -15,8 +15,8 @@ __all__ = ["build_clean_model", "clean_model_families"]
 
 
 def clean_model_families() -> dict[str, type[nn.Module]]:
-    """name → class of the built-in clean-data model families."""
-    return {"mlm": MaskedLM, "causal": CausalLM, "hollow": HollowTransformer}
+    """name → class of the built-in clean-data model families (each class declares its family)."""
+    return {cls.model_kind.family: cls for cls in (MaskedLM, CausalLM, HollowTransformer)}
 
 
 def build_clean_model(

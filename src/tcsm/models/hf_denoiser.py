@@ -26,9 +26,10 @@ import torch
 from torch import Tensor, nn
 
 from tcsm.models.config import ModelConfig
+from tcsm.models.kinds import FAMILIES
 from tcsm.models.layers import TimestepEmbedder, zero_init_
 
-__all__ = ["HFDenoiser", "HFDenoiserConfig"]
+__all__ = ["HFDenoiser", "HFDenoiserConfig", "auto_class_kind"]
 
 
 @dataclass
@@ -44,8 +45,16 @@ class HFDenoiserConfig(ModelConfig):
     bidirectional: bool = True
 
 
+def auto_class_kind(config: dict) -> str:
+    """The transformers auto-class family of the LM an HF denoiser's saved config was started from: "MASKED_LM" for a
+    masked LM, "CAUSAL_LM" for a causal one (`MODEL_FOR_<kind>_MAPPING_NAMES`)."""
+    return "MASKED_LM" if config.get("kind", "mlm") == "mlm" else "CAUSAL_LM"
+
+
 class HFDenoiser(nn.Module):
     """x_t [B, L] (ids < num_states), t [B] → logits [B, L, V] from a pretrained HF masked or causal LM."""
+
+    model_kind = FAMILIES["hf_denoiser"]
 
     def __init__(
         self,

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from tcsm.models.config import TrunkConfig
+from tcsm.models.kinds import DENOISER
 from tcsm.models.layers import (
     ACTIVATIONS,
     KERNELS,
@@ -40,7 +41,7 @@ class DenoiserConfig(TrunkConfig):
     check_inputs: bool = True  # range-check token ids (an async device assertion on GPUs and under compile)
     attention: str = "auto"  # attention kernel: auto (fastest measured per device/dtype) | sdpa | math
     # MLP nonlinearity: exact GELU, 5× cheaper than the tanh form on a CPU in bf16; "gelu_tanh" is what checkpoints
-    # saved before this field used (tcsm.checkpoint.read_state fills it in for them)
+    # saved before this field used (tcsm.storage.checkpoint.read_state fills it in for them)
     activation: str = "gelu"
 
     label: ClassVar[str] = "DenoiserConfig"
@@ -66,6 +67,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 class Denoiser(nn.Module):
     """x_t [B, L] (ids < num_states), t [B] in [0, 1] → logits [B, L, V] over clean tokens (float32)."""
+
+    model_kind = DENOISER
 
     def __init__(self, cfg: DenoiserConfig):
         super().__init__()

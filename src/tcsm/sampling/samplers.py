@@ -55,6 +55,8 @@ class SamplingStats:
     row_calls: Tensor | None = None
     #: step index k -> x_{t_k} [B, L] (mask ids allowed before the last step), for the requested steps.
     trajectory: dict[int, Tensor] = field(default_factory=dict)
+    #: what a particular sampler also counts (SIR: steps with and without SIR, energy rows scored)
+    counts: dict[str, int] = field(default_factory=dict)
 
     @property
     def max_row_calls(self) -> int:

@@ -1,72 +1,103 @@
-"""How a run samples (MATH.md §6): one `SampleSettings` — the run config's `sample:` section — and `draw`, the one
-place that turns (model, path, objective, settings) into samples. The trainer's logged samples and `tcsm sample`
-both call `draw` with the settings the builders layer made from the run's config (`tcsm.builders.sampler`), so a
-run samples the same way in training and from the command line.
+"""How a run samples (MATH.md §6): its config's `sample:` section as one value, `SampleSettings` — `method` plus
+every registered sampler's settings fields, derived from the registry (`sampling.registry`), so a new sampler's
+keys appear here without an edit. `sample_settings` reads a section (with a caller's explicit overrides, e.g. a
+report's step count or a command line's flags), `draw` turns (model, path, objective, settings) into samples and
+`RunSampler` holds them for a run. The trainer's logged samples, `tcsm sample`, gen-PPL, quickstart, the demos and
+the recipe reports all go through here, so a run samples the same way everywhere.
 
-An objective that brings its own sampler declares it (`tcsm.protocols.Samples`: SIR over an energy model, left to
-right for an autoregressive model) and receives the same settings; otherwise the path samplers of
-`tcsm.sampling.samplers` run."""
+An objective that brings its own sampler declares it (`tcsm.core.protocols.Samples`: SIR over an energy model,
+left to right for an autoregressive model) and receives the section's `OwnSettings`; otherwise the sampler named
+by `method` (None: `ancestral`) runs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, fields
+from typing import Any
 
-import torch
 from torch import Tensor
 
-from tcsm.protocols import Samples
-from tcsm.sampling.common import GRIDS
-from tcsm.sampling.decoding import DECODERS, decode
-from tcsm.sampling.samplers import METHODS, may_cache, sample
+from tcsm.core.errors import ConfigError
+from tcsm.core.protocols import Samples
+from tcsm.sampling.common import prefix_condition
+from tcsm.sampling.own import OwnSampler
+from tcsm.sampling.registry import Sampler, all_sampler_classes, sampler_class, sampler_names
 
-__all__ = ["SampleSettings", "draw"]
+__all__ = [
+    "DEFAULT_METHOD", "RunSampler", "SampleSettings", "build_sampler", "draw", "make_sampler", "sample_settings",
+    "section_fields",
+]  # fmt: skip
+
+#: the sampler of `method: null`: the sparse cached reveal on a masked path, the analytic bridge elsewhere
+DEFAULT_METHOD = "ancestral"
 
 
-@dataclass(frozen=True)
-class SampleSettings:
-    """Sampler settings. Path samplers: `steps`, `method` (None: the path's default), `grid`, `temperature`,
-    `top_p`, `final_argmax`, `cache` (MDLM's cache where `may_cache` allows it). SIR (an energy model, §6.3):
-    `steps`, `grid`, `sir_k` candidates per step inside the α_t window `sir_window`, selection ∝ softmax(f/T)
-    with T = `sir_temperature`. Masked models also take the decoding orders of `tcsm.sampling.decoding`
-    (`method` "random" | "confidence" | "margin" | "entropy" | "threshold", the last with `threshold` and at most
-    `steps` steps), and
-    `block_length` (semi-autoregressive blocks, any method inside a block)."""
+def section_fields() -> list[dataclasses.Field]:
+    """The union of the registered samplers' settings fields, each once (first declaration wins)."""
+    out: dict[str, dataclasses.Field] = {}
+    for cls in all_sampler_classes():
+        for f in fields(cls.settings_type):
+            out.setdefault(f.name, f)
+    return list(out.values())
 
-    steps: int = 128
-    method: str | None = None
-    grid: str = "uniform"
-    temperature: float = 1.0
-    top_p: float = 1.0
-    final_argmax: bool = False
-    cache: bool = True
-    sir_k: int = 2
-    sir_window: tuple[float, float] = (0.4, 0.6)
-    sir_temperature: float = 1.0
-    block_length: int | None = None
-    #: 0.1, not Fast-dLLM's 0.9: measured on a 27-symbol model (docs/benchmarks.md "Decoding orders"), 0.3–0.99 all
-    #: reveal one position per call (the confidence order), 0.1 about six per call (64 positions in 10 calls)
-    threshold: float = 0.1
+
+def _section_type() -> type:
+    spec = [("method", "str | None", dataclasses.field(default=None, metadata={
+        "help": f"{' | '.join(sampler_names())} (null: {DEFAULT_METHOD}: the cached reveal for masked models, the "
+                "analytic bridge for uniform ones)"}))]  # fmt: skip
+    for f in section_fields():
+        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        spec.append((f.name, f.type, dataclasses.field(default=default, metadata=f.metadata)))
 
     def __post_init__(self):
-        lo, hi = (float(v) for v in self.sir_window)
-        object.__setattr__(self, "sir_window", (lo, hi))
-        checks = [
-            (int(self.steps) >= 1, f"steps must be >= 1, got {self.steps}"),
-            (self.method is None or self.method in METHODS + DECODERS,
-             f"method must be one of {list(METHODS + DECODERS)}, got {self.method!r}"),
-            (self.grid in GRIDS, f"grid must be one of {list(GRIDS)}, got {self.grid!r}"),
-            (self.temperature > 0, f"temperature must be > 0, got {self.temperature}"),
-            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (int(self.sir_k) >= 1, f"sir_k must be >= 1, got {self.sir_k}"),
-            (0.0 <= lo <= hi <= 1.0, f"sir_window must be [lo, hi] with 0 <= lo <= hi <= 1, got {[lo, hi]}"),
-            (self.sir_temperature > 0, f"sir_temperature must be > 0, got {self.sir_temperature}"),
-            (0 < self.threshold <= 1, f"threshold must be in (0, 1], got {self.threshold}"),
-            (self.block_length is None or int(self.block_length) >= 1,
-             f"block_length must be >= 1 or null, got {self.block_length}"),
-        ]
-        for ok, msg in checks:
-            if not ok:
-                raise ValueError(msg)
+        if self.method is not None and self.method not in sampler_names():
+            raise ValueError(f"method must be one of {list(sampler_names())}, got {self.method!r}")
+        for cls in all_sampler_classes():  # every sampler's settings validate their own keys
+            cls.from_section(self)
+        if "sir_window" in self.__dataclass_fields__:
+            object.__setattr__(self, "sir_window", tuple(float(v) for v in self.sir_window))
+
+    doc = ("A run's `sample:` section: `method` and every registered sampler's settings (`section_fields`). "
+           "`make_sampler` picks the sampler and gives it the keys it declares.")  # fmt: skip
+    return dataclass(frozen=True)(type("SampleSettings", (), {
+        "__annotations__": {n: t for n, t, _ in spec}, **{n: d for n, _, d in spec},
+        "__post_init__": __post_init__, "__doc__": doc, "__module__": __name__,
+    }))  # fmt: skip
+
+
+SampleSettings = _section_type()
+
+
+def sample_settings(section, **overrides) -> SampleSettings:
+    """`SampleSettings` from a run's `sample:` section (a config node, dataclass or mapping; keys that are not
+    sampler settings, such as `num`, are left out) with `overrides` (None values ignored) on top. ConfigError in one
+    line for a bad value, or for a threshold override when the method is not "threshold"."""
+    known = [f.name for f in fields(SampleSettings)]
+    unknown = sorted(set(overrides) - set(known))
+    if unknown:
+        raise TypeError(f"unknown sampler settings {unknown}")
+    read = section.get if isinstance(section, Mapping) else lambda k, d: getattr(section, k, d)
+    values = {k: v for k in known if (v := read(k, MISSING)) is not MISSING}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    if overrides.get("threshold") is not None and values.get("method") != "threshold":
+        # the cut-off of the threshold order only: ignoring it would sample with another law than the one asked for
+        raise ConfigError(
+            f"threshold={overrides['threshold']} is a setting of method threshold, but this sampler's method is "
+            f"{values.get('method') or 'the path default'}; add method threshold (tcsm sample --method threshold) "
+            "or leave the threshold out"
+        )
+    try:
+        return SampleSettings(**values)
+    except ValueError as e:
+        raise ConfigError(f"sample.{e}") from None
+
+
+def make_sampler(settings, objective=None) -> Sampler:
+    """The sampler a section chooses: the objective's own when it declares `Samples`, else `method`'s."""
+    if isinstance(objective, Samples):
+        return OwnSampler.from_section(settings)
+    return sampler_class(settings.method or DEFAULT_METHOD).from_section(settings)
 
 
 def draw(
@@ -74,48 +105,52 @@ def draw(
     path,
     num: int,
     length: int,
-    settings: SampleSettings,
+    settings,
     *,
     objective=None,
-    generator: torch.Generator | None = None,
+    generator=None,
     device=None,
     fixed: Tensor | None = None,
     values: Tensor | None = None,
+    prompt: Tensor | None = None,
     callback=None,
+    chunk_size: int | None = None,
+    record_steps=None,
 ):
-    """(tokens [num, length] or None, stats with `.method` and `.num_calls`): the objective's own sampler when it
-    declares one (`Samples`; None when it has none, e.g. an MLM), else `sample` on the path with `settings`.
-    `fixed` / `values` [num, length] pin positions (prompts, infilling); `callback(k, t, x)` sees each path step."""
-    if isinstance(objective, Samples):
-        return objective.sample(
-            model, num, length, generator=generator, device=device, settings=settings, fixed=fixed, values=values
-        )
-    if settings.method in DECODERS or settings.block_length is not None:
-        # blocks run the path sampler's law as "ancestral" (for a masked path §6.1 and §6.2 coincide)
-        method = settings.method if settings.method in DECODERS else "ancestral"
-        return decode(
-            model, path, batch_size=num, length=length, num_steps=settings.steps, method=method,
-            grid=settings.grid, temperature=settings.temperature, top_p=settings.top_p,
-            threshold=settings.threshold, block_length=settings.block_length, final_argmax=settings.final_argmax,
-            time_independent=settings.cache and may_cache(model, path), fixed=fixed, values=values,
-            generator=generator, device=device, callback=callback,
+    """(tokens [num, length] or None, stats with `.method` and `.num_calls`) from the sampler `settings` choose
+    (`make_sampler`). `fixed` / `values` [num, length] pin positions (infilling), `prompt` [P] or [num, P] a prefix;
+    `callback(k, t, x)` sees each path step; `chunk_size`, `record_steps`: see `Sampler.__call__`."""
+    if prompt is not None and prompt.numel():
+        if fixed is not None:
+            raise ValueError("give a prompt or fixed/values, not both")
+        fixed, values = prefix_condition(prompt, num, length)
+    sampler = make_sampler(settings, objective)
+    return sampler(model, path, num, length, objective=objective, generator=generator, device=device, fixed=fixed,
+                   values=values, callback=callback, chunk_size=chunk_size, record_steps=record_steps)  # fmt: skip
+
+
+@dataclass
+class RunSampler:
+    """Draw from a run: `model`, `path`, the run's `objective` (its own sampler when it declares `Samples`) and
+    `settings`. `__call__` returns (tokens or None, stats with `.method` and `.num_calls`)."""
+
+    model: Any
+    path: Any
+    objective: Any
+    settings: Any
+
+    @property
+    def own(self) -> bool:
+        """Whether the objective brings its own sampler (SIR, left to right) instead of a registered one."""
+        return isinstance(self.objective, Samples)
+
+    def __call__(self, num: int, length: int, *, generator=None, device=None, fixed=None, values=None, callback=None):
+        return draw(
+            self.model, self.path, num, length, self.settings, objective=self.objective, generator=generator,
+            device=device, fixed=fixed, values=values, callback=callback,
         )  # fmt: skip
-    return sample(
-        model,
-        path,
-        batch_size=num,
-        length=length,
-        num_steps=settings.steps,
-        method=settings.method,
-        grid=settings.grid,
-        temperature=settings.temperature,
-        top_p=settings.top_p,
-        final_argmax=settings.final_argmax,
-        time_independent=settings.cache and may_cache(model, path),
-        fixed=fixed,
-        values=values,
-        generator=generator,
-        device=device,
-        return_stats=True,
-        callback=callback,
-    )
+
+
+def build_sampler(cfg, model, path, objective, **overrides) -> RunSampler:
+    """The run's sampler: `cfg.sample` with `overrides` (a command line's flags; None: the run's value)."""
+    return RunSampler(model, path, objective, sample_settings(cfg.sample, **overrides))

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from tcsm.core.names import NameTable
+
 __all__ = [
     "AR_ESTIMATORS",
     "ARScoreEstimate",
@@ -318,22 +320,19 @@ class TaylorARScore(ARScoreEstimator):
         return 3.0
 
 
-AR_ESTIMATORS: dict[str, type[ARScoreEstimator]] = {
-    "exact": ExactARScore,
-    "topk": TopKARScore,
-    "topk_ngram": TopKNgramARScore,
-    "taylor": TaylorARScore,
-}
+AR_ESTIMATORS = NameTable(
+    "AR score estimator",
+    {"exact": ExactARScore, "topk": TopKARScore, "topk_ngram": TopKNgramARScore, "taylor": TaylorARScore},
+)
 
 
 def make_ar_estimator(name: str | ARScoreEstimator = "exact", **kwargs) -> ARScoreEstimator:
     """Build an estimator by name (one of `AR_ESTIMATORS`) with keyword options, or pass one through."""
     if isinstance(name, ARScoreEstimator):
         return name
-    if name not in AR_ESTIMATORS:
-        raise ValueError(f"unknown AR score estimator {name!r}; choose one of {sorted(AR_ESTIMATORS)}")
+    cls = AR_ESTIMATORS.lookup(name)
     try:
-        return AR_ESTIMATORS[name](**kwargs)
+        return cls(**kwargs)
     except TypeError as e:  # an option another estimator takes (e.g. temperature for topk)
         raise ValueError(f"AR estimator {name!r}: {e}") from None
 

@@ -6,10 +6,9 @@ q^i(·) = p_{1|t}(x_1^i = · | x_1^{≠i}, x_t) — either explicitly (`log_q`, 
 tokens) or as a Monte Carlo sample (the observed token `x1`, when `log_q` is None). Objectives consume
 only `TargetBatch`, so a new target never touches an objective or the trainer.
 
-Call contract: `target(batch, t, path, generator=None, *, model=None, reference=None)`. `model` is the model
-being trained and `reference` an optional frozen reference the trainer supplies (e.g. its EMA copy), both handed
-over explicitly by the objective on every call (on-policy targets sample `model`; others ignore both); frozen
-models a target owns (teachers, pre-trained checkpoints) are given to its constructor as objects. What a call
+Call contract: `target(batch, t, path, generator=None, *, model=None)`. `model` is the model being trained,
+handed over by the objective on every call (on-policy targets sample it; others ignore it); frozen models a
+target owns (teachers, the run's frozen reference) are given to its constructor once, when the run is built. What a call
 wants logged travels back in `TargetBatch.stats` (detached 0-d tensors), never in target state.
 """
 
@@ -20,7 +19,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor
 
-from tcsm.batch import Batch, as_batch
+from tcsm.core.batch import Batch, as_batch
 from tcsm.paths import ProbabilityPath
 
 
@@ -50,7 +49,7 @@ def freeze(model):
 
 
 class Target:
-    """Base class. Subclasses implement `__call__(batch, t, path, generator=None, *, model=None, reference=None)`.
+    """Base class. Subclasses implement `__call__(batch, t, path, generator=None, *, model=None)`.
 
     Targets may hold frozen models (teachers, references); they are never trained through. Statistics of a call
     (e.g. mean reward, effective sample size) go in the returned `TargetBatch.stats`; the objective logs them as
@@ -65,7 +64,6 @@ class Target:
         generator: torch.Generator | None = None,
         *,
         model=None,
-        reference=None,
     ) -> TargetBatch:
         raise NotImplementedError
 
@@ -77,7 +75,7 @@ class DataTarget(Target):
     """h = p_{1|t} realised by data: x_1 ~ data, x_t ~ p_{t|1}(· | x_1); the target is the observed token
     (Monte Carlo form, MATH.md §3.4)."""
 
-    def __call__(self, batch, t, path, generator=None, *, model=None, reference=None):
+    def __call__(self, batch, t, path, generator=None, *, model=None):
         batch = as_batch(batch)
         xt = batch.noised(path, batch.x1, t, generator)
         return TargetBatch(xt=xt, t=t, x1=batch.x1, loss_mask=batch.scored(path, xt))
@@ -93,7 +91,7 @@ class ConditionalTarget(Target):
     def __init__(self, log_p1_cond):
         self.log_p1_cond = log_p1_cond
 
-    def __call__(self, batch, t, path, generator=None, *, model=None, reference=None):
+    def __call__(self, batch, t, path, generator=None, *, model=None):
         batch = as_batch(batch)
         x1 = batch.x1
         xt = batch.noised(path, x1, t, generator)

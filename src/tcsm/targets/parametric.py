@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from tcsm.core.names import NameTable
+from tcsm.models.kinds import kind_of
 from tcsm.paths import ProbabilityPath
 from tcsm.targets.ar import ARScoreEstimate, ARScoreEstimator, make_ar_estimator, sample_ar
 from tcsm.targets.base import ConditionalTarget, TargetBatch
@@ -59,6 +62,14 @@ class Teacher:
     log-probability differences, where bf16 rounding would add up to a visible error in the target.
     """
 
+    #: the keyword options this teacher takes besides `autocast` (a config's target section may hold more)
+    OPTIONS: tuple[str, ...] = ()
+
+    @classmethod
+    def accepted(cls, options: dict) -> dict:
+        """The entries of `options` this teacher takes."""
+        return {k: v for k, v in options.items() if k in cls.OPTIONS or k == "autocast"}
+
     def __init__(self, model: nn.Module, autocast: bool = False):
         self.model = model.eval()
         self.autocast = bool(autocast)
@@ -95,6 +106,8 @@ class Teacher:
 class MLMTeacher(Teacher):
     """p_1(· | x^{≠i}) = MLM head at i with x^i ← [MASK]: L masked copies per sequence, batched (MATH.md §4)."""
 
+    OPTIONS = ("max_tokens",)
+
     def __init__(self, model: nn.Module, max_tokens: int = 1 << 16, autocast: bool = False):
         super().__init__(model, autocast)
         self.max_tokens = int(max_tokens)
@@ -112,6 +125,18 @@ class HollowTeacher(Teacher):
 
 class ARTeacher(Teacher):
     """p^AR(y | x^{≠i}) = softmax_y ℓ^i(y) with ℓ from an `ARScoreEstimator` (MATH.md §4, §5.4)."""
+
+    OPTIONS = ("estimator", "k", "temperature", "max_tokens")
+    #: options an estimator has no use for (exact: no Top-K nor temperature; Taylor: no K nor token budget)
+    UNUSED: ClassVar[dict[str, tuple[str, ...]]] = {
+        "exact": ("k", "temperature"), "topk": ("temperature",), "taylor": ("k", "max_tokens"),
+    }  # fmt: skip
+
+    @classmethod
+    def accepted(cls, options: dict) -> dict:
+        opts = super().accepted(options)
+        drop = cls.UNUSED.get(opts.get("estimator", "exact"), ())
+        return {k: v for k, v in opts.items() if k not in drop}
 
     def __init__(
         self,
@@ -141,16 +166,13 @@ class ARTeacher(Teacher):
         return f"ARTeacher({type(self.model).__name__}, {self.estimator!r})"
 
 
-TEACHERS = {"mlm": MLMTeacher, "hollow": HollowTeacher, "causal": ARTeacher}
+TEACHERS = NameTable("teacher family", {"mlm": MLMTeacher, "hollow": HollowTeacher, "causal": ARTeacher})
 
 
 def make_teacher(model: nn.Module, family: str | None = None, **kwargs) -> Teacher:
     """Wrap a clean-data model in the teacher of its family ("mlm" | "hollow" | "causal"; default
     `model.family`); keyword options go to the teacher (e.g. estimator="topk", k=5 for AR)."""
-    family = family or getattr(model, "family", None)
-    if family not in TEACHERS:
-        raise ValueError(f"cannot make a teacher for family {family!r}; choose one of {sorted(TEACHERS)}")
-    return TEACHERS[family](model, **kwargs)
+    return TEACHERS.lookup(family or kind_of(model).family)(model, **kwargs)
 
 
 class ParametricTarget(ConditionalTarget):
@@ -199,7 +221,7 @@ class ParametricTarget(ConditionalTarget):
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
 
-    def __call__(self, batch, t: Tensor, path: ProbabilityPath, generator=None, *, model=None, reference=None) -> TargetBatch:
+    def __call__(self, batch, t: Tensor, path: ProbabilityPath, generator=None, *, model=None) -> TargetBatch:
         if self.teacher.vocab_size != path.vocab_size:
             raise ValueError(
                 f"teacher vocabulary V={self.teacher.vocab_size} differs from the path's V={path.vocab_size}"

@@ -6,6 +6,6 @@ fit(cfg, "runs/demo")                                      # the same, under tor
 """
 
 from tcsm.train.fit import fit
-from tcsm.train.trainer import Trainer, evaluate_model
+from tcsm.train.trainer import Trainer
 
-__all__ = ["Trainer", "evaluate_model", "fit"]
+__all__ = ["Trainer", "fit"]

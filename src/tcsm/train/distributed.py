@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from tcsm.errors import ConfigError
+from tcsm.core.errors import ConfigError
 
 __all__ = [
     "DistEnv",

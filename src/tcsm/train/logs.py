@@ -14,8 +14,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from tcsm.errors import ConfigError
-from tcsm.fileio import write_atomically
+from tcsm.core.errors import ConfigError
+from tcsm.storage.fileio import write_atomically
 
 __all__ = ["LOGGERS", "RunLogger", "plot_curves", "read_metrics", "trim_rows"]
 
@@ -188,7 +188,7 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
 
 def plot_curves(run_dir: str | Path, floor_bits: float | None = None) -> Path | None:
     """loss_curve.png: training loss and validation bits per token against the step; None without matplotlib."""
-    from tcsm.likelihood import metric_label
+    from tcsm.core.results import metric_label
 
     try:
         import matplotlib

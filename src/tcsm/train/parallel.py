@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tcsm.errors import ConfigError
+from tcsm.core.errors import ConfigError
 from tcsm.train.distributed import DistEnv
 
 __all__ = ["STRATEGIES", "Parallel", "checkpoint_blocks", "transformer_blocks"]

@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from tcsm.errors import ConfigError
+from tcsm.core.errors import ConfigError
 
 __all__ = [
     "LOCK_FILE",
@@ -69,7 +69,7 @@ def existing_run(run_dir: str | Path | None) -> str | None:
     d = Path(run_dir)
     if not d.is_dir() or not any((d / name).exists() for name in _MARKERS):
         return None
-    from tcsm.checkpoint import list_checkpoints
+    from tcsm.storage.checkpoint import list_checkpoints
 
     steps = list_checkpoints(d / "checkpoints")
     return f"checkpoints up to step {int(steps[-1].name.split('_')[1])}" if steps else "no checkpoint yet"
@@ -94,7 +94,7 @@ def foreign_dir(run_dir: str | Path | None) -> str | None:
     d = Path(run_dir)
     if not d.is_dir():
         return None
-    from tcsm.checkpoint import is_export_dir
+    from tcsm.storage.checkpoint import is_export_dir
 
     if is_export_dir(d):
         return "a tcsm export (tcsm export)"

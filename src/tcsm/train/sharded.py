@@ -2,12 +2,12 @@
 the optimizer moments with `torch.distributed.checkpoint` (DCP) into `<step dir>/sharded/`; rank 0 adds the rest of
 the training state (`state.json`, as for any checkpoint) and, unless `train.consolidated_weights=false`, the whole
 weights as `model.safetensors` / `ema.safetensors`, so `tcsm sample`, `tcsm eval`, `train.init_from` and the
-Hugging Face export read an FSDP run like any other (without them, `tcsm.checkpoint.read_weights` consolidates the
+Hugging Face export read an FSDP run like any other (without them, `tcsm.storage.checkpoint.read_weights` consolidates the
 shards on the fly).
 
 Atomic as before: all ranks write into one hidden staging directory that rank 0 names, and rank 0 renames it into
 place only after every rank has finished and the manifest (which lists the shard files too) is written. A kill at
-any point leaves a directory that is never loaded (`tcsm.checkpoint.resolve_checkpoint`).
+any point leaves a directory that is never loaded (`tcsm.storage.checkpoint.resolve_checkpoint`).
 
 Resuming reads the shards into whatever layout the resuming run has — any number of processes, FSDP or not —
 through DCP's re-sharding (`get_state_dict` gives the target layout, `dcp.load` fills it, `set_state_dict` puts it
@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tcsm.checkpoint import PREFIX, SHARDS
+from tcsm.storage.checkpoint import PREFIX, SHARDS
 from tcsm.train.distributed import DistEnv
 
 __all__ = ["full_weights", "read_shards", "staging_dir", "write_shards"]

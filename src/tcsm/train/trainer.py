@@ -1,5 +1,5 @@
-"""One training loop for every objective: the trainer calls `objective(model, batch, generator, reference=...)`
-and nothing else method-specific (DESIGN.md; the contract is `tcsm.protocols`). It adds AdamW with warm-up and decay, gradient clipping and accumulation, EMA,
+"""One training loop for every objective: the trainer calls `objective(model, batch, generator)`
+and nothing else method-specific (DESIGN.md; the contract is `tcsm.core.protocols`). It adds AdamW with warm-up and decay, gradient clipping and accumulation, EMA,
 bf16 autocast, DDP, periodic validation with the likelihood bound, logged samples, and exact resume.
 
 Randomness is a function of (seed, step, micro-batch index) only. Each global batch (fixed by the seeded data
@@ -11,10 +11,7 @@ the same update (to float summation order), and a resumed run replays exactly th
 
 from __future__ import annotations
 
-import contextlib
-import inspect
 import math
-import sys
 import time
 import weakref
 from collections.abc import Callable
@@ -25,85 +22,35 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from tcsm.builders.components import Components, DataInfo, build_components
+from tcsm.builders.assemble import build_components
+from tcsm.builders.components import Components, DataInfo
 from tcsm.builders.config import set_values
-from tcsm.checkpoint import (
-    clean_leftovers,
-)
+from tcsm.core.errors import ConfigError, TrainingError
+from tcsm.core.precision import autocast, resolve_precision
+from tcsm.core.progress import WorkProgress
+from tcsm.core.protocols import StepInfo, TrainerCallback
+from tcsm.core.results import EvalResult
 from tcsm.data import absolute_paths
 from tcsm.data.base import readable_text
-from tcsm.errors import ConfigError, TrainingError
-from tcsm.fileio import atomic_path, write_atomically
-from tcsm.likelihood import EvalResult
-from tcsm.progress import duration
-from tcsm.protocols import Evaluates, StepInfo, TrainerCallback
+from tcsm.evaluation.run import evaluate_model
+from tcsm.storage.checkpoint import (
+    clean_leftovers,
+)
+from tcsm.storage.fileio import atomic_path, write_atomically
+from tcsm.train.checkpointer import Checkpointer, LoopCounters, warm_start
 from tcsm.train.distributed import DistEnv, all_reduce_mean, barrier, setup_distributed
 from tcsm.train.ema import EMA
 from tcsm.train.logs import LOGGERS, RunLogger, plot_curves
 from tcsm.train.optim import build_optimizer, lr_at, set_lr
 from tcsm.train.parallel import Parallel
 from tcsm.train.rundir import clear_run, hold_run_dir, refuse_existing_run, refuse_overwriting_sources
-from tcsm.train.state import RunState
 
-__all__ = ["Trainer", "evaluate_model", "resolve_precision", "stream_seed"]
+__all__ = ["Trainer", "stream_seed"]
 
 
 def stream_seed(*keys: int) -> int:
     """A 63-bit seed from integer keys (e.g. seed, step, micro-batch): independent streams per key tuple."""
     return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(1, np.uint64)[0] >> np.uint64(1))
-
-
-#: On CPU, bf16 autocast pays off only once matmuls are wide: measured here, a 4 × 256 denoiser trains 1.5× faster
-#: in bf16 while a 2 × 64 one runs 1.5× slower (the casts cost more than the matmuls save).
-CPU_BF16_MIN_WIDTH = 256
-
-
-def resolve_precision(precision: str, device: torch.device, model: torch.nn.Module | None = None) -> str:
-    """auto → bf16 on GPUs that support it, and on CPU for models whose widest linear layer has at least
-    CPU_BF16_MIN_WIDTH inputs; fp32 otherwise (fp16 is never chosen: it is very slow on CPU)."""
-    if precision != "auto":
-        return precision
-    if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    if device.type == "cpu" and model is not None:
-        widths = [m.in_features for m in model.modules() if isinstance(m, torch.nn.Linear)]
-        return "bf16" if widths and max(widths) >= CPU_BF16_MIN_WIDTH else "fp32"
-    return "fp32"
-
-
-def autocast(device: torch.device, precision: str):
-    """bf16 autocast for precision "bf16", a no-op for "fp32"."""
-    if precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def evaluate_model(objective, model, data, path, e, *, generator=None, device=None, progress=False) -> EvalResult:
-    """The validation metric of `model` on `data` [N, L] under eval settings `e` (the `eval` config section).
-
-    An objective that trains something other than a denoiser (e.g. a clean-data LM, tcsm.clean_losses) brings its
-    own `evaluate`; every other model gets the diffusion likelihood bound (MATH.md §2.4). Both are `EvalResult`s.
-    """
-    if isinstance(objective, Evaluates):
-        # `progress` is optional in the contract: evaluators written without it keep working
-        params = inspect.signature(objective.evaluate).parameters
-        wants = "progress" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-        extra = {"progress": progress} if wants else {}
-        result = objective.evaluate(model, data, batch_size=e.batch_size, generator=generator, device=device, **extra)
-        return EvalResult.of(result, f"{type(objective).__name__}.evaluate")
-    from tcsm.likelihood import evaluate_bound
-
-    return evaluate_bound(
-        model,
-        data,
-        path,
-        batch_size=e.batch_size,
-        num_t=e.num_t,
-        generator=generator,
-        bound=e.bound,
-        device=device,
-        progress=progress,
-    )
 
 
 def micro_batch_plan(t, world_size: int) -> tuple[int, int]:
@@ -140,28 +87,7 @@ def _refuse_moved_data(cfg, run_dir) -> None:
                         "resume with its new location as an override: --resume data.{key}=NEW_PATH")
 
 
-class _Progress:
-    """Progress lines for output that is not a terminal: step, rate over this session, ETA. (The training loss is
-    in metrics.jsonl; printed here it would be the one figure in nats among the bits of the validation lines.)"""
-
-    def __init__(self, step: int, total: int, every_s: float):
-        self.start_step, self.total, self.every_s = step, total, every_s
-        self.start = self.last = time.perf_counter()
-
-    def due(self, step: int, final: bool) -> bool:
-        now = time.perf_counter()
-        if final or now - self.last >= self.every_s:
-            self.last = now
-            return True
-        return False
-
-    def line(self, step: int) -> str:
-        rate = (step - self.start_step) / max(time.perf_counter() - self.start, 1e-9)
-        eta = duration((self.total - step) / rate) if rate > 0 else "?"
-        return f"step {step}/{self.total} ({100 * step / self.total:.1f}%), {rate:.3g} steps/s, ETA {eta}"
-
-
-class Trainer(RunState):
+class Trainer:
     """Train `components` (data, path, model, target, objective) under the `optim` / `train` / `eval` / `sample`
     settings of `cfg` in `run_dir`; `resume` is a checkpoint path or True (the run's latest).
 
@@ -169,7 +95,9 @@ class Trainer(RunState):
     >>> Trainer(components, cfg, None).fit()                                 # objects built by hand
 
     `cfg` is still the whole run config: it is what checkpoints store so that a run can be resumed and its model
-    rebuilt. `callbacks` (`tcsm.protocols.TrainerCallback`) are added to `components.callbacks`.
+    rebuilt. `callbacks` (`tcsm.core.protocols.TrainerCallback`) are added to `components.callbacks`.
+    `self.checkpoints` (tcsm.train.checkpointer.Checkpointer) writes and reads the run's checkpoints; the loop
+    calls `save()` every `train.save_every` steps.
     """
 
     def __init__(
@@ -215,13 +143,12 @@ class Trainer(RunState):
         self.parts = components
         self.data, self.path, self.objective = components.data, components.path, components.objective
         self.model = components.model
-        self.reference = components.reference
         self.callbacks = [*components.callbacks, *callbacks]
         for cb in self.callbacks:
             if not isinstance(cb, TrainerCallback):
                 raise TypeError(f"{cb!r} is not a TrainerCallback (on_fit_start, on_step_end)")
         if t.init_from and not resume:
-            self._init_weights(t.init_from, ema=t.init_weights == "ema")
+            warm_start(self.model, t.init_from, ema=t.init_weights == "ema", data=self.data, device=self.device)
         self.precision = resolve_precision(t.precision, self.device, self.model)
         self.parallel = Parallel.of(t, self.env, self.precision)
         if t.logger not in LOGGERS:  # before anything is written (an --overwrite clears the old run below)
@@ -247,8 +174,13 @@ class Trainer(RunState):
         self.window_steps, self.window_start = 0, time.perf_counter()
         self.window_elapsed_before = 0.0  # of the window restored from a checkpoint: its time before the save
         self.window_lost = False  # restored from a checkpoint that predates saving the window
+        self.checkpoints = Checkpointer(
+            self.run_dir, self.cfg, env=self.env, parallel=self.parallel, model=self.model, ema=self.ema,
+            optimizer=self.optimizer, batches=self.batches, data=self.data, data_info=self.data_info,
+        )
         if resume:
-            self._restore(resume)
+            self.resumed_from, counters = self.checkpoints.restore(resume)
+            self._continue_from(counters)
         if overwrite and not resume and run_dir is not None and self.env.is_main:
             # Everything that can fail while building (components, warm start, optimizer) has succeeded: only now
             # is the old run replaced, so a run that cannot start never costs the old one its files.
@@ -287,6 +219,39 @@ class Trainer(RunState):
 
     # ----------------------------------------------------------------------------------------------- state
 
+    def counters(self, log_window: dict | None = None) -> LoopCounters:
+        """The loop's counters as a checkpoint stores them (`log_window`: see `log_window_state`)."""
+        window = log_window if log_window is not None else self.log_window_state()
+        return LoopCounters(self.step, self.elapsed, self.last_eval, window)
+
+    def log_window_state(self) -> dict:
+        """The open logging window: metric sums since the last train row, their step count and wall time. Several
+        processes: the mean of their sums (a collective: call on every rank), so a replayed row equals the
+        uninterrupted one up to rounding; one process: the sums themselves, so it is identical."""
+        sums = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else float(v) for k, v in self.window.items()}
+        if self.env.distributed:
+            sums = all_reduce_mean({k: float(v) for k, v in sums.items()}, self.env)
+        return {"steps": self.window_steps, "sums": sums, "elapsed_s": time.perf_counter() - self.window_start}
+
+    def _continue_from(self, counters: LoopCounters) -> None:
+        """Take the loop's counters of a restored checkpoint, its logging window included."""
+        self.step, self.elapsed, self.last_eval = counters.step, counters.elapsed, counters.last_eval
+        window = counters.log_window
+        if window is None:  # saved before the window was: the next row averages fewer steps, and says so
+            self.window_lost = self.step % self.cfg.train.log_every != 0
+        else:
+            self.window = {
+                k: v.to(self.device) if isinstance(v, torch.Tensor) else float(v) for k, v in window["sums"].items()
+            }
+            self.window_steps = int(window["steps"])
+            self.window_elapsed_before = float(window["elapsed_s"])
+
+    def save(self) -> Path | None:
+        """Write a checkpoint of the current step (rank 0; shards on every rank under FSDP) and wait for it on
+        every rank; never one whose weights a non-finite update has corrupted."""
+        self.check_finite()
+        return self.checkpoints.save(self.counters())
+
     def eval_model(self) -> torch.nn.Module:
         """The model evaluation and sampling use: the EMA copy when there is one and eval.ema is set."""
         return self.ema.model if (self.ema is not None and self.cfg.eval.ema) else self.model
@@ -313,10 +278,9 @@ class Trainer(RunState):
             batch = self.data.get_batch("train", indices[c * self.micro : (c + 1) * self.micro], self.device)
             with self.parallel.accumulate(self.forward_model, last=k == len(mine) - 1):
                 with autocast(self.device, self.precision):
-                    # A reference is passed only when the run has one, so a plain objective(model, batch,
-                    # generator) satisfies the contract (tcsm.protocols.TrainingObjective).
-                    extra = {} if self.reference is None else {"reference": self.reference}
-                    loss, metrics = self.objective(self.forward_model, batch, generator=generator, **extra)
+                    # The run's frozen reference reached what needs it when the run was built
+                    # (tcsm.core.protocols.TrainingObjective): the step passes only the model, batch and noise.
+                    loss, metrics = self.objective(self.forward_model, batch, generator=generator)
                 (loss * scale).backward()
             if "loss" not in metrics:  # the protocol asks only for (loss, metrics); the log always has the loss
                 metrics = {**metrics, "loss": loss.detach()}
@@ -395,9 +359,9 @@ class Trainer(RunState):
     @torch.no_grad()
     def samples(self) -> list[str]:
         """`sample.num` decoded sequences from the eval model (rank 0), drawn by the run's sampler
-        (`tcsm.builders.sampler`: the objective's own when it declares one, the path sampler otherwise, with the
+        (`tcsm.sampling.settings`: the objective's own when it declares one, the path sampler otherwise, with the
         `sample:` settings); none when the model has no sampler."""
-        from tcsm.builders.sampler import build_sampler
+        from tcsm.sampling.settings import build_sampler
 
         s = self.cfg.sample
         if s.num == 0:
@@ -464,8 +428,8 @@ class Trainer(RunState):
     def _write(self, msg: str) -> None:
         if not self.env.is_main:  # ranks that evaluate alongside rank 0 (FSDP) have nothing of their own to say
             return
-        if self._bar is not None and not self._bar.disable:  # printed above a live progress bar
-            self._bar.write(msg, file=sys.stdout)
+        if self._bar is not None and self._bar.bar_shown:  # printed above a live progress bar
+            self._bar.write(msg)
         else:
             self._print(msg)
 
@@ -490,7 +454,7 @@ class Trainer(RunState):
         if self.env.is_main and self.run_dir is not None:
             (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg), encoding="utf-8")
             self._save_tokenizer()
-            clean_leftovers(self.checkpoint_root)
+            clean_leftovers(self.checkpoints.root)
         if self.step >= t.steps:
             self._print(f"nothing to do: the run is at step {self.step} >= train.steps={t.steps}")
             return self.summary()
@@ -506,20 +470,10 @@ class Trainer(RunState):
                 + (f"resuming at step {self.step}" if self.step else f"{t.steps} steps")
             )
             self._warn_empty_held_out()
-        from tqdm.auto import tqdm
-
-        self._bar = tqdm(
-            total=t.steps,
-            initial=self.step,
-            disable=True if not (env.is_main and t.progress) else None,
-            dynamic_ncols=True,
-            unit="step",
-            file=sys.stderr,
-            smoothing=0.05,
-        )
-        # Without a terminal tqdm hides itself; periodic lines then show progress (a log file, a batch job).
-        progress_lines = env.is_main and t.progress and self._bar.disable
-        progress = _Progress(self.step, t.steps, self.progress_every_s)
+        # A bar on a terminal; otherwise a line every progress_every_s with the step, rate and ETA (a log file, a
+        # batch job). (The training loss is in metrics.jsonl; in a line it would be the one figure in nats.)
+        self._bar = WorkProgress(t.steps, "step", "steps", initial=self.step, every_s=self.progress_every_s,
+                                 enabled=env.is_main and t.progress, emit=self._print)  # fmt: skip
         self.window_start = time.perf_counter() - self.window_elapsed_before
         self.window_elapsed_before = 0.0
         for cb in self.callbacks:
@@ -533,7 +487,6 @@ class Trainer(RunState):
                     window[k] = window.get(k, 0.0) + v
                 self.window_steps += 1
                 window_steps, window_start = self.window_steps, self.window_start
-                self._bar.update(1)
                 final = self.step == t.steps
                 if self.step % t.log_every == 0 or final or self.step == 1:
                     now = time.perf_counter()
@@ -548,10 +501,9 @@ class Trainer(RunState):
                         row["window_steps_since_resume"] = window_steps
                         self.window_lost = False
                     self.logger.scalars("train", self.step, row)
-                    self._bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{row['lr']:.2e}", refresh=False)
+                    self._bar.postfix(loss=f"{row['loss']:.4f}", lr=f"{row['lr']:.2e}")
                     self.window, self.window_steps, self.window_start = {}, 0, time.perf_counter()
-                if progress_lines and progress.due(self.step, final):
-                    self._print(progress.line(self.step))
+                self._bar.update(1, final=final)
                 did_eval = self._periodic(t.eval_every, final)
                 if did_eval:
                     self._eval_and_log(final)

@@ -11,7 +11,8 @@ from collections import Counter
 import pytest
 import torch
 
-from tcsm.errors import CheckpointError
+from tcsm.core.errors import CheckpointError
+from tcsm.evaluation.exact import EnumerableDistribution
 from tcsm.models.clean_families import build_clean_model
 from tcsm.paths import MaskedPath, UniformPath
 from tcsm.posttrain.distill.ngram import RightContextNgram
@@ -28,7 +29,6 @@ from tcsm.targets.ar import (
     score_candidates_naive,
 )
 from tcsm.targets.parametric import ARTeacher, ParametricTarget
-from tcsm.toy import EnumerableDistribution
 
 
 def _random_causal(V: int, seed: int = 0, **kw):
@@ -181,7 +181,7 @@ def test_proposals_are_what_gets_noised_and_prompts_are_never_scored():
     """x_t ~ p_{t|1}(· | x_1) of the proposal x_1 itself (MATH.md §3.1, §5.4: the pair (x_1, x_t) is drawn from h),
     not of the data batch; prompt positions stay clean and out of the loss on the uniform source too, where every
     other position is free."""
-    from tcsm.batch import Batch
+    from tcsm.core.batch import Batch
 
     V, L, B = 5, 4, 32
     model = _random_causal(V, seed=10)

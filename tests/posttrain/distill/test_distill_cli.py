@@ -162,8 +162,8 @@ def test_memory_estimate_counts_the_teachers_weights_exactly(teacher):
     """The size check reads the weights' bytes from the safetensors header (nothing loaded) and refuses a budget
     below weights + working memory, in one ConfigError."""
     from tcsm.builders.loading import load_checkpoint
-    from tcsm.errors import ConfigError
-    from tcsm.posttrain.distill.builder import check_teacher_fits, inspect_teacher, teacher_working_memory
+    from tcsm.core.errors import ConfigError
+    from tcsm.recipes.distill.builder import check_teacher_fits, inspect_teacher, teacher_working_memory
 
     spec = inspect_teacher(teacher)
     model = load_checkpoint(teacher).model

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tcsm.divergences import BregmanGenerator
+from tcsm.objectives.divergences import BregmanGenerator
 from tcsm.paths import ProbabilityPath
 from tcsm.posttrain.dre.losses import (
     Denoiser,

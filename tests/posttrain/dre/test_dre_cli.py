@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 from train_helpers import assert_same_weights, final_weights, restore_torch_threads, tiny  # noqa: F401
 
+import tcsm
 from tcsm.builders.config import load_config
 from tcsm.cli import main
 from tcsm.cli.train import train
@@ -81,11 +83,32 @@ def test_energy_run_starts_at_the_reference_keeps_it_and_is_self_contained(refer
     assert "sampled by SIR" in err and len(err.strip().splitlines()) == 1
 
 
-def test_energy_run_resumes_exactly(reference, tmp_path):
-    common = ["--loss", "lsif", "-n", "3", "--eval-examples", "0", "train.save_every=3"]
-    assert _finetune(reference, tmp_path / "full", *common, "--steps", "6") == 0
-    assert _finetune(reference, tmp_path / "half", *common, "--steps", "3") == 0
+def _as_saved_before_bregman(run_dir: Path) -> None:
+    """Rewrite the run's last checkpoint as written when the Bregman generator was `objective.loss`."""
+    from tcsm.storage.checkpoint import list_checkpoints
+    from tcsm.storage.fileio import file_digest
+
+    step_dir = list_checkpoints(run_dir / "checkpoints")[-1]
+    meta = json.loads((step_dir / "state.json").read_text())
+    objective = meta["state"]["config"]["objective"]
+    objective["loss"] = objective.pop("bregman")
+    (step_dir / "state.json").write_text(json.dumps(meta))
+    manifest = json.loads((step_dir / "manifest.json").read_text())
+    manifest["files"]["state.json"] = {"sha256": file_digest(step_dir / "state.json"),
+                                       "bytes": (step_dir / "state.json").stat().st_size}
+    (step_dir / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_energy_run_resumes_exactly(reference, tmp_path, capsys):
+    """Also: `--bregman` and its old name `--loss` train the same run, and a run saved when the key was
+    `objective.loss` resumes exactly, without a note (a saved config is read silently)."""
+    common = ["lsif", "-n", "3", "--eval-examples", "0", "train.save_every=3"]
+    assert _finetune(reference, tmp_path / "full", "--bregman", *common, "--steps", "6") == 0
+    assert _finetune(reference, tmp_path / "half", "--loss", *common, "--steps", "3") == 0
+    _as_saved_before_bregman(tmp_path / "half")
+    capsys.readouterr()
     assert main(["finetune", "dre", "--resume", "-o", str(tmp_path / "half"), "--steps", "6", "--eval-examples", "0"]) == 0
+    assert "objective.loss" not in capsys.readouterr().err
     assert_same_weights(final_weights(tmp_path / "half"), final_weights(tmp_path / "full"))
     assert_same_weights(final_weights(tmp_path / "half", "ema"), final_weights(tmp_path / "full", "ema"))
 
@@ -162,13 +185,61 @@ def test_config_assembly_and_flag_errors(reference, tmp_path, capsys):
     assert len(err) == 2 and all(line.startswith("tcsm finetune: error:") for line in err)
 
 
+def test_the_bregman_generator_is_objective_bregman_under_every_old_name(reference, capsys, monkeypatch):
+    """`--bregman`, its old flag `--loss`, the key `objective.bregman` and its old name `objective.loss` (one note)
+    set the same config; the old and the new key set to different values are refused in one line."""
+    from tcsm.storage import migration
+
+    monkeypatch.setattr(migration, "_noted", set())
+
+    def printed(*argv) -> tuple[str, str]:
+        assert main(["finetune", "dre", "--from", str(reference), "--print-config", *argv]) == 0
+        cap = capsys.readouterr()
+        return cap.out, cap.err
+
+    by_flag = printed("--bregman", "gkl")
+    assert "bregman: gkl" in by_flag[0] and "  loss:" not in by_flag[0] and by_flag[1] == ""
+    assert printed("--loss", "gkl") == by_flag == printed("objective.bregman=gkl")
+    out, err = printed("objective.loss=gkl")
+    assert out == by_flag[0]
+    assert err == (
+        "tcsm: note: objective.loss of objective.name=dre is now objective.bregman "
+        "(read as objective.bregman=gkl; in the overrides)\n"
+    )
+    rc = main(["finetune", "dre", "--from", str(reference), "--print-config", "objective.loss=lsif", "objective.bregman=gkl"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert "objective.loss (the old name of objective.bregman for objective.name=dre) and objective.bregman" in err
+
+
+def test_the_strategy_is_the_resolved_configs(reference, tmp_path, capsys):
+    """The strategy the recipe composes for is the one the config resolves to, wherever it is set (the flag, a
+    key=value override, a -c file), so `--reference` is accepted or refused by that same value."""
+    def printed(*extra) -> str:
+        flags = [a for a in extra if "=" not in a or a.startswith("-")]
+        assert main(["finetune", "dre", "--from", str(reference), *flags, "--print-config",
+                     *[a for a in extra if a not in flags]]) == 0  # fmt: skip
+        return capsys.readouterr().out
+
+    by_flag = printed("--strategy", "i")
+    assert printed("objective.strategy=i") == by_flag
+    preset = tmp_path / "strategy-i.yaml"  # the finetune-dre preset with strategy i
+    preset.write_text((Path(tcsm.__file__).parent / "configs" / "finetune-dre.yaml").read_text().replace(
+        "strategy: ii", "strategy: i"))  # fmt: skip
+    assert printed("-c", str(preset)) == by_flag
+    assert "reference: ema" in printed("objective.strategy=i", "--reference", "ema", "train.ema=0.9")
+    assert main(["finetune", "dre", "--from", str(reference), "--reference", "ema", "--print-config"]) == 2
+    assert "--reference belongs to strategy i" in capsys.readouterr().err
+    assert "name: energy" in printed("--strategy", "ii", "objective.strategy=i")  # a flag is set last
+
+
 def test_eval_of_an_energy_run_says_its_cost_shows_progress_and_defaults_to_the_runs_eval_size(
     reference, tmp_path, capsys, monkeypatch
 ):
     """Issue 21 item 3: `tcsm eval` on an energy run printed nothing for 15 minutes (the whole split, ~270 times a
     pre-trained bound's calls). Now it evaluates the run's train.eval_examples sequences unless told otherwise,
     says what that costs before it starts, reports progress with an ETA, and --help says how to raise the cost."""
-    from tcsm.progress import WorkProgress
+    from tcsm.core.progress import WorkProgress
 
     out = tmp_path / "ii"
     assert _finetune(reference, out, "-n", "2", "--steps", "1", "--eval-examples", "0") == 0
@@ -178,7 +249,7 @@ def test_eval_of_an_energy_run_says_its_cost_shows_progress_and_defaults_to_the_
     cap = capsys.readouterr()
     result = json.loads(cap.out)
     assert result["num_sequences"] == 8 and result["log_z_samples"] == 4  # the run's train.eval_examples, n
-    progress = [line for line in cap.err.splitlines() if line.startswith("energy-model estimate:")]
+    progress = [line for line in cap.err.splitlines() if line.startswith("energy-model estimate ")]
     assert len(progress) > 2 and all("ETA" in line and "energy rows" in line for line in progress)
     assert main(["eval", str(out), "--max-examples", "12", "--log-z-samples", "2", "--num-t", "1"]) == 0
     cap = capsys.readouterr()

@@ -12,20 +12,20 @@ import torch
 import torch.nn.functional as F
 from dre_oracles import strategy_i_loss, strategy_ii_loss
 
-from tcsm.batch import Batch
-from tcsm.checkpoint import save_checkpoint
-from tcsm.errors import CheckpointError, ConfigError
+from tcsm.core.batch import Batch
+from tcsm.core.errors import CheckpointError, ConfigError
+from tcsm.core.protocols import Evaluates, Samples, StepInfo, TrainerCallback
+from tcsm.evaluation.exact import EnumerableDistribution
 from tcsm.models.transformer import build_denoiser
 from tcsm.paths import MaskedPath, UniformPath
+from tcsm.paths.timesteps import sample_times
 from tcsm.posttrain.dre.energy import EnergyModel
 from tcsm.posttrain.dre.likelihood import energy_integrand, energy_nelbo_terms, evaluate_energy_estimate
 from tcsm.posttrain.dre.losses import draw_reference_samples
 from tcsm.posttrain.dre.objective import DensityRatioObjective, EnergyObjective
 from tcsm.posttrain.dre.ratio_head import RatioHead
 from tcsm.posttrain.dre.references import EMAReference, PreviousIterateReference
-from tcsm.protocols import Evaluates, Samples, StepInfo, TrainerCallback
-from tcsm.timesteps import sample_times
-from tcsm.toy import EnumerableDistribution
+from tcsm.storage.checkpoint import save_checkpoint
 
 V, L = 3, 3
 PATHS = {"masked": MaskedPath, "uniform": UniformPath}

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from dre_oracles import energy_log_marginals, estimate_log_partition, strategy_i_loss, strategy_ii_loss
 
+from tcsm.evaluation.exact import EnumerableDistribution
 from tcsm.models.transformer import build_denoiser
 from tcsm.paths import MaskedPath, UniformPath
 from tcsm.posttrain.dre.losses import (
@@ -27,7 +28,6 @@ from tcsm.posttrain.dre.losses import (
     log_mean_exp,
 )
 from tcsm.posttrain.dre.ratio_head import RatioHead, RatioHeadConfig
-from tcsm.toy import EnumerableDistribution
 
 PATHS = {"masked": MaskedPath, "uniform": UniformPath}
 LOSSES = sorted(DRE_LOSSES)

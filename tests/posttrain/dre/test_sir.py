@@ -13,9 +13,9 @@ import math
 import pytest
 import torch
 
+from tcsm.evaluation.exact import EnumerableDistribution
 from tcsm.paths import MaskedPath, UniformPath
 from tcsm.posttrain.dre.sir import sample_sir, sir_select
-from tcsm.toy import EnumerableDistribution
 
 PATHS = {"masked": MaskedPath, "uniform": UniformPath}
 
@@ -150,7 +150,7 @@ def test_sir_every_step_with_exact_ratio_samples_p1(source, dist):
         seed=7,
         return_stats=True,
     )
-    assert st.sir_steps == 4 and st.plain_steps == 0
+    assert st.counts["sir_steps"] == 4 and st.counts["plain_steps"] == 0
     tol = 0.5 * math.sqrt(9 / n) + math.sqrt(math.log(1e6) / (2 * n)) + 0.005  # + SIR bias at k = 64
     assert tv(empirical(dist, x), dist.probs) < tol
 
@@ -162,7 +162,7 @@ def test_window_and_candidate_cache(dist):
     path = MaskedPath(dist.vocab_size)
     ref, en = exact_reference(dist, path), exact_energy(dist, path)
     _, st = sample_sir(ref, en, path, batch_size=50, length=2, num_steps=10, seed=0, return_stats=True)
-    assert (st.sir_steps, st.plain_steps) == (3, 7)  # α = t ∈ {0.4, 0.5, 0.6}
+    assert (st.counts["sir_steps"], st.counts["plain_steps"]) == (3, 7)  # α = t ∈ {0.4, 0.5, 0.6}
     _, st = sample_sir(
         ref,
         en,
@@ -175,9 +175,9 @@ def test_window_and_candidate_cache(dist):
         seed=1,
         return_stats=True,
     )
-    assert st.sir_steps == 64
-    assert int(st.row_calls.max()) <= 3 and st.reference_rows < 200 * 64 / 4
-    assert st.energy_rows == 5 * st.reference_rows
+    assert st.counts["sir_steps"] == 64
+    assert int(st.row_calls.max()) <= 3 and st.num_rows < 200 * 64 / 4
+    assert st.counts["energy_rows"] == 5 * st.num_rows
 
 
 def test_candidate_cache_is_dropped_when_x_t_changes(dist):

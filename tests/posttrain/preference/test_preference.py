@@ -12,18 +12,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from tcsm.batch import Batch
+from tcsm.core.batch import Batch
 from tcsm.data import DataError, build_data
+from tcsm.evaluation.exact import EnumerableDistribution
 from tcsm.paths import MaskedPath, UniformPath
+from tcsm.paths.schedules import LinearSchedule
+from tcsm.paths.timesteps import sample_times
 from tcsm.posttrain.preference.objective import (
     PreferenceObjective,
     dpo_preference_loss,
     paper_preference_loss,
     sequence_log_ratio,
 )
-from tcsm.schedules import LinearSchedule
-from tcsm.timesteps import sample_times
-from tcsm.toy import EnumerableDistribution
 
 PATHS = {"masked": MaskedPath, "uniform": UniformPath}
 GPT2_BPE = Path(__file__).resolve().parents[4] / "shared" / "data" / "gpt2_bpe"
@@ -173,9 +173,9 @@ def test_objective_is_the_stated_loss_of_delta_at_independent_xt_with_shared_t(s
     V, L, P, B, K = 4, 6, 2, 3, 2
     path = PATHS[source](V)
     model, ref = Table(V, L, 0), Table(V, L, 1)
-    obj = PreferenceObjective(path, loss=loss, beta=0.5, beta_dpo=2.0, num_t=K)
+    obj = PreferenceObjective(path, loss=loss, beta=0.5, beta_dpo=2.0, num_t=K, reference=ref)
     batch = _pairs(B, L, V, P)
-    value, metrics = obj(model, batch, torch.Generator().manual_seed(7), reference=ref)
+    value, metrics = obj(model, batch, torch.Generator().manual_seed(7))
 
     g = torch.Generator().manual_seed(7)
     t = sample_times(B * K, generator=g).view(K, B).T.reshape(-1)  # draw k of pair b: time k·B + b (pair_times)
@@ -214,10 +214,11 @@ def test_prompt_positions_never_change_and_never_enter_the_loss(source):
         xw, xl = obj.noised_pair(batch, t, torch.Generator().manual_seed(s))
         assert torch.equal(xw[:, :P], batch.x1[:, :P]) and torch.equal(xl[:, :P], batch.rejected[:, :P])
     model, ref = Table(V, L, 3), Table(V, L, 4)
-    clean, _ = obj(model, batch, torch.Generator().manual_seed(5), reference=ref)
+    obj.reference = ref
+    clean, _ = obj(model, batch, torch.Generator().manual_seed(5))
     (g_clean,) = torch.autograd.grad(clean, model.w)
     model.poison = ref.poison = batch.cond_mask.repeat_interleave(4, 0).repeat(2, 1)
-    poisoned, _ = obj(model, batch, torch.Generator().manual_seed(5), reference=ref)
+    poisoned, _ = obj(model, batch, torch.Generator().manual_seed(5))
     (g_poisoned,) = torch.autograd.grad(poisoned, model.w)
     assert torch.equal(clean, poisoned) and torch.equal(g_clean, g_poisoned) and torch.isfinite(g_clean).all()
 
@@ -391,7 +392,7 @@ def test_unusable_files_and_settings_are_one_line_errors(tmp_path):
 def test_stored_token_ids_are_used_only_with_the_same_tokenizer(tmp_path):
     """Records of `tcsm pairs` carry the sampled ids and the tokenizer's signature: with that tokenizer the ids are
     used as they are (here they deliberately disagree with the texts), with another one the texts are tokenized."""
-    from tcsm.posttrain.preference.pairs import tokenizer_signature
+    from tcsm.data.pairs import tokenizer_signature
 
     signature = tokenizer_signature(build_data(CHARS))
     ids = {"prompt_ids": [1], "chosen_ids": [2, 2, 2, 2, 2, 2, 2], "rejected_ids": [3, 3, 3, 3, 3, 3, 3]}
@@ -427,8 +428,8 @@ def test_each_pair_gets_its_own_spread_of_times():
     """num_t = K draws per pair: with antithetic times a pair's K times lie exactly 1/K apart (mod 1) — not inside
     a window of width 1/B, which repeating each pair before drawing one antithetic batch gave — the K·B times of
     a call form one even grid of step 1/(KB), and K = 1 is MDLM's antithetic batch unchanged."""
+    from tcsm.paths.timesteps import sample_times
     from tcsm.posttrain.preference.objective import pair_times
-    from tcsm.timesteps import sample_times
 
     B, K = 5, 3
     t = pair_times(B, K, generator=torch.Generator().manual_seed(3), dtype=torch.float64).view(B, K)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tcsm import objectives
+from tcsm.evaluation.exact import EnumerableDistribution
 from tcsm.paths import MaskedPath, UniformPath
 from tcsm.posttrain.reward.rewards import CallableReward, GridReward, evaluate_reward, make_reward
 from tcsm.posttrain.reward.targets import (
@@ -18,7 +19,6 @@ from tcsm.posttrain.reward.targets import (
     snis_weights,
     tilted_conditionals,
 )
-from tcsm.toy import EnumerableDistribution
 
 V, L = 3, 3
 

@@ -11,14 +11,14 @@ import pytest
 import torch
 from train_helpers import restore_torch_threads, tiny  # noqa: F401
 
-from tcsm.batch import Batch
 from tcsm.builders.config import load_config
 from tcsm.cli import main
 from tcsm.cli.train import train
+from tcsm.core.batch import Batch
 from tcsm.data import DataError
+from tcsm.data.sft import build_sft
 from tcsm.objectives import Objective
 from tcsm.paths import make_path
-from tcsm.posttrain.sft.data import build_sft
 
 TEMPLATE = (
     "{% for m in messages %}{% if m['role'] == 'user' %}Q: {{ m['content'] }}\n"

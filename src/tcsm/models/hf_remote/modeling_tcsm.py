@@ -202,7 +202,7 @@ class RatioHead(nn.Module):
 
 
 def _alpha(t, path):
-    """α_t of the run's schedule (`config.tcsm["config"]["path"]`), t = 1 clean, as tcsm.schedules computes it."""
+    """α_t of the run's schedule (`config.tcsm["config"]["path"]`), t = 1 clean, as tcsm.paths.schedules computes it."""
     kind, kw = path.get("schedule", "linear"), dict(path.get("schedule_kwargs") or {})
     if kind == "cosine":
         return torch.where(t < 0.5, 2.0 * torch.sin(0.25 * math.pi * t) ** 2, 1.0 - torch.sin(0.5 * math.pi * (1.0 - t)))

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from tcsm.fileio import atomic_path
+from tcsm.storage.fileio import atomic_path
 from tcsm.targets.ar import first_occurrence
 
 __all__ = ["NGRAM_FORMAT", "NgramTable", "RightContextNgram"]

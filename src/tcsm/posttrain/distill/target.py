@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from tcsm.batch import as_batch
-from tcsm.errors import CheckpointError
+from tcsm.core.batch import as_batch
+from tcsm.core.errors import CheckpointError
 from tcsm.models.modes import eval_mode
 from tcsm.paths import ProbabilityPath
 from tcsm.posttrain.distill.ngram import RightContextNgram
@@ -151,7 +151,7 @@ class DistillTarget(Target):
 
     # --- the target -------------------------------------------------------------------------------------
 
-    def __call__(self, batch, t: Tensor, path: ProbabilityPath, generator=None, *, model=None, reference=None):
+    def __call__(self, batch, t: Tensor, path: ProbabilityPath, generator=None, *, model=None):
         if self.teacher.vocab_size != path.vocab_size:
             raise ValueError(
                 f"teacher vocabulary V={self.teacher.vocab_size} differs from the path's V={path.vocab_size}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from tcsm.models.kinds import ENERGY
 from tcsm.posttrain.dre.ratio_head import RatioHead
 
 __all__ = ["EnergyModel"]
@@ -18,6 +19,8 @@ __all__ = ["EnergyModel"]
 
 class EnergyModel(nn.Module):
     """(x_1 [B, L], x_t [B, L], t [B]) → f_θ [B]; `reference` is the frozen p^ref, `head` the trained f_θ."""
+
+    model_kind = ENERGY
 
     def __init__(self, reference: nn.Module, head: RatioHead):
         super().__init__()

@@ -21,11 +21,12 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from tcsm.likelihood import evaluate_bound, summarise_nats
+from tcsm.core.progress import WorkProgress
+from tcsm.core.results import summarise_nats
+from tcsm.evaluation.likelihood import evaluate_bound
 from tcsm.paths import ProbabilityPath
+from tcsm.paths.timesteps import stratified_times
 from tcsm.posttrain.dre.losses import EnergyFn, draw_reference_samples, log_mean_exp, reference_log_probs
-from tcsm.progress import WorkProgress
-from tcsm.timesteps import stratified_times
 
 __all__ = ["energy_estimate_cost", "energy_integrand", "energy_nelbo_terms", "evaluate_energy_estimate"]
 
@@ -181,7 +182,7 @@ def evaluate_energy_estimate(
     stderr, the paired difference `bpc_estimate_minus_reference`, and mean log Ẑ per n (`log_z_mean_n{n}`).
 
     On a path without a masked bound there is no estimate: the reference's bound alone, so labelled.
-    `progress`: report energy rows done, with rate and ETA, on stderr (`tcsm.progress`); the cost is
+    `progress`: report energy rows done, with rate and ETA, on stderr (`tcsm.core.progress`); the cost is
     `energy_estimate_cost`, hundreds of times a pre-trained model's bound at the same settings."""
     data = torch.as_tensor(data)
     if data.dim() != 2 or data.shape[0] == 0:

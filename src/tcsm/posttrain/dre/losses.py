@@ -1,7 +1,7 @@
 """Density-ratio post-training against a frozen reference p^ref_{1|t} (MATH.md §5.1, §8 items 11–14).
 
 The true ratio r = p_{1|t} / p^ref_{1|t} is fitted by Bregman density-ratio estimation, written once from a
-generator F of `tcsm.divergences` and evaluated on log r:
+generator F of `tcsm.objectives.divergences` and evaluated on log r:
 
     L_DRE = E_ref[F'(r) r − F(r)] − E_data[F'(r)],   minimiser r = p / p^ref pointwise (MATH.md §5.1).
 
@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from tcsm.divergences import BregmanGenerator, get_bregman
+from tcsm.objectives.divergences import BregmanGenerator, get_bregman
 from tcsm.paths import ProbabilityPath
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Density-ratio post-training objectives for the trainer (MATH.md §5.1; the contract is `tcsm.protocols`).
+"""Density-ratio post-training objectives for the trainer (MATH.md §5.1; the contract is `tcsm.core.protocols`).
 
 Each step draws t ~ U(0, 1) (antithetic), x_t from the data batch through the target (conditioning positions
 are never noised or scored), n negatives x̂_1 ~ p^ref_{1|t}(· | x_t) from the frozen reference (factorized,
@@ -24,8 +24,10 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from tcsm.batch import Batch, as_batch
+from tcsm.core.batch import Batch, as_batch
+from tcsm.core.protocols import StepInfo
 from tcsm.paths import ProbabilityPath
+from tcsm.paths.timesteps import sample_times
 from tcsm.posttrain.dre.energy import EnergyModel
 from tcsm.posttrain.dre.likelihood import evaluate_energy_estimate
 from tcsm.posttrain.dre.losses import (
@@ -39,9 +41,7 @@ from tcsm.posttrain.dre.losses import (
 )
 from tcsm.posttrain.dre.references import EMAReference, PreviousIterateReference
 from tcsm.posttrain.dre.sir import sample_sir
-from tcsm.protocols import StepInfo
 from tcsm.targets.base import DataTarget, Target, TargetBatch
-from tcsm.timesteps import sample_times
 
 __all__ = ["DensityRatioObjective", "EnergyObjective"]
 
@@ -133,7 +133,7 @@ class DensityRatioObjective(_DRE):
     (level "token") or summed (level "sequence") (MATH.md §5.1 (i), §8 item 13).
 
     `reference`: a frozen denoiser (any callable (x_t, t) → logits), "ema" or "previous" (with `refresh_every`).
-    A reference the trainer passes (`components.reference`) takes precedence. The objective is a
+    The run's frozen reference (`reference.path`) is given here once, when the run is built. The objective is a
     `TrainerCallback` so that the EMA / previous-iterate references see the trainer's models.
     """
 
@@ -164,7 +164,7 @@ class DensityRatioObjective(_DRE):
         ref = self.source.module if self.source is not None else self.reference
         if ref is None:
             raise RuntimeError(
-                "this DRE objective has no reference yet: pass reference=..., or let the trainer call on_fit_start"
+                "this DRE objective has no reference yet: give it one (reference=...), or let the trainer call on_fit_start"
             )
         return ref
 
@@ -176,11 +176,9 @@ class DensityRatioObjective(_DRE):
         if self.source is not None:
             self.source.on_step_end(info)
 
-    def __call__(self, model, batch, generator=None, *, reference=None) -> tuple[Tensor, dict[str, Tensor]]:
+    def __call__(self, model, batch, generator=None) -> tuple[Tensor, dict[str, Tensor]]:
         batch = as_batch(batch)
-        tb, ref_lp, neg = self._draw(
-            batch, reference if reference is not None else self._reference(), generator
-        )
+        tb, ref_lp, neg = self._draw(batch, self._reference(), generator)
         stu_lp = torch.log_softmax(model(tb.xt, tb.t).float(), dim=-1)
         per_token = self.level == "token"
         l_data = factorized_log_ratio(stu_lp, ref_lp, tb.x1, tb.loss_mask, per_token=per_token)
@@ -224,7 +222,7 @@ class EnergyObjective(_DRE):
             raise TypeError(f"strategy (ii) trains an EnergyModel, got {type(net).__name__}")
         return net
 
-    def __call__(self, model, batch, generator=None, *, reference=None) -> tuple[Tensor, dict[str, Tensor]]:
+    def __call__(self, model, batch, generator=None) -> tuple[Tensor, dict[str, Tensor]]:
         batch = as_batch(batch)
         tb, _, neg = self._draw(batch, self._energy_model(model).reference, generator)
         f = energy_log_ratio(model, torch.cat([tb.x1.unsqueeze(1), neg], dim=1), tb.xt, tb.t)
@@ -262,11 +260,11 @@ class EnergyObjective(_DRE):
         fixed=None,
         values=None,
     ):
-        """SIR over the energy model's frozen reference (MATH.md §6.3) with the run's `SampleSettings`: `steps`,
+        """SIR over the energy model's frozen reference (MATH.md §6.3) with the run's `OwnSettings`: `steps`,
         `grid`, `sir_k` candidates inside `sir_window`, selection temperature `sir_temperature`."""
-        from tcsm.sampling.settings import SampleSettings
+        from tcsm.sampling.own import OwnSettings
 
-        s = settings or SampleSettings()
+        s = settings or OwnSettings()
         net = self._energy_model(model)
         return sample_sir(
             net.reference,

@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tcsm.checkpoint import PREFIX, load_weights_into, read_weights, validate_checkpoint
-from tcsm.errors import CheckpointError, ConfigError
-from tcsm.protocols import StepInfo
+from tcsm.core.errors import CheckpointError, ConfigError
+from tcsm.core.protocols import StepInfo
+from tcsm.storage.checkpoint import PREFIX, load_weights_into, read_weights, validate_checkpoint
 
 __all__ = ["EMAReference", "PreviousIterateReference"]
 

@@ -10,7 +10,6 @@ then an exact step for any step size (oracle e.a).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -18,31 +17,11 @@ from torch import Tensor
 from tcsm.paths import ProbabilityPath
 from tcsm.posttrain.dre.losses import EnergyFn, draw_reference_samples, energy_log_ratio
 from tcsm.sampling.common import as_grid, categorical, prefix_condition
+from tcsm.sampling.samplers import SamplingStats
 
-__all__ = ["SIRStats", "sample_sir", "sir_select"]
+__all__ = ["sample_sir", "sir_select"]
 
 Denoiser = Callable[[Tensor, Tensor], Tensor]
-
-
-@dataclass
-class SIRStats:
-    """What a `sample_sir` call did: batched reference calls and the rows they evaluated, energy rows
-    (candidates scored), steps run with SIR and with the plain reference bridge, reference evaluations per
-    output sequence `row_calls` [B]."""
-
-    num_steps: int
-    sir_steps: int = 0
-    plain_steps: int = 0
-    reference_calls: int = 0
-    reference_rows: int = 0
-    energy_rows: int = 0
-    row_calls: Tensor | None = None
-    method: str = "sir"
-
-    @property
-    def num_calls(self) -> int:
-        """Batched reference calls, the count `tcsm.sampling.SamplingStats.num_calls` reports for plain samplers."""
-        return self.reference_calls
 
 
 def sir_select(f: Tensor, temperature: float = 1.0, generator: torch.Generator | None = None) -> Tensor:
@@ -87,7 +66,8 @@ def sample_sir(
         grid, fixed, values, prompt, generator, seed, device: as in `tcsm.sampling.sample`.
 
     Returns:
-        LongTensor[B, L] of clean tokens, or (tokens, SIRStats) if `return_stats`.
+        LongTensor[B, L] of clean tokens, or (tokens, SamplingStats) if `return_stats`: reference calls and rows,
+        and `counts` of SIR and plain steps and of energy rows scored.
     """
     B, L, V = int(batch_size), int(length), path.vocab_size
     k = int(num_candidates)
@@ -111,7 +91,9 @@ def sample_sir(
     K = times.numel() - 1
     alphas = path.alpha(times)
     time_dtype = torch.get_default_dtype()
-    stats = SIRStats(num_steps=K, row_calls=torch.zeros(B, dtype=torch.long, device=device))
+    stats = SamplingStats(method="sir", num_steps=K, cached=False, times=times,
+                          row_calls=torch.zeros(B, dtype=torch.long, device=device),
+                          counts={"sir_steps": 0, "plain_steps": 0, "energy_rows": 0})  # fmt: skip
 
     x = path.prior_sample(B, L, device=device, generator=generator)
     x = torch.where(fixed, values, x)
@@ -125,25 +107,25 @@ def sample_sir(
             active = free.any(-1)
             use_sir = lo <= float(alphas[step]) <= hi
             if use_sir:
-                stats.sir_steps += 1
+                stats.counts["sir_steps"] += 1
                 need = active & ~valid
             else:
-                stats.plain_steps += 1
+                stats.counts["plain_steps"] += 1
                 valid.zero_()
                 need = active
             rows = need.nonzero().squeeze(1)
             if rows.numel():
                 t_rows = torch.full((rows.numel(),), float(t), dtype=time_dtype, device=device)
                 lp = torch.log_softmax(reference(x[rows], t_rows), dim=-1)
-                stats.reference_calls += 1
-                stats.reference_rows += rows.numel()
+                stats.num_calls += 1
+                stats.num_rows += rows.numel()
                 stats.row_calls[rows] += 1
                 if use_sir:
                     cands = draw_reference_samples(
                         lp, x[rows], path, k, generator, fixed=fixed[rows], values=values[rows]
                     )
                     f = energy_log_ratio(energy, cands, x[rows], t_rows)
-                    stats.energy_rows += cands.shape[0] * k
+                    stats.counts["energy_rows"] += cands.shape[0] * k
                     j = sir_select(f, temperature, generator)
                     chosen[rows] = cands[torch.arange(rows.numel(), device=device), j]
                     valid[rows] = True

@@ -1,4 +1,3 @@
-"""Preference fine-tuning (MATH.md §5.3): `objective` (sequence log-ratios against the frozen reference, the
-paper's BCE and a DPO-style loss), `pairs` (the chosen/rejected JSONL data kind), `builder` (config schema and
-registry entry), `recipe` (pairs from a model's own samples, run config and report). Commands: `tcsm pairs`,
-`tcsm finetune preference`."""
+"""Preference fine-tuning, the math (MATH.md §5.3): `objective` (sequence log-ratios against the frozen reference,
+the paper's BCE and a DPO-style loss). Its data kind is `tcsm.data.pairs`; its recipe (`tcsm pairs`, `tcsm finetune
+preference`) is `tcsm.recipes.preference`."""

@@ -13,8 +13,8 @@ from p_{t|1}(· | x^w), p_{t|1}(· | x^l) (MATH.md §5.3 step 1; `noise="shared"
 * "dpo" — Diffusion-DPO-style −log σ(β_DPO (Δ_w − Δ_l)) with its own β_DPO; under Bradley–Terry preferences
   σ(R(x) − R(y)) its optimum is p^θ ∝ p^ref e^{R/β_DPO}, the KL-regularised reward optimum.
 
-`PreferenceObjective` is a `tcsm.protocols.TrainingObjective` (the reference comes from the trainer's
-`reference`, or the constructor) and `Evaluates`: held-out preference accuracy, mean implicit reward margin and a
+`PreferenceObjective` is a `tcsm.core.protocols.TrainingObjective` (the run's frozen reference is given to
+its constructor once, when the run is built) and `Evaluates`: held-out preference accuracy, mean implicit reward margin and a
 KL estimate to the reference. Losses are nats per pair and per t draw (a classification loss, not per token).
 """
 
@@ -28,12 +28,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tcsm.batch import Batch, as_batch
-from tcsm.likelihood import nelbo_integrand, resolve_bound, summarise_nats
+from tcsm.core.batch import Batch, as_batch
+from tcsm.core.results import summarise_nats
 from tcsm.models.modes import eval_mode
 from tcsm.objectives import get_weighting, neutral_rows
 from tcsm.paths import ProbabilityPath
-from tcsm.timesteps import sample_times, stratified_times
+from tcsm.paths.bounds import nelbo_integrand, resolve_bound
+from tcsm.paths.timesteps import T_MIN, sample_times, stratified_times
 
 __all__ = [
     "PREFERENCE_LOSSES",
@@ -44,7 +45,6 @@ __all__ = [
     "sequence_log_ratio",
 ]
 
-_T_LO = torch.finfo(torch.float32).tiny
 
 
 def _compute_dtype(x: Tensor) -> torch.dtype:
@@ -117,7 +117,7 @@ class PreferenceObjective:
     draws x_t of different k are independent given t.
     `weighting`: ω(t) from `tcsm.objectives.WEIGHTINGS`, multiplying each pair's loss ("none": the algorithm as
     printed). `noise`: "independent" (MATH.md §5.3) or "shared" (x_t^w and x_t^l from the same random draws).
-    `reference`: the frozen reference denoiser, used when a call passes none and by `evaluate`.
+    `reference`: the frozen reference denoiser (the run's `reference.path`), given once when the run is built.
     `eval_num_t`: stratified times per held-out pair in `evaluate`.
     """
 
@@ -161,8 +161,8 @@ class PreferenceObjective:
         """The β the chosen loss uses: the margin β ("paper") or β_DPO ("dpo")."""
         return self.beta if self.loss_name == "paper" else self.beta_dpo
 
-    def _reference(self, reference):
-        ref = reference if reference is not None else self.reference
+    def _reference(self):
+        ref = self.reference
         if ref is None:
             raise ValueError(
                 "the preference objective needs the frozen reference model (reference.path)"
@@ -202,12 +202,12 @@ class PreferenceObjective:
         delta = sequence_log_ratio(logits, ref_logits, both.x1, mask)
         return PairDraw(xt, tt, both.x1, mask, logits, ref_logits, delta)
 
-    def __call__(self, model, batch, generator: torch.Generator | None = None, *, reference=None):
+    def __call__(self, model, batch, generator: torch.Generator | None = None):
         """Mean over pairs × `num_t` draws of ω(t) · w · loss(Δ_w, Δ_l) (nats per pair), and metrics (MATH.md §5.3)."""
         batch = as_batch(batch)
         if not batch.paired:
             raise ValueError("the preference objective needs pairs (Batch.rejected); use data.kind=pairs")
-        ref = self._reference(reference)
+        ref = self._reference()
         K = self.num_t
         rep = Batch(
             batch.x1.repeat_interleave(K, 0),
@@ -250,7 +250,7 @@ class PreferenceObjective:
         * `pref_loss`: the training loss at the same draws; and the bound of the chosen responses given their
           prompts (`bpc`, ...; masked: the conditional NELBO) in the trainer's report format.
         """
-        ref = self._reference(None)
+        ref = self._reference()
         rows = data.to_batch() if hasattr(data, "to_batch") else as_batch(data)
         if not rows.paired:
             raise ValueError("preference evaluation needs pairs (data.kind=pairs)")
@@ -274,7 +274,7 @@ class PreferenceObjective:
                     for k in ("g_w", "g_l", "kl", "loss", "nats")
                 }
                 for k in range(K):
-                    t = times[k].clamp_min(_T_LO)
+                    t = times[k].clamp_min(T_MIN)
                     d = self._draw(model, ref, b, t, generator)
                     dw, dl = d.delta.chunk(2)
                     g_model = nelbo_integrand(d.logits, d.x1, d.xt, d.t, self.path, self.bound).double()

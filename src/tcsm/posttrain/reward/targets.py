@@ -30,7 +30,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from tcsm.batch import Batch, as_batch
+from tcsm.core.batch import Batch, as_batch
 from tcsm.models.modes import eval_mode
 from tcsm.paths import ProbabilityPath
 from tcsm.posttrain.reward.rewards import RewardFn, evaluate_reward
@@ -301,7 +301,7 @@ class RewardN1Target(RewardTarget):
             raise ValueError(f"unknown N^1 proposal h {h!r}; choose clean, pretrained or model")
         self.h, self.pre_conditional = h, pre_conditional
 
-    def __call__(self, batch, t, path, generator=None, *, model=None, reference=None):
+    def __call__(self, batch, t, path, generator=None, *, model=None):
         clean, xt, mask = self.noisy_states(batch, t, path, generator, model)
         if self.h != "clean":
             clean = self.proposals(self._source_model(self.h, model), xt, t, mask, 1, generator)[:, 0]
@@ -340,7 +340,7 @@ class RewardFullTarget(RewardTarget):
             raise ValueError(f"num_proposals must be >= 1, got {num_proposals}")
         self.num_proposals, self.reward_floor, self.proposal = int(num_proposals), reward_floor, proposal
 
-    def __call__(self, batch, t, path, generator=None, *, model=None, reference=None):
+    def __call__(self, batch, t, path, generator=None, *, model=None):
         _, xt, mask = self.noisy_states(batch, t, path, generator, model)
         N, L = xt.shape
         B = self.num_proposals

@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import torch
 
-from tcsm.batch import Batch, as_batch
-from tcsm.likelihood import nelbo_integrand, resolve_bound, summarise_nats
+from tcsm.core.batch import as_batch
+from tcsm.core.results import summarise_nats
+from tcsm.evaluation.likelihood import nelbo_terms
 from tcsm.models.modes import eval_mode
-from tcsm.timesteps import stratified_times
+from tcsm.paths.bounds import resolve_bound
 
 __all__ = ["SFTObjective"]
 
-_T_LO = torch.finfo(torch.float32).tiny  # t > 0, where w(t) is finite (as the preference evaluation)
-
 
 class SFTObjective:
-    """`objective(model, batch, generator, **kw)` is `inner`'s; `evaluate` is the completion | prompt bound."""
+    """`objective(model, batch, generator, **kw)` is `inner`'s; `evaluate` is the completion | prompt bound
+    (`nelbo_terms` with the prompt as its `cond_mask`)."""
 
     def __init__(self, inner, path, eval_num_t: int = 4, bound: str | None = None):
         if int(eval_num_t) < 1:
@@ -47,14 +47,8 @@ class SFTObjective:
             for s in range(0, N, int(batch_size)):
                 x1 = rows.x1[s : s + batch_size].to(device)
                 cond = None if rows.cond_mask is None else rows.cond_mask[s : s + batch_size].to(device)
-                b = Batch(x1, cond_mask=cond)
-                n = x1.shape[0]
-                total = torch.zeros(n, dtype=torch.float64, device=device)
-                times = stratified_times(K, n, generator=generator, device=device)
-                for k in range(K):
-                    t = times[k].clamp_min(_T_LO)
-                    xt = b.noised(self.path, x1, t, generator)
-                    total += nelbo_integrand(model(xt, t), x1, xt, t, self.path, self.bound).double() / K
+                terms = nelbo_terms(model, x1, self.path, num_t=K, generator=generator, bound=self.bound, cond_mask=cond)
+                total = terms.double().mean(0)
                 scored = L - (cond.sum(-1) if cond is not None else 0)
                 nats.append((total / torch.as_tensor(scored, device=device).clamp_min(1)).cpu())
         return summarise_nats(torch.cat(nats), L, f"{self.bound}, completion | prompt")

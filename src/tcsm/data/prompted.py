@@ -1,0 +1,115 @@
+"""What the prompted-record data kinds share — `pairs` (prompt, chosen, rejected) and `sft` (prompt, completion):
+the run's tokenizer rebuilt from the source run's data section, the splits, the padding token, the rows (prompt,
+responses, padding after the response) with their prompt mask (`Batch.cond_mask`: never noised, never scored), and
+the one-line errors; each kind only reads and tokenizes its own records (MATH.md §5.3 for pairs)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from tcsm.data.base import DataError, compact_dtype
+from tcsm.data.build import build_data
+from tcsm.data.text import resolve_splits, tokenized_splits
+
+__all__ = ["PROMPTED_KINDS", "PromptedSource", "build_prompted", "encode", "pad_prompt_rows", "prompted_source"]
+
+#: the data kinds of prompted records: a `tokenizer` section must name a text kind, not one of these
+PROMPTED_KINDS = ("pairs", "sft")
+
+
+def encode(tokenizer, text: str) -> list[int] | None:
+    """The token ids of `text` ([] for empty text), or None if the tokenizer cannot encode it."""
+    try:
+        return list(tokenizer.encode(text)) if text else []
+    except DataError:  # e.g. a character outside a character-level vocabulary
+        return None
+
+
+def _pad_id(tokenizer, base, pad: str | None) -> int | None:
+    if pad is None:
+        eos = getattr(base, "eos_id", None)
+        return eos if eos is not None else getattr(tokenizer, "eos_id", None)
+    ids = encode(tokenizer, pad)
+    if ids is None or len(ids) != 1:
+        raise DataError(
+            f"data.pad must be text of exactly one token, got {pad!r} ({ids and len(ids)} tokens)"
+        )
+    return ids[0]
+
+
+def pad_prompt_rows(
+    rows, seq_len: int, pad_id: int | None, vocab_size: int, *, slots: int
+) -> tuple[list[Tensor], Tensor]:
+    """`rows` of (prompt ids, `slots` response ids) as one [N, seq_len] tensor per slot — prompt, response, then
+    `pad_id` — in the compact dtype, and the prompt mask [N, seq_len]."""
+    L = int(seq_len)
+    dtype = compact_dtype(max(int(vocab_size), (pad_id or 0) + 1))
+    outs = [torch.zeros(len(rows), L, dtype=dtype) for _ in range(slots)]
+    mask = torch.zeros(len(rows), L, dtype=torch.bool)
+    for k, (p, responses) in enumerate(rows):
+        for out, resp in zip(outs, responses):
+            out[k] = torch.tensor(p + resp + [pad_id] * (L - len(p) - len(resp)), dtype=dtype)
+        mask[k, : len(p)] = True
+    return outs, mask
+
+
+@dataclass
+class PromptedSource:
+    """The records' files and splits, and the source run's tokenizer, length and padding token."""
+
+    kind: str
+    mode: str
+    files: dict
+    base: object  # the source run's DataBundle (its tokenizer and ids)
+    seq_len: int
+    pad_id: int | None
+    bad: Counter
+
+    @property
+    def tokenizer(self):
+        return self.base.tokenizer
+
+
+def prompted_source(kind: str, tokenizer: dict | None, *, for_what: str, command: str, path, train_path, valid_path,
+                    test_path, seq_len, pad, valid_frac, test_frac, min_len: int = 1) -> PromptedSource:  # fmt: skip
+    """Check the `tokenizer` section (a text kind's data section), resolve the splits and rebuild the tokenizer."""
+    if not isinstance(tokenizer, dict) or "kind" not in tokenizer:
+        raise DataError(
+            f"{kind} data needs `tokenizer`: the data section (with its `kind`) of {for_what}; `{command}` sets it"
+        )
+    if tokenizer["kind"] in PROMPTED_KINDS:
+        raise DataError(f"{kind} data: `tokenizer` must name a text data section, not another {' / '.join(PROMPTED_KINDS)} section")
+    mode, files = resolve_splits(path, train_path, valid_path, test_path, valid_frac, test_frac, kind)
+    base = build_data(tokenizer)
+    L = int(seq_len if seq_len is not None else base.seq_len)
+    if L < min_len:
+        raise DataError(f"{kind} data: seq_len must be >= {min_len}, got {L}")
+    return PromptedSource(kind, mode, files, base, L, _pad_id(base.tokenizer, base, pad), Counter())
+
+
+def build_prompted(source: PromptedSource, bundle_type, tokenize_file: Callable, *, valid_frac, test_frac, seed,
+                   name, empty: str, meta: dict | None = None):  # fmt: skip
+    """The bundle of `source`'s records: `tokenize_file(file or None)` → (rows, number truncated) per split file;
+    a DataError naming the reasons when no record is usable (`empty`: what a JSON line needs)."""
+    splits, truncated = tokenized_splits(source.mode, source.files, tokenize_file, valid_frac, test_frac, seed)
+    src = source.files["path"] if source.mode == "fractions" else source.files["train"]
+    if sum(len(s) for s in splits.values()) == 0:
+        reasons = ", ".join(f"{n} {why}" for why, n in source.bad.items()) or "the file holds no records"
+        raise DataError(f"{empty.format(src=src, reasons=reasons)}")
+    base = source.base
+    return bundle_type(
+        name=name or f"{Path(src).name.split('.')[0]}-{source.kind}",
+        vocab_size=int(base.vocab_size),
+        seq_len=source.seq_len,
+        tokenizer=base.tokenizer,
+        eos_id=getattr(base, "eos_id", None),
+        meta={"files": source.files, "bad_records": dict(source.bad), "truncated": truncated, "pad_id": source.pad_id,
+              "tokenizer_data": base.label, **(meta or {})},
+        **splits,
+    )

@@ -1,0 +1,75 @@
+"""What a model is, declared by the model rather than probed by its users (DESIGN.md "capabilities are declared"):
+its `family`, whether it is a diffusion denoiser or a model of clean data p_1 (MATH.md §4), how it is sampled, what
+its likelihood is and what `tcsm export` writes for it. Every model class carries a `model_kind`; `FAMILIES` is the
+one table of the families a config's `model.name` may select, and `kind_of(model)` answers for any model (wrapped or
+not)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["DENOISER", "FAMILIES", "ModelKind", "family_of_name", "kind_of"]
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """The declaration a model class carries as `model_kind`: what its users ask instead of its class."""
+
+    #: "denoiser" (p^θ_{1|t}), "mlm" / "causal" / "hollow" (models of clean data p_1), "energy" (p^ref · e^f)
+    family: str
+    #: "path": the diffusion samplers; "left_to_right": an autoregressive draw; "sir": SIR over the reference
+    #: (MATH.md §6.3); "none": no sampler of whole sequences (single-site conditionals only)
+    sampler: str
+    #: what `tcsm export` writes ("denoiser" | "hf_denoiser" | "energy"), or None: not exportable
+    export: str | None
+    #: what it is, for messages ("an autoregressive clean-data model (a teacher for tcsm distill)")
+    description: str
+    #: what `tcsm eval` reports: "bound" (the path's NELBO, MATH.md §2.4), "nll" (the clean-data model's own
+    #: NLL), "estimate" (an importance-sampling estimate with log Ẑ from n reference draws per sequence and time,
+    #: MATH.md §6.3: costly, so it is bounded to a few examples by default)
+    likelihood: str = "bound"
+
+    @property
+    def is_denoiser(self) -> bool:
+        """A diffusion denoiser x_t ↦ p^θ(x_1 | x_t): what every `tcsm finetune` recipe starts from."""
+        return self.family == "denoiser"
+
+
+DENOISER = ModelKind("denoiser", "path", "denoiser", "a diffusion denoiser")
+MLM = ModelKind("mlm", "none", None, "a masked clean-data model (a teacher for target.name=parametric)", "nll")
+CAUSAL = ModelKind(
+    "causal", "left_to_right", None, "an autoregressive clean-data model (a teacher for tcsm distill)", "nll"
+)
+HOLLOW = ModelKind("hollow", "none", None, "a Hollow clean-data model (a teacher for target.name=parametric)", "nll")
+ENERGY = ModelKind(
+    "energy", "sir", "energy", "an energy model (tcsm finetune dre strategy ii; sampled by SIR)", "estimate"
+)
+
+#: config `model.name` → the kind of model it builds (a plugin's own model name is a denoiser unless its class says
+#: otherwise: `kind_of` reads the class)
+FAMILIES: dict[str, ModelKind] = {
+    "denoiser": DENOISER,
+    "hf_denoiser": ModelKind("denoiser", "path", "hf_denoiser", "a diffusion denoiser started from a Hugging Face LM"),
+    "mlm": MLM,
+    "causal": CAUSAL,
+    "hollow": HOLLOW,
+    "hf_mlm": ModelKind("mlm", "none", None, "a Hugging Face masked LM", "nll"),
+    "hf_causal": ModelKind("causal", "left_to_right", None, "a Hugging Face causal LM", "nll"),
+    "energy": ENERGY,
+}
+
+
+def family_of_name(name: str | None) -> ModelKind:
+    """The kind a config's `model.name` builds (None or an unknown plugin name: a denoiser)."""
+    return FAMILIES.get(name or "denoiser", DENOISER)
+
+
+def kind_of(model) -> ModelKind:
+    """The declared kind of `model`, seen through DDP / FSDP / torch.compile wrappers; a callable that declares
+    nothing (a test's exact denoiser, a user's function) is a denoiser."""
+    for attr in ("_orig_mod", "module"):
+        inner = getattr(model, attr, None)
+        if inner is not None and hasattr(type(inner), "model_kind"):
+            model = inner
+    kind = getattr(type(model), "model_kind", None)
+    return kind if isinstance(kind, ModelKind) else DENOISER

@@ -1,0 +1,31 @@
+"""The base config of a recipe that trains on prompted records (preference pairs, SFT records): the source run's
+config with its data replaced by the records file, tokenized with the source run's own text tokenizer (a fine-tune of
+a fine-tune keeps the original one), the data target, and no output directory inherited from the source."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tcsm.builders.source import source_run
+from tcsm.core.errors import ConfigError
+from tcsm.data.prompted import PROMPTED_KINDS
+
+__all__ = ["records_base"]
+
+
+def records_base(checkpoint, recipe: str, kind: str, records, *, is_dir: str, missing: str) -> tuple[Path, dict]:
+    """(source run directory, base config) for `records` of data kind `kind`; `is_dir` / `missing` are the one-line
+    errors for a directory or a missing file (formatted with `path`)."""
+    directory, base = source_run(checkpoint, recipe)
+    path = Path(records).expanduser()
+    if path.is_dir():
+        raise ConfigError(is_dir.format(path=str(path)))
+    if not path.is_file():
+        raise ConfigError(missing.format(path=path))
+    text_data = dict(base.get("data") or {})
+    if text_data.get("kind") in PROMPTED_KINDS:  # a fine-tune of a fine-tune: keep the original tokenizer
+        text_data = dict(text_data["tokenizer"])
+    base["data"] = {"kind": kind, "path": str(path.resolve()), "tokenizer": text_data}
+    base["target"] = {"name": "data"}
+    base["train"] = {**base.get("train", {}), "out_dir": None}  # never write into the pre-trained run
+    return directory, base

@@ -1,0 +1,72 @@
+"""Reward fine-tuning as a recipe (MATH.md §5.2): the run config of a fine-tune, and its before/after report.
+
+A fine-tune is an ordinary run: the pre-trained run's config (data, path, model) < the `finetune-reward` preset
+< overrides, with `reference.path` and `train.init_from` pointing at the pre-trained checkpoint, trained by
+the same Trainer (`tcsm.train.fit`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tcsm.builders.config import load_config, set_values
+from tcsm.builders.loading import load_checkpoint
+from tcsm.builders.source import source_run
+from tcsm.core.errors import ConfigError
+from tcsm.posttrain.reward.rewards import evaluate_reward, make_reward
+from tcsm.recipes.spec import lazy_report
+from tcsm.sampling.settings import draw, sample_settings
+
+__all__ = ["reward_config", "reward_report"]
+
+
+def reward_config(
+    checkpoint, preset: str | None = "finetune-reward", overrides=(), values: dict | None = None
+):
+    """The fine-tuning config: pre-trained run's config < preset < overrides < `values` (dotted key → value),
+    with `reference.path` and `train.init_from` set to the checkpoint directory (set train.init_from=null in
+    `values` to start the student afresh)."""
+    directory, base = source_run(checkpoint, "reward")
+    base["train"] = {**base.get("train", {}), "out_dir": None}  # never write into the pre-trained run
+    cfg = load_config(preset, list(overrides), base=base)
+    cfg = set_values(cfg, {"reference.path": str(directory), **(values or {})})
+    # The student starts from the pre-trained weights through the trainer's init_from, like any warm start.
+    start = {"train.init_from": str(directory), "train.init_weights": "ema" if cfg.reference.ema else "model"}
+    return set_values(cfg, {k: v for k, v in start.items() if k not in (values or {})})
+
+
+def reward_report(run_dir, num_samples: int, seed: int = 0) -> dict:
+    """Mean reward of `num_samples` samples of the pre-trained and of the fine-tuned (EMA) model, same sampler."""
+    post = load_checkpoint(run_dir)
+    cfg = post.config
+    pre = load_checkpoint(cfg.reference.path)
+    data = post.build_data()
+    path = post.build_path()
+    reward = make_reward(cfg.target.reward, decode=data.decode, vocab_size=data.vocab_size)
+    prompt = data.encode(cfg.target.prompt) if cfg.target.prompt else None
+    out = {
+        "reward": cfg.target.reward,
+        "beta": float(cfg.target.beta),
+        "num_samples": int(num_samples),
+        "sample_steps": int(cfg.sample.steps),
+    }
+    for name, ck in (("pretrained", pre), ("finetuned", post)):
+        g = torch.Generator().manual_seed(seed)
+        x, _ = draw(ck.model, path, num_samples, data.seq_len, sample_settings(cfg.sample), generator=g,
+                    prompt=prompt, chunk_size=256)  # fmt: skip
+        r = evaluate_reward(reward, x, 1024).double()
+        out[f"{name}_reward_mean"] = float(r.mean())
+        out[f"{name}_reward_stderr"] = float(r.std() / max(1, r.numel()) ** 0.5)
+        out[f"{name}_example"] = data.decode(x[0])
+    return out
+
+
+def compose(args, config: str, values: dict):
+    """`tcsm finetune reward`'s run config from its arguments."""
+    if not args.checkpoint:
+        raise ConfigError("give the pre-trained model: tcsm finetune reward --checkpoint RUN_DIR (or --resume -o DIR)")
+    return reward_config(args.checkpoint, config, args.overrides, values)
+
+
+def report_of(args):
+    return lazy_report("tcsm.recipes.reward.compose:reward_report", args.eval_samples)

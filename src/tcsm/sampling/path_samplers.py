@@ -1,0 +1,96 @@
+"""The path samplers (MATH.md §6.1, §6.2) as selectable samplers: `ancestral` (the default; the sparse cached
+reveal for an absorbing path, the analytic bridge otherwise), `analytic`, `euler`, and `joint` (the bridge applied
+to a jointly drawn x̂_1, for a model that draws one: `model.x1_sampler(path)`). With `block_length` the first three
+decode block by block (`sampling.decoding`, the ancestral law inside each block)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tcsm.core.errors import ConfigError
+from tcsm.sampling.decoding import decode
+from tcsm.sampling.registry import DrawSettings, Sampler, SamplerSettings, register_sampler
+from tcsm.sampling.samplers import sample
+
+__all__ = ["Analytic", "Ancestral", "BlockSettings", "Euler", "Joint"]
+
+
+@dataclass(frozen=True)
+class BlockSettings(DrawSettings):
+    block_length: int | None = field(
+        default=None,
+        metadata={"help": "masked models: decode blocks of this many positions left to right (null: one)"},
+    )
+
+    def checks(self):
+        ok = self.block_length is None or int(self.block_length) >= 1
+        return [*super().checks(), (ok, f"block_length must be >= 1 or null, got {self.block_length}")]
+
+
+class _PathSampler(Sampler):
+    settings_type = BlockSettings
+
+    def __call__(self, model, path, num, length, *, objective=None, generator=None, device=None, fixed=None,
+                 values=None, callback=None, chunk_size=None, record_steps=None):  # fmt: skip
+        s = self.settings
+        if s.block_length is not None:
+            _no_trajectory(self, record_steps)  # blocks run the path sampler's law as "ancestral" (masked: §6.1 = §6.2)
+            return decode(
+                model, path, batch_size=num, length=length, num_steps=s.steps, method="ancestral", grid=s.grid,
+                temperature=s.temperature, top_p=s.top_p, block_length=s.block_length, final_argmax=s.final_argmax,
+                time_independent=s.time_independent(model, path), fixed=fixed, values=values, generator=generator,
+                device=device, callback=callback,
+            )  # fmt: skip
+        return sample(
+            model, path, batch_size=num, length=length, num_steps=s.steps, method=self.name, grid=s.grid,
+            temperature=s.temperature, top_p=s.top_p, final_argmax=s.final_argmax,
+            time_independent=s.time_independent(model, path), fixed=fixed, values=values, generator=generator,
+            device=device, return_stats=True, callback=callback, chunk_size=chunk_size, record_steps=record_steps,
+        )  # fmt: skip
+
+
+def _no_trajectory(sampler, record_steps) -> None:
+    if record_steps is not None:
+        raise ValueError(f"{sampler.name} with blocks keeps no trajectory: record_steps needs a path sampler without block_length")
+
+
+@register_sampler
+class Ancestral(_PathSampler):
+    name = "ancestral"
+    help = "masked: sparse cached reveal (MDLM); other sources: the analytic bridge (§6.2)"
+
+
+@register_sampler
+class Analytic(_PathSampler):
+    name = "analytic"
+    help = "the exact time-reversal bridge step (§6.2)"
+
+
+@register_sampler
+class Euler(_PathSampler):
+    name = "euler"
+    help = "DFM Euler / τ-leaping step (§6.1)"
+
+
+@register_sampler
+class Joint(Sampler):
+    """The exact bridge on x̂_1 drawn jointly from p_{1|t}(· | x_t) (§6.2, exact for any K). The model declares that
+    it can draw x̂_1 by having `x1_sampler(path)` → (x_t, t, generator) → x̂_1 (e.g. the exact posterior of
+    `tcsm.evaluation.exact`); a network of per-token conditionals cannot."""
+
+    name = "joint"
+    help = "the bridge on a jointly drawn x̂_1 (models with x1_sampler(path), e.g. an exact posterior)"
+    settings_type = SamplerSettings  # x̂_1 is drawn by the model: no temperature, nucleus or argmax applies
+
+    def __call__(self, model, path, num, length, *, objective=None, generator=None, device=None, fixed=None,
+                 values=None, callback=None, chunk_size=None, record_steps=None):  # fmt: skip
+        if not callable(getattr(model, "x1_sampler", None)):
+            raise ConfigError(f"method joint needs a model that draws x̂_1 jointly (x1_sampler(path)); a "
+                             f"{type(model).__name__} has none: choose another sample.method")  # fmt: skip
+        s = self.settings
+        return sample(
+            None, path, batch_size=num, length=length, num_steps=s.steps, method="joint", grid=s.grid,
+            time_independent=s.time_independent(model, path), x1_sampler=model.x1_sampler(path), fixed=fixed,
+            values=values, generator=generator, device=device, return_stats=True, callback=callback,
+            chunk_size=chunk_size, record_steps=record_steps,
+        )  # fmt: skip

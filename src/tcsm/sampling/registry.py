@@ -1,0 +1,132 @@
+"""The samplers a run can choose, by name, each with its own settings (MATH.md §6). A sampler is a class with a
+`name`, a frozen settings dataclass (`settings_type`: only the fields it uses, each with its help) and `__call__`
+drawing (tokens [num, length], stats); `@register_sampler` makes it selectable as `sample.method` and adds its
+fields to the run's `sample:` section. A new sampler is one class in one file."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field, fields
+from typing import ClassVar
+
+from tcsm.sampling.common import GRIDS
+from tcsm.sampling.samplers import may_cache
+
+__all__ = ["SAMPLERS", "DrawSettings", "Sampler", "SamplerSettings", "register_sampler", "sampler_class", "sampler_names"]
+
+#: the modules whose import registers the built-in samplers (imported before any name is looked up)
+HOMES = ("tcsm.sampling.path_samplers", "tcsm.sampling.orders", "tcsm.sampling.own")
+
+
+def _help(text: str) -> dict:
+    return {"help": text}
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    """What every sampler takes: K steps on a time grid, and whether it may reuse a row's model output."""
+
+    steps: int = field(default=128, metadata=_help("sampler steps"))
+    grid: str = field(default="uniform", metadata=_help("time grid: uniform | cosine"))
+    cache: bool = field(default=True, metadata=_help("MDLM's cache where the model and path allow it"))
+
+    def checks(self) -> list[tuple[bool, str]]:
+        return [
+            (int(self.steps) >= 1, f"steps must be >= 1, got {self.steps}"),
+            (self.grid in GRIDS, f"grid must be one of {list(GRIDS)}, got {self.grid!r}"),
+        ]
+
+    def __post_init__(self):
+        for ok, msg in self.checks():
+            if not ok:
+                raise ValueError(msg)
+
+    def time_independent(self, model, path) -> bool:
+        """Whether the sampler may reuse a row's denoiser output while its x_t is unchanged (`may_cache`)."""
+        return bool(self.cache) and may_cache(model, path)
+
+
+@dataclass(frozen=True)
+class DrawSettings(SamplerSettings):
+    """A sampler that draws each token from the denoiser's conditionals: how they are shaped before the draw."""
+
+    temperature: float = field(default=1.0, metadata=_help("softmax temperature of the denoiser's conditionals"))
+    top_p: float = field(default=1.0, metadata=_help("nucleus truncation of each conditional (1: none)"))
+    final_argmax: bool = field(default=False, metadata=_help("take the most likely token at the last step"))
+
+    def checks(self) -> list[tuple[bool, str]]:
+        return [
+            *super().checks(),
+            (self.temperature > 0, f"temperature must be > 0, got {self.temperature}"),
+            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+        ]
+
+
+class Sampler:
+    """A sampler with its settings; `sampler(model, path, num, length, ...)` → (tokens [num, length], stats)."""
+
+    name: ClassVar[str] = ""
+    help: ClassVar[str] = ""
+    settings_type: ClassVar[type] = SamplerSettings
+    #: chosen by the run's objective (its `Samples` declaration), never by `sample.method`
+    own: ClassVar[bool] = False
+    #: reveals at least one position per step, so it takes at most as many steps as there are positions to fill
+    steps_at_most_positions: ClassVar[bool] = False
+
+    def __init__(self, settings: SamplerSettings | None = None):
+        self.settings = settings if settings is not None else self.settings_type()
+
+    @classmethod
+    def from_section(cls, section) -> Sampler:
+        """The sampler with the keys of a `sample:` section (any object with those attributes) it declares."""
+        return cls(cls.settings_type(**{f.name: getattr(section, f.name) for f in fields(cls.settings_type)}))
+
+    def __call__(self, model, path, num: int, length: int, *, objective=None, generator=None, device=None,
+                 fixed=None, values=None, callback=None, chunk_size=None, record_steps=None):  # fmt: skip
+        """(tokens [num, length], stats). `fixed` / `values` [num, length] pin positions (prompts, infilling);
+        `callback(k, t, x)` sees each step; `chunk_size` bounds the rows per network call and `record_steps` keeps
+        x_{t_k} in `stats.trajectory` (path samplers)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.settings})"
+
+
+SAMPLERS: dict[str, type[Sampler]] = {}
+_homes_imported = False
+
+
+def register_sampler(cls: type[Sampler]) -> type[Sampler]:
+    """Class decorator: make `cls` selectable by `cls.name`."""
+    if not cls.name or cls.name in SAMPLERS and SAMPLERS[cls.name] is not cls:
+        raise ValueError(f"sampler name {cls.name!r} is empty or already registered")
+    SAMPLERS[cls.name] = cls
+    return cls
+
+
+def _import_homes() -> None:
+    global _homes_imported
+    if not _homes_imported:
+        _homes_imported = True
+        for module in HOMES:
+            importlib.import_module(module)
+
+
+def sampler_names() -> tuple[str, ...]:
+    """Every name `sample.method` accepts, in registration order."""
+    _import_homes()
+    return tuple(n for n, c in SAMPLERS.items() if not c.own)
+
+
+def sampler_class(name: str) -> type[Sampler]:
+    """The sampler registered as `name`; ValueError (one line, with the choices) otherwise."""
+    _import_homes()
+    cls = SAMPLERS.get(name)
+    if cls is None or cls.own:
+        raise ValueError(f"method must be one of {list(sampler_names())}, got {name!r}")
+    return cls
+
+
+def all_sampler_classes() -> list[type[Sampler]]:
+    _import_homes()
+    return list(SAMPLERS.values())

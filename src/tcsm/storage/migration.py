@@ -1,0 +1,241 @@
+"""Readers of what older versions wrote or named: module paths that moved into the layer folders, config keys that
+moved (MOVED_KEYS, and MOVED_ENTRY_KEYS inside one registry entry's section), and saved configs from before a model field existed. Every shim for an old name lives here and says, once, in one line, what the new
+name is.
+
+An old import (`import tcsm.likelihood`, `from tcsm.batch import Batch`) still works: a meta-path finder maps the old
+module name to its new home (or, for a module that was split, to a view over its parts) and warns once. An old config
+key (`objective.sir_k=4`, `target.teacher: run`) is read as its new one, with a note on stderr when a person wrote
+it and silently when it comes from a saved run's config."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+import types
+import warnings
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from tcsm.core.errors import ConfigError
+
+if TYPE_CHECKING:  # omegaconf is imported where a config is read, so that `import tcsm` stays cheap
+    from omegaconf import DictConfig
+
+#: old module → the module(s) that now hold its names, searched in order.
+MOVED_MODULES: dict[str, tuple[str, ...]] = {
+    "tcsm.batch": ("tcsm.core.batch",),
+    "tcsm.protocols": ("tcsm.core.protocols",),
+    "tcsm.errors": ("tcsm.core.errors",),
+    "tcsm.progress": ("tcsm.core.progress",),
+    "tcsm.fileio": ("tcsm.storage.fileio",),
+    "tcsm.checkpoint": ("tcsm.storage.checkpoint",),
+    "tcsm.schedules": ("tcsm.paths.schedules",),
+    "tcsm.timesteps": ("tcsm.paths.timesteps",),
+    "tcsm.divergences": ("tcsm.objectives.divergences",),
+    "tcsm.baselines": ("tcsm.objectives.sedd",),
+    "tcsm.clean_losses": ("tcsm.objectives.clean_lm",),
+    "tcsm.toy": ("tcsm.evaluation.exact",),
+    "tcsm.likelihood": ("tcsm.evaluation.likelihood", "tcsm.core.results", "tcsm.paths.bounds"),
+    "tcsm.posttrain.preference.pairs": ("tcsm.data.pairs",),
+    "tcsm.posttrain.sft.data": ("tcsm.data.sft",),
+    "tcsm.builders.sampler": ("tcsm.sampling.settings",),
+    **{f"tcsm.posttrain.{m}.builder": (f"tcsm.recipes.{m}.builder",) for m in ("dre", "preference", "reward", "sft", "distill")},
+    **{f"tcsm.posttrain.{m}.recipe": (f"tcsm.recipes.{m}.compose",) for m in ("dre", "preference", "reward", "sft", "distill")},
+}
+
+
+class _Moved(importlib.abc.Loader):
+    def __init__(self, old: str, homes: tuple[str, ...]):
+        self.old, self.homes = old, homes
+
+    def create_module(self, spec):
+        warnings.warn(f"{self.old} moved to {' + '.join(self.homes)}; import it from there", DeprecationWarning, stacklevel=2)
+        modules = [importlib.import_module(h) for h in self.homes]
+        if len(modules) == 1:
+            return modules[0]
+        view = types.ModuleType(self.old, f"{self.old}: the names of {', '.join(self.homes)}")
+
+        def __getattr__(name):
+            for m in modules:
+                if hasattr(m, name):
+                    return getattr(m, name)
+            raise AttributeError(f"module {self.old!r} has no attribute {name!r}")
+
+        view.__getattr__ = __getattr__
+        return view
+
+    def exec_module(self, module) -> None:
+        pass
+
+
+class _MovedModuleFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path=None, target=None):
+        homes = MOVED_MODULES.get(fullname)
+        return importlib.util.spec_from_loader(fullname, _Moved(fullname, homes)) if homes else None
+
+
+def install_module_aliases() -> None:
+    """Let old module paths import (idempotent); called when `tcsm` is imported."""
+    if not any(isinstance(f, _MovedModuleFinder) for f in sys.meta_path):
+        sys.meta_path.append(_MovedModuleFinder())
+
+
+def migrate_saved_config(config: dict | None) -> None:
+    """Saved configs from before a model field existed get the value those models were trained with, so that
+    they rebuild the same function rather than the new default."""
+    model = config.get("model") if isinstance(config, dict) else None
+    if not isinstance(model, dict):
+        return
+    # An energy run's config describes its reference denoiser too.
+    for node in (model, model.get("reference_model")):
+        is_denoiser = isinstance(node, dict) and node and node.get("name", "denoiser") == "denoiser"  # its schema
+        if is_denoiser and "activation" not in node:
+            node["activation"] = "gelu_tanh"  # the denoiser's MLP before `activation` (default now exact GELU)
+
+
+#: Keys that moved, old → new. A config (YAML, override) that still uses an old key is read as the new one with a
+#: one-line note on stderr; a saved run's config is migrated silently, so every existing run still loads.
+MOVED_KEYS = {
+    "objective.sir_k": "sample.sir_k",
+    "objective.sir_window": "sample.sir_window",
+    "objective.sir_temperature": "sample.sir_temperature",
+    # the one frozen model of a run, four names before
+    "target.pretrained": "reference.path",
+    "target.teacher": "reference.path",
+    "model.reference": "reference.path",
+    "objective.reference": "reference.path",
+    "target.ema": "reference.ema",
+    "model.reference_ema": "reference.ema",
+    "objective.reference_ema": "reference.ema",
+}
+
+#: old keys whose values listed here keep their meaning in place (objective.reference=ema | previous: strategy
+#: (i) of DRE refers to the trainer's own EMA or previous iterate, not to a frozen checkpoint)
+KEPT_VALUES = {"objective.reference": ("ema", "previous")}
+
+
+def without_reference(run_config: dict) -> dict:
+    """A run's config (plain dict) without its frozen model (`reference` and every old name of it): the base of a
+    recipe that starts from that run and chooses its own reference."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in run_config.items() if k != "reference"}
+    for old, new in MOVED_KEYS.items():
+        section, key = old.split(".", 1)
+        inside = isinstance(out.get(section), dict) and out[section].get(key) not in KEPT_VALUES.get(old, ())
+        if new.startswith("reference.") and inside:
+            out[section].pop(key, None)
+    return out
+
+_noted: set = set()  # the old keys noted so far (once per process)
+
+
+def move_keys(layer: DictConfig, label: str | None) -> DictConfig:
+    """`layer` with every key of MOVED_KEYS it sets under its new name; a note per old key unless `label` is None."""
+    from omegaconf import OmegaConf
+
+    moved = {}
+    for old, new in MOVED_KEYS.items():
+        value = OmegaConf.select(layer, old, default=_ABSENT)
+        if value is _ABSENT or value in KEPT_VALUES.get(old, ()):
+            continue
+        if value is None:  # unset under its old name: nothing to carry over
+            moved[old] = (None, None)
+            continue
+        there = OmegaConf.select(layer, new, default=_ABSENT)
+        if there is not _ABSENT and there != value:
+            raise ConfigError(f"{old} (the old name of {new}) and {new} are both set, to different values")
+        earlier = next((v for n, v in moved.values() if n == new), _ABSENT)
+        if earlier is not _ABSENT and earlier != value:
+            raise ConfigError(f"{old} and another old name of {new} are both set, to different values")
+        moved[old] = (new, value)
+    if not moved:
+        return layer
+    layer = OmegaConf.merge(layer, {})  # a copy: presets are cached by nobody, but callers may reuse a base
+    for old, (new, value) in moved.items():
+        section, key = old.split(".", 1)
+        del layer[section][key]
+        if new is None:
+            continue
+        OmegaConf.update(layer, new, value, force_add=True)
+        if label is not None and old not in _noted:
+            _noted.add(old)
+            sys.stderr.write(f"tcsm: note: {old} is now {new} (read as {new}={_show(value)}; in {label})\n")
+    return layer
+
+
+#: Keys that moved inside the section of one registry entry only: (section, the section's `name`) → {old: new}.
+#: DRE's Bregman generator (lsif | bce | gkl) was `objective.loss`; it is `objective.bregman`, as in the composed
+#: objective, whose `objective.loss` (distrib | score, the loss form) keeps its name.
+MOVED_ENTRY_KEYS: dict[tuple[str, str], dict[str, str]] = {("objective", "dre"): {"loss": "bregman"}}
+
+
+def move_layers(layers: Sequence[tuple[DictConfig, str | None]]) -> list[DictConfig]:
+    """The layers of a run config, lowest first, each with the label of who wrote it (None: a saved run's config),
+    with every moved key under its new name: MOVED_KEYS in every layer (`move_keys`), MOVED_ENTRY_KEYS in a layer
+    whose section names that entry or, not naming one, lies over a layer that does (a preset's `objective.name:
+    dre` under an override's `objective.loss=lsif`). A note per old key unless the label is None."""
+    from omegaconf import DictConfig
+
+    names: dict[str, object] = {}  # section → the entry named by the highest layer so far
+    out = []
+    for layer, label in layers:
+        layer = move_keys(layer, label)
+        for (section, entry), keys in MOVED_ENTRY_KEYS.items():
+            node = layer.get(section)
+            if not isinstance(node, DictConfig):
+                continue
+            names[section] = node.get("name", names.get(section))
+            if names[section] == entry:
+                layer = _move_entry_keys(layer, section, entry, keys, label)
+        out.append(layer)
+    return out
+
+
+def _move_entry_keys(layer: DictConfig, section: str, entry: str, keys: dict[str, str], label: str | None):
+    from omegaconf import OmegaConf
+
+    for old, new in keys.items():
+        value = layer[section].get(old, _ABSENT)
+        if value is _ABSENT:
+            continue
+        there = layer[section].get(new, _ABSENT)
+        if value is not None and there is not _ABSENT and there != value:
+            raise ConfigError(
+                f"{section}.{old} (the old name of {section}.{new} for {section}.name={entry}) and {section}.{new} "
+                "are both set, to different values"
+            )
+        layer = OmegaConf.merge(layer, {})  # a copy, as in move_keys
+        del layer[section][old]
+        if value is None:  # unset under its old name: nothing to carry over
+            continue
+        OmegaConf.update(layer, f"{section}.{new}", value, force_add=True)
+        if label is not None and (section, entry, old) not in _noted:
+            _noted.add((section, entry, old))
+            sys.stderr.write(
+                f"tcsm: note: {section}.{old} of {section}.name={entry} is now {section}.{new} "
+                f"(read as {section}.{new}={_show(value)}; in {label})\n"
+            )
+    return layer
+
+
+def current_key(key: str, value, config: dict) -> str:
+    """The name that the dotted `key`, set to `value` on top of the complete run `config` (a plain dict), has now:
+    a caller that sets values on a loaded config (`builders.config.set_values`) writes the key the config holds,
+    rather than an old name beside it."""
+    if key in MOVED_KEYS and value not in KEPT_VALUES.get(key, ()):
+        return MOVED_KEYS[key]
+    section, _, leaf = key.partition(".")
+    node = config.get(section)
+    name = node.get("name") if isinstance(node, dict) else None
+    return f"{section}.{MOVED_ENTRY_KEYS[section, name][leaf]}" if leaf in MOVED_ENTRY_KEYS.get((section, name), {}) else key
+
+
+_ABSENT = object()
+
+
+def _show(value) -> str:
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    return str(OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value)
+

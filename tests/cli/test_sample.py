@@ -1,0 +1,263 @@
+"""`tcsm sample` end to end on a tiny character-level checkpoint trained here, and its error cases."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tcsm.cli import main
+from tcsm.cli.sample import template_positions
+
+CORPUS = "the cat sat on the mat and the dog ate a hat. " * 60
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A 3-step masked-diffusion run on a character corpus (vocabulary ' .acdeghmnost')."""
+    from tcsm.builders.config import load_config
+    from tcsm.train.trainer import Trainer
+
+    root = tmp_path_factory.mktemp("sample_cli")
+    (root / "corpus.txt").write_text(CORPUS)
+    cfg = load_config(base={
+        "data": {"kind": "text", "path": str(root / "corpus.txt"), "seq_len": 24, "valid_frac": 0.1,
+                 "test_frac": 0.1},
+        "model": {"preset": "tiny", "d_model": 32, "n_layers": 1, "n_heads": 2, "cond_dim": 16, "max_len": 32,
+                  "time_conditioning": False},
+        "train": {"steps": 3, "batch_size": 4, "device": "cpu", "ema": 0.9, "eval_every": 0, "eval_examples": 4,
+                  "sample_every": 0, "save_every": 0, "progress": False, "tensorboard": False, "log_every": 1},
+        "eval": {"batch_size": 4},
+        "sample": {"num": 0},
+    })
+    Trainer.from_config(cfg, root / "run", log=lambda s: None).fit()
+    return root / "run"
+
+
+def _sample(capsys, *argv):
+    code = main(["sample", *map(str, argv), "--no-progress"])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_unconditional_text_and_jsonl(run_dir, capsys, tmp_path):
+    code, out, err = _sample(capsys, run_dir, "-n", 3, "--steps", 8, "--seed", 1)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 3 and all(len(line) == 24 for line in lines)
+    assert set("".join(lines)) <= set(CORPUS)
+    assert "3 samples" in err and "network calls" in err
+    # Same seed → same samples; jsonl carries the tokens and the settings.
+    dest = tmp_path / "s.jsonl"
+    code, _, err = _sample(capsys, run_dir, "-n", 3, "--steps", 8, "--seed", 1, "-o", dest)
+    assert code == 0, err
+    rows = [json.loads(line) for line in dest.read_text().splitlines()]
+    assert [r["text"] for r in rows] == lines
+    assert all(len(r["tokens"]) == 24 and r["steps"] == 8 and r["seed"] == 1 for r in rows)
+
+
+def test_prompts_stay_fixed(run_dir, capsys):
+    code, out, err = _sample(capsys, run_dir, "-n", 2, "--steps", 6, "--prompt", "the dog", "--prompt", "a hat",
+                             "--batch-size", 1, "--temperature", 0.7, "--top-p", 0.9)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 4
+    assert lines[0].startswith("the dog") and lines[1].startswith("the dog")
+    assert lines[2].startswith("a hat") and lines[3].startswith("a hat")
+
+
+def test_infilling_keeps_given_positions(run_dir, capsys, tmp_path):
+    template = "the ___ sat on the ___"
+    code, out, err = _sample(capsys, run_dir, "-n", 2, "--steps", 5, "--infill", template, "--method", "euler")
+    assert code == 0, err
+    for line in out.splitlines():
+        assert len(line) == 24
+        assert all(c == t for c, t in zip(line, template) if t != "_")
+    # A JSON template: nulls are filled, ids are kept.
+    f = tmp_path / "mask.jsonl"
+    f.write_text(json.dumps({"tokens": [3, None, 5] + [None] * 10}) + "\n")
+    code, out, err = _sample(capsys, run_dir, "-n", 2, "--steps", 4, "--infill-json", f, "--format", "jsonl")
+    assert code == 0, err
+    for row in map(json.loads, out.splitlines()):
+        assert row["tokens"][0] == 3 and row["tokens"][2] == 5
+
+
+def test_template_positions_for_a_multi_character_tokenizer():
+    enc = {"ab": [7, 8], "c": [9]}
+    fixed, values = template_positions("ab__c", enc.__getitem__, "_", 7)
+    assert fixed == [True, True, False, False, True, False, False]
+    assert values[:2] == [7, 8] and values[4] == 9
+    with pytest.raises(ValueError, match="7 tokens long"):
+        template_positions("ab__c__", enc.__getitem__, "_", 6)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--steps", "0"], "positive integer"),
+        (["--steps", "ten"], "positive integer"),
+        (["--top-p", "1.5"], "(0.0, 1.0]"),
+        (["--temperature", "0"], "number in"),
+        (["--method", "gibbs"], "unknown --method"),
+        (["--prompt", "the cat sat on the mat and the dog"], "tokens long"),
+        (["--prompt", "XYZ"], "outside the"),
+        (["--length", "999"], "maximum length"),
+        (["--infill", "a_", "--prompt", "a"], "not several"),
+    ],
+)
+def test_bad_arguments_exit_non_zero_with_one_line(run_dir, capsys, argv, message):
+    code, err = None, ""
+    try:
+        code, _, err = _sample(capsys, run_dir, *argv)
+    except SystemExit as e:  # argparse-level errors exit from inside the parser
+        code = e.code
+        err = capsys.readouterr().err
+    assert code != 0
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], err
+
+
+def test_missing_and_corrupt_checkpoints(run_dir, capsys, tmp_path):
+    code, _, err = _sample(capsys, tmp_path / "nope")
+    assert code != 0 and len(err.strip().splitlines()) == 1 and "does not exist" in err
+    broken = tmp_path / "broken"
+    shutil.copytree(run_dir, broken)
+    for step in (broken / "checkpoints").glob("step_*"):
+        weights = step / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:-7] + b"garbage")
+    code, _, err = _sample(capsys, broken)
+    assert code != 0 and len(err.strip().splitlines()) == 1 and "corrupt" in err
+
+
+def test_cached_sampler_for_a_time_independent_masked_model(run_dir, capsys):
+    def calls(*argv):
+        code, _, err = _sample(capsys, run_dir, "-n", 1, "--steps", 64, *argv)
+        assert code == 0, err
+        return int(err.split(" network calls")[0].rsplit(" ", 1)[1])
+
+    # MDLM cache (MATH.md §6.2): a call only after a step that revealed something, so at most L + 1 = 25.
+    cached, uncached = calls(), calls("--no-cache")
+    assert cached <= 25 < uncached <= 64
+
+
+# --- tcsm eval --genppl / --zeroshot -------------------------------------------------------------------
+
+DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+BPE = DATA / "gpt2_bpe"
+needs_bpe = pytest.mark.skipif(not (BPE / "encoder.json").is_file(), reason="GPT-2 BPE files not present")
+
+
+def _eval_json(capsys, *argv):
+    code = main(["eval", *map(str, argv), "--json"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    return json.loads(out.out)
+
+
+@pytest.fixture(scope="module")
+def hf_reference(tmp_path_factory):
+    """A tiny random Hugging Face GPT-2 with the real GPT-2 tokenizer, saved to a directory."""
+    transformers = pytest.importorskip("transformers")
+    if not (BPE / "encoder.json").is_file():
+        pytest.skip("GPT-2 BPE files not present")
+    from tcsm.data import gpt2_tokenizer
+
+    d = tmp_path_factory.mktemp("hf_ref")
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=gpt2_tokenizer(str(BPE)).hf._tokenizer, eos_token="<|endoftext|>", bos_token="<|endoftext|>"
+    )
+    tok.save_pretrained(d)
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=50257, n_positions=64, n_embd=16, n_layer=1, n_head=2)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(d)
+    return d
+
+
+def test_eval_genppl_curve_and_samples_file(run_dir, hf_reference, capsys, tmp_path):
+    from tcsm.evaluation import ScorerLM, generative_perplexity
+
+    png = tmp_path / "curve.png"
+    res = _eval_json(capsys, run_dir, "--genppl", "--reference", hf_reference, "--steps", "4,16",
+                     "--num-samples", 3, "--batch-size", 2, "--plot", png, "--output", tmp_path / "r.json")
+    assert [r["steps"] for r in res["genppl"]] == [4, 16]
+    assert all(r["gen_ppl"] > 1 and r["entropy_mean"] > 0 and r["num_samples"] == 3 for r in res["genppl"])
+    assert png.stat().st_size > 1000 and json.loads((tmp_path / "r.json").read_text())["genppl"]
+    # Scoring a `tcsm sample` jsonl file gives the library's number for the same texts.
+    samples = tmp_path / "s.jsonl"
+    assert main(["sample", str(run_dir), "-n", "3", "--steps", "8", "-o", str(samples), "--no-progress"]) == 0
+    res = _eval_json(capsys, run_dir, "--genppl", "--reference", hf_reference, "--samples", samples)
+    texts = [json.loads(line)["text"] for line in samples.read_text().splitlines()]
+    direct = generative_perplexity(ScorerLM.from_pretrained(hf_reference), texts=texts)
+    assert res["genppl"][0]["gen_ppl"] == pytest.approx(direct.gen_ppl, rel=1e-6)
+
+
+def test_eval_genppl_with_a_tcsm_causal_reference(run_dir, capsys, tmp_path):
+    from tcsm.builders.config import load_config, to_dict
+    from tcsm.builders.loading import load_checkpoint
+    from tcsm.storage.checkpoint import save_checkpoint
+
+    own = load_checkpoint(run_dir)
+    cfg = load_config(base={**to_dict(own.config), "model": {"name": "causal", "preset": "small", "d_model": 16,
+                                                             "n_layers": 1, "n_heads": 2, "max_len": 32}})
+    from tcsm.builders.components import build_model_for_checkpoint
+
+    causal = build_model_for_checkpoint(cfg, own.data_info, "cpu")
+    save_checkpoint(tmp_path / "ref" / "checkpoints", 1, model=causal,
+                    state={"config": to_dict(cfg), "data_info": own.data_info})
+    res = _eval_json(capsys, run_dir, "--genppl", "--reference", tmp_path / "ref", "--num-samples", 2,
+                     "--steps", 8)
+    # The causal model's zero-initialised head is uniform over V, so every scored token costs log V.
+    V = own.data_info["vocab_size"]
+    assert res["genppl"][0]["gen_ppl"] == pytest.approx(V, rel=1e-4)
+    assert res["genppl"][0]["num_tokens"] == 2 * 24
+
+
+@pytest.fixture(scope="module")
+def bpe_run(tmp_path_factory):
+    """One training step of a tiny GPT-2-BPE denoiser (V = 50,257)."""
+    if not (BPE / "encoder.json").is_file():
+        pytest.skip("GPT-2 BPE files not present")
+    from tcsm.builders.config import load_config
+    from tcsm.train.trainer import Trainer
+
+    root = tmp_path_factory.mktemp("bpe_run")
+    (root / "corpus.txt").write_text("The quick brown fox jumps over the lazy dog. " * 200)
+    cfg = load_config(base={
+        "data": {"kind": "bpe", "path": str(root / "corpus.txt"), "bpe_dir": str(BPE), "seq_len": 32,
+                 "valid_frac": 0.1, "test_frac": 0.1},
+        "model": {"preset": "tiny", "d_model": 16, "n_layers": 1, "n_heads": 2, "cond_dim": 8, "max_len": 32},
+        "train": {"steps": 1, "batch_size": 2, "device": "cpu", "ema": 0, "eval_every": 0, "eval_examples": 2,
+                  "sample_every": 0, "save_every": 0, "progress": False, "tensorboard": False},
+        "eval": {"batch_size": 2, "num_t": 1},
+        "sample": {"num": 0},
+    })
+    Trainer.from_config(cfg, root / "run", log=lambda s: None).fit()
+    return root / "run"
+
+
+@needs_bpe
+def test_eval_zeroshot_on_a_tiny_gpt2_bpe_model(bpe_run, capsys):
+    from tcsm.data import gpt2_tokenizer
+    from tcsm.evaluation import prepare_zeroshot
+
+    res = _eval_json(capsys, bpe_run, "--zeroshot", "ptb,lambada", "--data-root", DATA, "--max-documents", 8,
+                     "--num-t", 1, "--batch-size", 4)
+    tok = gpt2_tokenizer(str(BPE))
+    for name in ("ptb", "lambada"):
+        r = res["zeroshot"][name]
+        expected = prepare_zeroshot(name, tok, block_size=32, eos_id=50256, data_root=DATA, max_documents=8)
+        assert r["num_blocks"] == expected.blocks.shape[0] and r["protocol"]["layout"] == "sedd"
+        # An almost untrained model: the bound is near log V per token, far above any real model.
+        assert 1e3 < r["ppl_bound"] < 1e7
+    assert "LAMBADA" in res["zeroshot"]["lambada"]["label"]
+
+
+def test_eval_zeroshot_refuses_a_non_bpe_model_in_one_line(run_dir, capsys):
+    assert main(["eval", str(run_dir), "--zeroshot", "ptb"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "GPT-2-BPE" in err[0]
+    assert main(["eval", str(run_dir), "--zeroshot", "enwik8"]) == 2
+    assert "unknown zero-shot set" in capsys.readouterr().err

@@ -1,0 +1,146 @@
+"""storage/migration.py, the one home of old names: old module paths import with a warning, moved config keys are
+carried to their new names (a note only when a label says a person wrote them; conflicting values fail; DRE's
+`objective.loss` only inside a dre objective section, whichever layer names it), a recipe's
+base drops every name of the frozen model, and saved denoiser configs get the activation they were trained with."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from tcsm.core.errors import ConfigError
+from tcsm.storage import migration
+
+
+def test_old_module_path_imports_its_new_home_with_a_warning(monkeypatch):
+    monkeypatch.delitem(sys.modules, "tcsm.batch", raising=False)
+    with pytest.warns(DeprecationWarning, match="tcsm.batch moved to tcsm.core.batch"):
+        old = importlib.import_module("tcsm.batch")
+    from tcsm.core.batch import Batch
+
+    assert old.Batch is Batch
+
+
+def test_move_keys_carries_values_and_notes_once(capsys, monkeypatch):
+    monkeypatch.setattr(migration, "_noted", set())
+    layer = OmegaConf.create({"objective": {"sir_k": 4, "name": "tcsm"}})
+    moved = migration.move_keys(layer, "config x.yaml")
+    assert OmegaConf.to_container(moved) == {"objective": {"name": "tcsm"}, "sample": {"sir_k": 4}}
+    assert layer.objective.sir_k == 4  # the caller's layer is not changed
+    assert capsys.readouterr().err == "tcsm: note: objective.sir_k is now sample.sir_k (read as sample.sir_k=4; in config x.yaml)\n"
+    migration.move_keys(layer, "config x.yaml")
+    assert capsys.readouterr().err == ""
+
+
+def test_move_keys_is_silent_for_saved_runs(capsys, monkeypatch):
+    monkeypatch.setattr(migration, "_noted", set())
+    moved = migration.move_keys(OmegaConf.create({"model": {"reference": "runs/r", "reference_ema": None}}), None)
+    assert OmegaConf.to_container(moved) == {"model": {}, "reference": {"path": "runs/r"}}  # None: dropped, not carried
+    assert capsys.readouterr().err == ""
+
+
+def test_kept_values_stay_in_place():
+    layer = OmegaConf.create({"objective": {"reference": "ema"}})
+    assert migration.move_keys(layer, "x") is layer
+
+
+@pytest.mark.parametrize(
+    "layer",
+    [{"target": {"teacher": "a"}, "reference": {"path": "b"}}, {"target": {"teacher": "a", "pretrained": "b"}}],
+)
+def test_conflicting_names_fail(layer):
+    with pytest.raises(ConfigError, match="both set, to different values"):
+        migration.move_keys(OmegaConf.create(layer), None)
+
+
+def test_without_reference_drops_every_name_of_the_frozen_model():
+    run = {"reference": {"path": "r"}, "target": {"name": "x", "teacher": "t", "ema": True},
+           "objective": {"reference": "previous", "reference_ema": True}, "model": {"reference": "m"}}  # fmt: skip
+    out = migration.without_reference(run)
+    assert out == {"target": {"name": "x"}, "objective": {"reference": "previous"}, "model": {}}
+    assert run["target"]["teacher"] == "t"  # a copy
+
+
+def test_saved_denoiser_configs_get_their_old_activation():
+    config = {"model": {"name": "denoiser", "reference_model": {"name": "denoiser"}}}
+    migration.migrate_saved_config(config)
+    assert config["model"]["activation"] == "gelu_tanh" == config["model"]["reference_model"]["activation"]
+    kept = {"model": {"name": "denoiser", "activation": "gelu"}}
+    migration.migrate_saved_config(kept)
+    assert kept["model"]["activation"] == "gelu"
+
+
+def _layers(*layers):
+    return [(OmegaConf.create(layer), label) for layer, label in layers]
+
+
+def test_dre_loss_under_a_lower_layers_entry_name_is_read_as_bregman_with_a_note(capsys, monkeypatch):
+    """The preset names the dre objective, the override writes its old `objective.loss`: one note, new key."""
+    monkeypatch.setattr(migration, "_noted", set())
+    preset = {"objective": {"name": "dre", "bregman": "bce"}}
+    moved = migration.move_layers(_layers((preset, "config p"), ({"objective": {"loss": "lsif"}}, "the overrides")))
+    assert OmegaConf.to_container(moved[1]) == {"objective": {"bregman": "lsif"}}
+    assert OmegaConf.to_container(moved[0]) == preset
+    assert capsys.readouterr().err == (
+        "tcsm: note: objective.loss of objective.name=dre is now objective.bregman "
+        "(read as objective.bregman=lsif; in the overrides)\n"
+    )
+
+
+def test_dre_loss_of_a_saved_run_is_read_as_bregman_silently(capsys, monkeypatch):
+    monkeypatch.setattr(migration, "_noted", set())
+    (moved,) = migration.move_layers(_layers(({"objective": {"name": "dre", "loss": "gkl"}}, None)))
+    assert OmegaConf.to_container(moved) == {"objective": {"name": "dre", "bregman": "gkl"}}
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    "layers",
+    [
+        [({"objective": {"name": "tcsm", "loss": "score"}}, "x")],  # the composed objective's loss form
+        [({"objective": {"name": "dre"}}, None), ({"objective": {"name": "tcsm", "loss": "score"}}, "x")],
+        [({"objective": {"name": "tcsm", "loss": "distrib"}}, None), ({"objective": {"loss": "score"}}, "x")],
+        [({"objective": {"loss": "distrib"}}, "x")],  # no name: the default entry, the composed objective
+    ],
+)
+def test_objective_loss_of_other_objectives_keeps_its_name(layers, capsys):
+    given = _layers(*layers)
+    assert [m is g for m, (g, _) in zip(migration.move_layers(given), given)] == [True] * len(given)
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("label", [None, "the overrides"])
+def test_dre_loss_and_bregman_set_differently_fail_in_one_line(label):
+    layer = {"objective": {"name": "dre", "loss": "lsif", "bregman": "bce"}}
+    with pytest.raises(ConfigError, match=r"^objective.loss \(the old name of objective.bregman for objective.name=dre\) "):
+        migration.move_layers(_layers((layer, label)))
+    same = {"objective": {"name": "dre", "loss": "bce", "bregman": "bce"}}
+    (moved,) = migration.move_layers(_layers((same, None)))
+    assert OmegaConf.to_container(moved) == {"objective": {"name": "dre", "bregman": "bce"}}
+
+
+def test_current_key_names_the_key_a_config_holds():
+    dre, tcsm = {"objective": {"name": "dre", "bregman": "bce"}}, {"objective": {"name": "tcsm", "loss": "distrib"}}
+    assert migration.current_key("objective.loss", "lsif", dre) == "objective.bregman"
+    assert migration.current_key("objective.loss", "score", tcsm) == "objective.loss"
+    assert migration.current_key("objective.sir_k", 4, tcsm) == "sample.sir_k"
+    assert migration.current_key("objective.reference", "ema", dre) == "objective.reference"  # a kept value
+    assert migration.current_key("train.steps", 3, dre) == "train.steps"
+
+
+def test_the_config_loader_and_set_values_read_dres_old_key(capsys, monkeypatch):
+    from tcsm.builders.config import load_config, set_values, to_dict
+
+    monkeypatch.setattr(migration, "_noted", set())
+    cfg = load_config("finetune-dre", ["objective.loss=lsif"])  # the name from the preset, the key from a person
+    assert cfg.objective.bregman == "lsif" and "loss" not in cfg.objective
+    assert "objective.loss of objective.name=dre is now objective.bregman" in capsys.readouterr().err
+    saved = to_dict(load_config("finetune-dre"))
+    saved["objective"]["loss"] = saved["objective"].pop("bregman")  # a run saved before the rename
+    assert load_config(base=saved).objective.bregman == "bce" and capsys.readouterr().err == ""
+    assert set_values(cfg, {"objective.loss": "gkl"}).objective.bregman == "gkl"
+    assert load_config("synthetic", ["objective.loss=score"]).objective.loss == "score"
+    assert capsys.readouterr().err == ""
