@@ -159,7 +159,7 @@ def numerics(trainer, args) -> dict:
     g = torch.Generator(device=dev).manual_seed(0)
     x1 = trainer.data.get_batch("valid", torch.arange(min(64, trainer.data.valid.shape[0])), dev)
     t = torch.rand(x1.shape[0], device=dev, generator=g)
-    xt = trainer.path.sample(x1, t, generator=g)
+    xt = trainer.path.draw_xt(x1, t, generator=g)
     with torch.no_grad():
         lp32 = torch.log_softmax(model(xt, t), -1)
         with torch.autocast(dev.type, dtype=torch.bfloat16):

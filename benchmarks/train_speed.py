@@ -61,7 +61,7 @@ class PlainCE:
 
     def __call__(self, model, x1, generator=None):
         t = torch.rand(x1.shape[0], generator=generator)
-        xt = self.path.sample(x1, t, generator)
+        xt = self.path.draw_xt(x1, t, generator)
         logits = model(xt, t)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x1.reshape(-1)), {}
 
@@ -271,7 +271,7 @@ def main(argv=None):
     x1 = tokens(B, L)
     step_timers = {n: step_timer(models[kind], o, x1, args.precision, args.seed) for n, (o, kind) in objs.items()}
     with torch.no_grad(), autocast(args.precision):
-        logits0 = models["masked"](paths["masked"].sample(x1, torch.full((B,), 0.5), g), torch.full((B,), 0.5)).float()
+        logits0 = models["masked"](paths["masked"].draw_xt(x1, torch.full((B,), 0.5), g), torch.full((B,), 0.5)).float()
     loss_timers = {n: loss_only_timer(o, logits0, x1, paths[kind], args.precision, args.seed)
                    for n, (o, kind) in objs.items()}
     med_step = interleave(step_timers, args.rounds)

@@ -362,7 +362,7 @@ def test_shape_dtype_and_finite_for_extreme_logits(kind, bound):
     logits = torch.randn(B, L, V) * 1e30
     for t in (torch.finfo(torch.float32).tiny, 1.0 - 2.0**-24, 0.5):
         tt = torch.full((B,), t)
-        xt = path.sample(x1, tt.double(), torch.Generator().manual_seed(1))
+        xt = path.draw_xt(x1, tt.double(), torch.Generator().manual_seed(1))
         if kind == "masked":
             xt[:, 0] = path.mask_id  # make the masked sum non-empty
         val = nelbo_integrand(logits, x1, xt, tt, path, bound)

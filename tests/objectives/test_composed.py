@@ -58,7 +58,7 @@ class Enumeration:
     def conditional_target_batch(self):
         """The same targets, produced by `ConditionalTarget` (the explicit-target interface) on these pairs."""
         fixed = copy.copy(self.path)
-        fixed.sample = lambda x1, t, generator=None: self.xt  # the enumerated x_t instead of a random draw
+        fixed.draw_xt = lambda x1, t, generator=None: self.xt  # the enumerated x_t instead of a random draw
         batch = ConditionalTarget(self.toy.conditionals)(self.x1, self.tb, fixed)
         return replace(batch, weight=self.prob * len(self.prob))
 
@@ -289,7 +289,7 @@ def test_objective_reproduces_mdlm_nelbo_integrand():
     loss, metrics = Objective(path)(model, x1, torch.Generator().manual_seed(5))
     g = torch.Generator().manual_seed(5)
     t = sample_times(B, antithetic=True, generator=g)
-    xt = path.sample(x1, t, g)
+    xt = path.draw_xt(x1, t, g)
     logp = torch.log_softmax(model(xt, t), -1).gather(-1, x1[..., None])[..., 0]
     manual = (1.0 / (1.0 - t) * (-(logp * (xt == V)).sum(-1))).mean() / L
     torch.testing.assert_close(loss, manual)

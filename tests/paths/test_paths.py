@@ -196,14 +196,14 @@ def _assert_frequencies(freq, p, n):
 @pytest.mark.parametrize("name", PATHS)
 @pytest.mark.parametrize("t", [0.2, 0.65])
 def test_sample_frequencies_match_kernel(name, t):
-    """x_t ~ path.sample(x_1, t) has per-token frequencies k_t(· | x_1) (MATH.md §1.1); fixed seed, 5σ bounds."""
+    """x_t ~ path.draw_xt(x_1, t) has per-token frequencies k_t(· | x_1) (MATH.md §1.1); fixed seed, 5σ bounds."""
     V, n = 4, 20000
     path = PATHS[name](V)
     g = torch.Generator().manual_seed(0)
     K = kernel_matrix(path, t)
     for y in range(V):
         x1 = torch.full((n // 10, 10), y)
-        xt = path.sample(x1, torch.full((n // 10,), t), g)
+        xt = path.draw_xt(x1, torch.full((n // 10,), t), g)
         _assert_frequencies(_frequencies(xt, path.num_states), K[:, y], n)
 
 
@@ -220,7 +220,7 @@ def test_noise_samples_the_chain_and_composes_statistically(name):
         xs = torch.full((n // 10, 10), y)
         _assert_frequencies(_frequencies(path.noise(xs, sv, tv, g), path.num_states), T[:, y], n)
     x1 = torch.full((n // 10, 10), 1)
-    xt = path.noise(path.sample(x1, sv, g), sv, tv, g)
+    xt = path.noise(path.draw_xt(x1, sv, g), sv, tv, g)
     _assert_frequencies(_frequencies(xt, path.num_states), kernel_matrix(path, t)[:, 1], n)
 
 
@@ -402,7 +402,7 @@ def test_toy_conditionals_and_sampling(V, L):
 
 @pytest.mark.parametrize("kind", ["masked", "uniform"])
 def test_data_and_conditional_targets_build_consistent_batches(kind):
-    """DataTarget: x_t = path.sample(x_1, t) with the same generator, Monte Carlo target (no log_q);
+    """DataTarget: x_t = path.draw_xt(x_1, t) with the same generator, Monte Carlo target (no log_q);
     ConditionalTarget: the same x_t plus log q = path.target_conditional(log_p1_cond(x_1), x_t, t)."""
     V, B, L = 3, 5, 2
     path = make_path(kind, V)
@@ -410,7 +410,7 @@ def test_data_and_conditional_targets_build_consistent_batches(kind):
     x1 = toy.sample(B, torch.Generator().manual_seed(0))
     t = torch.rand(B, generator=torch.Generator().manual_seed(1))
     data = DataTarget()(x1, t, path, torch.Generator().manual_seed(2))
-    expect_xt = path.sample(x1, t, torch.Generator().manual_seed(2))
+    expect_xt = path.draw_xt(x1, t, torch.Generator().manual_seed(2))
     assert torch.equal(data.xt, expect_xt) and torch.equal(data.x1, x1) and data.log_q is None
     assert torch.equal(data.loss_mask, path.loss_mask(expect_xt)) and not data.explicit
     cond = ConditionalTarget(toy.conditionals)(x1, t, path, torch.Generator().manual_seed(2))

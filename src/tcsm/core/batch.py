@@ -46,7 +46,7 @@ class Batch:
 
     def noised(self, path, x1: Tensor, t: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """x_t ~ p_{t|1}(· | x1) with conditioning positions kept clean (MATH.md §1.1)."""
-        xt = path.sample(x1, t, generator)
+        xt = path.draw_xt(x1, t, generator)
         return xt if self.cond_mask is None else torch.where(self.cond_mask, x1, xt)
 
     def scored(self, path, xt: Tensor) -> Tensor:

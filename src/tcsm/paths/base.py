@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from tcsm.paths.schedules import LinearSchedule, Schedule
+from tcsm.storage.migration import renamed_method
 
 
 def _col(v: Tensor, like: Tensor) -> Tensor:
@@ -70,7 +71,7 @@ class ProbabilityPath:
         return self.schedule.kappa(t)
 
     # --- interface ----------------------------------------------------------------------------------
-    def sample(self, x1: Tensor, t: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    def draw_xt(self, x1: Tensor, t: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """Draw x_t ~ p_{t|1}(· | x_1) independently per token (MATH.md §1.1)."""
         return self.noise(x1, torch.ones_like(t), t, generator)
 
@@ -151,3 +152,5 @@ def _log_mass_except(logits: Tensor, lse: Tensor, idx: Tensor) -> Tensor:
     excl = logits.scatter(-1, idx.unsqueeze(-1), -torch.inf)
     return torch.logsumexp(excl, dim=-1) - lse
 
+
+renamed_method(ProbabilityPath, "sample", "draw_xt")  # `sample` named four other things: samplers, draws of p_1, ...

@@ -239,3 +239,14 @@ def _show(value) -> str:
 
     return str(OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value)
 
+
+def renamed_method(cls, old: str, new: str) -> None:
+    """Keep `cls.old` working as `cls.new` with a one-line DeprecationWarning (once per call site), so code written
+    against the old name runs unchanged."""
+
+    def old_name(self, *args, **kwargs):
+        warnings.warn(f"{cls.__name__}.{old} is now {cls.__name__}.{new}", DeprecationWarning, stacklevel=2)
+        return getattr(self, new)(*args, **kwargs)
+
+    old_name.__name__, old_name.__doc__ = old, f"The old name of `{new}`."
+    setattr(cls, old, old_name)

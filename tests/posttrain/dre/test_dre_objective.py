@@ -84,7 +84,7 @@ def test_strategy_i_objective_is_strategy_i_loss(source, loss, dist):
         got, _ = obj(student, x1, _gen(7))
         g = _gen(7)
         t = sample_times(8, antithetic=True, generator=g)
-        xt = path.sample(x1, t, g)
+        xt = path.draw_xt(x1, t, g)
         want = strategy_i_loss(
             student,
             ref,
@@ -112,7 +112,7 @@ def test_sequence_level_objective_by_hand(dist):
     got, _ = obj(student, x1, _gen(7))
     g = _gen(7)
     t = sample_times(8, antithetic=True, generator=g)
-    xt = path.sample(x1, t, g)
+    xt = path.draw_xt(x1, t, g)
     with torch.no_grad():
         ref_lp = torch.log_softmax(ref(xt, t), -1)
         stu_lp = torch.log_softmax(student(xt, t).float(), -1)
@@ -139,7 +139,7 @@ def test_energy_objective_is_strategy_ii_loss(loss, dist):
     got, metrics = EnergyObjective(path, loss=loss, num_negatives=4)(model, x1, _gen(3))
     g = _gen(3)
     t = sample_times(8, antithetic=True, generator=g)
-    xt = path.sample(x1, t, g)
+    xt = path.draw_xt(x1, t, g)
     want = strategy_ii_loss(
         model, model.reference, path, x1, xt, t, bregman=loss, num_negatives=4, generator=g
     )
@@ -309,7 +309,7 @@ def test_energy_integrand_converges_to_the_exact_posterior_marginals(dist):
     table = torch.log_softmax(torch.randn(L, V, generator=_gen(3)), -1)
     ref = lambda xt, t: table.expand(*xt.shape, V)
     energy = _exact_energy(dist, path, lambda xt: table.expand(*xt.shape, V))
-    xt = path.sample(dist.states.repeat(8, 1), torch.full((8 * V**L,), 0.5), _gen(0))
+    xt = path.draw_xt(dist.states.repeat(8, 1), torch.full((8 * V**L,), 0.5), _gen(0))
     x1 = dist.states.repeat(8, 1)
     t = torch.full((x1.shape[0],), 0.5)
     _, g_ref, g_est, _ = energy_integrand(

@@ -303,7 +303,7 @@ def test_reference_parameters_never_change(source, dist):
     g = torch.Generator().manual_seed(0)
     x1 = dist.sample(16, g)
     t = torch.rand(16, generator=g)
-    xt = path.sample(x1, t, g)
+    xt = path.draw_xt(x1, t, g)
     loss = strategy_i_loss(student, ref, path, x1, xt, t, bregman="lsif", num_negatives=3, generator=g)
     loss = loss + strategy_i_loss(student, ref, path, x1, xt, t, per_token=True, generator=g)
     loss = loss + strategy_ii_loss(head, ref, path, x1, xt, t, bregman="gkl", num_negatives=4, generator=g)

@@ -180,8 +180,8 @@ def test_objective_is_the_stated_loss_of_delta_at_independent_xt_with_shared_t(s
     g = torch.Generator().manual_seed(7)
     t = sample_times(B * K, generator=g).view(K, B).T.reshape(-1)  # draw k of pair b: time k·B + b (pair_times)
     w, l, cond = (x.repeat_interleave(K, 0) for x in (batch.x1, batch.rejected, batch.cond_mask))
-    xt_w = torch.where(cond, w, path.sample(w, t, g))
-    xt_l = torch.where(cond, l, path.sample(l, t, g))
+    xt_w = torch.where(cond, w, path.draw_xt(w, t, g))
+    xt_l = torch.where(cond, l, path.draw_xt(l, t, g))
     deltas = []
     for x, xt in ((w, xt_w), (l, xt_l)):
         lm, lr = torch.log_softmax(model(xt, t), -1), torch.log_softmax(ref(xt, t), -1)

@@ -141,7 +141,7 @@ def energy_nelbo_terms(
     B = x1.shape[0]
     t = stratified_times(num_t, B, generator=generator, device=x1.device).reshape(-1)  # row r = k·B + b
     z1 = x1.repeat(num_t, 1)
-    xt = path.sample(z1, t, generator)
+    xt = path.draw_xt(z1, t, generator)
     w, g_ref, g_est, log_z = energy_integrand(
         reference,
         energy,

@@ -265,7 +265,7 @@ class RewardTarget(Target):
         clean, pinned = self._pin(self._clean_for_xt(batch.x1, path, generator, model))
         if batch.cond_mask is not None and self.xt_source == "data":
             pinned = pinned | batch.cond_mask
-        xt = path.sample(clean, t, generator)
+        xt = path.draw_xt(clean, t, generator)
         xt = torch.where(pinned, clean, xt)
         return clean, xt, path.loss_mask(xt) & ~pinned
 
