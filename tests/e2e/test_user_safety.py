@@ -310,7 +310,7 @@ def test_the_models_length_follows_a_data_length_given_without_one(tmp_path, cap
     from tcsm.builders.config import load_config
 
     assert load_config("synthetic", ["data.seq_len=128"]).model.max_len == 128
-    assert load_config("clean-causal", ["data.seq_len=512"]).model.max_len == 512
+    assert load_config("causal-lm", ["data.seq_len=512"]).model.max_len == 512
     assert load_config("synthetic", ["data.seq_len=16", "model.max_len=64"]).model.max_len == 64
     assert load_config(base={"data": {"seq_len": 32}, "model": {"max_len": 32}}, overrides=["data.seq_len=64"]).model.max_len == 32
     p = tmp_path / "book.txt"

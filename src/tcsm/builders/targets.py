@@ -71,7 +71,7 @@ def _register_parametric() -> None:
         node = dict(node)
         if ctx.reference is None:
             raise ConfigError(
-                "reference.path must name the teacher: the checkpoint of a clean-data run (tcsm train -c clean-mlm ...)"
+                "reference.path must name the teacher: the checkpoint of an LM run (tcsm train -c mlm ...)"
             )
         cache_size = node.pop("cache_size")
         try:

@@ -95,6 +95,21 @@ def migrate_saved_config(config: dict | None) -> None:
             node["activation"] = "gelu_tanh"  # the denoiser's MLP before `activation` (default now exact GELU)
 
 
+#: Presets renamed, old → new: the models of the data that are not diffusion models are named for what they are.
+MOVED_PRESETS = {"clean-mlm": "mlm", "clean-causal": "causal-lm", "clean-hollow": "hollow"}
+
+
+def current_preset(name: str) -> str:
+    """The preset's name now; an old name is read as its new one with a one-line note on stderr (once per name)."""
+    new = MOVED_PRESETS.get(name)
+    if new is None:
+        return name
+    if ("preset", name) not in _noted:
+        _noted.add(("preset", name))
+        sys.stderr.write(f"tcsm: note: preset {name} is now {new}\n")
+    return new
+
+
 #: Keys that moved, old → new. A config (YAML, override) that still uses an old key is read as the new one with a
 #: one-line note on stderr; a saved run's config is migrated silently, so every existing run still loads.
 MOVED_KEYS = {

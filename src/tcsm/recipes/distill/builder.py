@@ -34,7 +34,7 @@ __all__ = [
 
 @dataclass
 class DistillTargetConfig:
-    """The teacher is the run's frozen model, `reference.path`: a tcsm causal-LM run (tcsm train -c clean-causal)
+    """The teacher is the run's frozen model, `reference.path`: a tcsm causal-LM run (tcsm train -c causal-lm)
     or a Hugging Face causal-LM directory."""
 
     name: str = "distill"
@@ -146,7 +146,7 @@ def inspect_teacher(path: str | os.PathLike, ema: bool = True) -> TeacherSpec:
     if kind.sampler != "left_to_right":
         raise CheckpointError(
             f"teacher {str(directory)!r} holds a {model.get('name')!r} model, not a causal LM "
-            "(train one with tcsm train -c clean-causal)"
+            "(train one with tcsm train -c causal-lm)"
         )
     use = "ema.safetensors" if ema and (directory / "ema.safetensors").is_file() else "model.safetensors"
     header = _safetensors_header(directory / use)

@@ -1,0 +1,39 @@
+"""The models of the data that are not diffusion models are named LMs (mlm, causal-lm, hollow; objective `lm`);
+their old "clean" names still load, with a one-line note on stderr when a person wrote them."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from tcsm.builders.config import load_config
+from tcsm.builders.presets import list_presets
+from tcsm.cli import main
+from tcsm.cli.common import config_help
+from tcsm.storage import migration
+
+
+@pytest.mark.parametrize("old", sorted(migration.MOVED_PRESETS))
+def test_an_old_preset_name_loads_its_new_preset_with_one_note(old, capsys, monkeypatch):
+    monkeypatch.setattr(migration, "_noted", set())
+    new = migration.MOVED_PRESETS[old]
+    assert new in list_presets() and old not in list_presets()
+    got = load_config(old)
+    assert capsys.readouterr().err.strip().splitlines() == [f"tcsm: note: preset {old} is now {new}"]
+    assert OmegaConf.to_container(got) == OmegaConf.to_container(load_config(new))
+    load_config(old)
+    assert capsys.readouterr().err == ""  # once per process
+
+
+def test_train_help_lists_the_new_preset_names_only():
+    listed = [line.split()[0] for line in config_help().splitlines() if line.startswith("  ")]
+    assert {"mlm", "causal-lm", "hollow"} <= set(listed)
+    assert not set(migration.MOVED_PRESETS) & set(listed)
+
+
+def test_tcsm_train_reads_an_old_preset_name(capsys, monkeypatch):
+    monkeypatch.setattr(migration, "_noted", set())
+    assert main(["train", "-c", "clean-causal", "--print-config"]) in (0, None)
+    out, err = capsys.readouterr()
+    assert err.strip().splitlines() == ["tcsm: note: preset clean-causal is now causal-lm"]
+    assert OmegaConf.create(out).model.name == load_config("causal-lm").model.name
