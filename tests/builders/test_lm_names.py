@@ -37,3 +37,23 @@ def test_tcsm_train_reads_an_old_preset_name(capsys, monkeypatch):
     out, err = capsys.readouterr()
     assert err.strip().splitlines() == ["tcsm: note: preset clean-causal is now causal-lm"]
     assert OmegaConf.create(out).model.name == load_config("causal-lm").model.name
+
+
+def test_the_old_objective_name_reads_as_lm_with_one_note_when_written(capsys, monkeypatch):
+    monkeypatch.setattr(migration, "_noted", set())
+    cfg = load_config("causal-lm", ["objective.name=clean_lm"])
+    assert cfg.objective.name == "lm"
+    note = "tcsm: note: objective.name=clean_lm is now objective.name=lm (in the overrides)"
+    assert capsys.readouterr().err.strip().splitlines() == [note]
+    load_config("causal-lm", ["objective.name=clean_lm"])
+    assert capsys.readouterr().err == ""  # once per process
+
+
+def test_a_saved_config_with_the_old_objective_name_reads_silently(capsys, monkeypatch):
+    monkeypatch.setattr(migration, "_noted", set())
+    saved = OmegaConf.to_container(load_config("causal-lm"))
+    saved["objective"]["name"] = "clean_lm"
+    cfg = load_config(base=saved, overrides=["train.steps=3"])
+    assert cfg.objective.name == "lm" and cfg.train.steps == 3
+    assert OmegaConf.to_container(cfg) == OmegaConf.to_container(load_config("causal-lm", ["train.steps=3"]))
+    assert capsys.readouterr().err == ""

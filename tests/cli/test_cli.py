@@ -76,7 +76,7 @@ def test_eval_reports_the_bound_as_text_and_json(trained, capsys):
 def _clean_run(run, family: str, *extra: str) -> list[str]:
     """`tcsm train` arguments of a tiny clean-data run (no denoiser-only keys)."""
     keys = [o for o in tiny(*QUIET, "train.steps=3") if not o.startswith(("model.cond_dim", "eval.num_t"))]
-    head = ["train", "-o", str(run), f"model.name={family}", "model.preset=tiny", "objective.name=clean_lm"]
+    head = ["train", "-o", str(run), f"model.name={family}", "model.preset=tiny", "objective.name=lm"]
     return head + keys + list(extra)
 
 

@@ -425,7 +425,7 @@ def test_progress_lines_with_rate_and_eta_when_output_is_not_a_terminal(tmp_path
 def test_a_pseudo_nll_is_not_called_a_bound(tmp_path, capsys):
     run = tmp_path / "hollow"
     keys = [o for o in tiny(*QUIET, "train.steps=2") if not o.startswith(("model.cond_dim", "eval.num_t"))]
-    assert main(["train", "-o", str(run), "model.name=hollow", "model.preset=tiny", "objective.name=clean_lm",
+    assert main(["train", "-o", str(run), "model.name=hollow", "model.preset=tiny", "objective.name=lm",
                  "sample.num=0", *keys]) == 0
     out = capsys.readouterr().out
     assert "bound" not in out and "pseudo-NLL" in out

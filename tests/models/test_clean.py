@@ -246,7 +246,7 @@ def test_hf_causal_lm_adapter():
 
 
 def test_hf_models_train_and_teach_from_config(tmp_path):
-    """model.name=hf_mlm | hf_causal from a local directory (nothing downloaded), trained by `clean_lm`, then
+    """model.name=hf_mlm | hf_causal from a local directory (nothing downloaded), trained by `lm`, then
     loaded back as a teacher."""
     tf = pytest.importorskip("transformers")
     from tcsm.builders.config import load_config
@@ -265,7 +265,7 @@ def test_hf_models_train_and_teach_from_config(tmp_path):
         "data.kind=synthetic", "data.vocab_size=5", "data.seq_len=8", "data.num_train=64", "data.num_valid=8",
         "data.num_test=8", "train.batch_size=8", "train.precision=fp32", "train.device=cpu", "train.steps=3",
         "train.progress=false", "train.tensorboard=false", "train.eval_examples=8", "train.eval_every=0",
-        "train.save_every=0", "sample.num=0", "objective.name=clean_lm", "model.token_ids=[3,4,5,6,7]",
+        "train.save_every=0", "sample.num=0", "objective.name=lm", "model.token_ids=[3,4,5,6,7]",
         "model.local_files_only=true", "model.special_token_id=1",
     ]  # fmt: skip
     for name, sub in (("hf_mlm", "bert"), ("hf_causal", "gpt")):

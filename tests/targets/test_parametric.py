@@ -267,7 +267,7 @@ def test_student_trains_against_parametric_target(source):
     assert eval_loss() < before
 
 
-# --- `tcsm train` integration: clean-data model from config, then a student against it -----------------------
+# --- `tcsm train` integration: an LM from config, then a student against it -----------------------
 
 _COMMON = [
     "data.kind=synthetic", "data.vocab_size=5", "data.seq_len=8", "data.num_train=128", "data.num_valid=16",
@@ -292,7 +292,7 @@ def test_train_teacher_then_student_from_config(tmp_path, family):
 
     teacher_dir = tmp_path / family
     cfg = load_config(
-        None, _COMMON + [f"model.name={family}", "model.preset=tiny", "objective.name=clean_lm"]
+        None, _COMMON + [f"model.name={family}", "model.preset=tiny", "objective.name=lm"]
     )
     summary = Trainer.from_config(cfg, teacher_dir, log=lambda s: None).fit()
     assert summary["bound"] == ("ar-nll" if family == "causal" else "pseudo-nll")
@@ -318,24 +318,24 @@ def test_train_teacher_then_student_from_config(tmp_path, family):
         x = torch.randint(0, 5, (2, 8))
         assert (torch.isfinite(teacher(x)).sum(-1) <= 3).all()
         assert isinstance(load_teacher(teacher_dir, estimator="taylor", k=2).estimator, TaylorARScore)
-    # A diffusion checkpoint is not a teacher; a clean objective needs a clean model.
+    # A diffusion checkpoint is not a teacher; an LM objective needs an LM.
     student_dir = tmp_path / f"student-{family}-masked"
-    with pytest.raises(CheckpointError, match="not a clean-data model"):
+    with pytest.raises(CheckpointError, match="not an LM of the families"):
         Trainer.from_config(load_config(
                 None, _COMMON + _STUDENT + ["target.name=parametric", f"target.teacher={student_dir}"]
             ),
             None,
         )
-    with pytest.raises(ConfigError, match="clean-data"):
-        Trainer.from_config(load_config(None, _COMMON + _STUDENT + ["objective.name=clean_lm"]), None)
+    with pytest.raises(ConfigError, match="trains an LM"):
+        Trainer.from_config(load_config(None, _COMMON + _STUDENT + ["objective.name=lm"]), None)
 
 
 def test_presets_load():
     from tcsm.builders.config import load_config
 
-    for family in ("mlm", "causal", "hollow"):
-        cfg = load_config(f"clean-{family}")
-        assert cfg.model.name == family and cfg.objective.name == "clean_lm"
+    for family, preset in (("mlm", "mlm"), ("causal", "causal-lm"), ("hollow", "hollow")):
+        cfg = load_config(preset)
+        assert cfg.model.name == family and cfg.objective.name == "lm"
         # Only the AR model can be sampled (ancestrally); the others have no sampler and log none.
         assert cfg.sample.num == (4 if family == "causal" else 0)
     cfg = load_config("parametric-student", ["reference.path=runs/x"])

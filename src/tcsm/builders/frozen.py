@@ -47,7 +47,7 @@ def load_frozen(
     """The frozen model of the checkpoint `path` (a run, checkpoints or step directory) for `role` (how errors
     name it, e.g. "reference.path (the teacher)"), checked against the run: `ctx` (a BuildContext) supplies the device,
     vocabulary, noise source and sequence length, or give them (None: not checked). `families`: the model kinds
-    accepted (`DENOISER`, or clean-data families such as ("mlm", "causal", "hollow"))."""
+    accepted (`DENOISER`, or LM families such as ("mlm", "causal", "hollow"))."""
     if ctx is not None:
         device = ctx.device if device is None else device
         vocab_size = ctx.vocab_size if vocab_size is None else vocab_size
@@ -58,7 +58,7 @@ def load_frozen(
     family = _family(ck.model)
     if family not in families:
         want = "it is not a diffusion denoiser of a `tcsm train` run" if families == DENOISER else (
-            f"it is not a clean-data model of the families {' | '.join(families)} (tcsm train with objective.name=clean_lm)"
+            f"it is not an LM of the families {' | '.join(families)} (tcsm train with objective.name=lm)"
         )
         raise CheckpointError(f"{role} {where!r} holds a model of type {type(ck.model).__name__}; {want}")
     V = int(ck.data_info["vocab_size"])

@@ -84,7 +84,11 @@ def install_module_aliases() -> None:
 
 def migrate_saved_config(config: dict | None) -> None:
     """Saved configs from before a model field existed get the value those models were trained with, so that
-    they rebuild the same function rather than the new default."""
+    they rebuild the same function rather than the new default; a renamed value (MOVED_VALUES) reads as its new name."""
+    for (section, key), names in MOVED_VALUES.items():  # a saved run's old value names, silently
+        node = config.get(section) if isinstance(config, dict) else None
+        if isinstance(node, dict) and isinstance(node.get(key), str) and node[key] in names:
+            node[key] = names[node[key]]
     model = config.get("model") if isinstance(config, dict) else None
     if not isinstance(model, dict):
         return
@@ -185,6 +189,27 @@ def move_keys(layer: DictConfig, label: str | None) -> DictConfig:
 MOVED_ENTRY_KEYS: dict[tuple[str, str], dict[str, str]] = {("objective", "dre"): {"loss": "bregman"}}
 
 
+#: Values renamed, (section, key) → {old: new}: `objective.name: clean_lm` (the family's LM loss) is `lm`.
+MOVED_VALUES: dict[tuple[str, str], dict[str, str]] = {("objective", "name"): {"clean_lm": "lm"}}
+
+
+def _move_values(layer: DictConfig, label: str | None) -> DictConfig:
+    """`layer` with every old value of MOVED_VALUES under its new name; a note per old value unless `label` is None."""
+    from omegaconf import DictConfig, OmegaConf
+
+    for (section, key), names in MOVED_VALUES.items():
+        node = layer.get(section)
+        value = node.get(key) if isinstance(node, DictConfig) else None
+        if not isinstance(value, str) or value not in names:
+            continue
+        layer = OmegaConf.merge(layer, {})  # a copy, as in move_keys
+        layer[section][key] = names[value]
+        if label is not None and (section, key, value) not in _noted:
+            _noted.add((section, key, value))
+            sys.stderr.write(f"tcsm: note: {section}.{key}={value} is now {section}.{key}={names[value]} (in {label})\n")
+    return layer
+
+
 def move_layers(layers: Sequence[tuple[DictConfig, str | None]]) -> list[DictConfig]:
     """The layers of a run config, lowest first, each with the label of who wrote it (None: a saved run's config),
     with every moved key under its new name: MOVED_KEYS in every layer (`move_keys`), MOVED_ENTRY_KEYS in a layer
@@ -196,6 +221,7 @@ def move_layers(layers: Sequence[tuple[DictConfig, str | None]]) -> list[DictCon
     out = []
     for layer, label in layers:
         layer = move_keys(layer, label)
+        layer = _move_values(layer, label)
         for (section, entry), keys in MOVED_ENTRY_KEYS.items():
             node = layer.get(section)
             if not isinstance(node, DictConfig):
