@@ -3,6 +3,9 @@ their old "clean" names still load, with a one-line note on stderr when a person
 
 from __future__ import annotations
 
+import importlib
+import sys
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -57,3 +60,34 @@ def test_a_saved_config_with_the_old_objective_name_reads_silently(capsys, monke
     assert cfg.objective.name == "lm" and cfg.train.steps == 3
     assert OmegaConf.to_container(cfg) == OmegaConf.to_container(load_config("causal-lm", ["train.steps=3"]))
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    "old, new, names",
+    [
+        ("tcsm.models.clean", "tcsm.models.lm", {"CleanLMConfig": "LMConfig", "CLEAN_PRESETS": "LM_PRESETS"}),
+        ("tcsm.models.clean_families", "tcsm.models.lm_families", {"build_clean_model": "build_lm"}),
+        (
+            "tcsm.objectives.clean_lm",
+            "tcsm.objectives.lm",
+            {"CLEAN_LOSSES": "LM_LOSSES", "MaskedLMLoss": "MaskedLMLoss"},
+        ),
+        ("tcsm.clean_losses", "tcsm.objectives.lm", {"make_clean_loss": "make_lm_loss"}),
+    ],
+)
+def test_old_module_paths_and_names_still_import_with_one_warning(old, new, names, monkeypatch):
+    monkeypatch.delitem(sys.modules, old, raising=False)
+    with pytest.warns(DeprecationWarning, match=f"{old} moved to {new}; import it from there") as caught:
+        module = importlib.import_module(old)
+    assert len(caught) == 1
+    home = importlib.import_module(new)
+    for old_name, new_name in names.items():
+        assert getattr(module, old_name) is getattr(home, new_name)
+
+
+def test_the_old_top_level_name_build_clean_model_is_build_lm():
+    import tcsm
+
+    assert tcsm.build_lm is importlib.import_module("tcsm.models.lm_families").build_lm
+    assert tcsm.build_clean_model is tcsm.build_lm
+    assert "build_clean_model" not in tcsm.__all__

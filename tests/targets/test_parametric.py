@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tcsm.evaluation.exact import EnumerableDistribution
-from tcsm.models.clean_families import build_clean_model
+from tcsm.models.lm_families import build_lm
 from tcsm.objectives import Objective, distrib_loss, score_loss
 from tcsm.paths import MaskedPath, UniformPath
 from tcsm.targets.ar import (
@@ -28,7 +28,7 @@ PATHS = {"masked": MaskedPath, "uniform": UniformPath}
 
 def _random_causal(V: int, seed: int = 0, **kw):
     torch.manual_seed(seed)
-    m = build_clean_model("causal", "tiny", vocab_size=V, **kw)
+    m = build_lm("causal", "tiny", vocab_size=V, **kw)
     with torch.no_grad():
         for p in m.parameters():
             p.normal_(0.0, 0.3)
@@ -169,7 +169,7 @@ def test_ar_teacher_target_equals_posterior_of_ar_model(source):
 def test_parametric_target_cache():
     V, L = 5, 6
     torch.manual_seed(0)
-    hollow = build_clean_model("hollow", "tiny", vocab_size=V)
+    hollow = build_lm("hollow", "tiny", vocab_size=V)
     with torch.no_grad():
         for p in hollow.parameters():
             p.normal_(0.0, 0.3)
@@ -208,7 +208,7 @@ def test_objectives_accept_parametric_targets(source):
     are minimal when the student equals the target (MATH.md §3.2, §4)."""
     V, L, B = 4, 5, 8
     torch.manual_seed(0)
-    hollow = build_clean_model("hollow", "tiny", vocab_size=V)
+    hollow = build_lm("hollow", "tiny", vocab_size=V)
     with torch.no_grad():
         for p in hollow.parameters():
             p.normal_(0.0, 0.3)
@@ -243,7 +243,7 @@ def test_student_trains_against_parametric_target(source):
 
     V, L, B = 5, 8, 16
     torch.manual_seed(0)
-    hollow = build_clean_model("hollow", "tiny", vocab_size=V)
+    hollow = build_lm("hollow", "tiny", vocab_size=V)
     with torch.no_grad():
         for p in hollow.parameters():
             p.normal_(0.0, 0.3)

@@ -175,7 +175,7 @@ def format_bound(result: dict) -> str:
 
     floor = result.get("floor_bpc")
     gap = f" ({100 * (result['bpc'] / floor - 1):+.1f}% vs the source entropy {floor:.4f})" if floor else ""
-    # A clean-data model's exact or pseudo-NLL (tcsm.objectives.clean_lm) draws no times.
+    # A clean-data model's exact or pseudo-NLL (tcsm.objectives.lm) draws no times.
     times = f" × {result['num_t']} t" if "num_t" in result else ""
     return (
         f"{result['bpc']:.4f} ± {result['bpc_stderr']:.4f} bits/token, perplexity {_number(result['perplexity'])}"

@@ -1,4 +1,5 @@
-"""Readers of what older versions wrote or named: module paths that moved into the layer folders, config keys that
+"""Readers of what older versions wrote or named: module paths that moved into the layer folders (and names renamed
+there, RENAMED_NAMES), presets and config values renamed (MOVED_PRESETS, MOVED_VALUES), config keys that
 moved (MOVED_KEYS, and MOVED_ENTRY_KEYS inside one registry entry's section), and saved configs from before a model field existed. Every shim for an old name lives here and says, once, in one line, what the new
 name is.
 
@@ -35,7 +36,10 @@ MOVED_MODULES: dict[str, tuple[str, ...]] = {
     "tcsm.timesteps": ("tcsm.paths.timesteps",),
     "tcsm.divergences": ("tcsm.objectives.divergences",),
     "tcsm.baselines": ("tcsm.objectives.sedd",),
-    "tcsm.clean_losses": ("tcsm.objectives.clean_lm",),
+    "tcsm.clean_losses": ("tcsm.objectives.lm",),
+    "tcsm.objectives.clean_lm": ("tcsm.objectives.lm",),
+    "tcsm.models.clean": ("tcsm.models.lm",),
+    "tcsm.models.clean_families": ("tcsm.models.lm_families",),
     "tcsm.toy": ("tcsm.evaluation.exact",),
     "tcsm.likelihood": ("tcsm.evaluation.likelihood", "tcsm.core.results", "tcsm.paths.bounds"),
     "tcsm.posttrain.preference.pairs": ("tcsm.data.pairs",),
@@ -45,19 +49,34 @@ MOVED_MODULES: dict[str, tuple[str, ...]] = {
     **{f"tcsm.posttrain.{m}.recipe": (f"tcsm.recipes.{m}.compose",) for m in ("dre", "preference", "reward", "sft", "distill")},
 }
 
+#: names renamed in the moved modules, old → new: the models of the data that are not diffusion models are LMs.
+RENAMED_NAMES: dict[str, str] = {
+    "CleanLMConfig": "LMConfig",
+    "CleanTransformer": "LMTransformer",
+    "CLEAN_PRESETS": "LM_PRESETS",
+    "CLEAN_LOSSES": "LM_LOSSES",
+    "CleanLoss": "LMLoss",
+    "make_clean_loss": "make_lm_loss",
+    "build_clean_model": "build_lm",
+    "clean_model_families": "lm_families",
+}
+
 
 class _Moved(importlib.abc.Loader):
     def __init__(self, old: str, homes: tuple[str, ...]):
         self.old, self.homes = old, homes
 
     def create_module(self, spec):
-        warnings.warn(f"{self.old} moved to {' + '.join(self.homes)}; import it from there", DeprecationWarning, stacklevel=2)
         modules = [importlib.import_module(h) for h in self.homes]
-        if len(modules) == 1:
+        renamed = [f"{old} is {new}" for old, new in RENAMED_NAMES.items() if any(hasattr(m, new) for m in modules)]
+        also = f" ({', '.join(renamed)})" if renamed else ""
+        warnings.warn(f"{self.old} moved to {' + '.join(self.homes)}; import it from there{also}", DeprecationWarning, stacklevel=2)
+        if len(modules) == 1 and not renamed:
             return modules[0]
         view = types.ModuleType(self.old, f"{self.old}: the names of {', '.join(self.homes)}")
 
         def __getattr__(name):
+            name = RENAMED_NAMES.get(name, name)
             for m in modules:
                 if hasattr(m, name):
                     return getattr(m, name)

@@ -1,4 +1,4 @@
-"""The clean-data model families by name, and `build_clean_model` (family + size preset + overrides)."""
+"""The clean-data model families by name, and `build_lm` (family + size preset + overrides)."""
 
 from __future__ import annotations
 
@@ -7,35 +7,35 @@ from typing import Any
 from torch import nn
 
 from tcsm.models.causal import CausalLM
-from tcsm.models.clean import CLEAN_PRESETS, CleanLMConfig
 from tcsm.models.hollow import HollowTransformer
+from tcsm.models.lm import LM_PRESETS, LMConfig
 from tcsm.models.mlm import MaskedLM
 
-__all__ = ["build_clean_model", "clean_model_families"]
+__all__ = ["build_lm", "lm_families"]
 
 
-def clean_model_families() -> dict[str, type[nn.Module]]:
+def lm_families() -> dict[str, type[nn.Module]]:
     """name → class of the built-in clean-data model families (each class declares its family)."""
     return {cls.model_kind.family: cls for cls in (MaskedLM, CausalLM, HollowTransformer)}
 
 
-def build_clean_model(
+def build_lm(
     family: str, preset: str | dict[str, Any] | None = "small", **overrides: Any
 ) -> nn.Module:
     """Build a clean-data model: family ∈ {"mlm", "causal", "hollow"}, a size preset (or dict), overrides.
 
-    Example: `build_clean_model("hollow", "tiny", vocab_size=27)`.
+    Example: `build_lm("hollow", "tiny", vocab_size=27)`.
     """
-    families = clean_model_families()
+    families = lm_families()
     if family not in families:
         raise ValueError(f"unknown clean-data model family {family!r}; choose one of {sorted(families)}")
     if isinstance(preset, str):
-        if preset not in CLEAN_PRESETS:
-            raise ValueError(f"unknown clean-model preset {preset!r}; choose one of {sorted(CLEAN_PRESETS)}")
-        fields = dict(CLEAN_PRESETS[preset])
+        if preset not in LM_PRESETS:
+            raise ValueError(f"unknown clean-model preset {preset!r}; choose one of {sorted(LM_PRESETS)}")
+        fields = dict(LM_PRESETS[preset])
     else:
         fields = dict(preset or {})
     fields.update({k: v for k, v in overrides.items() if v is not None})
     if fields.get("vocab_size") is None:
         raise ValueError("clean-model config is missing vocab_size (the number of clean tokens V)")
-    return families[family](CleanLMConfig.from_dict(fields))
+    return families[family](LMConfig.from_dict(fields))
