@@ -236,7 +236,7 @@ def test_no_tokenizer_or_model_load_stops_at_a_trust_remote_code_prompt(tmp_path
 
 
 def test_an_export_transformers_cannot_load_says_so_when_written(tmp_path, capsys):
-    """A clean-data model (an AR / MLM teacher) has no Hugging Face modeling code: before, its export was written
+    """An LM (an AR / MLM teacher) has no Hugging Face modeling code: before, its export was written
     with a transformers card and nothing said that AutoModel would fail on it."""
     keys = [o for o in tiny("train.steps=1", "train.eval_every=0", "sample.num=0")
             if not o.startswith(("model.cond_dim", "eval.num_t"))]  # fmt: skip

@@ -129,9 +129,9 @@ def test_the_declarations_answer_what_the_special_cases_answered(name):
     assert (kind.likelihood == "estimate") == (name == "energy")
     # builders.source / lm-eval describe a model that is not a denoiser as before
     old_text = {"energy": "an energy model (tcsm finetune dre strategy ii; sampled by SIR)",
-                "causal": "an autoregressive clean-data model (a teacher for tcsm distill)",
-                "mlm": "a masked clean-data model (a teacher for target.name=parametric)",
-                "hollow": "a Hollow clean-data model (a teacher for target.name=parametric)",
+                "causal": "an autoregressive LM (a teacher for tcsm distill)",
+                "mlm": "a masked LM (a teacher for target.name=parametric)",
+                "hollow": "a Hollow LM (a teacher for target.name=parametric)",
                 "hf_causal": "a Hugging Face causal LM", "hf_mlm": "a Hugging Face masked LM"}  # fmt: skip
     if name in old_text:
         assert kind.description == old_text[name]

@@ -1,4 +1,4 @@
-"""Clean-data models of p_1 (MLM, causal, Hollow), their training losses and Hugging Face adapters (MATH.md §4)."""
+"""LMs of p_1 (MLM, causal, Hollow), their training losses and Hugging Face adapters (MATH.md §4)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_shapes_and_uniform_init(family):
 def test_config_validation():
     with pytest.raises(ValueError, match="vocab_size"):
         LMConfig(vocab_size=1)
-    with pytest.raises(ValueError, match="unknown clean-data model family"):
+    with pytest.raises(ValueError, match="unknown LM family"):
         build_lm("rnn", vocab_size=V)
     with pytest.raises(ValueError, match="vocab_size"):
         build_lm("mlm", "tiny")

@@ -4,7 +4,7 @@ parametric or distillation teacher, the reference of a DRE or preference fine-tu
 `load_frozen` reads the checkpoint through `load_checkpoint`, freezes the model (eval mode, no gradients) and
 checks it against the run in one place, with one-line CheckpointErrors that name the role it plays:
 
-* family — a diffusion denoiser (`DENOISER`) or a clean-data model of the given families (teachers);
+* family — a diffusion denoiser (`DENOISER`) or an LM (a model of the data, not a diffusion model) of the given families (teachers);
 * vocabulary — the same V clean tokens as the run's data;
 * source — a denoiser's noise source is the run's path (the input alphabet, and every ratio p / p^ref, needs it);
 * length — the model accepts the run's sequence length.
@@ -24,7 +24,7 @@ from tcsm.targets.base import freeze
 
 __all__ = ["DENOISER", "Frozen", "load_frozen", "load_reference"]
 
-#: `families` value of a diffusion denoiser (a model with no clean-data `family`, not an energy model)
+#: `families` value of a diffusion denoiser (a model with no LM `family`, not an energy model)
 DENOISER = ("denoiser",)
 
 

@@ -1,4 +1,4 @@
-"""Model builders: `model.name` → an nn.Module (the denoiser, the clean-data families, Hugging Face adapters).
+"""Model builders: `model.name` → an nn.Module (the denoiser, the LM families (models of the data, not diffusion models), Hugging Face adapters).
 
 Each entry validates its config section against its schema and builds from the data's vocabulary and length
 (`BuildContext`); the model modules themselves know nothing of configs or registries.
@@ -73,7 +73,7 @@ def build_denoiser_model(node: dict, ctx: BuildContext):
 
 
 def _clean_schema(family: str) -> type:
-    """`model` keys of a clean-data family: a size preset plus any LMConfig field (null: the preset's)."""
+    """`model` keys of an LM family: a size preset plus any LMConfig field (null: the preset's)."""
     hints = typing.get_type_hints(LMConfig)
     fields: list = [
         ("name", str, family),
@@ -187,7 +187,7 @@ def _register_hf() -> None:
     ):
         MODELS.register(
             name, make(cls, special), schema=schema, overwrite=True,
-            help=f"any Hugging Face {what} LM as a clean-data model (needs `transformers`)",
+            help=f"any Hugging Face {what} LM as a tcsm LM (needs `transformers`)",
         )  # fmt: skip
 
 

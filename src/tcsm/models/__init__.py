@@ -1,4 +1,4 @@
-"""Neural networks: shared transformer layers and the bidirectional denoiser; the clean-data models of p_1
+"""Neural networks: shared transformer layers and the bidirectional denoiser; the LMs of p_1 (models of the data, not diffusion models)
 (`tcsm.models.lm_families`), Hugging Face adapters (`tcsm.models.hf`) and the density-ratio head live in
 their own modules. Nothing here reads configs: `tcsm.builders.models` turns a config section into a model."""
 

@@ -1,4 +1,4 @@
-"""Shared configuration of the clean-data models p_1 used as parametric targets (MATH.md §4).
+"""Shared configuration of the LMs of p_1 (models of the data, not diffusion models) used as parametric targets (MATH.md §4).
 
 Three families model clean sequences x ∈ {0..V−1}^L and feed `tcsm.targets.parametric`:
 
@@ -27,7 +27,7 @@ __all__ = ["LM_PRESETS", "LMConfig", "LMTransformer"]
 
 @dataclass
 class LMConfig(ModelConfig):
-    """Architecture of a clean-data model. `n_layers` counts blocks per stack (the Hollow transformer has
+    """Architecture of an LM. `n_layers` counts blocks per stack (the Hollow transformer has
     two stacks of n_layers plus `n_mix_layers` mixing blocks; the other families ignore `n_mix_layers`)."""
 
     vocab_size: int
@@ -41,7 +41,7 @@ class LMConfig(ModelConfig):
     rope_base: float = 10000.0
     n_mix_layers: int = 1
 
-    label: ClassVar[str] = "clean-model config"
+    label: ClassVar[str] = "LM config"
 
     def __post_init__(self) -> None:
         if self.n_mix_layers < 0:

@@ -1,4 +1,4 @@
-"""Training losses for the clean-data models that serve as parametric targets (MATH.md §4).
+"""Training losses for the LMs (models of the data, not diffusion models) that serve as parametric targets (MATH.md §4).
 
 Each loss is an objective in the trainer's sense: `loss(model, x1, generator)` → (scalar loss, metrics), in nats
 per token.
@@ -10,11 +10,11 @@ per token.
 
 `LM_LOSSES[family]` names the default loss of each model family; `conditional_nll` scores any teacher's
 single-site conditionals on held-out data (the quantity a parametric target actually uses). Every loss also has
-`evaluate(model, data, ...)`, the validation metric the trainer and `tcsm eval` report for a clean-data model
+`evaluate(model, data, ...)`, the validation metric the trainer and `tcsm eval` report for an LM
 instead of a diffusion bound: the exact NLL for the AR model, the pseudo-NLL −(1/L) Σ_i log p(x^i | x^{≠i}) for
 the others; and `sample(model, num, length, ...)`, which replaces the diffusion sampler: ancestral sampling for
 the AR model, None (no sampler) for the MLM and Hollow models, whose conditionals define no direct sampler.
-The registry entries at the bottom let `tcsm train` use them (`objective.name: clean_lm | mlm | autoregressive |
+The registry entries at the bottom let `tcsm train` use them (`objective.name: lm | mlm | autoregressive |
 pseudo_likelihood`).
 """
 
@@ -183,9 +183,9 @@ LM_LOSSES = {"mlm": MaskedLMLoss, "causal": AutoregressiveLoss, "hollow": Pseudo
 
 
 def make_lm_loss(family: str, **kwargs):
-    """The default training loss of a clean-data model family ("mlm" | "causal" | "hollow")."""
+    """The default training loss of an LM family ("mlm" | "causal" | "hollow")."""
     if family not in LM_LOSSES:
-        raise ValueError(f"no clean-data loss for family {family!r}; choose one of {sorted(LM_LOSSES)}")
+        raise ValueError(f"no LM loss for family {family!r}; choose one of {sorted(LM_LOSSES)}")
     return LM_LOSSES[family](**kwargs)
 
 
