@@ -8,7 +8,7 @@ reported value is the median over rounds. torch runs one thread (`--threads`), C
 recorded beside wall time, and the 1-minute load average before and after each measurement.
 
 Presets that need another run get one trained for a single step first (the cost of a step does not depend on how
-well that run is trained): `parametric-student[hollow]` / `parametric-student[mlm]` use a clean-hollow / clean-mlm
+well that run is trained): `parametric-student[hollow]` / `parametric-student[mlm]` use a hollow / mlm
 teacher, `finetune-grid` a demo-grid pre-trained model (its x_t pool is drawn in the warm-up step and redrawn every
 refresh_every steps, which the per-step figure leaves out). text8-paper is measured with the text8-prefix file in
 place of the full text8 (same L = 256, so the same step cost) and only on a GPU (`--device cuda`).
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-CPU_PRESETS = ("synthetic", "demo-grid", "text8-prefix-small", "clean-mlm", "clean-causal", "clean-hollow")
+CPU_PRESETS = ("synthetic", "demo-grid", "text8-prefix-small", "mlm", "causal-lm", "hollow")
 TEXT8_PREFIX = "../shared/data/text8/text8_prefix.txt.gz"
 
 
@@ -65,7 +65,7 @@ def build(name: str, device: str, threads: int, work: Path):
     overrides = _common(device, threads)
     preset = name.split("[")[0]
     if name.startswith("parametric-student["):
-        teacher = prerequisite("clean-" + name.split("[")[1].rstrip("]"), work, device, threads)
+        teacher = prerequisite(name.split("[")[1].rstrip("]"), work, device, threads)
         cfg = load_config(preset, overrides + [f"target.teacher={teacher}"])
     elif preset == "finetune-grid":
         from tcsm.recipes.reward.compose import reward_config

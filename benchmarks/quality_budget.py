@@ -71,7 +71,7 @@ def score(trainer, data, args, *, num_t: int, seed: int) -> dict:
     """Per-sequence nats per token of the eval model on `data`: the path's valid bound(s), or the AR exact NLL."""
     model = trainer.eval_model()
     if getattr(model, "family", None) == "causal":
-        from tcsm.objectives.clean_lm import AutoregressiveLoss
+        from tcsm.objectives.lm import AutoregressiveLoss
 
         model.eval()
         nll = AutoregressiveLoss().sequence_nll(model, data.long()) / data.shape[1]

@@ -65,7 +65,7 @@ ORACLES: dict[str, tuple[str, ...]] = {
     "paths": ("tests/evaluation/test_likelihood.py", "tests/objectives/test_sedd.py", "tests/sampling/test_samplers.py"),
     "core": ("tests/evaluation/test_likelihood.py",),
     "objectives": ("tests/objectives/test_sedd.py",),
-    "targets": ("tests/paths/test_paths.py", "tests/objectives/test_composed.py", "tests/models/test_clean.py"),
+    "targets": ("tests/paths/test_paths.py", "tests/objectives/test_composed.py", "tests/models/test_lm.py"),
     "posttrain/distill": ("tests/targets/test_parametric.py",),
 }
 

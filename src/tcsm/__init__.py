@@ -60,7 +60,7 @@ _EXPORTS = {
     "Denoiser": "tcsm.models",
     "DenoiserConfig": "tcsm.models",
     "build_denoiser": "tcsm.models",
-    "build_clean_model": "tcsm.models.clean_families",
+    "build_lm": "tcsm.models.lm_families",
     # configs, checkpoints, training
     "load_config": "tcsm.builders",
     "build_components": "tcsm.builders",
@@ -73,9 +73,12 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)  # noqa: PLE0605 (one list of names: _EXPORTS)
 
+#: old names, not in __all__: each reads through its old module path (tcsm.storage.migration, with a note)
+_OLD_EXPORTS = {"build_clean_model": "tcsm.models.clean_families"}
+
 
 def __getattr__(name: str):
-    module = _EXPORTS.get(name)
+    module = _EXPORTS.get(name) or _OLD_EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'tcsm' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)

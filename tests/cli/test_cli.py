@@ -74,9 +74,9 @@ def test_eval_reports_the_bound_as_text_and_json(trained, capsys):
 
 
 def _clean_run(run, family: str, *extra: str) -> list[str]:
-    """`tcsm train` arguments of a tiny clean-data run (no denoiser-only keys)."""
+    """`tcsm train` arguments of a tiny LM run (no denoiser-only keys)."""
     keys = [o for o in tiny(*QUIET, "train.steps=3") if not o.startswith(("model.cond_dim", "eval.num_t"))]
-    head = ["train", "-o", str(run), f"model.name={family}", "model.preset=tiny", "objective.name=clean_lm"]
+    head = ["train", "-o", str(run), f"model.name={family}", "model.preset=tiny", "objective.name=lm"]
     return head + keys + list(extra)
 
 
@@ -84,7 +84,7 @@ def _clean_run(run, family: str, *extra: str) -> list[str]:
     "family, metric", [("causal", "ar-nll"), ("hollow", "pseudo-nll"), ("mlm", "pseudo-nll")]
 )
 def test_clean_model_runs_sample_and_eval_with_their_own_metric(tmp_path, capsys, family, metric):
-    """sample.num > 0 on a clean-data run: the AR model logs ancestral samples, the others skip sampling with one
+    """sample.num > 0 on an LM run: the AR model logs ancestral samples, the others skip sampling with one
     line; `tcsm eval` then reports the objective's NLL / pseudo-NLL (the trainer's validation) in the bound's keys."""
     run = tmp_path / family
     assert main(_clean_run(run, family, "sample.num=2")) == 0

@@ -236,12 +236,12 @@ def test_no_tokenizer_or_model_load_stops_at_a_trust_remote_code_prompt(tmp_path
 
 
 def test_an_export_transformers_cannot_load_says_so_when_written(tmp_path, capsys):
-    """A clean-data model (an AR / MLM teacher) has no Hugging Face modeling code: before, its export was written
+    """An LM (an AR / MLM teacher) has no Hugging Face modeling code: before, its export was written
     with a transformers card and nothing said that AutoModel would fail on it."""
     keys = [o for o in tiny("train.steps=1", "train.eval_every=0", "sample.num=0")
             if not o.startswith(("model.cond_dim", "eval.num_t"))]  # fmt: skip
     assert main(["train", "-o", str(tmp_path / "run"), "model.name=causal", "model.preset=tiny",
-                 "objective.name=clean_lm", *keys]) == 0  # fmt: skip
+                 "objective.name=lm", *keys]) == 0  # fmt: skip
     capsys.readouterr()
     tcsm.export(tmp_path / "run", tmp_path / "hf")
     notes = capsys.readouterr().err.strip().splitlines()

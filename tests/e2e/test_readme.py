@@ -36,9 +36,9 @@ BOOK = "my_book.txt"
 TEXT8_PRESETS = (
     "text8-paper",
     "text8-prefix-small",
-    "clean-causal",
-    "clean-hollow",
-    "clean-mlm",
+    "causal-lm",
+    "hollow",
+    "mlm",
     "parametric-student",
 )
 TEXT = ("data.kind=text", f"data.path={BOOK}", "data.seq_len=48")  # 48: the README samples in blocks of 16

@@ -63,7 +63,7 @@ def runs(tmp_path_factory):
         str(root / "ar"),
         "model.name=causal",
         "model.preset=tiny",
-        "objective.name=clean_lm",
+        "objective.name=lm",
         *keys,
     ]
     assert main(ar) == 0

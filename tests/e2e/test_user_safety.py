@@ -310,7 +310,7 @@ def test_the_models_length_follows_a_data_length_given_without_one(tmp_path, cap
     from tcsm.builders.config import load_config
 
     assert load_config("synthetic", ["data.seq_len=128"]).model.max_len == 128
-    assert load_config("clean-causal", ["data.seq_len=512"]).model.max_len == 512
+    assert load_config("causal-lm", ["data.seq_len=512"]).model.max_len == 512
     assert load_config("synthetic", ["data.seq_len=16", "model.max_len=64"]).model.max_len == 64
     assert load_config(base={"data": {"seq_len": 32}, "model": {"max_len": 32}}, overrides=["data.seq_len=64"]).model.max_len == 32
     p = tmp_path / "book.txt"
@@ -425,7 +425,7 @@ def test_progress_lines_with_rate_and_eta_when_output_is_not_a_terminal(tmp_path
 def test_a_pseudo_nll_is_not_called_a_bound(tmp_path, capsys):
     run = tmp_path / "hollow"
     keys = [o for o in tiny(*QUIET, "train.steps=2") if not o.startswith(("model.cond_dim", "eval.num_t"))]
-    assert main(["train", "-o", str(run), "model.name=hollow", "model.preset=tiny", "objective.name=clean_lm",
+    assert main(["train", "-o", str(run), "model.name=hollow", "model.preset=tiny", "objective.name=lm",
                  "sample.num=0", *keys]) == 0
     out = capsys.readouterr().out
     assert "bound" not in out and "pseudo-NLL" in out

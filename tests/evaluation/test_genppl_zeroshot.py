@@ -195,10 +195,10 @@ def test_genppl_retokenizes_text_with_the_reference_tokenizer():
 
 def test_genppl_with_a_project_causal_lm_scores_every_token():
     from tcsm.models.causal import CausalLM
-    from tcsm.models.clean import CleanLMConfig
+    from tcsm.models.lm import LMConfig
 
     torch.manual_seed(0)
-    model = CausalLM(CleanLMConfig(vocab_size=11, max_len=8, d_model=16, n_layers=1, n_heads=2)).eval()
+    model = CausalLM(LMConfig(vocab_size=11, max_len=8, d_model=16, n_layers=1, n_heads=2)).eval()
     torch.nn.init.normal_(model.head.weight)  # the zero-initialised head would make every token log V
     seqs = [[1, 2, 3, 4], [5, 6]]
     res = generative_perplexity(ScorerLM.from_tcsm(model), token_ids=seqs)

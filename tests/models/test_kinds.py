@@ -13,9 +13,9 @@ from train_helpers import restore_torch_threads  # noqa: F401
 
 from tcsm.models import Denoiser, DenoiserConfig
 from tcsm.models.causal import CausalLM
-from tcsm.models.clean_families import build_clean_model
 from tcsm.models.hollow import HollowTransformer
 from tcsm.models.kinds import DENOISER, FAMILIES, ModelKind, family_of_name, kind_of
+from tcsm.models.lm_families import build_lm
 from tcsm.models.mlm import MaskedLM
 from tcsm.posttrain.dre.energy import EnergyModel
 
@@ -42,14 +42,14 @@ def test_each_model_class_answers_what_the_special_cases_answered():
     denoiser = Denoiser(DenoiserConfig(vocab_size=5, num_states=6, max_len=4, d_model=16, n_layers=1, n_heads=2))
     assert kind_of(denoiser) is DENOISER and kind_of(denoiser).export == "denoiser"
     for family, sampler in (("mlm", "none"), ("causal", "left_to_right"), ("hollow", "none")):
-        model = build_clean_model(family, "tiny", vocab_size=5, max_len=4)
+        model = build_lm(family, "tiny", vocab_size=5, max_len=4)
         assert (kind_of(model).family, kind_of(model).sampler, kind_of(model).export) == (family, sampler, None)
     energy = EnergyModel.model_kind  # the class declares it; building one needs a trained reference
     assert (energy.family, energy.sampler, energy.export) == ("energy", "sir", "energy")
     # wrappers (torch.compile, DDP) answer for the model inside; a bare callable is a denoiser
     assert kind_of(torch.nn.Module()) is DENOISER and kind_of(lambda x, t: x) is DENOISER
     wrapped = torch.nn.Module()
-    wrapped._orig_mod = build_clean_model("causal", "tiny", vocab_size=5, max_len=4)
+    wrapped._orig_mod = build_lm("causal", "tiny", vocab_size=5, max_len=4)
     assert kind_of(wrapped).family == "causal"
 
 
@@ -129,9 +129,9 @@ def test_the_declarations_answer_what_the_special_cases_answered(name):
     assert (kind.likelihood == "estimate") == (name == "energy")
     # builders.source / lm-eval describe a model that is not a denoiser as before
     old_text = {"energy": "an energy model (tcsm finetune dre strategy ii; sampled by SIR)",
-                "causal": "an autoregressive clean-data model (a teacher for tcsm distill)",
-                "mlm": "a masked clean-data model (a teacher for target.name=parametric)",
-                "hollow": "a Hollow clean-data model (a teacher for target.name=parametric)",
+                "causal": "an autoregressive LM (a teacher for tcsm distill)",
+                "mlm": "a masked LM (a teacher for target.name=parametric)",
+                "hollow": "a Hollow LM (a teacher for target.name=parametric)",
                 "hf_causal": "a Hugging Face causal LM", "hf_mlm": "a Hugging Face masked LM"}  # fmt: skip
     if name in old_text:
         assert kind.description == old_text[name]
@@ -157,9 +157,9 @@ def test_the_families_table_matches_the_registered_models(name):
 
 def test_the_per_family_tables_of_the_upper_layers_cover_exactly_the_clean_families():
     """The teachers (targets) and default losses (objectives) are keyed by the families declared here."""
-    from tcsm.models.clean_families import clean_model_families
-    from tcsm.objectives.clean_lm import CLEAN_LOSSES
+    from tcsm.models.lm_families import lm_families
+    from tcsm.objectives.lm import LM_LOSSES
     from tcsm.targets.parametric import TEACHERS
 
     clean = {kind.family for kind in FAMILIES.values() if kind.likelihood == "nll"}
-    assert set(TEACHERS) == set(CLEAN_LOSSES) == set(clean_model_families()) == clean
+    assert set(TEACHERS) == set(LM_LOSSES) == set(lm_families()) == clean

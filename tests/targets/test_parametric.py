@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tcsm.evaluation.exact import EnumerableDistribution
-from tcsm.models.clean_families import build_clean_model
+from tcsm.models.lm_families import build_lm
 from tcsm.objectives import Objective, distrib_loss, score_loss
 from tcsm.paths import MaskedPath, UniformPath
 from tcsm.targets.ar import (
@@ -28,7 +28,7 @@ PATHS = {"masked": MaskedPath, "uniform": UniformPath}
 
 def _random_causal(V: int, seed: int = 0, **kw):
     torch.manual_seed(seed)
-    m = build_clean_model("causal", "tiny", vocab_size=V, **kw)
+    m = build_lm("causal", "tiny", vocab_size=V, **kw)
     with torch.no_grad():
         for p in m.parameters():
             p.normal_(0.0, 0.3)
@@ -169,7 +169,7 @@ def test_ar_teacher_target_equals_posterior_of_ar_model(source):
 def test_parametric_target_cache():
     V, L = 5, 6
     torch.manual_seed(0)
-    hollow = build_clean_model("hollow", "tiny", vocab_size=V)
+    hollow = build_lm("hollow", "tiny", vocab_size=V)
     with torch.no_grad():
         for p in hollow.parameters():
             p.normal_(0.0, 0.3)
@@ -208,7 +208,7 @@ def test_objectives_accept_parametric_targets(source):
     are minimal when the student equals the target (MATH.md §3.2, §4)."""
     V, L, B = 4, 5, 8
     torch.manual_seed(0)
-    hollow = build_clean_model("hollow", "tiny", vocab_size=V)
+    hollow = build_lm("hollow", "tiny", vocab_size=V)
     with torch.no_grad():
         for p in hollow.parameters():
             p.normal_(0.0, 0.3)
@@ -243,7 +243,7 @@ def test_student_trains_against_parametric_target(source):
 
     V, L, B = 5, 8, 16
     torch.manual_seed(0)
-    hollow = build_clean_model("hollow", "tiny", vocab_size=V)
+    hollow = build_lm("hollow", "tiny", vocab_size=V)
     with torch.no_grad():
         for p in hollow.parameters():
             p.normal_(0.0, 0.3)
@@ -267,7 +267,7 @@ def test_student_trains_against_parametric_target(source):
     assert eval_loss() < before
 
 
-# --- `tcsm train` integration: clean-data model from config, then a student against it -----------------------
+# --- `tcsm train` integration: an LM from config, then a student against it -----------------------
 
 _COMMON = [
     "data.kind=synthetic", "data.vocab_size=5", "data.seq_len=8", "data.num_train=128", "data.num_valid=16",
@@ -292,7 +292,7 @@ def test_train_teacher_then_student_from_config(tmp_path, family):
 
     teacher_dir = tmp_path / family
     cfg = load_config(
-        None, _COMMON + [f"model.name={family}", "model.preset=tiny", "objective.name=clean_lm"]
+        None, _COMMON + [f"model.name={family}", "model.preset=tiny", "objective.name=lm"]
     )
     summary = Trainer.from_config(cfg, teacher_dir, log=lambda s: None).fit()
     assert summary["bound"] == ("ar-nll" if family == "causal" else "pseudo-nll")
@@ -318,24 +318,24 @@ def test_train_teacher_then_student_from_config(tmp_path, family):
         x = torch.randint(0, 5, (2, 8))
         assert (torch.isfinite(teacher(x)).sum(-1) <= 3).all()
         assert isinstance(load_teacher(teacher_dir, estimator="taylor", k=2).estimator, TaylorARScore)
-    # A diffusion checkpoint is not a teacher; a clean objective needs a clean model.
+    # A diffusion checkpoint is not a teacher; an LM objective needs an LM.
     student_dir = tmp_path / f"student-{family}-masked"
-    with pytest.raises(CheckpointError, match="not a clean-data model"):
+    with pytest.raises(CheckpointError, match="not an LM of the families"):
         Trainer.from_config(load_config(
                 None, _COMMON + _STUDENT + ["target.name=parametric", f"target.teacher={student_dir}"]
             ),
             None,
         )
-    with pytest.raises(ConfigError, match="clean-data"):
-        Trainer.from_config(load_config(None, _COMMON + _STUDENT + ["objective.name=clean_lm"]), None)
+    with pytest.raises(ConfigError, match="trains an LM"):
+        Trainer.from_config(load_config(None, _COMMON + _STUDENT + ["objective.name=lm"]), None)
 
 
 def test_presets_load():
     from tcsm.builders.config import load_config
 
-    for family in ("mlm", "causal", "hollow"):
-        cfg = load_config(f"clean-{family}")
-        assert cfg.model.name == family and cfg.objective.name == "clean_lm"
+    for family, preset in (("mlm", "mlm"), ("causal", "causal-lm"), ("hollow", "hollow")):
+        cfg = load_config(preset)
+        assert cfg.model.name == family and cfg.objective.name == "lm"
         # Only the AR model can be sampled (ancestrally); the others have no sampler and log none.
         assert cfg.sample.num == (4 if family == "causal" else 0)
     cfg = load_config("parametric-student", ["reference.path=runs/x"])

@@ -132,7 +132,7 @@ def _hf_config(ck, model, kind: str) -> dict[str, Any]:
             "AutoConfig": "configuration_tcsm.TCSMEnergyConfig",
             "AutoModel": "modeling_tcsm.TCSMEnergyModel",
         }
-    # Clean-data models (mlm / causal / hollow teachers) and Hugging Face-backed models load through tcsm only.
+    # LMs (mlm / causal / hollow teachers) and Hugging Face-backed models load through tcsm only.
     return out
 
 

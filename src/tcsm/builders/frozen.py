@@ -4,7 +4,7 @@ parametric or distillation teacher, the reference of a DRE or preference fine-tu
 `load_frozen` reads the checkpoint through `load_checkpoint`, freezes the model (eval mode, no gradients) and
 checks it against the run in one place, with one-line CheckpointErrors that name the role it plays:
 
-* family — a diffusion denoiser (`DENOISER`) or a clean-data model of the given families (teachers);
+* family — a diffusion denoiser (`DENOISER`) or an LM (a model of the data, not a diffusion model) of the given families (teachers);
 * vocabulary — the same V clean tokens as the run's data;
 * source — a denoiser's noise source is the run's path (the input alphabet, and every ratio p / p^ref, needs it);
 * length — the model accepts the run's sequence length.
@@ -24,7 +24,7 @@ from tcsm.targets.base import freeze
 
 __all__ = ["DENOISER", "Frozen", "load_frozen", "load_reference"]
 
-#: `families` value of a diffusion denoiser (a model with no clean-data `family`, not an energy model)
+#: `families` value of a diffusion denoiser (a model with no LM `family`, not an energy model)
 DENOISER = ("denoiser",)
 
 
@@ -47,7 +47,7 @@ def load_frozen(
     """The frozen model of the checkpoint `path` (a run, checkpoints or step directory) for `role` (how errors
     name it, e.g. "reference.path (the teacher)"), checked against the run: `ctx` (a BuildContext) supplies the device,
     vocabulary, noise source and sequence length, or give them (None: not checked). `families`: the model kinds
-    accepted (`DENOISER`, or clean-data families such as ("mlm", "causal", "hollow"))."""
+    accepted (`DENOISER`, or LM families such as ("mlm", "causal", "hollow"))."""
     if ctx is not None:
         device = ctx.device if device is None else device
         vocab_size = ctx.vocab_size if vocab_size is None else vocab_size
@@ -58,7 +58,7 @@ def load_frozen(
     family = _family(ck.model)
     if family not in families:
         want = "it is not a diffusion denoiser of a `tcsm train` run" if families == DENOISER else (
-            f"it is not a clean-data model of the families {' | '.join(families)} (tcsm train with objective.name=clean_lm)"
+            f"it is not an LM of the families {' | '.join(families)} (tcsm train with objective.name=lm)"
         )
         raise CheckpointError(f"{role} {where!r} holds a model of type {type(ck.model).__name__}; {want}")
     V = int(ck.data_info["vocab_size"])

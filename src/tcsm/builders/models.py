@@ -1,4 +1,4 @@
-"""Model builders: `model.name` → an nn.Module (the denoiser, the clean-data families, Hugging Face adapters).
+"""Model builders: `model.name` → an nn.Module (the denoiser, the LM families (models of the data, not diffusion models), Hugging Face adapters).
 
 Each entry validates its config section against its schema and builds from the data's vocabulary and length
 (`BuildContext`); the model modules themselves know nothing of configs or registries.
@@ -14,8 +14,8 @@ from typing import Optional
 
 from tcsm.builders.registry import MODELS, BuildContext
 from tcsm.core.errors import ConfigError
-from tcsm.models.clean import CLEAN_PRESETS, CleanLMConfig
-from tcsm.models.clean_families import build_clean_model
+from tcsm.models.lm import LM_PRESETS, LMConfig
+from tcsm.models.lm_families import build_lm
 
 __all__ = ["HFModelConfig", "build_denoiser_model"]
 
@@ -73,19 +73,19 @@ def build_denoiser_model(node: dict, ctx: BuildContext):
 
 
 def _clean_schema(family: str) -> type:
-    """`model` keys of a clean-data family: a size preset plus any CleanLMConfig field (null: the preset's)."""
-    hints = typing.get_type_hints(CleanLMConfig)
+    """`model` keys of an LM family: a size preset plus any LMConfig field (null: the preset's)."""
+    hints = typing.get_type_hints(LMConfig)
     fields: list = [
         ("name", str, family),
-        ("preset", str, dataclasses.field(default="small", metadata={"help": " | ".join(CLEAN_PRESETS)})),
+        ("preset", str, dataclasses.field(default="small", metadata={"help": " | ".join(LM_PRESETS)})),
     ]
-    for f in dataclasses.fields(CleanLMConfig):
+    for f in dataclasses.fields(LMConfig):
         if f.name != "vocab_size":  # from the data
             fields.append((f.name, hints[f.name] | None, dataclasses.field(default=None)))
-    return dataclasses.make_dataclass(f"{family.title()}CleanModelConfig", fields)
+    return dataclasses.make_dataclass(f"{family.title()}LMModelConfig", fields)
 
 
-def _register_clean_families() -> None:
+def _register_lm_families() -> None:
     helps = {
         "mlm": "BERT-style masked LM of clean data (a parametric p_1 teacher; MATH.md §4)",
         "causal": "autoregressive transformer of clean data with BOS (an AR teacher; MATH.md §4, §5.4)",
@@ -96,23 +96,23 @@ def _register_clean_families() -> None:
         def build(node: dict, ctx, family=family):
             node = dict(node)
             preset = node.pop("preset")
-            if preset not in CLEAN_PRESETS:
-                raise ConfigError(f"unknown model.preset {preset!r}; choose one of {sorted(CLEAN_PRESETS)}")
-            fields = {**CLEAN_PRESETS[preset], **{k: v for k, v in node.items() if v is not None}}
+            if preset not in LM_PRESETS:
+                raise ConfigError(f"unknown model.preset {preset!r}; choose one of {sorted(LM_PRESETS)}")
+            fields = {**LM_PRESETS[preset], **{k: v for k, v in node.items() if v is not None}}
             if ctx.seq_len > fields["max_len"]:
                 raise ConfigError(
                     f"data sequences have length {ctx.seq_len} but the model allows at most {fields['max_len']}; "
                     f"set model.max_len={ctx.seq_len}"
                 )
             try:
-                return build_clean_model(family, fields, vocab_size=ctx.vocab_size)
+                return build_lm(family, fields, vocab_size=ctx.vocab_size)
             except ValueError as e:
                 raise ConfigError(f"model: {e}") from None
 
         MODELS.register(family, build, schema=_clean_schema(family), help=text, overwrite=True)
 
 
-_register_clean_families()
+_register_lm_families()
 
 
 # --------------------------------------------------------------------------------------------------- registry
@@ -187,7 +187,7 @@ def _register_hf() -> None:
     ):
         MODELS.register(
             name, make(cls, special), schema=schema, overwrite=True,
-            help=f"any Hugging Face {what} LM as a clean-data model (needs `transformers`)",
+            help=f"any Hugging Face {what} LM as a tcsm LM (needs `transformers`)",
         )  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""Objective builders: `objective.name` → a training objective (TCSM, clean-data LM losses, SEDD-style bound)."""
+"""Objective builders: `objective.name` → a training objective (TCSM, LM losses, SEDD-style bound)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any, Optional
 from tcsm.builders.registry import OBJECTIVES, BuildContext
 from tcsm.core.errors import ConfigError
 from tcsm.models.kinds import kind_of
-from tcsm.objectives.clean_lm import CLEAN_LOSSES, MaskedLMLoss
+from tcsm.objectives.lm import LM_LOSSES, MaskedLMLoss
 
-__all__ = ["CleanObjectiveConfig", "SEDDObjectiveConfig", "TCSMObjectiveConfig"]
+__all__ = ["LMObjectiveConfig", "SEDDObjectiveConfig", "TCSMObjectiveConfig"]
 
 
 # --------------------------------------------------------------------------------------------------- objective
@@ -58,12 +58,12 @@ def build_tcsm_objective(node: dict, ctx: BuildContext):
 
 
 # --------------------------------------------------------------------------------------------------- registry
-# `objective.name: clean_lm` picks the model family's loss; the explicit names check that they fit the model.
+# `objective.name: lm` picks the model family's loss; the explicit names check that they fit the model.
 
 
 @dataclass
-class CleanObjectiveConfig:
-    name: str = "clean_lm"
+class LMObjectiveConfig:
+    name: str = "lm"
     mask_rate: float = field(default=0.15, metadata={"help": "MLM: fraction of positions masked"})
     mask_rate_max: float | None = field(
         default=None, metadata={"help": "MLM: draw the rate per sequence from [mask_rate, mask_rate_max]"}
@@ -75,19 +75,19 @@ class CleanObjectiveConfig:
 _OBJECTIVE_FAMILY = {"mlm": "mlm", "autoregressive": "causal", "pseudo_likelihood": "hollow"}
 
 
-def _register_clean() -> None:
+def _register_lm() -> None:
     def make(objective: str):
         def build(node: dict, ctx):
             family = kind_of(ctx.model).family
             want = _OBJECTIVE_FAMILY.get(objective, family)
-            if family is None or family not in CLEAN_LOSSES or family != want:
+            if family is None or family not in LM_LOSSES or family != want:
                 raise ConfigError(
-                    f"objective {objective!r} trains a clean-data {want or 'mlm | causal | hollow'} model, but "
-                    f"model.name builds a {type(ctx.model).__name__}; use objective.name=clean_lm with model.name="
+                    f"objective {objective!r} trains an LM of family {want or 'mlm | causal | hollow'}, but "
+                    f"model.name builds a {type(ctx.model).__name__}; use objective.name=lm with model.name="
                     "mlm | causal | hollow (or hf_mlm | hf_causal)"
                 )
-            if CLEAN_LOSSES[family] is not MaskedLMLoss:
-                return CLEAN_LOSSES[family]()
+            if LM_LOSSES[family] is not MaskedLMLoss:
+                return LM_LOSSES[family]()
             hi = node["mask_rate_max"]
             rate = node["mask_rate"] if hi is None else (node["mask_rate"], hi)
             try:
@@ -98,19 +98,19 @@ def _register_clean() -> None:
         return build
 
     helps = {
-        "clean_lm": "train a clean-data model with its family's loss (MLM / next-token NLL / pseudo-likelihood)",
+        "lm": "train an LM (not a diffusion model) with its family's loss (MLM / next-token NLL / pseudo-likelihood)",
         "mlm": "BERT masked-LM loss for model.name=mlm | hf_mlm",
         "autoregressive": "next-token NLL for model.name=causal | hf_causal",
         "pseudo_likelihood": "Σ_i −log p(x^i | x^{≠i}) for model.name=hollow",
     }
     for name, text in helps.items():
         schema = dataclasses.make_dataclass(
-            f"{name.title()}Config", [("name", str, name)], bases=(CleanObjectiveConfig,)
+            f"{name.title()}Config", [("name", str, name)], bases=(LMObjectiveConfig,)
         )
         OBJECTIVES.register(name, make(name), schema=schema, help=text, overwrite=True)
 
 
-_register_clean()
+_register_lm()
 
 
 # --------------------------------------------------------------------------------------------------- sedd

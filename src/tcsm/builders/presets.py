@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from tcsm.core.errors import ConfigError
+from tcsm.storage.migration import MOVED_PRESETS, current_preset
 
 __all__ = ["first_line", "list_presets", "load_preset", "preset_description", "preset_text"]
 
@@ -31,7 +32,9 @@ def list_presets() -> list[str]:
 
 
 def preset_text(name_or_path: str) -> tuple[str, str]:
-    """(text, label) of a preset name or a YAML path."""
+    """(text, label) of a preset name (an old name of a renamed preset too) or a YAML path."""
+    if name_or_path in MOVED_PRESETS and not FsPath(name_or_path).exists():
+        name_or_path = current_preset(name_or_path)
     if name_or_path in list_presets():
         return (_preset_dir() / f"{name_or_path}.yaml").read_text(encoding="utf-8"), name_or_path
     p = FsPath(name_or_path)

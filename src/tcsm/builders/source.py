@@ -1,5 +1,5 @@
 """The run a post-training recipe starts from: read its config and refuse one that is not a diffusion denoiser run
-before anything is built or replaced (an energy model or a clean-data LM cannot be the start of a reward,
+before anything is built or replaced (an energy model or an LM cannot be the start of a reward,
 preference or DRE fine-tune: they would fail only at the first training step)."""
 
 from __future__ import annotations

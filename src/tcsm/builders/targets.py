@@ -32,12 +32,12 @@ def build_data_target(node: dict, ctx: BuildContext):
 
 
 # --------------------------------------------------------------------------------------------------- registry
-# `target.name: parametric` with `reference.path: <checkpoint of a clean-data run>` (`tcsm train -c clean-...`).
+# `target.name: parametric` with `reference.path: <checkpoint of an LM run>` (`tcsm train -c mlm | causal-lm | hollow`).
 
 
 @dataclass
 class ParametricTargetConfig:
-    """The teacher is the run's frozen model, `reference.path` (a clean-data run: tcsm train -c clean-...)."""
+    """The teacher is the run's frozen model, `reference.path` (an LM run: tcsm train -c mlm | causal-lm | hollow)."""
 
     name: str = "parametric"
     estimator: str = field(
@@ -57,7 +57,7 @@ class ParametricTargetConfig:
 def load_teacher(
     path: str, device="cpu", *, ema: bool = True, vocab_size: int | None = None, **options
 ) -> Teacher:
-    """The frozen teacher of a clean-data checkpoint written by `tcsm train` (EMA weights by default).
+    """The frozen teacher of an LM checkpoint written by `tcsm train` (EMA weights by default).
     `options` go to the family's teacher (estimator / k / temperature for AR, max_tokens for MLM)."""
     model = load_frozen(
         path, role="reference.path (the teacher)", families=tuple(TEACHERS), ema=ema, device=device, vocab_size=vocab_size
@@ -71,7 +71,7 @@ def _register_parametric() -> None:
         node = dict(node)
         if ctx.reference is None:
             raise ConfigError(
-                "reference.path must name the teacher: the checkpoint of a clean-data run (tcsm train -c clean-mlm ...)"
+                "reference.path must name the teacher: the checkpoint of an LM run (tcsm train -c mlm ...)"
             )
         cache_size = node.pop("cache_size")
         try:
@@ -89,7 +89,7 @@ def _register_parametric() -> None:
         schema=ParametricTargetConfig,
         overwrite=True,
         reference=ReferenceUse("reference.path (the teacher)", families=tuple(TEACHERS)),
-        help="explicit N^1 target from a frozen clean-data model (BERT / AR / Hollow; MATH.md §4)",
+        help="explicit N^1 target from a frozen LM (BERT / AR / Hollow; MATH.md §4)",
     )
 
 

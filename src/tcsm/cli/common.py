@@ -168,14 +168,14 @@ def _number(x) -> str:
 
 
 def format_bound(result: dict) -> str:
-    """One line for an evaluation result: a likelihood bound or a clean model's NLL / pseudo-NLL (`EvalResult.label`)."""
+    """One line for an evaluation result: a likelihood bound or an LM's NLL / pseudo-NLL (`EvalResult.label`)."""
     from tcsm.core.results import EvalResult
 
     result = EvalResult.of(result)
 
     floor = result.get("floor_bpc")
     gap = f" ({100 * (result['bpc'] / floor - 1):+.1f}% vs the source entropy {floor:.4f})" if floor else ""
-    # A clean-data model's exact or pseudo-NLL (tcsm.objectives.clean_lm) draws no times.
+    # An LM's exact or pseudo-NLL (tcsm.objectives.lm) draws no times.
     times = f" × {result['num_t']} t" if "num_t" in result else ""
     return (
         f"{result['bpc']:.4f} ± {result['bpc_stderr']:.4f} bits/token, perplexity {_number(result['perplexity'])}"

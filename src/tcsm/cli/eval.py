@@ -1,6 +1,6 @@
 """`tcsm eval`: bits per token and perplexity of a checkpoint on a data split, with the likelihood bound of
 tcsm.evaluation.likelihood (MATH.md §2), or with the checkpoint objective's own metric where it has one (the exact or
-pseudo-NLL of a clean-data model, tcsm.objectives.clean_lm), as in the trainer's validation; and two more modes:
+pseudo-NLL of an LM, tcsm.objectives.lm), as in the trainer's validation; and two more modes:
 
 * `--zeroshot SETS`: zero-shot perplexity bounds of a GPT-2-BPE model on WikiText-2, PTB, LAMBADA and the
   LM1B subset, with the SEDD/MDLM protocol (docs/evaluation.md, tcsm.evaluation.zeroshot);
@@ -20,7 +20,7 @@ import textwrap
 import time
 
 HELP = (
-    "evaluate a checkpoint: likelihood bound (or a clean model's NLL) as bits per token and perplexity; zero-shot "
+    "evaluate a checkpoint: likelihood bound (or an LM's NLL) as bits per token and perplexity; zero-shot "
     "(--zeroshot) and generative (--genppl) perplexity"
 )
 EPILOG = textwrap.fill(

@@ -262,7 +262,7 @@ def run(args) -> int:
     sir = kind.sampler == "sir"  # strategy-(ii) DRE run: SIR over its frozen reference (MATH.md §6.3)
     if kind.sampler == "none":
         family = str(loaded.config.model.get("name", kind.family))
-        raise ValueError(f"{loaded.directory} holds a {family} clean-data model: its single-site conditionals "
+        raise ValueError(f"{loaded.directory} holds a {family} LM: its single-site conditionals "
                          "p(x^i | x^≠i) give no sampler of whole sequences (it is a teacher for target.name=parametric)")
     ar = kind.sampler == "left_to_right"  # a causal LM (an AR teacher): drawn left to right, prompts first
     if ar and (args.infill or args.infill_json):

@@ -6,7 +6,7 @@ protocols and checked with `isinstance`, never discovered by attribute probing:
 * `TrainingObjective`: `objective(model, batch, generator)` → (scalar loss, metrics), where `batch` is a
   `tcsm.core.batch.Batch` (or clean tokens [B, L]) and metrics are detached 0-d tensors. A run's frozen reference
   is handed to the objective (or its target) once, by its constructor, when the run is built; no call passes it.
-* `Evaluates`: the objective brings its own validation metric (a clean-data LM's NLL instead of a diffusion bound);
+* `Evaluates`: the objective brings its own validation metric (an LM's NLL instead of a diffusion bound);
 * `Samples`: the objective brings its own sampler (an AR model, SIR over an energy model), or says it has none
   (returns no tokens); it receives the run's `tcsm.sampling.own.OwnSettings` and any pinned positions;
 * `TrainerCallback`: something of the run (an objective, a target) wants to act at fixed points of training,

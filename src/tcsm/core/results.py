@@ -31,13 +31,13 @@ def perplexity(nats, length: int):
     return math.exp(nats / length)
 
 
-#: Words for the clean models' validation metrics: only a diffusion NELBO is a likelihood bound; the AR NLL is
+#: Words for the LMs' validation metrics: only a diffusion NELBO is a likelihood bound; the AR NLL is
 #: exact and a pseudo-NLL is neither a bound nor an NLL of any joint distribution (MATH.md §4, §8 item 20).
 METRIC_LABELS = {"nll": "NLL", "ar-nll": "exact NLL", "pseudo-nll": "pseudo-NLL"}
 
 
 def metric_label(name: str) -> str:
-    """How logs and reports name a validation metric: a clean model's metric by `METRIC_LABELS`, anything else
+    """How logs and reports name a validation metric: an LM's metric by `METRIC_LABELS`, anything else
     (a likelihood bound's name, MATH.md §2) as "<name> bound"."""
     return METRIC_LABELS.get(name, f"{name} bound")
 
@@ -46,7 +46,7 @@ class EvalResult(dict):
     """What every evaluator returns (the trainer, reports and `tcsm eval` format it; MATH.md §2.4): a dict — the
     row written to metrics.jsonl and the JSON reports — whose required entries are also typed attributes.
 
-    `bound` names the quantity (a bound, MATH.md §2, or a clean model's metric, `METRIC_LABELS`), `bpc` ±
+    `bound` names the quantity (a bound, MATH.md §2, or an LM's metric, `METRIC_LABELS`), `bpc` ±
     `bpc_stderr` are bits per token over `num_sequences` held-out sequences, `perplexity` is exp(nats per token).
     An evaluator may add entries (`num_t`, an estimate's pieces, preference metrics); `EvalResult.of` checks that
     the required ones are there, so a new evaluator that forgets one fails where it is called, by name."""
@@ -60,7 +60,7 @@ class EvalResult(dict):
             raise TypeError(f"{where} returned no {missing} (an evaluation result needs {list(cls.REQUIRED)})")
         return values if isinstance(values, cls) else cls(values)
 
-    bound = property(lambda self: str(self["bound"]), doc="the quantity's name (a bound, or a clean model's metric)")
+    bound = property(lambda self: str(self["bound"]), doc="the quantity's name (a bound, or an LM's metric)")
     bpc = property(lambda self: float(self["bpc"]), doc="bits per token, mean over the sequences")
     bpc_stderr = property(lambda self: float(self["bpc_stderr"]), doc="standard error of `bpc`")
     perplexity = property(lambda self: float(self["perplexity"]), doc="exp(nats per token)")

@@ -1,5 +1,5 @@
 """The validation metric of a model, as training logs it and `tcsm eval` reports it: the objective's own
-evaluator when it has one (e.g. a clean-data LM), the diffusion likelihood bound otherwise (MATH.md §2.4)."""
+evaluator when it has one (e.g. an LM), the diffusion likelihood bound otherwise (MATH.md §2.4)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ __all__ = ["evaluate_model"]
 def evaluate_model(objective, model, data, path, e, *, generator=None, device=None, progress=False) -> EvalResult:
     """The validation metric of `model` on `data` [N, L] under eval settings `e` (the `eval` config section).
 
-    An objective that trains something other than a denoiser (e.g. a clean-data LM, tcsm.objectives.clean_lm) brings its
+    An objective that trains something other than a denoiser (e.g. an LM, tcsm.objectives.lm) brings its
     own `evaluate`; every other model gets the diffusion likelihood bound (MATH.md §2.4). Both are `EvalResult`s.
     """
     if isinstance(objective, Evaluates):

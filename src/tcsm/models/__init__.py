@@ -1,5 +1,5 @@
-"""Neural networks: shared transformer layers and the bidirectional denoiser; the clean-data models of p_1
-(`tcsm.models.clean_families`), Hugging Face adapters (`tcsm.models.hf`) and the density-ratio head live in
+"""Neural networks: shared transformer layers and the bidirectional denoiser; the LMs of p_1 (models of the data, not diffusion models)
+(`tcsm.models.lm_families`), Hugging Face adapters (`tcsm.models.hf`) and the density-ratio head live in
 their own modules. Nothing here reads configs: `tcsm.builders.models` turns a config section into a model."""
 
 from tcsm.models.layers import (  # noqa: F401

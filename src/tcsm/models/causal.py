@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tcsm.models.clean import CleanLMConfig, CleanTransformer
 from tcsm.models.kinds import CAUSAL
 from tcsm.models.layers import TransformerBlock, apply_rotary
+from tcsm.models.lm import LMConfig, LMTransformer
 
 __all__ = ["CausalLM", "KVCache"]
 
@@ -68,14 +68,14 @@ def _block_with_cache(block: TransformerBlock, x: Tensor, rope, past):
     return x, (k, v)
 
 
-class CausalLM(CleanTransformer):
+class CausalLM(LMTransformer):
     """x [B, L] clean ids → next-token logits [B, L, V]: logits[:, j] = log p(· | x^{<j}) (+ const), BOS id V."""
 
     model_kind = CAUSAL
     #: methods besides forward that run the network (a sharded model gathers its weights for them too)
     forward_methods = ("forward_soft", "log_prob", "kv_cache", "extend")
 
-    def __init__(self, cfg: CleanLMConfig):
+    def __init__(self, cfg: LMConfig):
         super().__init__(cfg, causal=True)
         self.bos_id = cfg.vocab_size
 

@@ -1,4 +1,4 @@
-"""What the model config dataclasses (`DenoiserConfig`, `CleanLMConfig`) share: the size checks every rotary
+"""What the model config dataclasses (`DenoiserConfig`, `LMConfig`) share: the size checks every rotary
 transformer here needs, and a dict round trip that rejects unknown keys (checkpoints store configs as dicts)."""
 
 from __future__ import annotations

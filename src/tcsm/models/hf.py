@@ -1,4 +1,4 @@
-"""Hugging Face adapters: any masked LM or causal LM as a clean-data model of p_1 (MATH.md §4).
+"""Hugging Face adapters: any masked LM or causal LM as an LM of p_1 (MATH.md §4).
 
 The adapters map our clean ids {0..V−1} to the HF model's ids (`token_ids[y]` is the HF id of our token y), call
 the HF model and return logits restricted to those V ids, so they are drop-in replacements for `MaskedLM` and

@@ -10,7 +10,7 @@ Structure, chosen so that the output at position i never reads x^i:
   never attends to other query positions (h_j may depend on x^i), so h_i stays a function of x^{≠i}.
 
 Rotary positions in the mixing blocks run over 0..2L−1 (f_j at j, g_j at L+j): relative offsets then also tell
-the two streams apart. Trained by pseudo-likelihood Σ_i −log p(x^i | x^{≠i}) (`tcsm.objectives.clean_lm.PseudoLikelihoodLoss`).
+the two streams apart. Trained by pseudo-likelihood Σ_i −log p(x^i | x^{≠i}) (`tcsm.objectives.lm.PseudoLikelihoodLoss`).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from tcsm.models.clean import CleanLMConfig
 from tcsm.models.kinds import HOLLOW
 from tcsm.models.layers import RotaryEmbedding, TransformerBlock, init_weights, make_norm, zero_init_
+from tcsm.models.lm import LMConfig
 
 __all__ = ["HollowTransformer", "hollow_mask"]
 
@@ -38,7 +38,7 @@ class HollowTransformer(nn.Module):
     #: methods besides forward that run the network (a sharded model gathers its weights for them too)
     forward_methods = ("streams",)
 
-    def __init__(self, cfg: CleanLMConfig):
+    def __init__(self, cfg: LMConfig):
         super().__init__()
         self.cfg = cfg
         V = self.vocab_size = cfg.vocab_size

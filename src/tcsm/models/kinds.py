@@ -1,5 +1,5 @@
 """What a model is, declared by the model rather than probed by its users (DESIGN.md "capabilities are declared"):
-its `family`, whether it is a diffusion denoiser or a model of clean data p_1 (MATH.md §4), how it is sampled, what
+its `family`, whether it is a diffusion denoiser or an LM of the data p_1, not a diffusion model (MATH.md §4), how it is sampled, what
 its likelihood is and what `tcsm export` writes for it. Every model class carries a `model_kind`; `FAMILIES` is the
 one table of the families a config's `model.name` may select, and `kind_of(model)` answers for any model (wrapped or
 not)."""
@@ -15,16 +15,16 @@ __all__ = ["DENOISER", "FAMILIES", "ModelKind", "family_of_name", "kind_of"]
 class ModelKind:
     """The declaration a model class carries as `model_kind`: what its users ask instead of its class."""
 
-    #: "denoiser" (p^θ_{1|t}), "mlm" / "causal" / "hollow" (models of clean data p_1), "energy" (p^ref · e^f)
+    #: "denoiser" (p^θ_{1|t}), "mlm" / "causal" / "hollow" (LMs of the data p_1), "energy" (p^ref · e^f)
     family: str
     #: "path": the diffusion samplers; "left_to_right": an autoregressive draw; "sir": SIR over the reference
     #: (MATH.md §6.3); "none": no sampler of whole sequences (single-site conditionals only)
     sampler: str
     #: what `tcsm export` writes ("denoiser" | "hf_denoiser" | "energy"), or None: not exportable
     export: str | None
-    #: what it is, for messages ("an autoregressive clean-data model (a teacher for tcsm distill)")
+    #: what it is, for messages ("an autoregressive LM (a teacher for tcsm distill)")
     description: str
-    #: what `tcsm eval` reports: "bound" (the path's NELBO, MATH.md §2.4), "nll" (the clean-data model's own
+    #: what `tcsm eval` reports: "bound" (the path's NELBO, MATH.md §2.4), "nll" (the LM's own
     #: NLL), "estimate" (an importance-sampling estimate with log Ẑ from n reference draws per sequence and time,
     #: MATH.md §6.3: costly, so it is bounded to a few examples by default)
     likelihood: str = "bound"
@@ -36,11 +36,11 @@ class ModelKind:
 
 
 DENOISER = ModelKind("denoiser", "path", "denoiser", "a diffusion denoiser")
-MLM = ModelKind("mlm", "none", None, "a masked clean-data model (a teacher for target.name=parametric)", "nll")
+MLM = ModelKind("mlm", "none", None, "a masked LM (a teacher for target.name=parametric)", "nll")
 CAUSAL = ModelKind(
-    "causal", "left_to_right", None, "an autoregressive clean-data model (a teacher for tcsm distill)", "nll"
+    "causal", "left_to_right", None, "an autoregressive LM (a teacher for tcsm distill)", "nll"
 )
-HOLLOW = ModelKind("hollow", "none", None, "a Hollow clean-data model (a teacher for target.name=parametric)", "nll")
+HOLLOW = ModelKind("hollow", "none", None, "a Hollow LM (a teacher for target.name=parametric)", "nll")
 ENERGY = ModelKind(
     "energy", "sir", "energy", "an energy model (tcsm finetune dre strategy ii; sampled by SIR)", "estimate"
 )

@@ -1,6 +1,6 @@
 """The TCSM objective and its parts (MATH.md §3, §7): `losses` (L_distrib, L_score, per position), `divergences`
 (Bregman generators, f-divergences), `weighting` (ω(t)), `composed` (the `Objective` a trainer calls), `sedd` (the
-SEDD score-entropy baseline) and `clean_lm` (losses of models of clean data: MLM, AR, pseudo-likelihood)."""
+SEDD score-entropy baseline) and `lm` (losses of LMs, the models of the data that are not diffusion models: MLM, AR, pseudo-likelihood)."""
 
 from __future__ import annotations
 

@@ -131,7 +131,7 @@ class ProbabilityPath:
     def target_conditional(self, log_p1_cond: Tensor, xt: Tensor, t: Tensor) -> Tensor:
         """log q^i(y) = log softmax_y[log p_1(y | x_1^{≠i}) + log k_t(x_t^i | y)] (MATH.md §1.3, §4).
 
-        `log_p1_cond` [B, L, V] holds the clean-data single-site conditionals; the result is the N^1
+        `log_p1_cond` [B, L, V] holds p_1's single-site conditionals (an LM's); the result is the N^1
         posterior target. For the masked source it is p_1(· | x_1^{≠i}) at masked positions and δ_{x_t^i}
         elsewhere.
         """

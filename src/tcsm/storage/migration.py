@@ -1,4 +1,5 @@
-"""Readers of what older versions wrote or named: module paths that moved into the layer folders, config keys that
+"""Readers of what older versions wrote or named: module paths that moved into the layer folders (and names renamed
+there, RENAMED_NAMES), presets and config values renamed (MOVED_PRESETS, MOVED_VALUES), config keys that
 moved (MOVED_KEYS, and MOVED_ENTRY_KEYS inside one registry entry's section), and saved configs from before a model field existed. Every shim for an old name lives here and says, once, in one line, what the new
 name is.
 
@@ -35,7 +36,10 @@ MOVED_MODULES: dict[str, tuple[str, ...]] = {
     "tcsm.timesteps": ("tcsm.paths.timesteps",),
     "tcsm.divergences": ("tcsm.objectives.divergences",),
     "tcsm.baselines": ("tcsm.objectives.sedd",),
-    "tcsm.clean_losses": ("tcsm.objectives.clean_lm",),
+    "tcsm.clean_losses": ("tcsm.objectives.lm",),
+    "tcsm.objectives.clean_lm": ("tcsm.objectives.lm",),
+    "tcsm.models.clean": ("tcsm.models.lm",),
+    "tcsm.models.clean_families": ("tcsm.models.lm_families",),
     "tcsm.toy": ("tcsm.evaluation.exact",),
     "tcsm.likelihood": ("tcsm.evaluation.likelihood", "tcsm.core.results", "tcsm.paths.bounds"),
     "tcsm.posttrain.preference.pairs": ("tcsm.data.pairs",),
@@ -45,19 +49,34 @@ MOVED_MODULES: dict[str, tuple[str, ...]] = {
     **{f"tcsm.posttrain.{m}.recipe": (f"tcsm.recipes.{m}.compose",) for m in ("dre", "preference", "reward", "sft", "distill")},
 }
 
+#: names renamed in the moved modules, old → new: the models of the data that are not diffusion models are LMs.
+RENAMED_NAMES: dict[str, str] = {
+    "CleanLMConfig": "LMConfig",
+    "CleanTransformer": "LMTransformer",
+    "CLEAN_PRESETS": "LM_PRESETS",
+    "CLEAN_LOSSES": "LM_LOSSES",
+    "CleanLoss": "LMLoss",
+    "make_clean_loss": "make_lm_loss",
+    "build_clean_model": "build_lm",
+    "clean_model_families": "lm_families",
+}
+
 
 class _Moved(importlib.abc.Loader):
     def __init__(self, old: str, homes: tuple[str, ...]):
         self.old, self.homes = old, homes
 
     def create_module(self, spec):
-        warnings.warn(f"{self.old} moved to {' + '.join(self.homes)}; import it from there", DeprecationWarning, stacklevel=2)
         modules = [importlib.import_module(h) for h in self.homes]
-        if len(modules) == 1:
+        renamed = [f"{old} is {new}" for old, new in RENAMED_NAMES.items() if any(hasattr(m, new) for m in modules)]
+        also = f" ({', '.join(renamed)})" if renamed else ""
+        warnings.warn(f"{self.old} moved to {' + '.join(self.homes)}; import it from there{also}", DeprecationWarning, stacklevel=2)
+        if len(modules) == 1 and not renamed:
             return modules[0]
         view = types.ModuleType(self.old, f"{self.old}: the names of {', '.join(self.homes)}")
 
         def __getattr__(name):
+            name = RENAMED_NAMES.get(name, name)
             for m in modules:
                 if hasattr(m, name):
                     return getattr(m, name)
@@ -84,7 +103,11 @@ def install_module_aliases() -> None:
 
 def migrate_saved_config(config: dict | None) -> None:
     """Saved configs from before a model field existed get the value those models were trained with, so that
-    they rebuild the same function rather than the new default."""
+    they rebuild the same function rather than the new default; a renamed value (MOVED_VALUES) reads as its new name."""
+    for (section, key), names in MOVED_VALUES.items():  # a saved run's old value names, silently
+        node = config.get(section) if isinstance(config, dict) else None
+        if isinstance(node, dict) and isinstance(node.get(key), str) and node[key] in names:
+            node[key] = names[node[key]]
     model = config.get("model") if isinstance(config, dict) else None
     if not isinstance(model, dict):
         return
@@ -93,6 +116,21 @@ def migrate_saved_config(config: dict | None) -> None:
         is_denoiser = isinstance(node, dict) and node and node.get("name", "denoiser") == "denoiser"  # its schema
         if is_denoiser and "activation" not in node:
             node["activation"] = "gelu_tanh"  # the denoiser's MLP before `activation` (default now exact GELU)
+
+
+#: Presets renamed, old → new: the models of the data that are not diffusion models are named for what they are.
+MOVED_PRESETS = {"clean-mlm": "mlm", "clean-causal": "causal-lm", "clean-hollow": "hollow"}
+
+
+def current_preset(name: str) -> str:
+    """The preset's name now; an old name is read as its new one with a one-line note on stderr (once per name)."""
+    new = MOVED_PRESETS.get(name)
+    if new is None:
+        return name
+    if ("preset", name) not in _noted:
+        _noted.add(("preset", name))
+        sys.stderr.write(f"tcsm: note: preset {name} is now {new}\n")
+    return new
 
 
 #: Keys that moved, old → new. A config (YAML, override) that still uses an old key is read as the new one with a
@@ -170,6 +208,27 @@ def move_keys(layer: DictConfig, label: str | None) -> DictConfig:
 MOVED_ENTRY_KEYS: dict[tuple[str, str], dict[str, str]] = {("objective", "dre"): {"loss": "bregman"}}
 
 
+#: Values renamed, (section, key) → {old: new}: `objective.name: clean_lm` (the family's LM loss) is `lm`.
+MOVED_VALUES: dict[tuple[str, str], dict[str, str]] = {("objective", "name"): {"clean_lm": "lm"}}
+
+
+def _move_values(layer: DictConfig, label: str | None) -> DictConfig:
+    """`layer` with every old value of MOVED_VALUES under its new name; a note per old value unless `label` is None."""
+    from omegaconf import DictConfig, OmegaConf
+
+    for (section, key), names in MOVED_VALUES.items():
+        node = layer.get(section)
+        value = node.get(key) if isinstance(node, DictConfig) else None
+        if not isinstance(value, str) or value not in names:
+            continue
+        layer = OmegaConf.merge(layer, {})  # a copy, as in move_keys
+        layer[section][key] = names[value]
+        if label is not None and (section, key, value) not in _noted:
+            _noted.add((section, key, value))
+            sys.stderr.write(f"tcsm: note: {section}.{key}={value} is now {section}.{key}={names[value]} (in {label})\n")
+    return layer
+
+
 def move_layers(layers: Sequence[tuple[DictConfig, str | None]]) -> list[DictConfig]:
     """The layers of a run config, lowest first, each with the label of who wrote it (None: a saved run's config),
     with every moved key under its new name: MOVED_KEYS in every layer (`move_keys`), MOVED_ENTRY_KEYS in a layer
@@ -181,6 +240,7 @@ def move_layers(layers: Sequence[tuple[DictConfig, str | None]]) -> list[DictCon
     out = []
     for layer, label in layers:
         layer = move_keys(layer, label)
+        layer = _move_values(layer, label)
         for (section, entry), keys in MOVED_ENTRY_KEYS.items():
             node = layer.get(section)
             if not isinstance(node, DictConfig):

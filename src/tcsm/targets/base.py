@@ -82,7 +82,7 @@ class DataTarget(Target):
 
 
 class ConditionalTarget(Target):
-    """Explicit target from a model of clean data: `log_p1_cond(x1)` → log p_1(y | x_1^{≠i}) [B, L, V],
+    """Explicit target from an LM of the data: `log_p1_cond(x1)` → log p_1(y | x_1^{≠i}) [B, L, V],
     combined with the kernel: q^i ∝ p_1(· | x_1^{≠i}) k_t(x_t^i | ·) (MATH.md §1.3, §4).
 
     Any callable works: the exact conditionals of an enumerable toy, a BERT / AR / Hollow teacher.

@@ -1,4 +1,4 @@
-"""Parametric targets: a frozen model of clean data p_1 gives the exact N^1 target (MATH.md §4).
+"""Parametric targets: a frozen LM of the data p_1 gives the exact N^1 target (MATH.md §4).
 
 A *teacher* maps clean x_1 [B, L] to log p_1(y | x_1^{≠i}) [B, L, V]; `ParametricTarget` then forms
 q^i ∝ p_1(· | x_1^{≠i}) k_t(x_t^i | ·) with `path.target_conditional` (masked and uniform sources alike), and the
@@ -10,7 +10,7 @@ objectives train the student against this explicit distribution instead of the s
 
 Teachers are frozen (eval mode, no parameter gradients) and run under no_grad. The teacher conditionals depend
 on x_1 only — not on t or x_t — so `ParametricTarget(cache_size=n)` memoises them per sequence: with a finite
-training set every sequence is scored once. `load_teacher(checkpoint)` wraps a clean-data model trained by
+training set every sequence is scored once. `load_teacher(checkpoint)` wraps an LM trained by
 `tcsm train`; importing this module registers `target.name: parametric` with `tcsm.builders.registry.TARGETS`.
 """
 
@@ -56,7 +56,7 @@ def mlm_conditionals(model: nn.Module, x1: Tensor, max_tokens: int = 1 << 16) ->
 
 
 class Teacher:
-    """A frozen clean-data model: `__call__(x1)` → log p_1(y | x_1^{≠i}) [B, L, V] (MATH.md §4).
+    """A frozen LM: `__call__(x1)` → log p_1(y | x_1^{≠i}) [B, L, V] (MATH.md §4).
 
     Teachers run in float32 even inside a trainer's bf16 autocast (`autocast=False`): the AR marginal sums L
     log-probability differences, where bf16 rounding would add up to a visible error in the target.
@@ -170,7 +170,7 @@ TEACHERS = NameTable("teacher family", {"mlm": MLMTeacher, "hollow": HollowTeach
 
 
 def make_teacher(model: nn.Module, family: str | None = None, **kwargs) -> Teacher:
-    """Wrap a clean-data model in the teacher of its family ("mlm" | "hollow" | "causal"; default
+    """Wrap an LM in the teacher of its family ("mlm" | "hollow" | "causal"; default
     `model.family`); keyword options go to the teacher (e.g. estimator="topk", k=5 for AR)."""
     return TEACHERS.lookup(family or kind_of(model).family)(model, **kwargs)
 

@@ -13,7 +13,7 @@ import torch
 
 from tcsm.core.errors import CheckpointError
 from tcsm.evaluation.exact import EnumerableDistribution
-from tcsm.models.clean_families import build_clean_model
+from tcsm.models.lm_families import build_lm
 from tcsm.paths import MaskedPath, UniformPath
 from tcsm.posttrain.distill.ngram import RightContextNgram
 from tcsm.posttrain.distill.target import NGRAM_FILE, DistillTarget
@@ -33,7 +33,7 @@ from tcsm.targets.parametric import ARTeacher, ParametricTarget
 
 def _random_causal(V: int, seed: int = 0, **kw):
     torch.manual_seed(seed)
-    m = build_clean_model("causal", "tiny", vocab_size=V, **kw)
+    m = build_lm("causal", "tiny", vocab_size=V, **kw)
     with torch.no_grad():
         for p in m.parameters():
             p.normal_(0.0, 0.3)

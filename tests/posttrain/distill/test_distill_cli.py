@@ -28,7 +28,7 @@ def _error(capsys, argv) -> str:
 
 def _teacher_args(run, *extra) -> list[str]:
     keys = [o for o in tiny("train.eval_every=0", "train.sample_every=0", "train.steps=8") if not o.startswith(("model.cond_dim", "eval.num_t"))]
-    return ["train", "-o", str(run), "model.name=causal", "model.preset=tiny", "objective.name=clean_lm", *keys, *extra]
+    return ["train", "-o", str(run), "model.name=causal", "model.preset=tiny", "objective.name=lm", *keys, *extra]
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from tcsm.recipes.spec import Flag, Option, RecipeSpec
 
 DOC = """`tcsm distill`: train a diffusion student on the N^1 conditionals of an autoregressive teacher (MATH.md §5.4).
 
-The teacher is a causal-LM run of this project (`tcsm train -c clean-causal ...`) or a local Hugging Face
+The teacher is a causal-LM run of this project (`tcsm train -c causal-lm ...`) or a local Hugging Face
 causal-LM directory (config.json, weights and tokenizer files); the student is any denoiser config. The run is
 an ordinary `tcsm train` run — same Trainer, checkpoints, --resume, logs and one-line errors — whose config is
 the teacher run's data section, then the `distill` preset (or `-c`), then key=value overrides, then the flags:

@@ -34,7 +34,7 @@ __all__ = [
 
 @dataclass
 class DistillTargetConfig:
-    """The teacher is the run's frozen model, `reference.path`: a tcsm causal-LM run (tcsm train -c clean-causal)
+    """The teacher is the run's frozen model, `reference.path`: a tcsm causal-LM run (tcsm train -c causal-lm)
     or a Hugging Face causal-LM directory."""
 
     name: str = "distill"
@@ -128,8 +128,8 @@ def inspect_teacher(path: str | os.PathLike, ema: bool = True) -> TeacherSpec:
             _first(cfg, "max_position_embeddings", "n_positions", "n_ctx"),
         )  # fmt: skip
     from tcsm.builders.config import load_config
-    from tcsm.models.clean import CLEAN_PRESETS
     from tcsm.models.kinds import family_of_name
+    from tcsm.models.lm import LM_PRESETS
     from tcsm.storage.checkpoint import read_state, resolve_checkpoint
 
     try:
@@ -146,11 +146,11 @@ def inspect_teacher(path: str | os.PathLike, ema: bool = True) -> TeacherSpec:
     if kind.sampler != "left_to_right":
         raise CheckpointError(
             f"teacher {str(directory)!r} holds a {model.get('name')!r} model, not a causal LM "
-            "(train one with tcsm train -c clean-causal)"
+            "(train one with tcsm train -c causal-lm)"
         )
     use = "ema.safetensors" if ema and (directory / "ema.safetensors").is_file() else "model.safetensors"
     header = _safetensors_header(directory / use)
-    dims = {**CLEAN_PRESETS.get(model.get("preset"), {}), **{k: v for k, v in model.items() if v is not None}}
+    dims = {**LM_PRESETS.get(model.get("preset"), {}), **{k: v for k, v in model.items() if v is not None}}
     hf_config = Path(str(model.get("name_or_path") or "")) / "config.json"
     if hf_config.is_file():  # a HF model trained by `tcsm train` (model.name_or_path names its directory)
         hf = inspect_teacher(hf_config.parent)

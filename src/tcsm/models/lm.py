@@ -1,4 +1,4 @@
-"""Shared configuration of the clean-data models p_1 used as parametric targets (MATH.md §4).
+"""Shared configuration of the LMs of p_1 (models of the data, not diffusion models) used as parametric targets (MATH.md §4).
 
 Three families model clean sequences x ∈ {0..V−1}^L and feed `tcsm.targets.parametric`:
 
@@ -7,7 +7,7 @@ Three families model clean sequences x ∈ {0..V−1}^L and feed `tcsm.targets.p
 * `HollowTransformer` (models/hollow.py): all L conditionals p(x^i | x^{≠i}) in one pass.
 
 They share one config dataclass and the size presets below (the MLM and the causal LM also share their trunk,
-`CleanTransformer`); `tcsm.models.clean_families.build_clean_model(family, preset, **overrides)`
+`LMTransformer`); `tcsm.models.lm_families.build_lm(family, preset, **overrides)`
 builds any of them (the Hugging Face adapters in models/hf.py wrap external models instead); `tcsm.builders.models`
 makes them `model.name: mlm | causal | hollow` of a run config.
 """
@@ -22,12 +22,12 @@ from torch import Tensor, nn
 from tcsm.models.config import ModelConfig
 from tcsm.models.layers import RotaryEmbedding, TransformerBlock, init_weights, make_norm, zero_init_
 
-__all__ = ["CLEAN_PRESETS", "CleanLMConfig", "CleanTransformer"]
+__all__ = ["LM_PRESETS", "LMConfig", "LMTransformer"]
 
 
 @dataclass
-class CleanLMConfig(ModelConfig):
-    """Architecture of a clean-data model. `n_layers` counts blocks per stack (the Hollow transformer has
+class LMConfig(ModelConfig):
+    """Architecture of an LM. `n_layers` counts blocks per stack (the Hollow transformer has
     two stacks of n_layers plus `n_mix_layers` mixing blocks; the other families ignore `n_mix_layers`)."""
 
     vocab_size: int
@@ -41,7 +41,7 @@ class CleanLMConfig(ModelConfig):
     rope_base: float = 10000.0
     n_mix_layers: int = 1
 
-    label: ClassVar[str] = "clean-model config"
+    label: ClassVar[str] = "LM config"
 
     def __post_init__(self) -> None:
         if self.n_mix_layers < 0:
@@ -49,11 +49,11 @@ class CleanLMConfig(ModelConfig):
         self.check_sizes(("max_len", "d_model", "n_layers", "n_heads"))
 
 
-class CleanTransformer(nn.Module):
+class LMTransformer(nn.Module):
     """Input ids {0..V} (id V is [MASK] or BOS) → `n_layers` rotary pre-norm blocks, causal or bidirectional →
     logits over the V clean tokens: the trunk of `MaskedLM` and `CausalLM` (MATH.md §4)."""
 
-    def __init__(self, cfg: CleanLMConfig, causal: bool):
+    def __init__(self, cfg: LMConfig, causal: bool):
         super().__init__()
         self.cfg = cfg
         self.vocab_size = cfg.vocab_size
@@ -83,7 +83,7 @@ class CleanTransformer(nn.Module):
 
 
 # Sizes only; vocab_size comes from the data.
-CLEAN_PRESETS: dict[str, dict[str, Any]] = {
+LM_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {"max_len": 128, "d_model": 32, "n_layers": 1, "n_heads": 2, "n_mix_layers": 1},
     "small": {"max_len": 256, "d_model": 128, "n_layers": 2, "n_heads": 4, "n_mix_layers": 1},
     "base": {"max_len": 256, "d_model": 256, "n_layers": 4, "n_heads": 4, "n_mix_layers": 2},

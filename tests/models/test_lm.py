@@ -1,18 +1,18 @@
-"""Clean-data models of p_1 (MLM, causal, Hollow), their training losses and Hugging Face adapters (MATH.md §4)."""
+"""LMs of p_1 (MLM, causal, Hollow), their training losses and Hugging Face adapters (MATH.md §4)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tcsm.models.clean import CleanLMConfig
-from tcsm.models.clean_families import build_clean_model
-from tcsm.objectives.clean_lm import (
+from tcsm.models.lm import LMConfig
+from tcsm.models.lm_families import build_lm
+from tcsm.objectives.lm import (
     AutoregressiveLoss,
     MaskedLMLoss,
     PseudoLikelihoodLoss,
     conditional_nll,
-    make_clean_loss,
+    make_lm_loss,
 )
 from tcsm.targets.parametric import MLMTeacher, make_teacher
 
@@ -22,7 +22,7 @@ V, L = 5, 6
 def _random_model(family: str, seed: int = 0, **kw):
     """A tiny model with large random weights, so its conditionals are far from uniform."""
     torch.manual_seed(seed)
-    m = build_clean_model(family, "tiny", vocab_size=V, **kw)
+    m = build_lm(family, "tiny", vocab_size=V, **kw)
     with torch.no_grad():
         for p in m.parameters():
             p.normal_(0.0, 0.3)
@@ -31,7 +31,7 @@ def _random_model(family: str, seed: int = 0, **kw):
 
 @pytest.mark.parametrize("family", ["mlm", "causal", "hollow"])
 def test_shapes_and_uniform_init(family):
-    m = build_clean_model(family, "tiny", vocab_size=V)
+    m = build_lm(family, "tiny", vocab_size=V)
     x = torch.randint(0, V, (3, L))
     out = m(x)
     assert out.shape == (3, L, V) and out.dtype == torch.float32
@@ -40,11 +40,11 @@ def test_shapes_and_uniform_init(family):
 
 def test_config_validation():
     with pytest.raises(ValueError, match="vocab_size"):
-        CleanLMConfig(vocab_size=1)
-    with pytest.raises(ValueError, match="unknown clean-data model family"):
-        build_clean_model("rnn", vocab_size=V)
+        LMConfig(vocab_size=1)
+    with pytest.raises(ValueError, match="unknown LM family"):
+        build_lm("rnn", vocab_size=V)
     with pytest.raises(ValueError, match="vocab_size"):
-        build_clean_model("mlm", "tiny")
+        build_lm("mlm", "tiny")
 
 
 def test_causal_kv_cache_and_soft_inputs_match_forward():
@@ -143,8 +143,8 @@ def test_teacher_is_frozen_and_in_eval_mode():
 @pytest.mark.parametrize("family", ["mlm", "causal", "hollow"])
 def test_clean_losses_train(family):
     torch.manual_seed(0)
-    m = build_clean_model(family, "tiny", vocab_size=V)
-    loss_fn = make_clean_loss(family)
+    m = build_lm(family, "tiny", vocab_size=V)
+    loss_fn = make_lm_loss(family)
     # Deterministic data: sequences of a cyclic pattern, so every family can fit it.
     x = (torch.arange(L)[None, :] + torch.randint(0, V, (16, 1))) % V
     g = torch.Generator().manual_seed(0)
@@ -175,8 +175,8 @@ def test_mlm_loss_corruption():
     assert 0.7 < masked_frac < 0.9
     with pytest.raises(ValueError):
         MaskedLMLoss(mask_rate=0.0)
-    assert isinstance(make_clean_loss("causal"), AutoregressiveLoss)
-    assert isinstance(make_clean_loss("hollow"), PseudoLikelihoodLoss)
+    assert isinstance(make_lm_loss("causal"), AutoregressiveLoss)
+    assert isinstance(make_lm_loss("hollow"), PseudoLikelihoodLoss)
 
 
 # --- Hugging Face adapters (tiny random models from configs; nothing is downloaded) -----------------------
@@ -246,7 +246,7 @@ def test_hf_causal_lm_adapter():
 
 
 def test_hf_models_train_and_teach_from_config(tmp_path):
-    """model.name=hf_mlm | hf_causal from a local directory (nothing downloaded), trained by `clean_lm`, then
+    """model.name=hf_mlm | hf_causal from a local directory (nothing downloaded), trained by `lm`, then
     loaded back as a teacher."""
     tf = pytest.importorskip("transformers")
     from tcsm.builders.config import load_config
@@ -265,7 +265,7 @@ def test_hf_models_train_and_teach_from_config(tmp_path):
         "data.kind=synthetic", "data.vocab_size=5", "data.seq_len=8", "data.num_train=64", "data.num_valid=8",
         "data.num_test=8", "train.batch_size=8", "train.precision=fp32", "train.device=cpu", "train.steps=3",
         "train.progress=false", "train.tensorboard=false", "train.eval_examples=8", "train.eval_every=0",
-        "train.save_every=0", "sample.num=0", "objective.name=clean_lm", "model.token_ids=[3,4,5,6,7]",
+        "train.save_every=0", "sample.num=0", "objective.name=lm", "model.token_ids=[3,4,5,6,7]",
         "model.local_files_only=true", "model.special_token_id=1",
     ]  # fmt: skip
     for name, sub in (("hf_mlm", "bert"), ("hf_causal", "gpt")):

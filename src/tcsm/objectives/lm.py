@@ -1,4 +1,4 @@
-"""Training losses for the clean-data models that serve as parametric targets (MATH.md §4).
+"""Training losses for the LMs (models of the data, not diffusion models) that serve as parametric targets (MATH.md §4).
 
 Each loss is an objective in the trainer's sense: `loss(model, x1, generator)` → (scalar loss, metrics), in nats
 per token.
@@ -8,13 +8,13 @@ per token.
 * `PseudoLikelihoodLoss`: −(1/L) Σ_i log p(x^i | x^{≠i}) for models that output all single-site conditionals in
   one pass (Hollow transformer; MATH.md §8 item 20: consistent, not an MLE).
 
-`CLEAN_LOSSES[family]` names the default loss of each model family; `conditional_nll` scores any teacher's
+`LM_LOSSES[family]` names the default loss of each model family; `conditional_nll` scores any teacher's
 single-site conditionals on held-out data (the quantity a parametric target actually uses). Every loss also has
-`evaluate(model, data, ...)`, the validation metric the trainer and `tcsm eval` report for a clean-data model
+`evaluate(model, data, ...)`, the validation metric the trainer and `tcsm eval` report for an LM
 instead of a diffusion bound: the exact NLL for the AR model, the pseudo-NLL −(1/L) Σ_i log p(x^i | x^{≠i}) for
 the others; and `sample(model, num, length, ...)`, which replaces the diffusion sampler: ancestral sampling for
 the AR model, None (no sampler) for the MLM and Hollow models, whose conditionals define no direct sampler.
-The registry entries at the bottom let `tcsm train` use them (`objective.name: clean_lm | mlm | autoregressive |
+The registry entries at the bottom let `tcsm train` use them (`objective.name: lm | mlm | autoregressive |
 pseudo_likelihood`).
 """
 
@@ -29,12 +29,12 @@ from tcsm.core.batch import as_batch
 from tcsm.models.modes import eval_mode
 
 __all__ = [
-    "CLEAN_LOSSES",
+    "LM_LOSSES",
     "AutoregressiveLoss",
     "MaskedLMLoss",
     "PseudoLikelihoodLoss",
     "conditional_nll",
-    "make_clean_loss",
+    "make_lm_loss",
 ]
 
 _LN2 = math.log(2.0)
@@ -44,7 +44,7 @@ def _metrics(loss: Tensor, **extra: Tensor) -> dict[str, Tensor]:
     return {"loss": v, "bpc": v / _LN2, **extra}
 
 
-class CleanLoss:
+class LMLoss:
     """Base: `__call__(model, batch, generator)` → (loss, metrics); `evaluate` → dataset metrics (no gradients);
     `sample` → sequences from the model, or None where the family has no direct sampler."""
 
@@ -78,7 +78,7 @@ class CleanLoss:
         return None, None
 
 
-class MaskedLMLoss(CleanLoss):
+class MaskedLMLoss(LMLoss):
     """E[Σ_{i∈M} −log p(x^i | x^{∖M}) / |M|], M ∋ i independently with probability r (BERT; MATH.md §4).
 
     `mask_rate` is r, or a pair (lo, hi) from which r is drawn uniformly per sequence (more varied contexts).
@@ -128,7 +128,7 @@ class MaskedLMLoss(CleanLoss):
         return -mlm_conditionals(model, x).gather(-1, x.unsqueeze(-1)).squeeze(-1).sum(-1)
 
 
-class _OnePassLoss(CleanLoss):
+class _OnePassLoss(LMLoss):
     """−(1/(B·L)) Σ_{b,i} log p(x_b^i | ·) for a model whose `forward(x)[:, i]` already excludes x^i from the
     context (next-token or hollow logits), so one pass on the clean x scores every position (MATH.md §4)."""
 
@@ -179,14 +179,14 @@ class PseudoLikelihoodLoss(_OnePassLoss):
     metric = "pseudo-nll"
 
 
-CLEAN_LOSSES = {"mlm": MaskedLMLoss, "causal": AutoregressiveLoss, "hollow": PseudoLikelihoodLoss}
+LM_LOSSES = {"mlm": MaskedLMLoss, "causal": AutoregressiveLoss, "hollow": PseudoLikelihoodLoss}
 
 
-def make_clean_loss(family: str, **kwargs):
-    """The default training loss of a clean-data model family ("mlm" | "causal" | "hollow")."""
-    if family not in CLEAN_LOSSES:
-        raise ValueError(f"no clean-data loss for family {family!r}; choose one of {sorted(CLEAN_LOSSES)}")
-    return CLEAN_LOSSES[family](**kwargs)
+def make_lm_loss(family: str, **kwargs):
+    """The default training loss of an LM family ("mlm" | "causal" | "hollow")."""
+    if family not in LM_LOSSES:
+        raise ValueError(f"no LM loss for family {family!r}; choose one of {sorted(LM_LOSSES)}")
+    return LM_LOSSES[family](**kwargs)
 
 
 @torch.no_grad()
