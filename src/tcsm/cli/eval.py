@@ -194,37 +194,31 @@ def _energy_cost_line(objective, x, split_size: int, e) -> str:
     )
 
 
-def _add(p: argparse.ArgumentParser, group, *names, **kw) -> None:
-    # Skip options the base command already defines, so that its future options never clash with ours.
-    if not any(n in p._option_string_actions for n in names):
-        group.add_argument(*names, **kw)
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     _add_bound_arguments(p)
     z = p.add_argument_group("zero-shot perplexity (GPT-2-BPE models; docs/evaluation.md)")
-    _add(p, z, "--zeroshot", metavar="SETS",
+    z.add_argument("--zeroshot", metavar="SETS",
          help="comma-separated sets: wikitext2, ptb, lambada, lm1b, or all")
-    _add(p, z, "--data-root", metavar="DIR", help="folder holding the sets (default $TCSM_DATA_DIR or ../shared/data)")
-    _add(p, z, "--layout", choices=("sedd", "mdlm"), default="sedd",
+    z.add_argument("--data-root", metavar="DIR", help="folder holding the sets (default $TCSM_DATA_DIR or ../shared/data)")
+    z.add_argument("--layout", choices=("sedd", "mdlm"), default="sedd",
          help="block layout: sedd = plain L-token blocks (default); mdlm = BOS + L-2 tokens + EOS")
-    _add(p, z, "--block-size", type=int, help="block length (default: the model's training length)")
-    _add(p, z, "--max-documents", type=int, help="use only the first N documents of each set (quick checks)")
-    _add(p, z, "--bpe-dir", metavar="DIR",
+    z.add_argument("--block-size", type=int, help="block length (default: the model's training length)")
+    z.add_argument("--max-documents", type=int, help="use only the first N documents of each set (quick checks)")
+    z.add_argument("--bpe-dir", metavar="DIR",
          help="folder with GPT-2's encoder.json and vocab.bpe (default: the checkpoint's, else DATA_ROOT/gpt2_bpe)")
     g = p.add_argument_group("generative perplexity and sample entropy")
-    _add(p, g, "--genppl", action="store_true", help="score samples with a scorer causal LM")
-    _add(p, g, "--scorer", "--reference", dest="scorer", metavar="PATH",
+    g.add_argument("--genppl", action="store_true", help="score samples with a scorer causal LM")
+    g.add_argument("--scorer", "--reference", dest="scorer", metavar="PATH",
          help="scorer LM: a Hugging Face model directory, or a checkpoint of a causal model trained by tcsm "
               "(--reference: its old name)")
-    _add(p, g, "--samples", metavar="FILE", help="score these samples (jsonl from `tcsm sample`) instead of sampling")
-    _add(p, g, "--num-samples", type=int, default=16, help="samples per number of steps (default 16)")
-    _add(p, g, "--steps", default="128", help="sampling steps; a comma-separated list gives a curve (default 128)")
-    _add(p, g, "--method", help="sampler, one of `tcsm sample --method`'s (default: the run's sample.method)")
-    _add(p, g, "--temperature", type=float, help="sampling temperature (default: the run's sample.temperature)")
-    _add(p, g, "--top-p", type=float, help="nucleus mass in (0, 1] (default: the run's sample.top_p)")
-    _add(p, g, "--seed", type=int, default=0, help="seed of the samples")
-    _add(p, g, "--plot", metavar="PNG", help="plot gen-PPL and entropy against steps to this file")
+    g.add_argument("--samples", metavar="FILE", help="score these samples (jsonl from `tcsm sample`) instead of sampling")
+    g.add_argument("--num-samples", type=int, default=16, help="samples per number of steps (default 16)")
+    g.add_argument("--steps", default="128", help="sampling steps; a comma-separated list gives a curve (default 128)")
+    g.add_argument("--method", help="sampler, one of `tcsm sample --method`'s (default: the run's sample.method)")
+    g.add_argument("--temperature", type=float, help="sampling temperature (default: the run's sample.temperature)")
+    g.add_argument("--top-p", type=float, help="nucleus mass in (0, 1] (default: the run's sample.top_p)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the samples")
+    g.add_argument("--plot", metavar="PNG", help="plot gen-PPL and entropy against steps to this file")
 
 
 def run(args) -> int:

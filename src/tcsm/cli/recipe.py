@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import typing
 
-from tcsm.recipes.spec import Flag, RecipeSpec, _call, flag_field
+from tcsm.recipes.spec import Flag, RecipeSpec, call_named, flag_field
 
 __all__ = ["add_recipe_arguments", "flag_values", "run_recipe_spec"]
 
@@ -73,12 +73,12 @@ def run_recipe_spec(args, spec: RecipeSpec) -> int:
         spec.check(args)
 
     def new_config(config: str, values: dict):
-        return _call(spec.compose, args, config, values)
+        return call_named(spec.compose, args, config, values)
 
     cfg, run_dir, resume = resolve_recipe(args, spec.preset, values, new_config)
     if spec.before_training is not None:
         spec.before_training(args, cfg)
-    report = _call(spec.report, args) if spec.report else None
+    report = call_named(spec.report, args) if spec.report else None
     summarize = (lambda summary: spec.summarize(args, run_dir, cfg, summary)) if spec.summarize else None
     return run_recipe(args, cfg, run_dir, resume, report=report, report_file=spec.report_file,
                       describe=lambda r: spec.describe(args, r), summarize=summarize)  # fmt: skip

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Flag", "Option", "RecipeSpec", "all_recipes", "flag_field", "lazy_report", "recipe", "recipe_of"]
+__all__ = ["Flag", "Option", "RecipeSpec", "all_recipes", "call_named", "flag_field", "lazy_report", "recipe", "recipe_of"]
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,8 @@ class RecipeSpec:
         return self.command or ("finetune", self.name)
 
 
-def _call(spec: str, *args, **kwargs):
+def call_named(spec: str, *args, **kwargs):
+    """`module.function(*args, **kwargs)` for spec "module:function", importing the module when called."""
     module, _, name = spec.partition(":")
     return getattr(importlib.import_module(module), name)(*args, **kwargs)
 
@@ -136,6 +137,6 @@ def lazy_report(spec: str, count: int, *args, **kwargs) -> Callable | None:
         return None
 
     def report(run_dir):
-        return _call(spec, run_dir, count, *args, **kwargs)
+        return call_named(spec, run_dir, count, *args, **kwargs)
 
     return report
