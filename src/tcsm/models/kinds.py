@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DENOISER", "FAMILIES", "ModelKind", "family_of_name", "kind_of"]
+__all__ = ["DENOISER", "FAMILIES", "ModelKind", "denoise", "family_of_name", "kind_of"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,9 @@ class ModelKind:
     #: NLL), "estimate" (an importance-sampling estimate with log Ẑ from n reference draws per sequence and time,
     #: MATH.md §6.3: costly, so it is bounded to a few examples by default)
     likelihood: str = "bound"
+    #: a block denoiser (MATH.md §9): its logits of block b read the noisy block and the clean blocks before it, so
+    #: it is called as `model(x_t, t, x1=x_1)` and decoded block by block with its KV cache
+    blocks: bool = False
 
     @property
     def is_denoiser(self) -> bool:
@@ -73,3 +76,11 @@ def kind_of(model) -> ModelKind:
             model = inner
     kind = getattr(type(model), "model_kind", None)
     return kind if isinstance(kind, ModelKind) else DENOISER
+
+
+def denoise(model, xt, t, x1):
+    """The denoiser's logits at (x_t, t) for clean sequences x_1 [B, L]: a block denoiser reads the clean blocks
+    before each noisy block from x_1 (MATH.md §9); any other denoiser sees x_t and t only."""
+    if kind_of(model).blocks:
+        return model(xt, t, x1=x1)
+    return model(xt, t)

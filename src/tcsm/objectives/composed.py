@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from tcsm.core.batch import Batch, as_batch
+from tcsm.models.kinds import denoise
 from tcsm.objectives.divergences import BregmanGenerator
 from tcsm.objectives.losses import LossFn, get_loss
 from tcsm.objectives.weighting import WeightFn, get_weighting, reduce_loss
@@ -113,11 +114,12 @@ class Objective:
         Metrics are detached 0-d tensors on the batch's device (no host sync per step).
         """
         batch = as_batch(batch)
-        t = self.sample_t(batch.x1.shape[0], device=batch.x1.device, generator=generator)
+        x1 = batch.x1
+        t = self.path.draw_times(lambda n: self.sample_t(n, device=x1.device, generator=generator), *x1.shape)
         tb = self.target(batch, t, self.path, generator, model=model)
         if batch.weight is not None:  # targets may expand each sequence into several rows (N^full)
             tb = tb.with_weight(batch.weight.repeat_interleave(tb.xt.shape[0] // batch.x1.shape[0]))
-        logits = model(tb.xt, tb.t)
+        logits = denoise(model, tb.xt, tb.t, tb.x1)
         loss, metrics = self.loss_from_batch(logits, tb)
         return loss, {**metrics, **{f"target/{k}": v for k, v in tb.stats.items()}}
 
