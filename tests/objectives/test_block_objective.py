@@ -121,3 +121,12 @@ def test_parametric_target_runs_on_the_block_path():
     obj = Objective(path, target=ConditionalTarget(d.conditionals), loss="score", divergence="gkl")
     loss, _ = obj(ExactBlockDenoiser(d, path, k), d.states[:8], torch.Generator().manual_seed(0))
     assert torch.isfinite(loss)
+
+
+def test_clipped_times_stay_in_their_range_and_are_checked():
+    obj = Objective(MaskedPath(3, block_length=2), t_range=(0.2, 0.7))
+    t = obj.path.draw_times(lambda n: obj.sample_t(n, generator=torch.Generator().manual_seed(0)), 64, 4)
+    assert t.shape == (64, 4) and float(t.min()) >= 0.2 and float(t.max()) < 0.7
+    assert float(t.max()) - float(t.min()) > 0.4  # antithetic draws still cover the range
+    with pytest.raises(ValueError, match="t_range"):
+        Objective(MaskedPath(3), t_range=(0.5, 0.5))
