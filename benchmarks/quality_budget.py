@@ -74,8 +74,10 @@ def _atomic_json(path: Path, obj) -> None:
 @torch.no_grad()
 def score(trainer, data, args, *, num_t: int, seed: int) -> dict:
     """Per-sequence nats per token of the eval model on `data`: the path's valid bound(s), or the AR exact NLL."""
+    from tcsm.models.kinds import kind_of
+
     model = trainer.eval_model()
-    if getattr(model, "family", None) == "causal":
+    if kind_of(model).family == "causal":
         from tcsm.objectives.lm import AutoregressiveLoss
 
         model.eval()
