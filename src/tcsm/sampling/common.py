@@ -12,8 +12,8 @@ from torch import Tensor
 
 from tcsm.paths import ProbabilityPath
 
-__all__ = ["GRIDS", "CallCount", "adjust_log_probs", "as_grid", "categorical", "jump_prob", "prefix_condition",
-           "row_evaluations", "time_grid"]
+__all__ = ["GRIDS", "CallCount", "adjust_log_probs", "as_grid", "categorical", "denoise_rows", "jump_prob",
+           "prefix_condition", "row_evaluations", "time_grid"]
 
 GRIDS = ("uniform", "cosine")
 
@@ -34,6 +34,14 @@ def row_evaluations(stats, num: int) -> int:
     if rc is not None and rc.numel():
         return int(rc.sum())
     return int(stats.num_calls) * int(num)
+
+
+def denoise_rows(denoiser, x: Tensor, rows: Tensor, t: Tensor) -> Tensor:
+    """The denoiser's logits for the rows `rows` of the batch x at their times t: `denoiser(x[rows], t)`, or, for a
+    denoiser whose rows share state with the whole batch (a block model's KV cache, `tcsm.sampling.blocks`) and that
+    says so by a `batch_rows` method, `denoiser.batch_rows(x, rows, t)`."""
+    batch_rows = getattr(denoiser, "batch_rows", None)
+    return batch_rows(x, rows, t) if callable(batch_rows) else denoiser(x[rows], t)
 
 
 def time_grid(

@@ -34,9 +34,9 @@ measure the bias). Several positions per step add the usual factorization error 
 
 Semi-autoregressive blocks (`block_length`, LLaDA / BD3-LM): the sequence is cut into L / block_length blocks
 decoded left to right, each with its share of the steps and any of the orders above; later blocks stay masked
-while earlier ones are clean. The denoisers of this project attend bidirectionally, so a clean prefix's
-activations depend on the masks after it: there is no exact per-block key/value cache to reuse, and none is
-approximated. A time-independent denoiser's output is reused while a row does not change (the MDLM cache), which
+while earlier ones are clean. A full-sequence denoiser attends bidirectionally, so a clean prefix's activations
+depend on the masks after it: there is no exact per-block key/value cache to reuse, and none is approximated (a block
+model has one and is decoded by `tcsm.sampling.blocks`). A time-independent denoiser's output is reused while a row does not change (the MDLM cache), which
 only saves calls for "ancestral" steps that reveal nothing.
 """
 
@@ -46,7 +46,7 @@ import torch
 from torch import Tensor
 
 from tcsm.paths import ProbabilityPath
-from tcsm.sampling.common import adjust_log_probs, as_grid, categorical
+from tcsm.sampling.common import adjust_log_probs, as_grid, categorical, denoise_rows
 from tcsm.sampling.samplers import SamplingStats, _infer_device
 
 __all__ = ["COUNTED", "DECODERS", "TIE_DECIMALS", "check_decoding", "count_schedule", "decode"]
@@ -182,7 +182,7 @@ def decode(
             revealed = 1.0 - (x[idx] == mask).sum(-1).double() / free_total[idx]
             t = path.schedule.alpha_inverse(revealed.clamp(0.0, 1.0))  # the t at which that fraction is clean
             t = t.clamp(0.0, 1.0 - 1e-6).to(torch.get_default_dtype())
-            out = denoiser(x[idx], t)
+            out = denoise_rows(denoiser, x, idx, t)
             if out.shape != (idx.numel(), L, V):
                 raise ValueError(
                     f"denoiser returned shape {tuple(out.shape)}, expected {(idx.numel(), L, V)}"

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from tcsm.paths import ProbabilityPath
-from tcsm.sampling.common import adjust_log_probs, as_grid, categorical, prefix_condition
+from tcsm.sampling.common import adjust_log_probs, as_grid, categorical, denoise_rows, prefix_condition
 
 __all__ = ["METHODS", "SamplingStats", "may_cache", "sample"]
 
@@ -158,7 +158,7 @@ def _sample_chunk(
             if method == "joint":
                 out = x1_sampler(x[rows], t_rows, generator).long()
             else:
-                out = denoiser(x[rows], t_rows)
+                out = denoise_rows(denoiser, x, rows, t_rows)
                 if out.shape != (rows.numel(), L, V):
                     raise ValueError(
                         f"denoiser returned shape {tuple(out.shape)}, expected {(rows.numel(), L, V)}"
