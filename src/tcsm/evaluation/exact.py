@@ -106,12 +106,26 @@ class EnumerableDistribution:
         return float(-(p * p.log()).sum())
 
 
+class PrefixCache:
+    """The exact block denoiser's cache: the clean prefix tokens themselves ([B, length])."""
+
+    def __init__(self, tokens: Tensor):
+        self.tokens = tokens
+
+    @property
+    def length(self) -> int:
+        return int(self.tokens.shape[1])
+
+
 class ExactBlockDenoiser:
     """p_1's exact block posterior on a block path (MATH.md §9): the logits of block b are
     log p_1(x^b_i = y | x_t^b, x_1^{<b}) by enumeration, floored to stay finite. Called as a block model,
-    `model(x_t, t, x1=x_1)` with t per sequence [B] or per position [B, L]."""
+    `model(x_t, t, x1=x_1)` with t per sequence [B] or per position [B, L], or through the block model's cache API
+    (`new_cache`, `extend_cache`, `denoise`), whose cache is simply the clean prefix."""
 
     model_kind = ModelKind("denoiser", "blocks", None, "the exact block posterior of an enumerable p_1", blocks=True)
+    #: the posterior reads t through the path's kernel only; `may_cache` allows reuse where it does not depend on t
+    time_independent = True
 
     def __init__(self, dist: EnumerableDistribution, path: ProbabilityPath, block_length: int, floor: float = -700.0):
         self.dist, self.path, self.block_length, self.floor = dist, path, int(block_length), float(floor)
@@ -123,7 +137,10 @@ class ExactBlockDenoiser:
         B, n = xt_block.shape
         p = prefix.shape[1]
         S = d.states
-        lk = self.path.log_kernel(xt_block, t.double().reshape(-1).expand(B)).double()  # [B, n, V]
+        t = t.double().reshape(-1).expand(B)
+        if not self.path.posterior_depends_on_t:  # masked: exact for any t > 0; at t = 0 a clean token has kernel 0
+            t = t.clamp_min(1e-6)
+        lk = self.path.log_kernel(xt_block, t).double()  # [B, n, V]
         own = S[:, p : p + n]  # [N, n]
         logw = d.log_probs + lk[:, torch.arange(n), :][:, :, own.T].diagonal(dim1=1, dim2=2).sum(-1)  # [B, N]
         if p:
@@ -132,7 +149,28 @@ class ExactBlockDenoiser:
         post = torch.softmax(logw, -1)
         return torch.einsum("bn,nkv->bkv", post, torch.nn.functional.one_hot(own, d.vocab_size).double())
 
+    def new_cache(self, batch_size: int) -> PrefixCache:
+        return PrefixCache(torch.zeros(int(batch_size), 0, dtype=torch.long))
+
+    def extend_cache(self, cache: PrefixCache, x_clean: Tensor) -> None:
+        """Append the clean tokens x_clean [B, n] at positions cache.length.. (whole blocks, or the last one's tail)."""
+        end = cache.length + x_clean.shape[1]
+        whole = end % self.block_length == 0 or end == self.dist.length
+        if x_clean.shape[0] != cache.tokens.shape[0] or end > self.dist.length or not whole:
+            raise ValueError(f"cannot extend a cache of {cache.length} positions by {tuple(x_clean.shape)}")
+        cache.tokens = torch.cat([cache.tokens, x_clean.long().cpu()], 1)
+
+    def denoise(self, xt_block: Tensor, t: Tensor, cache: PrefixCache) -> Tensor:
+        """Logits [B, n, V] of the block at positions cache.length.. given the cached prefix, t [B] or scalar."""
+        B, n = xt_block.shape
+        if cache.length % self.block_length or n > self.block_length or B != cache.tokens.shape[0]:
+            raise ValueError(f"a block of shape {(B, n)} does not follow a cache of {tuple(cache.tokens.shape)}")
+        t = torch.as_tensor(t, dtype=torch.float64).reshape(-1).expand(B)
+        return self.block_marginals(xt_block, t, cache.tokens).log().clamp_min(self.floor)
+
     def __call__(self, xt: Tensor, t: Tensor, x1: Tensor | None = None) -> Tensor:
+        if x1 is None:
+            raise ValueError("a block model needs the clean sequence: call it as model(x_t, t, x1=x_1)")
         B, L = xt.shape
         k = self.block_length
         t = t.reshape(B, -1).expand(B, L) if t.dim() else t.expand(B, L)
