@@ -19,7 +19,8 @@ __all__ = ["Analytic", "Ancestral", "BlockSettings", "Euler", "Joint"]
 class BlockSettings(DrawSettings):
     block_length: int | None = field(
         default=None,
-        metadata={"help": "masked models: decode blocks of this many positions left to right (null: one)"},
+        metadata={"help": "masked full-sequence models: decode blocks of this many positions left to right, "
+                          "uncached (null: one; block models decode their own blocks with their KV cache)"},
     )
 
     def checks(self):

@@ -26,7 +26,7 @@ def _help(text: str) -> dict:
 class SamplerSettings:
     """What every sampler takes: K steps on a time grid, and whether it may reuse a row's model output."""
 
-    steps: int = field(default=128, metadata=_help("sampler steps"))
+    steps: int = field(default=128, metadata=_help("sampler steps (block models: steps per block)"))
     grid: str = field(default="uniform", metadata=_help("time grid: uniform | cosine"))
     cache: bool = field(default=True, metadata=_help("MDLM's cache where the model and path allow it"))
 

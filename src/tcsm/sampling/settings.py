@@ -7,7 +7,8 @@ the recipe reports all go through here, so a run samples the same way everywhere
 
 An objective that brings its own sampler declares it (`tcsm.core.protocols.Samples`: SIR over an energy model,
 left to right for an autoregressive model) and receives the section's `OwnSettings`; otherwise the sampler named
-by `method` (None: `ancestral`) runs."""
+by `method` (None: `ancestral`) runs. A block model (`kind_of(model).blocks`) is decoded block by block with its KV
+cache (`sampling.blocks`), that sampler inside each block and `steps` per block; `eos_id` stops its rows."""
 
 from __future__ import annotations
 
@@ -16,10 +17,13 @@ from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from tcsm.core.errors import ConfigError
 from tcsm.core.protocols import Samples
+from tcsm.models.kinds import kind_of
+from tcsm.sampling.blocks import BlockDecodeSettings, decode_blocks
 from tcsm.sampling.common import prefix_condition
 from tcsm.sampling.own import OwnSampler
 from tcsm.sampling.registry import Sampler, all_sampler_classes, sampler_class, sampler_names
@@ -34,10 +38,11 @@ DEFAULT_METHOD = "ancestral"
 
 
 def section_fields() -> list[dataclasses.Field]:
-    """The union of the registered samplers' settings fields, each once (first declaration wins)."""
+    """The union of the registered samplers' settings fields and block decoding's, each once (first declaration
+    wins)."""
     out: dict[str, dataclasses.Field] = {}
-    for cls in all_sampler_classes():
-        for f in fields(cls.settings_type):
+    for settings_type in [*(cls.settings_type for cls in all_sampler_classes()), BlockDecodeSettings]:
+        for f in fields(settings_type):
             out.setdefault(f.name, f)
     return list(out.values())
 
@@ -55,6 +60,7 @@ def _section_type() -> type:
             raise ValueError(f"method must be one of {list(sampler_names())}, got {self.method!r}")
         for cls in all_sampler_classes():  # every sampler's settings validate their own keys
             cls.from_section(self)
+        BlockDecodeSettings(**{f.name: getattr(self, f.name) for f in fields(BlockDecodeSettings)})
         if "sir_window" in self.__dataclass_fields__:
             object.__setattr__(self, "sir_window", tuple(float(v) for v in self.sir_window))
 
@@ -125,8 +131,39 @@ def draw(
             raise ValueError("give a prompt or fixed/values, not both")
         fixed, values = prefix_condition(prompt, num, length)
     sampler = make_sampler(settings, objective)
+    eos_id = getattr(settings, "eos_id", None)
+    if kind_of(model).blocks:  # a block model: block by block with its KV cache, the chosen sampler in each block
+        if record_steps is not None:
+            raise ValueError("block decoding keeps no trajectory: record_steps needs a full-sequence model")
+        return _draw_blocks(model, path, sampler, num, length, fixed, values, generator, device, eos_id, callback,
+                            chunk_size)  # fmt: skip
+    if eos_id is not None:
+        raise ValueError(f"sample.eos_id={eos_id} stops block decoding, and a {type(model).__name__} is a "
+                         "full-sequence model: leave sample.eos_id null")  # fmt: skip
     return sampler(model, path, num, length, objective=objective, generator=generator, device=device, fixed=fixed,
                    values=values, callback=callback, chunk_size=chunk_size, record_steps=record_steps)  # fmt: skip
+
+
+def _draw_blocks(model, path, inner, num, length, fixed, values, generator, device, eos_id, callback, chunk_size):
+    """`decode_blocks` over chunks of at most `chunk_size` rows (one after another), its stats summed."""
+    chunk = num if chunk_size is None else max(1, int(chunk_size))
+    outs, stats = [], None
+    for lo in range(0, num, chunk):
+        rows = slice(lo, min(num, lo + chunk))
+        part = {}
+        if fixed is not None:
+            part = {"fixed": fixed.expand(num, length)[rows], "values": values.expand(num, length)[rows]}
+        x, st = decode_blocks(model, path, inner, rows.stop - lo, length, generator=generator, device=device,
+                              eos_id=eos_id, callback=callback, **part)  # fmt: skip
+        outs.append(x)
+        if stats is None:
+            stats = st
+        else:
+            stats.num_calls += st.num_calls
+            stats.num_rows += st.num_rows
+            stats.row_calls = torch.cat([stats.row_calls, st.row_calls])
+            stats.counts = {key: stats.counts[key] + st.counts[key] for key in stats.counts}
+    return torch.cat(outs), stats
 
 
 @dataclass

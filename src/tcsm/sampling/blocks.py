@@ -1,0 +1,193 @@
+"""Decoding a block model block by block with its exact KV cache (BD3-LM's sampler; the block path, MATH.md §9).
+
+A block model (`kind_of(model).blocks`) denoises block b from x_t^b and the clean blocks before it. `decode_blocks`
+cuts a sequence into blocks of k = `model.block_length` positions and draws them left to right, in lockstep over the
+batch: block b is drawn by any registered in-block sampler (`inner`: ancestral, analytic, euler, or a decoding order)
+run on the k positions alone, with the denoiser x_t^b ↦ `model.denoise(x_t^b, t, cache)`, the cache holding the clean
+blocks before b; a drawn block then joins the cache (`model.extend_cache`). The cache computes exactly what the
+one-pass forward computes for the clean prefix, so block b follows the in-block sampler's law given its prefix, and an
+in-block sampler that is exact per block (one position per step in a revealed-only order, exact conditionals) draws
+from p_1 by the chain rule over blocks. `sample.steps` is the number of steps per block.
+
+Pinned positions (`fixed` / `values`: prompts, infilling) are clean tokens. A block pinned for every row is not
+denoised, and consecutive finished or pinned blocks enter the cache in one call, right before the next block that
+is drawn; a block pinned only for some rows or positions is drawn with those positions pinned inside it. Prompts of
+different lengths share positions 0, 1, … (left-aligned, no padding), so a row's conditional reads its own prefix
+only, whatever the other rows' prompt lengths.
+
+Variable length: with `eos_id`, a row stops after the block in which it generated `eos_id` — every free position
+after its first generated `eos_id` becomes `eos_id` — and decoding ends when every row has stopped.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from tcsm.models.kinds import kind_of
+from tcsm.sampling.common import as_grid
+from tcsm.sampling.samplers import SamplingStats, _infer_device, may_cache
+
+__all__ = ["BlockDecodeSettings", "CachedBlockDenoiser", "check_block_model", "decode_blocks"]
+
+
+@dataclass(frozen=True)
+class BlockDecodeSettings:
+    """The `sample:` keys of block decoding itself (the in-block sampler brings its own)."""
+
+    eos_id: int | None = field(
+        default=None,
+        metadata={"help": "block models: stop a sequence after the block where it generates this token id, every "
+                          "later free position set to it (null: always the full length)"},
+    )  # fmt: skip
+
+    def __post_init__(self):
+        e = self.eos_id
+        if e is not None and (isinstance(e, bool) or int(e) != e or int(e) < 0):
+            raise ValueError(f"eos_id must be a token id >= 0 or null, got {e!r}")
+
+
+def check_block_model(model, inner=None) -> int:
+    """The block length k of a block model that `inner` may decode; ValueError (one line) for a model without a
+    block-causal KV cache or an in-block sampler that does not fit one block."""
+    if not kind_of(model).blocks:
+        raise ValueError(
+            f"block decoding reads a block-causal KV cache, and a {type(model).__name__} is a full-sequence model: "
+            "sample it with a path sampler or decoding order (no cache)"
+        )
+    k = int(model.block_length)
+    if inner is None:
+        return k
+    if getattr(inner, "own", False) or inner.name == "joint":
+        raise ValueError(
+            f"a block model is decoded block by block with its KV cache; the {inner.name!r} sampler draws whole "
+            "sequences: choose sample.method among ancestral, analytic, euler, random, confidence, margin, entropy, "
+            "threshold"
+        )
+    s = inner.settings
+    if getattr(s, "block_length", None) is not None:
+        raise ValueError(
+            f"sample.block_length={s.block_length} is the uncached block decoding of full-sequence models; a block "
+            f"model decodes its own blocks of {k} with its KV cache: leave sample.block_length null"
+        )
+    if inner.steps_at_most_positions and int(s.steps) > k:
+        raise ValueError(
+            f"sample.steps={s.steps} is the number of steps per block, and the {inner.name!r} order reveals at least "
+            f"one position per step: choose steps <= the model's block length {k}"
+        )
+    return k
+
+
+class CachedBlockDenoiser:
+    """The in-block denoiser of one block over the batch's cache: (x_t^b, t) ↦ `model.denoise(x_t^b, t, cache)`.
+    The cache is shared by the whole batch, so an in-block sampler that evaluates some rows only gets them through
+    `batch_rows` (`tcsm.sampling.common.denoise_rows`): the model runs on the whole batch, the rows are returned."""
+
+    def __init__(self, model, cache, time_independent: bool):
+        self.model, self.cache = model, cache
+        #: read by `may_cache`: the in-block sampler may reuse a row's output while its block is unchanged
+        self.time_independent = bool(time_independent)
+
+    def __call__(self, xt: Tensor, t: Tensor) -> Tensor:
+        return self.model.denoise(xt, t, self.cache)
+
+    def batch_rows(self, x: Tensor, rows: Tensor, t: Tensor) -> Tensor:
+        """Logits [len(rows), k, V] of the rows `rows` of the block batch x [B, k] at their times t [len(rows)]."""
+        t = torch.as_tensor(t, device=x.device).reshape(-1).expand(rows.numel())
+        t_all = t[:1].expand(x.shape[0]).clone()  # the other rows' outputs are discarded: any valid time will do
+        t_all[rows] = t
+        return self.model.denoise(x, t_all, self.cache)[rows]
+
+
+def decode_blocks(model, path, inner, num: int, length: int, *, fixed: Tensor | None = None,
+                  values: Tensor | None = None, generator: torch.Generator | None = None, device=None,
+                  eos_id: int | None = None, callback=None) -> tuple[Tensor, SamplingStats]:  # fmt: skip
+    """(tokens [num, length], stats) drawn block by block (module docstring) with the in-block sampler `inner`.
+    `fixed` / `values` [num, length] pin positions; `callback(step, t, x)` sees x [num, length] after every in-block
+    step (undrawn positions hold the path's mask id, or 0 without one). `stats.num_calls` counts `denoise` calls,
+    `stats.counts["cache_calls"]` the `extend_cache` calls, `stats.counts["blocks"]` the blocks drawn."""
+    k = check_block_model(model, inner)
+    B, L = int(num), int(length)
+    if B < 1 or L < 1 or L % k:
+        raise ValueError(f"block decoding needs a length that is a positive multiple of the model's block length {k}, "
+                         f"got {L} (and {B} sequences)")  # fmt: skip
+    if path.block_length is not None and int(path.block_length) != k:
+        raise ValueError(
+            f"path.block_length={path.block_length} but the model's blocks have {k} positions: make them equal"
+        )
+    V = path.vocab_size
+    if eos_id is not None and not 0 <= int(eos_id) < V:
+        raise ValueError(f"eos_id {eos_id} is not a token id of the {V}-token vocabulary")
+    if (fixed is None) != (values is None):
+        raise ValueError("fixed and values go together")
+    device = torch.device(device if device is not None else _infer_device(model, values))
+    if fixed is None:
+        fixed = torch.zeros(B, L, dtype=torch.bool, device=device)
+        values = torch.zeros(B, L, dtype=torch.long, device=device)
+    fixed = torch.as_tensor(fixed, dtype=torch.bool, device=device).expand(B, L)
+    values = torch.as_tensor(values, dtype=torch.long, device=device).expand(B, L)
+    if fixed.any() and not ((values[fixed] >= 0) & (values[fixed] < V)).all():
+        raise ValueError(f"fixed values must be clean tokens in [0, {V})")
+
+    block_path = copy.copy(path)  # the in-block sampler sees one block of one sequence: no block structure inside
+    block_path.block_length = None
+    time_independent = may_cache(model, path)
+    filler = path.mask_id if path.mask_id is not None else 0
+    x = torch.where(fixed, values, torch.full((B, L), filler, dtype=torch.long, device=device))
+    stopped = torch.zeros(B, dtype=torch.bool, device=device)
+    eos = torch.full((B, k), -1 if eos_id is None else int(eos_id), dtype=torch.long, device=device)
+    K = int(inner.settings.steps)
+    stats = SamplingStats(method=f"blocks+{inner.name}", num_steps=K, cached=time_independent,
+                          times=as_grid(inner.settings.grid, K, device))  # fmt: skip
+    stats.counts.update(blocks=0, cache_calls=0)
+    step = 0
+    if callback is not None:
+        callback(0, 0.0, x)
+    with torch.no_grad():
+        cache = model.new_cache(B)
+        for lo in range(0, L, k):
+            hi = lo + k
+            pinned = fixed[:, lo:hi] | stopped.unsqueeze(1)  # a stopped row is pinned to eos_id from here on
+            if pinned.all():
+                continue
+            if cache.length < lo:  # the finished and pinned blocks since the last draw, in one call
+                model.extend_cache(cache, x[:, cache.length : lo])
+                stats.counts["cache_calls"] += 1
+            block_values = torch.where(fixed[:, lo:hi], values[:, lo:hi], eos)
+
+            def on_step(j, t, xb, lo=lo, hi=hi):
+                nonlocal step
+                if j > 0 and callback is not None:
+                    step += 1
+                    x[:, lo:hi] = xb
+                    callback(step, t, x)
+
+            denoiser = CachedBlockDenoiser(model, cache, time_independent)
+            xb, st = inner(denoiser, block_path, B, k, generator=generator, device=device, fixed=pinned,
+                           values=block_values, callback=on_step)  # fmt: skip
+            x[:, lo:hi] = xb
+            stats.num_calls += st.num_calls
+            stats.num_rows += B * st.num_calls  # the model evaluates the whole batch at every call
+            stats.counts["blocks"] += 1
+            if eos_id is not None:
+                stopped |= ((xb == eos_id) & ~fixed[:, lo:hi]).any(-1)
+                if stopped.all():
+                    break
+    if eos_id is not None:
+        x = _fill_after_eos(x, fixed, int(eos_id))
+    if (x >= V).any():
+        raise RuntimeError("block decoding left masks in the output")
+    stats.row_calls = torch.full((B,), stats.num_calls, dtype=torch.long, device=device)
+    return x, stats
+
+
+def _fill_after_eos(x: Tensor, fixed: Tensor, eos_id: int) -> Tensor:
+    """Every free position after a row's first generated `eos_id` set to `eos_id` (pinned positions kept)."""
+    L = x.shape[1]
+    pos = torch.arange(L, device=x.device).expand_as(x)
+    generated = (x == eos_id) & ~fixed
+    first = torch.where(generated, pos, torch.full_like(pos, L)).min(-1, keepdim=True).values
+    return torch.where((pos > first) & ~fixed, torch.full_like(x, eos_id), x)
