@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tcsm.cli import main
-from tcsm.cli.sample import template_positions
+from tcsm.cli.sample import first_generated, generation_length, template_positions
 
 CORPUS = "the cat sat on the mat and the dog ate a hat. " * 60
 
@@ -85,6 +85,19 @@ def test_infilling_keeps_given_positions(run_dir, capsys, tmp_path):
         assert row["tokens"][0] == 3 and row["tokens"][2] == 5
 
 
+def test_max_new_tokens_follow_each_prompt(run_dir, capsys, tmp_path):
+    dest = tmp_path / "s.jsonl"
+    code, _, err = _sample(capsys, run_dir, "-n", 1, "--steps", 4, "--prompt", "the dog", "--prompt", "a",
+                           "--max-new-tokens", 5, "-o", dest)  # fmt: skip
+    assert code == 0, err
+    rows = [json.loads(line) for line in dest.read_text().splitlines()]
+    assert [len(r["tokens"]) for r in rows] == [12, 6] and [r["length"] for r in rows] == [12, 6]
+    assert rows[0]["text"].startswith("the dog") and "lengths 6-12" in err
+    assert generation_length(7, 5, None) == 12 and generation_length(7, 5, 4) == 12 and generation_length(7, 6, 4) == 16
+    assert first_generated([3, 0, 3, 3], [True, False, False, False], 3) == 2
+    assert first_generated([3, 0, 1], None, 3) == 0 and first_generated([1], None, None) is None
+
+
 def test_template_positions_for_a_multi_character_tokenizer():
     enc = {"ab": [7, 8], "c": [9]}
     fixed, values = template_positions("ab__c", enc.__getitem__, "_", 7)
@@ -106,6 +119,10 @@ def test_template_positions_for_a_multi_character_tokenizer():
         (["--prompt", "XYZ"], "outside the"),
         (["--length", "999"], "maximum length"),
         (["--infill", "a_", "--prompt", "a"], "not several"),
+        (["--eos", "3"], "full-sequence model"),
+        (["--eos", "-1"], "token id >= 0 or none"),
+        (["--max-new-tokens", "4", "--length", "8"], "without --length"),
+        (["--max-new-tokens", "40"], "maximum length 32"),
     ],
 )
 def test_bad_arguments_exit_non_zero_with_one_line(run_dir, capsys, argv, message):

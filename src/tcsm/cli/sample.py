@@ -10,6 +10,11 @@ Conditioning (MATH.md §6; `tcsm.sampling.sample` pins the given tokens from t =
 * `--infill-json FILE`: JSON lines (or one JSON list) of token-id lists with null for the positions to fill,
   e.g. `[464, null, null, 3332]`, or objects {"tokens": [...]}.
 
+A block model (trained with path.block_length) is decoded block by block with its KV cache, `--method` inside each
+block and `--steps` per block; `--max-new-tokens N` draws N tokens after each prompt (rounded up to whole blocks)
+and a sample stops at its first generated end-of-sequence token (`--eos`, by default the run's sample.eos_id or the
+tokenizer's EOS): its text ends there.
+
 Output: `--format text` (one sample per line, newlines inside a sample written as "\\n") or `jsonl` (one JSON
 object per sample with its text, tokens and conditioning), to `--output` or stdout.
 """
@@ -17,6 +22,7 @@ object per sample with its text, tokens and conditioning), to `--output` or stdo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -48,6 +54,18 @@ def _method(text: str) -> str:
     return text
 
 
+def _token_id_or_none(text: str) -> int | str:
+    if text == "none":
+        return text
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a token id >= 0 or none, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a token id >= 0 or none, got {text!r}")
+    return v
+
+
 def _float_in(lo: float, hi: float, lo_open: bool = True):
     def parse(text: str) -> float:
         try:
@@ -69,7 +87,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--num-samples", type=_positive_int, default=4,
                    help="samples (per prompt / template when given); default 4")
     p.add_argument("--steps", type=_positive_int, default=None,
-                   help="sampler steps K (default: the run's sample.steps; a causal LM run takes one step per position)")
+                   help="sampler steps K, per block for a block model (default: the run's sample.steps; a causal LM "
+                        "run takes one step per position)")
     from tcsm.sampling.registry import sampler_class, sampler_names
 
     names = sampler_names()
@@ -78,8 +97,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"sampler: {' | '.join(names)} (default: the run's sample.method, else ancestral for masked, "
                         f"analytic for uniform; {orders} are decoding orders for masked models)")
     p.add_argument("--block-length", type=_positive_int, default=None,
-                   help="masked models: decode blocks of this many positions left to right, --method inside each "
-                        "(default: the run's sample.block_length)")
+                   help="masked full-sequence models: decode blocks of this many positions left to right, uncached, "
+                        "--method inside each (default: the run's sample.block_length; block models decode their own)")
     p.add_argument("--threshold", type=_float_in(0.0, 1.0), default=None,
                    help="--method threshold: unmask every position whose confidence exceeds this, in (0, 1] "
                         "(default: the run's sample.threshold)")
@@ -91,6 +110,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
     p.add_argument("--length", type=_positive_int, default=None,
                    help="sequence length (default: the training sequence length)")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=None, metavar="N",
+                   help="draw N tokens after each prompt (without one: N tokens), rounded up to whole blocks for a "
+                        "block model (instead of --length)")
+    p.add_argument("--eos", type=_token_id_or_none, default=None, metavar="ID",
+                   help="block models: stop a sample at this generated token id, or none (default: the run's "
+                        "sample.eos_id, else the tokenizer's end-of-sequence token when it has one)")
     p.add_argument("--batch-size", type=_positive_int, default=16, help="sequences per sampler call (memory)")
     p.add_argument("--prompt", action="append", default=[], metavar="TEXT", help="prefix prompt (repeatable)")
     p.add_argument("--infill", action="append", default=[], metavar="TEMPLATE",
@@ -173,6 +198,19 @@ def _read_infill_json(path: str, length: int, vocab_size: int) -> list[tuple[lis
     if not out:
         raise ValueError(f"{path}: no templates")
     return out
+
+
+def generation_length(prompt_len: int, max_new_tokens: int, block: int | None) -> int:
+    """The sample length for `max_new_tokens` after a prompt: their sum, rounded up to whole blocks of `block`."""
+    n = int(prompt_len) + int(max_new_tokens)
+    return -(-n // block) * block if block else n
+
+
+def first_generated(row: list[int], fixed: list[bool] | None, eos_id: int | None) -> int | None:
+    """The position of the first `eos_id` the sampler generated in `row` (pinned positions do not count), or None."""
+    if eos_id is None:
+        return None
+    return next((i for i, t in enumerate(row) if t == eos_id and not (fixed and fixed[i])), None)
 
 
 # --------------------------------------------------------------------------------------------------- tokenizer
@@ -280,6 +318,16 @@ def run(args) -> int:
                          f"strategy ii); {loaded.directory} holds a {type(model).__name__}")
     if sir and args.sir_window is not None and args.sir_window[0] > args.sir_window[1]:
         raise ValueError(f"--sir-window needs LO <= HI, got {args.sir_window[0]} {args.sir_window[1]}")
+    block = int(model.block_length) if kind.blocks else None  # decoded block by block with its KV cache
+    if block and args.block_length:
+        raise ValueError(f"--block-length decodes a full-sequence model in uncached blocks; {loaded.directory} holds a "
+                         f"block model, decoded by its own blocks of {block} with its KV cache: leave it out")
+    if args.eos is not None and not block:
+        raise ValueError(f"--eos stops the block decoding of a block model (trained with path.block_length); "
+                         f"{loaded.directory} holds a full-sequence model")
+    if args.max_new_tokens is not None and (args.length is not None or args.infill or args.infill_json):
+        raise ValueError("--max-new-tokens sets the length after a prompt: give it without --length, --infill or "
+                         "--infill-json")
     V = path.vocab_size
     length = args.length or int(loaded.data_info["seq_len"])
     max_len = getattr(getattr(model, "cfg", None), "max_len", None)
@@ -287,15 +335,27 @@ def run(args) -> int:
         raise ValueError(f"--length {length} exceeds the model's maximum length {max_len}")
     tok = load_tokenizer(loaded)
 
+    def length_after(prompt_len: int) -> int:
+        """The sample length for a prompt of `prompt_len` tokens: `length`, or the prompt and --max-new-tokens
+        rounded up to whole blocks."""
+        if args.max_new_tokens is None:
+            return length
+        n = generation_length(prompt_len, args.max_new_tokens, block)
+        if max_len is not None and n > max_len:
+            raise ValueError(f"--max-new-tokens {args.max_new_tokens} after {prompt_len} prompt tokens needs length {n}, "
+                             f"beyond the model's maximum length {max_len}")  # fmt: skip
+        return n
+
     # One group per prompt / template; every group gets num_samples samples.
     groups: list[dict] = []
     if args.prompt:
         for text in args.prompt:
             ids = list(tok.encode(text))
-            if len(ids) > length:
-                raise ValueError(f"prompt {text[:30]!r} is {len(ids)} tokens long but samples have length {length}")
-            fixed = [True] * len(ids) + [False] * (length - len(ids))
-            groups.append({"fixed": fixed, "values": ids + [0] * (length - len(ids)), "info": {"prompt": text}})
+            n = length_after(len(ids))
+            if len(ids) > n:
+                raise ValueError(f"prompt {text[:30]!r} is {len(ids)} tokens long but samples have length {n}")
+            fixed = [True] * len(ids) + [False] * (n - len(ids))
+            groups.append({"fixed": fixed, "values": ids + [0] * (n - len(ids)), "info": {"prompt": text}})
     elif args.infill:
         for text in args.infill:
             fixed, values = template_positions(text, tok.encode, args.placeholder, length)
@@ -304,18 +364,26 @@ def run(args) -> int:
         for fixed, values, toks in _read_infill_json(args.infill_json, length, V):
             groups.append({"fixed": fixed, "values": values, "info": {"template_tokens": toks}})
     else:
-        groups.append({"fixed": None, "values": None, "info": {}})
+        groups.append({"fixed": None, "values": None, "info": {}, "length": length_after(0)})
     for g in groups:
+        g["length"] = g.get("length") or len(g["fixed"])
         if g["values"] is not None and any(v >= V for v in g["values"]):
             raise ValueError(f"the tokenizer produced ids outside the model's {V}-token vocabulary")
 
     sampler = _run_sampler(loaded, model, path, device, args)
+    if block:  # stop at the end of a sequence: --eos, else the run's, else the tokenizer's
+        eos = sampler.settings.eos_id if args.eos is None else (None if args.eos == "none" else args.eos)
+        eos = getattr(tok, "eos_id", None) if eos is None and args.eos is None else eos
+        sampler.settings = dataclasses.replace(sampler.settings, eos_id=eos)
     settings = sampler.settings
+    eos_id = getattr(settings, "eos_id", None)
     generator = torch.Generator(device=device).manual_seed(int(args.seed))
     chunks = [(g, min(args.batch_size, args.num_samples - s)) for g in groups
               for s in range(0, args.num_samples, args.batch_size)]
     steps = length if ar else settings.steps  # a causal LM draws one position per step
-    bar = WorkProgress(len(chunks) * steps, "sampling", "steps", enabled=not args.no_progress)
+    # steps per chunk: a causal LM one per position, a block model `steps` per block
+    per_chunk = [g["length"] if ar else g["length"] // block * steps if block else steps for g, _ in chunks]
+    bar = WorkProgress(sum(per_chunk), "sampling", "steps", enabled=not args.no_progress)
     t0 = time.perf_counter()
     records, calls, evals, taken = [], 0, 0, 0
     for g, b in chunks:
@@ -324,7 +392,7 @@ def run(args) -> int:
             kw["fixed"] = torch.tensor(g["fixed"], dtype=torch.bool, device=device).expand(b, -1)
             kw["values"] = torch.tensor(g["values"], dtype=torch.long, device=device).expand(b, -1)
         with torch.no_grad():
-            tokens, stats = sampler(b, length, generator=generator, device=device,
+            tokens, stats = sampler(b, g["length"], generator=generator, device=device,
                                     callback=lambda k, t, x: bar.update(1) if k > 0 else None, **kw)
         if sampler.own:
             bar.update(steps)
@@ -332,7 +400,10 @@ def run(args) -> int:
         evals += row_evaluations(stats, b)
         taken = max(taken, getattr(stats, "num_steps", 0))
         for row in tokens.cpu().tolist():
-            records.append({"index": len(records), **g["info"], "text": readable_text(tok, row), "tokens": row})
+            end = first_generated(row, g["fixed"], eos_id)
+            text, row = (row, row) if end is None else (row[:end], row[: end + 1])  # the text ends before the EOS
+            records.append({"index": len(records), **g["info"], "text": readable_text(tok, text), "tokens": row,
+                            "length": g["length"]})  # fmt: skip
     bar.close()
     elapsed = time.perf_counter() - t0
     if settings.method == "threshold" and not sampler.own:  # its steps follow from the threshold: the most taken
@@ -340,15 +411,20 @@ def run(args) -> int:
 
     meta = {"checkpoint": str(loaded.directory), "step": loaded.step, "weights": loaded.weights,
             "method": stats.method, "steps": steps, "grid": settings.grid, "temperature": settings.temperature,
-            "top_p": settings.top_p, "seed": args.seed, "length": length}
+            "top_p": settings.top_p, "seed": args.seed}
+    if block:
+        meta.update(block_length=block, eos_id=eos_id)
     lines = [json.dumps({**r, **meta}, ensure_ascii=False) if fmt == "jsonl" else _escape(r["text"]) for r in records]
     if args.output:
         write_atomically(args.output, "".join(line + "\n" for line in lines))
     else:
         sys.stdout.write("".join(line + "\n" for line in lines))
+    sizes = sorted({g["length"] for g in groups})
+    sizes = f"length {sizes[0]}" if len(sizes) == 1 else f"lengths {sizes[0]}-{sizes[-1]}"
     print(
-        f"tcsm sample: {len(records)} samples of length {length} from {loaded.directory} (step {loaded.step}, "
-        f"{loaded.weights} weights), {stats.method} sampler, {steps} steps, {calls} network calls "
+        f"tcsm sample: {len(records)} samples of {sizes} from {loaded.directory} (step {loaded.step}, "
+        f"{loaded.weights} weights), {stats.method} sampler, {steps} steps{f' per block of {block}' if block else ''}, "
+        f"{calls} network calls "
         f"(batched; {evals / max(len(records), 1):.1f} per sequence), "
         f"{elapsed:.1f}s" + (f" -> {args.output}" if args.output else ""),
         file=sys.stderr,
