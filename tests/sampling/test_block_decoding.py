@@ -145,6 +145,18 @@ def test_decoding_ends_when_every_row_has_stopped():
     assert (x == 2).all() and st.num_calls == 2 and st.counts == {"blocks": 1, "cache_calls": 0}
 
 
+def test_a_stopped_row_beside_a_longer_prompt_enters_the_cache_as_eos():
+    # row 0 stops in block 0; block 1 is row 1's prompt, so no row draws it; block 2 is drawn for row 1 only
+    probs = torch.rand(3**6, generator=torch.Generator().manual_seed(1))
+    d = EnumerableDistribution(probs, 3, 6)
+    d = EnumerableDistribution(torch.where(d.states[:, 0] == 2, d.probs, torch.zeros_like(d.probs)), 3, 6)
+    fixed, values = _prompted([[], [2, 0, 1, 1]], 6, 1)
+    model = Counting(d, MaskedPath(3), 2)
+    x, st = decode_blocks(model, MaskedPath(3), inner("margin", steps=2), 2, 6, fixed=fixed, values=values, eos_id=2)
+    assert (x[0] == 2).all() and x[1, :4].tolist() == [2, 0, 1, 1]
+    assert model.extends == [4] and st.num_calls == 4 and st.counts == {"blocks": 2, "cache_calls": 1}
+
+
 def test_an_eos_in_the_prompt_does_not_stop_the_row(dist):
     fixed, values = _prompted([[0]], 4, 200)
     x, _ = _decode(dist, MaskedPath(3), 2, inner("margin", steps=2), 200, eos_id=0, fixed=fixed, values=values)

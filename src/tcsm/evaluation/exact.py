@@ -158,6 +158,8 @@ class ExactBlockDenoiser:
         whole = end % self.block_length == 0 or end == self.dist.length
         if x_clean.shape[0] != cache.tokens.shape[0] or end > self.dist.length or not whole:
             raise ValueError(f"cannot extend a cache of {cache.length} positions by {tuple(x_clean.shape)}")
+        if x_clean.numel() and not 0 <= int(x_clean.min()) <= int(x_clean.max()) < self.dist.vocab_size:
+            raise ValueError(f"the cache takes clean tokens in [0, {self.dist.vocab_size})")
         cache.tokens = torch.cat([cache.tokens, x_clean.long().cpu()], 1)
 
     def denoise(self, xt_block: Tensor, t: Tensor, cache: PrefixCache) -> Tensor:

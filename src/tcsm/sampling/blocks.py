@@ -151,12 +151,13 @@ def decode_blocks(model, path, inner, num: int, length: int, *, fixed: Tensor | 
         for lo in range(0, L, k):
             hi = lo + k
             pinned = fixed[:, lo:hi] | stopped.unsqueeze(1)  # a stopped row is pinned to eos_id from here on
-            if pinned.all():
+            block_values = torch.where(fixed[:, lo:hi], values[:, lo:hi], eos)
+            if pinned.all():  # nothing to draw: the block is its pinned tokens (a stopped row's: eos_id)
+                x[:, lo:hi] = block_values
                 continue
             if cache.length < lo:  # the finished and pinned blocks since the last draw, in one call
                 model.extend_cache(cache, x[:, cache.length : lo])
                 stats.counts["cache_calls"] += 1
-            block_values = torch.where(fixed[:, lo:hi], values[:, lo:hi], eos)
 
             def on_step(j, t, xb, lo=lo, hi=hi):
                 nonlocal step
