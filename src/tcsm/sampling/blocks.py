@@ -138,7 +138,7 @@ def decode_blocks(model, path, inner, num: int, length: int, *, fixed: Tensor | 
     filler = path.mask_id if path.mask_id is not None else 0
     x = torch.where(fixed, values, torch.full((B, L), filler, dtype=torch.long, device=device))
     stopped = torch.zeros(B, dtype=torch.bool, device=device)
-    eos = torch.full((B, k), -1 if eos_id is None else int(eos_id), dtype=torch.long, device=device)
+    eos = torch.full((B, k), filler if eos_id is None else int(eos_id), dtype=torch.long, device=device)
     K = int(inner.settings.steps)
     stats = SamplingStats(method=f"blocks+{inner.name}", num_steps=K, cached=time_independent,
                           times=as_grid(inner.settings.grid, K, device))  # fmt: skip
