@@ -278,3 +278,63 @@ def test_eval_zeroshot_refuses_a_non_bpe_model_in_one_line(run_dir, capsys):
     assert len(err) == 1 and "GPT-2-BPE" in err[0]
     assert main(["eval", str(run_dir), "--zeroshot", "enwik8"]) == 2
     assert "unknown zero-shot set" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def block_run(tmp_path_factory):
+    """The same tiny run as a block model (path.block_length=4): decoded block by block with its KV cache."""
+    from tcsm.builders.config import load_config
+    from tcsm.train.trainer import Trainer
+
+    root = tmp_path_factory.mktemp("sample_blocks")
+    (root / "corpus.txt").write_text(CORPUS)
+    cfg = load_config(base={
+        "data": {"kind": "text", "path": str(root / "corpus.txt"), "seq_len": 24, "valid_frac": 0.1,
+                 "test_frac": 0.1},
+        "path": {"block_length": 4},
+        "model": {"preset": "tiny", "d_model": 32, "n_layers": 1, "n_heads": 2, "cond_dim": 16, "max_len": 32},
+        "train": {"steps": 3, "batch_size": 4, "device": "cpu", "ema": 0.9, "eval_every": 0, "eval_examples": 4,
+                  "sample_every": 0, "save_every": 0, "progress": False, "tensorboard": False, "log_every": 1},
+        "eval": {"batch_size": 4},
+        "sample": {"num": 0},
+    })  # fmt: skip
+    Trainer.from_config(cfg, root / "run", log=lambda s: None).fit()
+    return root / "run"
+
+
+def test_a_block_model_is_decoded_with_its_cache_after_prompts(block_run, capsys, tmp_path):
+    dest = tmp_path / "s.jsonl"
+    code, _, err = _sample(capsys, block_run, "-n", 2, "--steps", 2, "--method", "margin", "--prompt", "the c",
+                           "--prompt", "a", "--max-new-tokens", 6, "--eos", "none", "-o", dest)  # fmt: skip
+    assert code == 0, err
+    rows = [json.loads(line) for line in dest.read_text().splitlines()]
+    # 5 + 6 tokens round up to 3 blocks of 4, 1 + 6 to 2; the prompt's whole block is prefilled, not drawn
+    assert [len(r["tokens"]) for r in rows] == [12, 12, 8, 8] and all(r["block_length"] == 4 for r in rows)
+    assert rows[0]["text"].startswith("the c") and rows[3]["text"].startswith("a")
+    assert rows[0]["method"] == "blocks+margin" and "2 steps per block of 4, 8 network calls" in err
+
+
+def test_a_block_model_stops_at_eos(block_run, capsys, tmp_path):
+    dest = tmp_path / "s.jsonl"
+    code, _, err = _sample(capsys, block_run, "-n", 6, "--steps", 4, "--eos", 0, "-o", dest)  # id 0 is " "
+    assert code == 0, err
+    rows = [json.loads(line) for line in dest.read_text().splitlines()]
+    assert all(" " not in r["text"] and r["eos_id"] == 0 for r in rows)
+    cut = [r for r in rows if len(r["tokens"]) < 24]
+    assert cut and all(r["tokens"][-1] == 0 and len(r["text"]) == len(r["tokens"]) - 1 for r in cut)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--block-length", "2"], "holds a block model"),
+        (["--steps", "5", "--method", "margin"], "steps per block"),
+        (["--method", "joint"], "draws whole sequences"),
+        (["--length", "10"], "multiple of the model's block length 4"),
+        (["--eos", "99"], "not a token id"),
+    ],
+)
+def test_a_block_model_refuses_what_does_not_fit_in_one_line(block_run, capsys, argv, message):
+    code, _, err = _sample(capsys, block_run, *argv)
+    lines = err.strip().splitlines()
+    assert code != 0 and len(lines) == 1 and message in lines[0], err

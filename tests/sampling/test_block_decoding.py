@@ -15,6 +15,7 @@ from scipy.stats import chi2
 
 from tcsm.core.errors import ConfigError
 from tcsm.evaluation.exact import EnumerableDistribution, ExactBlockDenoiser
+from tcsm.models.blocks import build_block_denoiser
 from tcsm.paths import MaskedPath, UniformPath
 from tcsm.sampling.blocks import decode_blocks
 from tcsm.sampling.registry import sampler_class
@@ -161,6 +162,36 @@ def test_an_eos_in_the_prompt_does_not_stop_the_row(dist):
     fixed, values = _prompted([[0]], 4, 200)
     x, _ = _decode(dist, MaskedPath(3), 2, inner("margin", steps=2), 200, eos_id=0, fixed=fixed, values=values)
     assert (x[:, 1:] != 0).any()
+
+
+def test_a_network_decoded_with_its_cache_equals_the_one_pass_forward():
+    # Greedy blocks (one step, argmax, t = 0) of a block transformer through its KV cache equal the argmax of its
+    # one-pass forward given the decoded prefix, for prompts of different lengths in one batch and for each row alone.
+    torch.manual_seed(0)
+    V, L, k = 11, 12, 4
+    model = build_block_denoiser("tiny", k, vocab_size=V, num_states=V + 1, d_model=32, n_layers=2, n_heads=2,
+                                 cond_dim=16, max_len=16).eval()  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # random matrices, no biases: the zero-initialised head would make every argmax 0
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+            elif name.endswith("bias"):
+                p.zero_()
+    path = MaskedPath(V)
+    fixed, values = _prompted([[], [3], [1, 2, 3, 4, 5], [7] * 8], L, 1)
+    greedy = inner("ancestral", steps=1, final_argmax=True)
+    x, st = decode_blocks(model, path, greedy, 4, L, fixed=fixed, values=values)
+    ref = torch.where(fixed, values, torch.full_like(values, V))
+    with torch.no_grad():
+        for lo in range(0, L, k):
+            best = model(ref, torch.zeros(4), x1=torch.where(ref == V, 0, ref))[:, lo : lo + k].argmax(-1)
+            ref[:, lo : lo + k] = torch.where(fixed[:, lo : lo + k], values[:, lo : lo + k], best)
+    assert torch.equal(x, ref) and st.num_calls == 3 and st.counts == {"blocks": 3, "cache_calls": 2}
+    assert len(set(x[~fixed].tolist())) >= 2  # not a constant: the argmax depends on the context
+    for i in range(4):
+        alone, _ = decode_blocks(model, path, greedy, 1, L, fixed=fixed[i : i + 1], values=values[i : i + 1])
+        assert torch.equal(alone[0], x[i])
 
 
 class Counting(ExactBlockDenoiser):
