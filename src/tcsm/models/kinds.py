@@ -28,6 +28,9 @@ class ModelKind:
     #: NLL), "estimate" (an importance-sampling estimate with log Ẑ from n reference draws per sequence and time,
     #: MATH.md §6.3: costly, so it is bounded to a few examples by default)
     likelihood: str = "bound"
+    #: a block denoiser (MATH.md §9): its logits of block b read the noisy block and the clean blocks before it, so
+    #: it is called as `model(x_t, t, x1=x_1)` and decoded block by block with its KV cache
+    blocks: bool = False
 
     @property
     def is_denoiser(self) -> bool:
@@ -56,6 +59,9 @@ FAMILIES: dict[str, ModelKind] = {
     "hf_mlm": ModelKind("mlm", "none", None, "a Hugging Face masked LM", "nll"),
     "hf_causal": ModelKind("causal", "left_to_right", None, "a Hugging Face causal LM", "nll"),
     "energy": ENERGY,
+    "diffusion_gemma": ModelKind(
+        "denoiser", "blocks", "diffusion_gemma", "a DiffusionGemma block-diffusion model (uniform source)", blocks=True
+    ),
 }
 
 
