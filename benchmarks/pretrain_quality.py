@@ -107,9 +107,16 @@ class CachedDenoiser:
     def __init__(self, model):
         self.model, self.cache, self.replay = model, [], None
 
-    def __call__(self, xt, t):
+    @classmethod
+    def around(cls, model):
+        """A cache that declares the model's kind, so a block model still receives the clean sequence."""
+        from tcsm.models.kinds import kind_of
+
+        return type(cls.__name__, (cls,), {"model_kind": kind_of(model)})(model)
+
+    def __call__(self, xt, t, x1=None):
         if self.replay is None:
-            logits = self.model(xt, t)
+            logits = self.model(xt, t) if x1 is None else self.model(xt, t, x1=x1)
             self.cache.append((xt, t, logits))
             return logits
         xt0, t0, logits = self.cache[self.replay]
@@ -131,7 +138,7 @@ def evaluate(model, path, data, bounds, *, batch_size, num_t, seed, precision):
     for s in range(0, data.shape[0], batch_size):
         x1 = data[s : s + batch_size].long()
         state = g.get_state()
-        den = CachedDenoiser(model)
+        den = CachedDenoiser.around(model)
         for k, b in enumerate(bounds):
             g.set_state(state)  # identical t and x_t for every bound
             den.replay = None if k == 0 else 0

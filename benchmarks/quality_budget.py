@@ -40,6 +40,11 @@ VARIANTS = {
     # (4 × 256, 4 heads), without the time conditioning it does not need.
     "ar": (["model.name=causal", "model.preset=base", "objective.name=clean_lm"],
            "autoregressive transformer (same trunk, 4 × 256), exact NLL"),
+    # block diffusion (MATH.md §9): the masked L_distrib run with blocks; B = 128 is one block of the whole sequence
+    **{f"block-masked-{b}": (["path.source=masked", "objective.loss=distrib", f"path.block_length={b}"],
+                             f"block diffusion, B = {b}, masked L_distrib (KL)") for b in (4, 16, 128)},
+    "block-uniform-16": (["path.source=uniform", "objective.loss=distrib", "path.block_length=16"],
+                         "block diffusion, B = 16, uniform L_distrib (KL)"),
 }
 
 
@@ -69,8 +74,10 @@ def _atomic_json(path: Path, obj) -> None:
 @torch.no_grad()
 def score(trainer, data, args, *, num_t: int, seed: int) -> dict:
     """Per-sequence nats per token of the eval model on `data`: the path's valid bound(s), or the AR exact NLL."""
+    from tcsm.models.kinds import kind_of
+
     model = trainer.eval_model()
-    if getattr(model, "family", None) == "causal":
+    if kind_of(model).family == "causal":
         from tcsm.objectives.lm import AutoregressiveLoss
 
         model.eval()

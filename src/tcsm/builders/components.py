@@ -104,7 +104,10 @@ def build_path(cfg, vocab_size: int):
     from tcsm.paths import make_path
 
     try:
-        return make_path(cfg.path.source, vocab_size, cfg.path.schedule, **dict(cfg.path.schedule_kwargs))
+        return make_path(
+            cfg.path.source, vocab_size, cfg.path.schedule, block_length=cfg.path.get("block_length"),
+            **dict(cfg.path.schedule_kwargs),
+        )
     except (TypeError, ValueError) as e:
         raise ConfigError(f"path: {e}") from None
 

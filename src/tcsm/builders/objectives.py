@@ -30,6 +30,13 @@ class TCSMObjectiveConfig:
         default="kappa", metadata={"help": "time weighting ω(t): kappa | a WEIGHTINGS name"}
     )
     antithetic: bool = field(default=True, metadata={"help": "antithetic t across each micro-batch"})
+    t_range: Optional[list[float]] = field(  # noqa: UP045 (OmegaConf structured configs need Optional)
+        default=None,
+        metadata={
+            "help": "train on t ~ U[lo, hi] only (BD3-LM's clipped schedule: mask rates [β, ω] are t ∈ [1−ω, 1−β] "
+            "under the linear α_t); not a likelihood bound; null: [0, 1]"
+        },
+    )
     kwargs: dict[str, Any] = field(
         default_factory=dict, metadata={"help": "extra loss arguments, e.g. {clamp: -30}"}
     )
@@ -51,9 +58,10 @@ def build_tcsm_objective(node: dict, ctx: BuildContext):
             loss=node["loss"],
             weighting=node["weighting"],
             antithetic=node["antithetic"],
+            t_range=None if node.get("t_range") is None else tuple(node["t_range"]),
             **kwargs,
         )
-    except (ValueError, KeyError) as e:
+    except (ValueError, KeyError, TypeError) as e:
         raise ConfigError(f"objective: {e}") from None
 
 

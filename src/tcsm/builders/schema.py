@@ -42,6 +42,13 @@ class PathConfig:
     schedule_kwargs: dict[str, Any] = field(
         default_factory=dict, metadata={"help": "schedule arguments, e.g. {exponent: 2}"}
     )
+    block_length: Optional[int] = field(  # noqa: UP045 (OmegaConf structured configs need Optional)
+        default=None,
+        metadata={
+            "help": "block diffusion: blocks of this many positions, each noised at its own time given the clean "
+            "blocks before it (null: the whole sequence is one block; 1: autoregressive)"
+        },
+    )
 
 
 @dataclass

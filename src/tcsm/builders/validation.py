@@ -44,6 +44,8 @@ def validate(cfg: DictConfig) -> None:
         cfg.path.schedule in SCHEDULES,
         f"path.schedule must be one of {sorted(SCHEDULES)}, got {cfg.path.schedule!r}",
     )
+    bl = cfg.path.get("block_length")
+    _check(bl is None or bl >= 1, f"path.block_length must be >= 1 or null, got {bl}")
     for key in ("steps", "batch_size", "log_every"):
         _check(t[key] >= 1, f"train.{key} must be >= 1, got {t[key]}")
     for key in ("eval_every", "sample_every", "save_every", "keep_last", "eval_examples"):

@@ -13,6 +13,7 @@ import itertools
 import torch
 from torch import Tensor
 
+from tcsm.models.kinds import ModelKind
 from tcsm.paths import ProbabilityPath
 
 
@@ -103,3 +104,40 @@ class EnumerableDistribution:
     def entropy(self) -> float:
         p = self.probs[self.probs > 0]
         return float(-(p * p.log()).sum())
+
+
+class ExactBlockDenoiser:
+    """p_1's exact block posterior on a block path (MATH.md §9): the logits of block b are
+    log p_1(x^b_i = y | x_t^b, x_1^{<b}) by enumeration, floored to stay finite. Called as a block model,
+    `model(x_t, t, x1=x_1)` with t per sequence [B] or per position [B, L]."""
+
+    model_kind = ModelKind("denoiser", "blocks", None, "the exact block posterior of an enumerable p_1", blocks=True)
+
+    def __init__(self, dist: EnumerableDistribution, path: ProbabilityPath, block_length: int, floor: float = -700.0):
+        self.dist, self.path, self.block_length, self.floor = dist, path, int(block_length), float(floor)
+
+    def block_marginals(self, xt_block: Tensor, t: Tensor, prefix: Tensor) -> Tensor:
+        """p_1(x^b_i = y | x_t^b, x^{<b} = prefix) [B, n, V] for one block xt_block [B, n] right after `prefix` [B, p]
+        at times t [B]."""
+        d = self.dist
+        B, n = xt_block.shape
+        p = prefix.shape[1]
+        S = d.states
+        lk = self.path.log_kernel(xt_block, t.double().reshape(-1).expand(B)).double()  # [B, n, V]
+        own = S[:, p : p + n]  # [N, n]
+        logw = d.log_probs + lk[:, torch.arange(n), :][:, :, own.T].diagonal(dim1=1, dim2=2).sum(-1)  # [B, N]
+        if p:
+            match = (S[:, :p].unsqueeze(0) == prefix.unsqueeze(1)).all(-1)  # [B, N]
+            logw = torch.where(match, logw, torch.full_like(logw, -torch.inf))
+        post = torch.softmax(logw, -1)
+        return torch.einsum("bn,nkv->bkv", post, torch.nn.functional.one_hot(own, d.vocab_size).double())
+
+    def __call__(self, xt: Tensor, t: Tensor, x1: Tensor | None = None) -> Tensor:
+        B, L = xt.shape
+        k = self.block_length
+        t = t.reshape(B, -1).expand(B, L) if t.dim() else t.expand(B, L)
+        parts = [
+            self.block_marginals(xt[:, b0 : b0 + k], t[:, b0], x1[:, :b0] if b0 else xt[:, :0])
+            for b0 in range(0, L, k)
+        ]
+        return torch.cat(parts, 1).log().clamp_min(self.floor)

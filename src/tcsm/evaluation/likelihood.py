@@ -39,6 +39,7 @@ from torch import Tensor
 
 from tcsm.core.progress import WorkProgress
 from tcsm.core.results import EvalResult, summarise_nats
+from tcsm.models.kinds import denoise
 from tcsm.paths import ProbabilityPath
 from tcsm.paths.bounds import _work_dtype, nelbo_integrand, prior_term, resolve_bound
 from tcsm.paths.timesteps import T_MIN, stratified_times
@@ -142,30 +143,42 @@ def nelbo_terms(
     if cond_mask is not None and tuple(cond_mask.shape) != tuple(x1.shape):
         raise ValueError(f"cond_mask must have x1's shape {tuple(x1.shape)}, got {tuple(cond_mask.shape)}")
     num_t = int(num_t)
-    B = x1.shape[0]
+    B, L = x1.shape
     device = x1.device
     wd = _work_dtype(device)
     x1 = x1.long()
     chunk = B if chunk_size is None else int(chunk_size)
     if chunk < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    # A block path's bound is the sum of its blocks' bounds (MATH.md §9): each block is a row of its own, at its own
+    # stratified time and split draw; the nb blocks of a sequence stay adjacent, so one denoiser call sees them all.
+    nb = path.num_blocks(L)
+    rows_x1 = x1.reshape(B * nb, L // nb) if L else x1
+    rows_cond = None if cond_mask is None else cond_mask.reshape(rows_x1.shape)
+    n_rows = rows_x1.shape[0]
 
-    t32 = _safe_times(stratified_times(num_t, B, generator=generator, device=device, dtype=torch.float64))
+    t32 = _safe_times(stratified_times(num_t, n_rows, generator=generator, device=device, dtype=torch.float64))
     if B == 0:
         return torch.empty(num_t, 0, dtype=wd, device=device)
     out: list[Tensor] = []
 
     pending: list[Tensor] = []  # sampled x_t rows not yet sent to the denoiser, in stratum order
-    row_weight = torch.empty(num_t * B, dtype=wd, device=device)
+    row_weight = torch.empty(num_t * n_rows, dtype=wd, device=device)
     n_pending, done = 0, 0
 
     def flush(rows: Tensor) -> None:
         nonlocal done
         n = rows.shape[0]
         tt = t32.reshape(-1)[done : done + n]
-        # Row j of the flattened [num_t, B] grid belongs to sequence j mod B.
-        z = x1[torch.arange(done, done + n, device=device) % B]
-        logits = denoiser(rows, tt)
+        # Row j of the flattened [num_t, n_rows] grid belongs to block row j mod n_rows.
+        z = rows_x1[torch.arange(done, done + n, device=device) % n_rows]
+        if nb == 1:
+            logits = denoise(denoiser, rows, tt, z)
+        else:
+            logits = denoise(
+                denoiser, rows.reshape(n // nb, L), path.position_times(tt.view(n // nb, nb), L), z.reshape(n // nb, L)
+            )
+            logits = logits.reshape(n, L // nb, -1) if logits.dim() == 3 and logits.shape[1] == L else logits
         if logits.dim() != 3 or logits.shape[:2] != rows.shape or logits.shape[-1] != path.vocab_size:
             raise ValueError(
                 f"denoiser must return logits [N, L, V={path.vocab_size}], got shape {tuple(logits.shape)}"
@@ -173,16 +186,16 @@ def nelbo_terms(
         out.append(row_weight[done : done + n] * nelbo_integrand(logits, z, rows, tt, path, bound))
         done += n
 
-    # x_t is drawn for whole blocks of strata (a fixed number of tokens, so the random stream does not depend
+    # x_t is drawn for whole groups of strata (a fixed number of tokens, so the random stream does not depend
     # on chunk_size), at the float32 times the denoiser will see, with float64 kernel arithmetic.
-    L = x1.shape[1]
-    per_block = max(1, _SAMPLE_BLOCK // max(1, B * L))
+    per_draw = max(1, _SAMPLE_BLOCK // max(1, B * L))
     t_rows = t32.reshape(-1).to(wd)
-    for k0 in range(0, num_t, per_block):
-        k1 = min(num_t, k0 + per_block)
-        xt_blk, row_weight[k0 * B : k1 * B] = _sample_xt(
-            x1.repeat(k1 - k0, 1), t_rows[k0 * B : k1 * B], path, generator,
-            None if cond_mask is None else cond_mask.repeat(k1 - k0, 1),
+    chunk *= nb
+    for k0 in range(0, num_t, per_draw):
+        k1 = min(num_t, k0 + per_draw)
+        xt_blk, row_weight[k0 * n_rows : k1 * n_rows] = _sample_xt(
+            rows_x1.repeat(k1 - k0, 1), t_rows[k0 * n_rows : k1 * n_rows], path, generator,
+            None if rows_cond is None else rows_cond.repeat(k1 - k0, 1),
         )
         pending.append(xt_blk)
         n_pending += xt_blk.shape[0]
@@ -193,7 +206,7 @@ def nelbo_terms(
             rest = rows[take:]
             pending = [rest] if rest.shape[0] else []
             n_pending = rest.shape[0]
-    return torch.cat(out).reshape(num_t, B)
+    return torch.cat(out).reshape(num_t, B, nb).sum(-1)
 
 
 def nelbo(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DENOISER", "FAMILIES", "ModelKind", "family_of_name", "kind_of"]
+__all__ = ["DENOISER", "FAMILIES", "ModelKind", "denoise", "family_of_name", "kind_of"]
 
 
 @dataclass(frozen=True)
@@ -79,3 +79,11 @@ def kind_of(model) -> ModelKind:
             model = inner
     kind = getattr(type(model), "model_kind", None)
     return kind if isinstance(kind, ModelKind) else DENOISER
+
+
+def denoise(model, xt, t, x1):
+    """The denoiser's logits at (x_t, t) for clean sequences x_1 [B, L]: a block denoiser reads the clean blocks
+    before each noisy block from x_1 (MATH.md §9); any other denoiser sees x_t and t only."""
+    if kind_of(model).blocks:
+        return model(xt, t, x1=x1)
+    return model(xt, t)

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from tcsm.core.batch import Batch, as_batch
+from tcsm.models.kinds import denoise
 from tcsm.objectives.divergences import BregmanGenerator
 from tcsm.objectives.losses import LossFn, get_loss
 from tcsm.objectives.weighting import WeightFn, get_weighting, reduce_loss
@@ -52,6 +53,7 @@ class Objective:
         weighting: str | WeightFn = "kappa",
         antithetic: bool = True,
         time_dtype: torch.dtype = torch.float32,
+        t_range: tuple[float, float] | None = None,
         **loss_kwargs,
     ):
         self.path = path
@@ -61,6 +63,12 @@ class Objective:
         self.weighting = get_weighting(weighting)
         self.antithetic = bool(antithetic)
         self.time_dtype = time_dtype
+        if t_range is not None:
+            lo, hi = (float(v) for v in t_range)
+            if not 0.0 <= lo < hi <= 1.0:
+                raise ValueError(f"t_range must be [lo, hi] with 0 <= lo < hi <= 1, got {list(t_range)}")
+            t_range = (lo, hi)
+        self.t_range = t_range
         self.loss_kwargs = dict(loss_kwargs)
         if divergence is not None:
             self.loss_kwargs["divergence"] = divergence
@@ -79,10 +87,15 @@ class Objective:
             validate(**self.loss_kwargs)
 
     def sample_t(self, batch_size: int, device=None, generator: torch.Generator | None = None) -> Tensor:
-        """t ~ U(0, 1) per sequence, antithetic across the batch unless disabled (MATH.md §3.4)."""
-        return sample_times(
+        """t ~ U(0, 1) per sequence, antithetic across the batch unless disabled (MATH.md §3.4); U[lo, hi] with
+        `t_range` (a clipped schedule, MATH.md §9)."""
+        t = sample_times(
             batch_size, antithetic=self.antithetic, generator=generator, device=device, dtype=self.time_dtype
         )
+        if self.t_range is None:
+            return t
+        lo, hi = self.t_range
+        return (lo + (hi - lo) * t.double()).to(t.dtype).clamp_max(1.0 - torch.finfo(t.dtype).eps / 2)
 
     def loss_from_batch(self, logits: Tensor, batch: TargetBatch) -> tuple[Tensor, dict[str, Tensor]]:
         """The reduced loss and metrics (detached 0-d tensors) for logits computed on `batch` (MATH.md §3.4)."""
@@ -113,11 +126,12 @@ class Objective:
         Metrics are detached 0-d tensors on the batch's device (no host sync per step).
         """
         batch = as_batch(batch)
-        t = self.sample_t(batch.x1.shape[0], device=batch.x1.device, generator=generator)
+        x1 = batch.x1
+        t = self.path.draw_times(lambda n: self.sample_t(n, device=x1.device, generator=generator), *x1.shape)
         tb = self.target(batch, t, self.path, generator, model=model)
         if batch.weight is not None:  # targets may expand each sequence into several rows (N^full)
             tb = tb.with_weight(batch.weight.repeat_interleave(tb.xt.shape[0] // batch.x1.shape[0]))
-        logits = model(tb.xt, tb.t)
+        logits = denoise(model, tb.xt, tb.t, tb.x1)
         loss, metrics = self.loss_from_batch(logits, tb)
         return loss, {**metrics, **{f"target/{k}": v for k, v in tb.stats.items()}}
 

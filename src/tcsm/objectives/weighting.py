@@ -57,7 +57,11 @@ def reduce_loss(per_pos: Tensor, batch: TargetBatch, time_weight: Tensor | None 
     `batch.weight` (e.g. importance weights) multiplies each sequence as given, without renormalisation.
     """
     L = batch.xt.shape[-1]
-    per_seq = _masked(per_pos, batch.loss_mask).sum(-1) if per_pos.dim() == 2 else per_pos
+    if time_weight is not None and time_weight.dim() == 2:  # per-position times of a block path (MATH.md §9)
+        per_seq = (_masked(per_pos, batch.loss_mask) * time_weight.to(per_pos.dtype)).sum(-1)
+        time_weight = None
+    else:
+        per_seq = _masked(per_pos, batch.loss_mask).sum(-1) if per_pos.dim() == 2 else per_pos
     if time_weight is not None:
         per_seq = per_seq * time_weight.to(per_seq.dtype)
     if batch.weight is not None:

@@ -36,9 +36,13 @@ __all__ = [
 PATHS = NameTable("source", {"masked": MaskedPath, "uniform": UniformPath})
 
 
-def make_path(kind: str, vocab_size: int, schedule: Schedule | str | None = None, **schedule_kwargs) -> ProbabilityPath:
-    """Build a path by source name ("masked" | "uniform") and schedule (object or name)."""
+def make_path(
+    kind: str, vocab_size: int, schedule: Schedule | str | None = None, *, block_length: int | None = None,
+    **schedule_kwargs,
+) -> ProbabilityPath:
+    """Build a path by source name ("masked" | "uniform"), schedule (object or name) and block length (None: the
+    whole sequence is one block)."""
     cls = PATHS.lookup(kind)
     if isinstance(schedule, str):
         schedule = make_schedule(schedule, **schedule_kwargs)
-    return cls(vocab_size, schedule)
+    return cls(vocab_size, schedule, block_length)

@@ -29,7 +29,8 @@ def _uniform01(shape, device, generator) -> Tensor:
 
 
 class ProbabilityPath:
-    """Common interface of the sources. `t` is always a per-sequence tensor of shape [B].
+    """Common interface of the sources. `t` is a per-sequence tensor of shape [B], or on a block path (`block_length`
+    set) a per-position tensor [B, L], constant inside each block; every kernel method broadcasts either.
 
     A new source implements the methods that raise NotImplementedError and sets the class attributes below;
     the defaults of the boolean attributes are the conservative (always correct, possibly slower) choice.
@@ -56,11 +57,48 @@ class ProbabilityPath:
     #: token alike). Kernel-tilted estimators (`objectives.score_loss`, tilt) are then the untilted ones.
     kernel_flat_on_free: bool = False
 
-    def __init__(self, vocab_size: int, schedule: Schedule | None = None):
+    #: Positions per block of a block path (MATH.md §9): block b is noised at its own time given the clean blocks
+    #: before it, and the bound is the sum of the blocks' bounds. None: one block, the whole sequence.
+    block_length: int | None = None
+
+    def __init__(self, vocab_size: int, schedule: Schedule | None = None, block_length: int | None = None):
         if int(vocab_size) < 2:
             raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
         self.vocab_size = int(vocab_size)
         self.schedule = schedule if schedule is not None else LinearSchedule()
+        if block_length is not None:
+            if isinstance(block_length, bool) or int(block_length) != block_length or int(block_length) < 1:
+                raise ValueError(f"block_length must be a positive integer or null, got {block_length!r}")
+            self.block_length = int(block_length)
+
+    # --- blocks -------------------------------------------------------------------------------------
+    def block_size(self, length: int) -> int:
+        """Positions per block for sequences of `length`: `block_length`, or `length` on a full-sequence path.
+        ValueError (one line) when `length` is not a multiple of `block_length`."""
+        if self.block_length is None:
+            return int(length)
+        if int(length) % self.block_length:
+            raise ValueError(
+                f"sequence length {length} is not a multiple of path.block_length={self.block_length}; "
+                "choose a block length that divides the data's sequence length"
+            )
+        return self.block_length
+
+    def num_blocks(self, length: int) -> int:
+        """L / block_length (1 on a full-sequence path)."""
+        return int(length) // max(1, self.block_size(length)) if length else 1
+
+    def position_times(self, t_blocks: Tensor, length: int) -> Tensor:
+        """Per-block times [B, nb] → per-position times [B, L] (block b's time at each of its positions)."""
+        return t_blocks.repeat_interleave(self.block_size(length), dim=-1)
+
+    def draw_times(self, draw, batch_size: int, length: int) -> Tensor:
+        """The objective's times: `draw(n)` → n times in [0, 1); per sequence [B] on a full-sequence path, per
+        position [B, L] on a block path, each block at its own independent draw (MATH.md §9)."""
+        if self.block_length is None:
+            return draw(batch_size)
+        nb = self.num_blocks(length)
+        return self.position_times(draw(batch_size * nb).view(batch_size, nb), length)
 
     # --- schedule shortcuts -------------------------------------------------------------------------
     def alpha(self, t: Tensor) -> Tensor:
@@ -138,7 +176,8 @@ class ProbabilityPath:
         return torch.log_softmax(log_p1_cond + self.log_kernel(xt, t).to(log_p1_cond.dtype), dim=-1)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(vocab_size={self.vocab_size}, schedule={self.schedule!r})"
+        blocks = "" if self.block_length is None else f", block_length={self.block_length}"
+        return f"{type(self).__name__}(vocab_size={self.vocab_size}, schedule={self.schedule!r}{blocks})"
 
 
 def _log_m(logits: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:

@@ -20,8 +20,8 @@ class MaskedPath(ProbabilityPath):
     integrand_zero_at_x1 = True  # nothing masked: the carry-over model CTMC has nothing to pay
     kernel_flat_on_free = True
 
-    def __init__(self, vocab_size: int, schedule: Schedule | None = None):
-        super().__init__(vocab_size, schedule)
+    def __init__(self, vocab_size: int, schedule: Schedule | None = None, block_length: int | None = None):
+        super().__init__(vocab_size, schedule, block_length)
         self.mask_id = self.vocab_size
         self.num_states = self.vocab_size + 1
 

@@ -19,8 +19,8 @@ class UniformPath(ProbabilityPath):
     kind = "uniform"
     bounds = ("reversal", "dfm")
 
-    def __init__(self, vocab_size: int, schedule: Schedule | None = None):
-        super().__init__(vocab_size, schedule)
+    def __init__(self, vocab_size: int, schedule: Schedule | None = None, block_length: int | None = None):
+        super().__init__(vocab_size, schedule, block_length)
         self.mask_id = None
         self.num_states = self.vocab_size
 

@@ -27,6 +27,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from tcsm.models.kinds import denoise
 from tcsm.objectives.divergences import BregmanGenerator, get_bregman
 from tcsm.paths import ProbabilityPath
 
@@ -143,10 +144,11 @@ def energy_log_ratio(energy: EnergyFn, x1: Tensor, xt: Tensor, t: Tensor) -> Ten
 # --- reference samples -----------------------------------------------------------------------------------------
 
 
-def reference_log_probs(reference: Denoiser, xt: Tensor, t: Tensor) -> Tensor:
-    """log m^ref(· | x_t) [B, L, V], computed without a graph: the reference is frozen (MATH.md §5.1)."""
+def reference_log_probs(reference: Denoiser, xt: Tensor, t: Tensor, x1: Tensor | None = None) -> Tensor:
+    """log m^ref(· | x_t) [B, L, V], computed without a graph: the reference is frozen (MATH.md §5.1); a block
+    reference reads the clean blocks of x1 (MATH.md §9)."""
     with torch.no_grad():
-        return torch.log_softmax(reference(xt, t), dim=-1)
+        return torch.log_softmax(denoise(reference, xt, t, x1), dim=-1)
 
 
 def draw_reference_samples(

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from tcsm.core.batch import Batch, as_batch
 from tcsm.core.protocols import StepInfo
+from tcsm.models.kinds import denoise
 from tcsm.paths import ProbabilityPath
 from tcsm.paths.timesteps import sample_times
 from tcsm.posttrain.dre.energy import EnergyModel
@@ -87,7 +88,7 @@ class _DRE:
             B, antithetic=self.antithetic, generator=generator, device=batch.x1.device, dtype=self.time_dtype
         )
         tb = self.target(batch, t, self.path, generator)
-        ref_lp = reference_log_probs(reference, tb.xt, tb.t)
+        ref_lp = reference_log_probs(reference, tb.xt, tb.t, tb.x1)
         neg = draw_reference_samples(
             ref_lp, tb.xt, self.path, self.num_negatives, generator, fixed=batch.cond_mask, values=batch.x1
         )
@@ -179,7 +180,7 @@ class DensityRatioObjective(_DRE):
     def __call__(self, model, batch, generator=None) -> tuple[Tensor, dict[str, Tensor]]:
         batch = as_batch(batch)
         tb, ref_lp, neg = self._draw(batch, self._reference(), generator)
-        stu_lp = torch.log_softmax(model(tb.xt, tb.t).float(), dim=-1)
+        stu_lp = torch.log_softmax(denoise(model, tb.xt, tb.t, tb.x1).float(), dim=-1)
         per_token = self.level == "token"
         l_data = factorized_log_ratio(stu_lp, ref_lp, tb.x1, tb.loss_mask, per_token=per_token)
         l_ref = factorized_log_ratio(stu_lp, ref_lp, neg, tb.loss_mask, per_token=per_token)

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from tcsm.core.batch import Batch, as_batch
 from tcsm.core.results import summarise_nats
+from tcsm.models.kinds import denoise
 from tcsm.models.modes import eval_mode
 from tcsm.objectives import get_weighting, neutral_rows
 from tcsm.paths import ProbabilityPath
@@ -196,9 +197,9 @@ class PreferenceObjective:
             cond_mask=None if batch.cond_mask is None else torch.cat([batch.cond_mask, batch.cond_mask]),
         )
         mask = both.scored(self.path, xt)
-        logits = model(xt, tt)
+        logits = denoise(model, xt, tt, both.x1)
         with torch.no_grad():
-            ref_logits = ref(xt, tt)
+            ref_logits = denoise(ref, xt, tt, both.x1)
         delta = sequence_log_ratio(logits, ref_logits, both.x1, mask)
         return PairDraw(xt, tt, both.x1, mask, logits, ref_logits, delta)
 

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from tcsm.core.batch import Batch, as_batch
+from tcsm.models.kinds import denoise
 from tcsm.models.modes import eval_mode
 from tcsm.paths import ProbabilityPath
 from tcsm.posttrain.reward.rewards import RewardFn, evaluate_reward
@@ -192,10 +193,11 @@ class RewardTarget(Target):
         self._pool = None if self._pool is None else self._pool.to(device)
         return self
 
-    def _denoise(self, denoiser, xt: Tensor, t: Tensor) -> Tensor:
-        """Logits of a denoiser without grad, in eval mode (restoring a training model's mode afterwards)."""
+    def _denoise(self, denoiser, xt: Tensor, t: Tensor, x1: Tensor) -> Tensor:
+        """Logits of a denoiser without grad, in eval mode (restoring a training model's mode afterwards); a block
+        model reads the clean blocks before each noisy one from x1 (MATH.md §9)."""
         with eval_mode(denoiser), torch.no_grad():
-            return denoiser(xt, t).float()
+            return denoise(denoiser, xt, t, x1).float()
 
     def _source_model(self, which: str, model):
         if which == "model":
@@ -269,9 +271,10 @@ class RewardTarget(Target):
         xt = torch.where(pinned, clean, xt)
         return clean, xt, path.loss_mask(xt) & ~pinned
 
-    def proposals(self, denoiser, xt: Tensor, t: Tensor, free: Tensor, num: int, generator=None) -> Tensor:
-        """Factorized draws [N, num, L] from a denoiser's p_{1|t}(· | x_t) with carry-over."""
-        return factorized_proposals(self._denoise(denoiser, xt, t), xt, free, num, generator)
+    def proposals(self, denoiser, xt: Tensor, t: Tensor, free: Tensor, num: int, generator=None, *, x1) -> Tensor:
+        """Factorized draws [N, num, L] from a denoiser's p_{1|t}(· | x_t) with carry-over (a block model's blocks
+        given the clean blocks of x1 before them)."""
+        return factorized_proposals(self._denoise(denoiser, xt, t, x1), xt, free, num, generator)
 
 
 class RewardN1Target(RewardTarget):
@@ -304,12 +307,12 @@ class RewardN1Target(RewardTarget):
     def __call__(self, batch, t, path, generator=None, *, model=None):
         clean, xt, mask = self.noisy_states(batch, t, path, generator, model)
         if self.h != "clean":
-            clean = self.proposals(self._source_model(self.h, model), xt, t, mask, 1, generator)[:, 0]
+            clean = self.proposals(self._source_model(self.h, model), xt, t, mask, 1, generator, x1=clean)[:, 0]
         if self.pre_conditional is not None:
             with torch.no_grad():
                 log_pre = self.pre_conditional(clean, xt, t).float()
         else:
-            log_pre = torch.log_softmax(self._denoise(self.pretrained, xt, t), -1)
+            log_pre = torch.log_softmax(self._denoise(self.pretrained, xt, t, clean), -1)
         log_q, mask = tilted_conditionals(log_pre, clean, mask, self.reward, self.beta, self.reward_chunk)
         stats = {"reward_positions": mask.float().mean()}
         return TargetBatch(xt=xt, t=t, x1=clean, loss_mask=mask, log_q=log_q, stats=stats)
@@ -341,14 +344,14 @@ class RewardFullTarget(RewardTarget):
         self.num_proposals, self.reward_floor, self.proposal = int(num_proposals), reward_floor, proposal
 
     def __call__(self, batch, t, path, generator=None, *, model=None):
-        _, xt, mask = self.noisy_states(batch, t, path, generator, model)
+        clean, xt, mask = self.noisy_states(batch, t, path, generator, model)
         N, L = xt.shape
         B = self.num_proposals
         if self.proposal is not None:
             with torch.no_grad():
                 props = self.proposal(xt, t, B, generator).long()
         else:
-            props = self.proposals(self.pretrained, xt, t, mask, B, generator)
+            props = self.proposals(self.pretrained, xt, t, mask, B, generator, x1=clean)
         rewards = evaluate_reward(self.reward, props, self.reward_chunk)  # [N, B]
         w, valid = snis_weights(rewards, self.beta, self.reward_floor)
         with torch.no_grad():
