@@ -102,5 +102,12 @@ def native_config(model, tcsm_keys: dict) -> dict:
 def write_native(directory: Path, model, config: dict) -> None:
     """The model's `save_pretrained` files (config.json, model.safetensors, generation_config.json), config.json
     then replaced by `config` (the same Hugging Face config with tcsm's keys)."""
-    model.hf.save_pretrained(directory)
+    from tcsm.models.hf import import_transformers
+
+    tf = import_transformers()
+    tf.utils.logging.disable_progress_bar()  # stderr stays for the notes a user must read
+    try:
+        model.hf.save_pretrained(directory)
+    finally:
+        tf.utils.logging.enable_progress_bar()
     (directory / "config.json").write_text(json.dumps(config, indent=1) + "\n", encoding="utf-8")
