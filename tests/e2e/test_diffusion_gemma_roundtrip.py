@@ -51,6 +51,11 @@ def test_train_export_and_transformers_loads_it_as_its_own(model_dir, tmp_path):
             torch.testing.assert_close(own, logits[:, b * K : (b + 1) * K], atol=1e-5, rtol=0)
         seqs = hf.generate(x1[:, :K], max_new_tokens=2 * K, max_denoising_steps=3).sequences
     assert seqs.shape == (2, 3 * K) and torch.equal(seqs[:, :K], x1[:, :K])
+    # tcsm sample on the export with the model's own sampler
+    assert main(["sample", str(out), "--method", "native", "--steps", "2", "-n", "2", "--format", "jsonl",
+                 "-o", str(tmp_path / "s.jsonl"), "--no-progress"]) == 0  # fmt: skip
+    rows = [json.loads(line) for line in (tmp_path / "s.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(len(r["tokens"]) == L and r["method"] == "native" for r in rows)
 
 
 @pytest.mark.parametrize(

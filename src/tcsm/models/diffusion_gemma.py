@@ -19,6 +19,7 @@ tokens, read that cache and give the canvas's logits. The canvas is tcsm's block
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -181,6 +182,33 @@ class DiffusionGemmaDenoiser(nn.Module):
         if self.cfg.self_conditioning:
             cache.previous_logits = logits.detach()
         return logits
+
+
+    # ------------------------------------------------------------------------------------------ its own sampler
+    @torch.no_grad()
+    def native_generate(self, prompt: Tensor | None, length: int, *, steps: int, generator=None,
+                        device=None) -> tuple[Tensor, int]:  # fmt: skip
+        """(tokens [B, length], decoder calls) from the model's own `generate()` (its entropy-bound sampler with
+        self-conditioning, at most `steps` denoising steps per canvas), continuing `prompt` [B, P]. Its encoder
+        cannot read an empty prefix, so without a prompt it starts from the model's BOS, which is not returned."""
+        text = self.hf.config.get_text_config()
+        device = device if device is not None else next(self.hf.parameters()).device
+        lead = prompt is None or prompt.shape[1] == 0
+        if lead:
+            if text.bos_token_id is None:
+                raise ValueError("this DiffusionGemma config has no bos_token_id to start from: give a prompt")
+            num = 1 if prompt is None else prompt.shape[0]
+            prompt = torch.full((num, 1), int(text.bos_token_id), dtype=torch.long, device=device)
+        new = int(length) - (0 if lead else prompt.shape[1])
+        # generate() draws from torch's global stream: seed it from `generator`, leaving the caller's stream as it was
+        seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+        devices = [device] if torch.device(device).type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            out = self.hf.generate(prompt.to(device), max_new_tokens=new, max_denoising_steps=int(steps))
+        seqs = out.sequences[:, 1:] if lead else out.sequences
+        calls = math.ceil(new / self.block_length) * int(steps)  # an upper bound: canvases may stop early
+        return seqs[:, : int(length)], calls
 
 
 def _to_hf_names(module: DiffusionGemmaDenoiser, state: dict, prefix: str, local_metadata) -> dict:
