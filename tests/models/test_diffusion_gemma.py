@@ -133,8 +133,9 @@ def test_one_line_errors():
 # --- the bound on the tiniest instance: V = 4, two canvases of two -----------------------------------------------
 # The model has no time input, so m(x_t^i | x_t) stays below 1 at a clean-looking x_t: the uniform bound's integrand
 # then grows like Σ_i (1 − m(x_1^i | x_1)) / (1 − t) at the clean end and its integral up to t = 1 is infinite
-# (MATH.md §9.2). The finite bound is the one of the sampler that runs the time reversal up to t_1 = 1 − e^{−w_1} and
-# then draws each token from m(· | x_{t_1}): ∫_0^{t_1} c_t E[G] dt + E_{x_{t_1}}[−Σ_i log m^i(x_1^i | x_{t_1})].
+# (MATH.md §9, "A time-blind denoiser"). The finite bound is the one of the sampler that runs the time reversal up to
+# t_1 = 1 − e^{−w_1} and then draws each token from m(· | x_{t_1}):
+# ∫_0^{t_1} c_t E[G] dt + E_{x_{t_1}}[−Σ_i log m^i(x_1^i | x_{t_1})].
 
 V, K, L = 4, 2, 4
 
@@ -245,7 +246,7 @@ def test_canvas_bound_dominates_the_models_exact_nll():
 
 def test_without_the_reconstruction_end_a_time_blind_bound_grows_without_limit():
     """The clean-end integral alone grows by ≈ Σ_i (1 − m(x^i | x)) per unit of w = −log(1 − t): it has no limit
-    as t_1 → 1 (MATH.md §9.2), while the bound with its reconstruction term stays put."""
+    as t_1 → 1 (MATH.md §9, "A time-blind denoiser"), while the bound with its reconstruction term stays put."""
     S, m = _canvas_marginals(_model())
     x = S[6]
     slope = (1 - m[0, 6].gather(-1, x[:, None]).squeeze(-1)).sum()

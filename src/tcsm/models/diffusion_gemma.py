@@ -1,5 +1,5 @@
 """A DiffusionGemma checkpoint (transformers' `DiffusionGemmaForBlockDiffusion`) as a tcsm block denoiser on the
-uniform block path (MATH.md §9; §9.2 for what its missing time input means for the bound).
+uniform block path (MATH.md §9, "A time-blind denoiser": what its missing time input means for the bound).
 
 The model is a uniform-source block-diffusion model: a causal encoder reads the clean prefix (prompt and finished
 canvases) into a KV cache; the same weights, run bidirectionally over one noisy canvas of `config.canvas_length`
