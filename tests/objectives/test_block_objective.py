@@ -40,7 +40,7 @@ def _path(kind, V, k=None):
 )  # fmt: skip
 @pytest.mark.parametrize("weighting", ["kappa", "uniform", "alpha_dot"])
 def test_block_loss_is_the_mean_of_its_blocks_losses(kind, loss, divergence, weighting, explicit):
-    """A [B, L] batch at per-block times gives exactly the loss of its B·nb blocks as rows of their own, each at its
+    """[oracle ix.c] A [B, L] batch at per-block times gives exactly the loss of its B·nb blocks as rows of their own, each at its
     block's time, on the full-sequence path: no loss or weighting reads t as one time per sequence."""
     V, B, L, k = 4, 3, 6, 2
     nb = L // k

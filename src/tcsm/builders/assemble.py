@@ -19,7 +19,7 @@ def build_components(cfg, device: torch.device, data=None) -> Components:
     """Build data, path, model (on `device`), target and objective from a validated run config."""
     data = build_data(cfg) if data is None else data
     ctx = BuildContext(config=cfg, device=device, data=data)
-    ctx.path = build_path(cfg, data.vocab_size)
+    ctx.path = build_path(cfg, data.vocab_size, ctx.seq_len)
     sections = {key: section(cfg, key) for key in ("model", "target", "objective")}
     entries = {"model": MODELS, "target": TARGETS, "objective": OBJECTIVES}
     uses = {key: entries[key].get(name).reference for key, (name, _) in sections.items()}

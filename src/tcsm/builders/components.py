@@ -99,15 +99,19 @@ def build_data(cfg):
     return _build_data(OmegaConf.to_container(cfg.data, resolve=True))
 
 
-def build_path(cfg, vocab_size: int):
-    """The probability path of the `path` section for V = vocab_size clean tokens."""
+def build_path(cfg, vocab_size: int, seq_len: int | None = None):
+    """The probability path of the `path` section for V = vocab_size clean tokens (and, when given, sequences of
+    seq_len tokens: a block length must divide it)."""
     from tcsm.paths import make_path
 
     try:
-        return make_path(
+        path = make_path(
             cfg.path.source, vocab_size, cfg.path.schedule, block_length=cfg.path.get("block_length"),
             **dict(cfg.path.schedule_kwargs),
         )
+        if seq_len is not None:
+            path.block_size(seq_len)
+        return path
     except (TypeError, ValueError) as e:
         raise ConfigError(f"path: {e}") from None
 

@@ -115,9 +115,11 @@ def nelbo_terms(
     bound: str | None = None,
     chunk_size: int | None = None,
     cond_mask: Tensor | None = None,
+    per_block: bool = False,
 ) -> Tensor:
     """Per-stratum Monte Carlo terms [num_t, B] of the path-space integral (MATH.md §2.4); their mean over
-    dim 0 plus `prior_term` is `nelbo`. Row k uses t ∈ [k/num_t, (k+1)/num_t), so the row-to-row spread gives
+    dim 0 plus `prior_term` is `nelbo`. On a block path they are sums over the blocks' terms (MATH.md §9);
+    `per_block=True` keeps them apart: [num_t, B, n_blocks]. Row k uses t ∈ [k/num_t, (k+1)/num_t), so the row-to-row spread gives
     a conservative standard error for the stratified mean.
 
     The denoiser is called on at most `chunk_size` (x_t, t) rows at a time (default B: one stratum per call,
@@ -206,7 +208,8 @@ def nelbo_terms(
             rest = rows[take:]
             pending = [rest] if rest.shape[0] else []
             n_pending = rest.shape[0]
-    return torch.cat(out).reshape(num_t, B, nb).sum(-1)
+    terms = torch.cat(out).reshape(num_t, B, nb)
+    return terms if per_block else terms.sum(-1)
 
 
 def nelbo(
@@ -273,17 +276,21 @@ def evaluate_bound(
     device = data.device if device is None else torch.device(device)
     starts = range(0, N, int(batch_size))
     bar = WorkProgress(len(starts), f"nelbo[{bound}]", "batches", enabled=progress)
-    per_seq = []
+    per_seq, per_block = [], []
     with torch.no_grad():
         for s in starts:
             x1 = data[s : s + int(batch_size)].to(device=device, dtype=torch.long)
-            per_seq.append(
-                nelbo(
-                    denoiser, x1, path, num_t=num_t, generator=generator, bound=bound, chunk_size=chunk_size
-                )
-                .double()
-                .cpu()
-            )
+            prior = prior_term(x1, path)  # raises before any network call for a masked source with a clipped start
+            terms = nelbo_terms(
+                denoiser, x1, path, num_t=num_t, generator=generator, bound=bound, chunk_size=chunk_size,
+                per_block=True,
+            ).mean(0)  # [B, n_blocks]
+            per_block.append(terms.double().cpu())
+            per_seq.append((terms.sum(-1) + prior).double().cpu())
             bar.update(1)
     bar.close()
-    return EvalResult(summarise_nats(torch.cat(per_seq) / L, L, bound), num_t=int(num_t))
+    result = EvalResult(summarise_nats(torch.cat(per_seq) / L, L, bound), num_t=int(num_t))
+    if path.block_length is not None:  # where in the sequence the nats are paid: bits per token of each block
+        blocks = torch.cat(per_block) / (L // path.num_blocks(L))
+        result.update(block_length=path.block_length, block_bpc=[round(v, 6) for v in (blocks.mean(0) / _LN2).tolist()])
+    return result
