@@ -130,6 +130,37 @@ def test_one_line_errors():
         DiffusionGemmaDenoiser(hf)
 
 
+class _PerCanvas:
+    """The model's own per-canvas computation as a block denoiser: canvas b from forward(input_ids=x_1^{<b},
+    decoder_input_ids=x_t^b) (block 0 from the adapter's empty cache, which the model's forward cannot take)."""
+
+    model_kind = DiffusionGemmaDenoiser.model_kind
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, xt, t, x1=None):
+        k, hf = self.model.block_length, self.model.hf
+        first = self.model.denoise(xt[:, :k], None, self.model.new_cache(xt.shape[0]))
+        rest = [hf(input_ids=x1[:, :b], decoder_input_ids=xt[:, b : b + k]).logits for b in range(k, xt.shape[1], k)]
+        return torch.cat([first, *rest], 1)
+
+
+def test_tcsms_block_bound_on_the_adapter_is_the_bound_of_the_models_own_calls():
+    """evaluation.likelihood's per-block estimate (uniform path, block_length = canvas_length) on the adapter equals
+    the same estimate, same draws, on the model's own per-canvas forward."""
+    from tcsm.evaluation.likelihood import nelbo_terms
+
+    model = DiffusionGemmaDenoiser(tiny_hf(V=16, k=2, window=3))
+    x1 = _pair(3, 6, 16, 5)[0]
+    path = UniformPath(16, block_length=2)
+    with torch.no_grad():
+        ours = nelbo_terms(model, x1, path, num_t=4, generator=torch.Generator().manual_seed(0))
+        own = nelbo_terms(_PerCanvas(model), x1, path, num_t=4, generator=torch.Generator().manual_seed(0))
+    assert ours.shape == (4, 3) and torch.isfinite(ours).all()
+    torch.testing.assert_close(ours, own, atol=1e-4, rtol=1e-5)
+
+
 # --- the bound on the tiniest instance: V = 4, two canvases of two -----------------------------------------------
 # The model has no time input, so m(x_t^i | x_t) stays below 1 at a clean-looking x_t: the uniform bound's integrand
 # then grows like Σ_i (1 − m(x_1^i | x_1)) / (1 − t) at the clean end and its integral up to t = 1 is infinite
