@@ -58,6 +58,24 @@ def test_train_export_and_transformers_loads_it_as_its_own(model_dir, tmp_path):
     assert len(rows) == 2 and all(len(r["tokens"]) == L and r["method"] == "native" for r in rows)
 
 
+def test_the_models_own_directory_loads_and_samples_as_it_is(model_dir, tmp_path):
+    """tcsm.from_pretrained / tcsm sample read a DiffusionGemma directory as transformers wrote it: its own weights
+    (logits of the model's own forward), its canvas as the block."""
+    model = tcsm.from_pretrained(model_dir)
+    hf = tf.DiffusionGemmaForBlockDiffusion.from_pretrained(model_dir).eval()
+    g = torch.Generator().manual_seed(1)
+    x1, xt = torch.randint(0, V, (2, 2 * K), generator=g), torch.randint(0, V, (2, 2 * K), generator=g)
+    with torch.no_grad():
+        own = hf(input_ids=x1[:, :K], decoder_input_ids=xt[:, K:]).logits
+        torch.testing.assert_close(model(xt, None, x1=x1)[:, K:], own, atol=1e-5, rtol=0)
+    assert model.block_length == K
+    out = tmp_path / "s.jsonl"
+    assert main(["sample", str(model_dir), "--method", "native", "--steps", "2", "-n", "3", "--length", str(3 * K),
+                 "--format", "jsonl", "-o", str(out), "--no-progress"]) == 0  # fmt: skip
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 3 and all(len(r["tokens"]) == 3 * K and r["step"] == 0 for r in rows)
+
+
 @pytest.mark.parametrize(
     "extra,message",
     [

@@ -6,14 +6,18 @@ config under config.json's `tcsm` key so that tcsm reads it back as it reads any
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tcsm.builders.components import build_path
+from tcsm.builders.config import load_config
 from tcsm.builders.registry import MODELS, BuildContext
 from tcsm.core.errors import ConfigError
 
-__all__ = ["DiffusionGemmaModelConfig", "build_diffusion_gemma", "native_config", "write_native"]
+__all__ = ["DiffusionGemmaModelConfig", "build_diffusion_gemma", "is_native_directory", "load_native", "native_config",
+           "write_native"]
 
 MODEL_TYPE = "diffusion_gemma"
 
@@ -111,3 +115,41 @@ def write_native(directory: Path, model, config: dict) -> None:
     finally:
         tf.utils.logging.enable_progress_bar()
     (directory / "config.json").write_text(json.dumps(config, indent=1) + "\n", encoding="utf-8")
+
+
+def is_native_directory(path) -> bool:
+    """A DiffusionGemma checkpoint directory as Hugging Face writes it (config.json model_type diffusion_gemma), not
+    a tcsm run or export."""
+    f = Path(path) / "config.json"
+    try:
+        meta = json.loads(f.read_text(encoding="utf-8")) if f.is_file() else None
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("model_type") == MODEL_TYPE and "tcsm" not in meta
+
+
+def load_native(path, device="cpu", overrides=()):
+    """(model, config, data_info) of a DiffusionGemma checkpoint directory, for `load_checkpoint` (what `tcsm sample
+    DIR` reads): its own weights on the uniform path with its canvas as the block, one canvas as the default length;
+    `overrides` (key=value) change the config as for a run."""
+    from tcsm.builders.components import DataInfo
+
+    where = str(Path(path).resolve())
+    _, config = _hf_config(where, True)
+    V, k = int(config.get_text_config().vocab_size), int(config.canvas_length)
+    cfg = load_config("synthetic", [f"model.name={MODEL_TYPE}", f"model.name_or_path={where}", "path.source=uniform",
+                                    f"path.block_length={k}", f"data.vocab_size={V}", f"data.seq_len={k}",
+                                    *overrides])  # fmt: skip
+    info = DataInfo(Path(where).name, V, int(cfg.data.seq_len), label=f"{Path(where).name} (DiffusionGemma)")
+    ctx = BuildContext(config=cfg, device=device, data=_Sized(V, info.seq_len), path=build_path(cfg, V))
+    node = {**{f: getattr(cfg.model, f) for f in DiffusionGemmaModelConfig.__dataclass_fields__}}
+    model = build_diffusion_gemma(node, ctx).to(device).eval()
+    return model, cfg, dataclasses.asdict(info)
+
+
+@dataclass
+class _Sized:
+    """The data's vocabulary and length, for the builder (no data is read)."""
+
+    vocab_size: int
+    seq_len: int
