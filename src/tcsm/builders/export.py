@@ -132,6 +132,10 @@ def _hf_config(ck, model, kind: str) -> dict[str, Any]:
             "AutoConfig": "configuration_tcsm.TCSMEnergyConfig",
             "AutoModel": "modeling_tcsm.TCSMEnergyModel",
         }
+    elif kind == "diffusion_gemma":
+        from tcsm.builders.diffusion_gemma import native_config
+
+        return native_config(model, {k: out[k] for k in ("kind", "source", "sampling", "tcsm")})
     # LMs (mlm / causal / hollow teachers) and Hugging Face-backed models load through tcsm only.
     return out
 
@@ -188,6 +192,14 @@ def _card(ck, hf: dict, summary: dict | None, n_params: int, source_dir: Path) -
         "model = tcsm.from_pretrained(DIR)            # no transformers needed",
         "```",
     ]
+    if hf["kind"] == "diffusion_gemma":
+        lines += [
+            "```python",
+            "from transformers import DiffusionGemmaForBlockDiffusion   # no trust_remote_code: the model's own files",
+            "model = DiffusionGemmaForBlockDiffusion.from_pretrained(DIR)",
+            "out = model.generate(prompt_ids, max_new_tokens=N)",
+            "```",
+        ]
     if "auto_map" in hf:
         auto = "AutoModel" if hf["kind"] == "energy" else "AutoModelForMaskedLM"
         call = "model(input_ids=x_t, timesteps=t).logits" if hf["kind"] != "energy" else (
@@ -342,10 +354,16 @@ def export(
     tmp = out.parent / f".tmp-export-{out.name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        weights = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
-        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if kind == "diffusion_gemma":  # the model's own directory: transformers loads it as it is
+            from tcsm.builders.diffusion_gemma import write_native
+
+            write_native(tmp, model, hf)
+        else:
+            weights = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
+            save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         notes = _write_tokenizer(tmp, ck, run_dir, hf["source"] == "masked")
-        hf.update(_special_ids(tmp))  # generate() stops at the run's end of text
+        if kind != "diffusion_gemma":  # its own config names its special tokens
+            hf.update(_special_ids(tmp))  # generate() stops at the run's end of text
         (tmp / "config.json").write_text(json.dumps(hf, indent=1) + "\n", encoding="utf-8")
         (tmp / "sampling_config.json").write_text(json.dumps(hf["sampling"], indent=1) + "\n", encoding="utf-8")
         if kind == "hf_denoiser":
@@ -383,10 +401,10 @@ def export(
 def _transformers_notes(hf: dict, kind: str) -> list[str]:
     """What a transformers user of the export must know when it is written: a kind with no modeling code loads
     through tcsm only, and an adapted model's base architecture must be one this transformers can build."""
-    if "auto_map" not in hf:
+    if "auto_map" not in hf and kind != "diffusion_gemma":
         return [(f"transformers cannot load this export: a {kind} model has no Hugging Face modeling code; load it "
                  "with tcsm.from_pretrained (or tcsm sample / tcsm eval / train.init_from)")]  # fmt: skip
-    if kind != "hf_denoiser":
+    if kind != "hf_denoiser":  # a DiffusionGemma export is the model's own directory
         return []
     try:
         from transformers.models.auto import modeling_auto

@@ -60,6 +60,11 @@ def load_checkpoint(
     `ema=True` loads the EMA weights when the run kept them. `overrides` (`key=value` strings) may change
     anything but the model section; a model override that changes the architecture raises CheckpointError.
     """
+    from tcsm.builders.diffusion_gemma import is_native_directory, load_native
+
+    if is_native_directory(path):  # a DiffusionGemma checkpoint as Hugging Face wrote it: its own weights
+        model, config, info = load_native(path, device, overrides)
+        return LoadedCheckpoint(model, config, 0, Path(path).resolve(), "model", info)
     directory = resolve_checkpoint(path)
     step, state = read_state(directory)
     config, data_info = config_from_state(state, overrides, where=str(directory))

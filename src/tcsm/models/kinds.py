@@ -62,6 +62,9 @@ FAMILIES: dict[str, ModelKind] = {
     "hf_mlm": ModelKind("mlm", "none", None, "a Hugging Face masked LM", "nll"),
     "hf_causal": ModelKind("causal", "left_to_right", None, "a Hugging Face causal LM", "nll"),
     "energy": ENERGY,
+    "diffusion_gemma": ModelKind(
+        "denoiser", "blocks", "diffusion_gemma", "a DiffusionGemma block-diffusion model (uniform source)", blocks=True
+    ),
 }
 
 

@@ -15,7 +15,7 @@ from tcsm.sampling.samplers import may_cache
 __all__ = ["SAMPLERS", "DrawSettings", "Sampler", "SamplerSettings", "register_sampler", "sampler_class", "sampler_names"]
 
 #: the modules whose import registers the built-in samplers (imported before any name is looked up)
-HOMES = ("tcsm.sampling.path_samplers", "tcsm.sampling.orders", "tcsm.sampling.own")
+HOMES = ("tcsm.sampling.path_samplers", "tcsm.sampling.orders", "tcsm.sampling.own", "tcsm.sampling.native")
 
 
 def _help(text: str) -> dict:

@@ -1,0 +1,234 @@
+"""A DiffusionGemma checkpoint (transformers' `DiffusionGemmaForBlockDiffusion`) as a tcsm block denoiser on the
+uniform block path (MATH.md §9, "A time-blind denoiser": what its missing time input means for the bound).
+
+The model is a uniform-source block-diffusion model: a causal encoder reads the clean prefix (prompt and finished
+canvases) into a KV cache; the same weights, run bidirectionally over one noisy canvas of `config.canvas_length`
+tokens, read that cache and give the canvas's logits. The canvas is tcsm's block: `block_length = canvas_length`.
+
+* `forward(x_t, t, x1=x_1)`: every block's logits in one encoder pass over x_1 and one decoder pass over x_t, with an
+  attention mask that lets the noisy block b read the clean keys before it exactly as the model's own cache would
+  hold them (all of them in full-attention layers, the last `sliding_window − 1` in sliding layers) and its own
+  noisy keys; equal to running the model once per canvas (tested).
+* `new_cache / extend_cache / denoise`: the model's own encoder KV cache (a transformers `DynamicCache`) and its
+  own decoder call, as its `generate()` makes them.
+* time: the model has no time input, so `t` is ignored; it infers the noise level from x_t itself.
+* self-conditioning: `self_cond=` logits of the previous step (the model's `self_conditioning_logits`), off by
+  default and always off in the bound (its first-step denoiser). With `self_conditioning=True` the cached decoder
+  call feeds back the previous step's logits of the block being drawn, as `generate()` does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from tcsm.models.config import ModelConfig
+from tcsm.models.kinds import FAMILIES
+
+__all__ = ["DiffusionGemmaCache", "DiffusionGemmaDenoiser", "DiffusionGemmaDenoiserConfig", "check_canvas_fit"]
+
+
+@dataclass
+class DiffusionGemmaDenoiserConfig(ModelConfig):
+    """What the samplers and checks ask a denoiser's `cfg` for."""
+
+    vocab_size: int
+    num_states: int
+    max_len: int
+    block_length: int
+    self_conditioning: bool = False
+    time_conditioning: bool = False
+
+
+def check_canvas_fit(length: int, block_length: int, path_block_length: int | None = None) -> None:
+    """One-line ValueError when a sequence of `length` is not whole canvases, or the path's blocks are not them."""
+    if path_block_length is not None and int(path_block_length) != int(block_length):
+        raise ValueError(
+            f"path.block_length={path_block_length} but the DiffusionGemma model's canvas_length is {block_length}; "
+            f"set path.block_length={block_length} (or leave it unset)"
+        )
+    if int(length) % int(block_length):
+        raise ValueError(
+            f"sequence length {length} is not a multiple of the DiffusionGemma canvas_length={block_length}; "
+            f"use a data length that is a multiple of {block_length}"
+        )
+
+
+class DiffusionGemmaCache:
+    """The model's encoder KV cache of the clean tokens at positions 0..length−1 (shared across the batch), and
+    the previous step's logits of the block being drawn (self-conditioning only)."""
+
+    def __init__(self, hf_cache, batch_size: int):
+        self.hf = hf_cache
+        self.batch_size = int(batch_size)
+        self.length = 0
+        self.previous_logits: Tensor | None = None
+
+
+class DiffusionGemmaDenoiser(nn.Module):
+    """x_t [B, L], per-position t [B, L] (ignored), x_1 [B, L] → logits [B, L, V] of a DiffusionGemma model."""
+
+    model_kind = FAMILIES["diffusion_gemma"]
+
+    def __init__(self, hf_model: nn.Module, *, self_conditioning: bool = False):
+        super().__init__()
+        config = hf_model.config
+        text = config.get_text_config()
+        if getattr(text, "use_bidirectional_attention", None) == "all":
+            raise ValueError("this DiffusionGemma encoder attends both ways (use_bidirectional_attention='all'), so "
+                             "its prefix cache is not causal; tcsm needs the causal encoder of the released models")  # fmt: skip
+        if config._attn_implementation not in ("sdpa", "eager"):
+            raise ValueError(f"attn_implementation {config._attn_implementation!r} is not supported here; load the "
+                             "model with attn_implementation='sdpa' or 'eager'")  # fmt: skip
+        self.hf = hf_model
+        self.block_length = int(config.canvas_length)
+        self.vocab_size = int(text.vocab_size)
+        self.sliding_window = int(text.sliding_window)
+        self.layer_types = tuple(text.layer_types)
+        self.cfg = DiffusionGemmaDenoiserConfig(
+            self.vocab_size, self.vocab_size, int(text.max_position_embeddings), self.block_length,
+            bool(self_conditioning),
+        )  # fmt: skip
+        # tcsm checkpoints hold the Hugging Face state dict as the model saves it (tied copies once, its own names),
+        # so a checkpoint's model.safetensors and `save_pretrained`'s are the same file.
+        self._register_state_dict_hook(_to_hf_names)
+        self._register_load_state_dict_pre_hook(_from_hf_names, with_module=True)
+
+    # ------------------------------------------------------------------------------------------ one pass
+    def forward(self, xt: Tensor, t: Tensor | None = None, x1: Tensor | None = None, *, self_cond=None) -> Tensor:
+        """Logits of every block b given (x_t^b, x_1^{<b}), in one encoder and one decoder pass (MATH.md §9)."""
+        if x1 is None:
+            raise ValueError("a block denoiser needs the clean sequence: call model(xt, t, x1=x1)")
+        if xt.dim() != 2 or tuple(x1.shape) != tuple(xt.shape):
+            raise ValueError(f"xt and x1 must be [batch, length] token ids of one shape, got {tuple(xt.shape)} and "
+                             f"{tuple(x1.shape)}")  # fmt: skip
+        L = xt.shape[1]
+        check_canvas_fit(L, self.block_length)
+        if L > self.cfg.max_len:
+            raise ValueError(f"sequence length {L} exceeds the model's max_position_embeddings={self.cfg.max_len}")
+        from transformers import DynamicCache  # the model itself needs transformers
+
+        pos = torch.arange(L, device=xt.device)
+        cache = DynamicCache()  # full layers: every clean key stays, the masks below choose what each query reads
+        self.hf.model.encoder(
+            input_ids=x1, cache=cache, position_ids=pos[None], attention_mask=self._encoder_masks(pos)
+        )
+        out = self.hf(
+            cache=cache, decoder_input_ids=xt, decoder_position_ids=pos[None],
+            decoder_attention_mask=self._decoder_masks(pos), self_conditioning_logits=self_cond,
+        )  # fmt: skip
+        return out.logits.float()
+
+    def _mask(self, allowed: Tensor) -> Tensor:
+        """A [1, 1, q, kv] mask in the form the attention implementation reads (boolean for sdpa, additive else)."""
+        if self.hf.config._attn_implementation == "sdpa":
+            return allowed[None, None]
+        dtype = self.hf.dtype
+        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+            ~allowed, torch.finfo(dtype).min
+        )[None, None]
+
+    def _encoder_masks(self, pos: Tensor) -> dict:
+        """The encoder's own masks: causal; sliding layers see the last `sliding_window` positions."""
+        q, k = pos[:, None], pos[None, :]
+        causal = k <= q
+        return {"full_attention": self._mask(causal),
+                "sliding_attention": self._mask(causal & (k > q - self.sliding_window))}  # fmt: skip
+
+    def _decoder_masks(self, pos: Tensor) -> dict:
+        """Noisy block b reads the clean keys the model's cache holds after encoding x_1^{<b} — all of them in full
+        layers, the last `sliding_window − 1` in sliding ones (a `DynamicSlidingWindowLayer`) — and its own block."""
+        start = (pos // self.block_length * self.block_length)[:, None]  # first position of each query's block
+        k = pos[None, :]
+        prefix = k < start
+        own = (k >= start) & (k < start + self.block_length)
+        recent = prefix & (k >= start - (self.sliding_window - 1))
+        return {"full_attention": self._mask(torch.cat([prefix, own], 1)),
+                "sliding_attention": self._mask(torch.cat([recent, own], 1))}  # fmt: skip
+
+    # ------------------------------------------------------------------------------------------ KV cache
+    def new_cache(self, batch_size: int) -> DiffusionGemmaCache:
+        """An empty encoder cache (the model's own `DynamicCache` layers), ready for `denoise` at position 0."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.hf.config.get_text_config())
+        p = next(self.hf.parameters())
+        empty = torch.empty(int(batch_size), 1, 0, 1, dtype=p.dtype, device=p.device)
+        for layer in cache.layers:
+            layer.lazy_initialization(empty, empty)  # an empty prefix: the decoder reads zero cached keys
+        return DiffusionGemmaCache(cache, batch_size)
+
+    def extend_cache(self, cache: DiffusionGemmaCache, x_clean: Tensor) -> None:
+        """Encode clean tokens at positions cache.length.. into the cache (the model's causal encoder)."""
+        n = int(x_clean.shape[1])
+        if n == 0:
+            return
+        pos = torch.arange(cache.length, cache.length + n, device=x_clean.device)
+        self.hf.model.encoder(input_ids=x_clean, cache=cache.hf, position_ids=pos[None])
+        cache.length += n
+        cache.previous_logits = None
+
+    def denoise(self, xt_block: Tensor, t, cache: DiffusionGemmaCache, *, self_cond: Tensor | None = None) -> Tensor:
+        """Logits [B, n, V] of the block at positions cache.length.. given the cached prefix (t ignored)."""
+        n = int(xt_block.shape[1])
+        if self_cond is None and self.cfg.self_conditioning:
+            self_cond = cache.previous_logits
+        pos = torch.arange(cache.length, cache.length + n, device=xt_block.device)
+        logits = self.hf(cache=cache.hf, decoder_input_ids=xt_block, decoder_position_ids=pos[None],
+                         self_conditioning_logits=self_cond).logits.float()  # fmt: skip
+        if self.cfg.self_conditioning:
+            cache.previous_logits = logits.detach()
+        return logits
+
+
+    # ------------------------------------------------------------------------------------------ its own sampler
+    @torch.no_grad()
+    def native_generate(self, prompt: Tensor | None, length: int, *, steps: int, generator=None,
+                        device=None) -> tuple[Tensor, int]:  # fmt: skip
+        """(tokens [B, length], decoder calls) from the model's own `generate()` (its entropy-bound sampler with
+        self-conditioning, at most `steps` denoising steps per canvas), continuing `prompt` [B, P]. Its encoder
+        cannot read an empty prefix, so without a prompt it starts from the model's BOS, which is not returned."""
+        text = self.hf.config.get_text_config()
+        device = device if device is not None else next(self.hf.parameters()).device
+        lead = prompt is None or prompt.shape[1] == 0
+        if lead:
+            if text.bos_token_id is None:
+                raise ValueError("this DiffusionGemma config has no bos_token_id to start from: give a prompt")
+            num = 1 if prompt is None else prompt.shape[0]
+            prompt = torch.full((num, 1), int(text.bos_token_id), dtype=torch.long, device=device)
+        new = int(length) - (0 if lead else prompt.shape[1])
+        # generate() draws from torch's global stream: seed it from `generator`, leaving the caller's stream as it was
+        seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+        devices = [device] if torch.device(device).type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            out = self.hf.generate(prompt.to(device), max_new_tokens=new, max_denoising_steps=int(steps))
+        seqs = out.sequences[:, 1:] if lead else out.sequences
+        calls = math.ceil(new / self.block_length) * int(steps)  # an upper bound: canvases may stop early
+        return seqs[:, : int(length)], calls
+
+
+def _to_hf_names(module: DiffusionGemmaDenoiser, state: dict, prefix: str, local_metadata) -> dict:
+    """state_dict hook: `hf.<name>` → `<name>`, the tied copies dropped (what `save_pretrained` writes)."""
+    tied = module.hf.all_tied_weights_keys
+    own = prefix + "hf."
+    for key in list(state):
+        if key.startswith(own):
+            value = state.pop(key)
+            name = key[len(own):]
+            if name not in tied:
+                state[prefix + name] = value
+    return state
+
+
+def _from_hf_names(module: DiffusionGemmaDenoiser, state: dict, prefix: str, *args) -> None:
+    """load_state_dict pre-hook: `<name>` → `hf.<name>`, each tied copy filled from the weight it is tied to."""
+    tied = module.hf.all_tied_weights_keys
+    for key in [k for k in state if k.startswith(prefix) and not k.startswith(prefix + "hf.")]:
+        state[prefix + "hf." + key[len(prefix):]] = state.pop(key)
+    for copy, source in tied.items():
+        if prefix + "hf." + source in state:
+            state.setdefault(prefix + "hf." + copy, state[prefix + "hf." + source])

@@ -1,0 +1,27 @@
+"""A tiny random DiffusionGemma from transformers' own config classes (nothing downloaded), for the model and
+end-to-end tests."""
+
+from __future__ import annotations
+
+import torch
+
+
+def tiny_hf(V=16, k=2, window=3, layers=("sliding_attention", "full_attention"), attn="sdpa", seed=0, scale=0.5):
+    """A random DiffusionGemmaForBlockDiffusion with a few experts, a tiny vision tower and a sliding window
+    shorter than the test sequences (so the sliding layers' truncated cache is exercised)."""
+    import transformers as T
+
+    text = T.DiffusionGemmaTextConfig(
+        vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=len(layers), num_attention_heads=2,
+        num_key_value_heads=1, head_dim=8, global_head_dim=8, num_experts=3, top_k_experts=2,
+        moe_intermediate_size=8, sliding_window=window, layer_types=list(layers), max_position_embeddings=64,
+        pad_token_id=0, eos_token_id=1, bos_token_id=2, initializer_range=scale,
+    )  # fmt: skip
+    vision = T.Gemma4VisionConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=1,
+                                  num_key_value_heads=1, head_dim=8)  # fmt: skip
+    cfg = T.DiffusionGemmaConfig(text_config=text, vision_config=vision, canvas_length=k, image_token_id=V + 100,
+                                 boi_token_id=V + 101, eoi_token_id=V + 102, initializer_range=scale)  # fmt: skip
+    cfg._attn_implementation = attn
+    with torch.random.fork_rng(devices=[]):  # the caller's random stream stays as it was
+        torch.manual_seed(seed)
+        return T.DiffusionGemmaForBlockDiffusion(cfg).eval()
