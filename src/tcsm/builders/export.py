@@ -205,6 +205,8 @@ def _card(ck, hf: dict, summary: dict | None, n_params: int, source_dir: Path) -
         call = "model(input_ids=x_t, timesteps=t).logits" if hf["kind"] != "energy" else (
             "model(input_ids=x_1, noisy_ids=x_t, timesteps=t).energy"
         )
+        if (hf.get("denoiser") or {}).get("block_length"):  # a block model reads the clean blocks before each block
+            call = "model(input_ids=x_t, timesteps=t, clean_ids=x_1).logits"
         lines += [
             "```python",
             f"from transformers import {auto}, AutoTokenizer",

@@ -78,6 +78,14 @@ def load_frozen(
             f"{role} {where!r} is a {ck.config.path.source} model; this run has a {source} path (a frozen model "
             "needs the same vocabulary and noise source as the run)"
         )
+    run_blocks = getattr(getattr(ctx, "path", None), "block_length", None)
+    own_blocks = getattr(ck.model, "block_length", None) if kind_of(ck.model).blocks else None
+    if ctx is not None and kind_of(ck.model).is_denoiser and own_blocks != run_blocks:
+        own, run = (("full-sequence" if k is None else f"block_length={k}") for k in (own_blocks, run_blocks))
+        raise CheckpointError(
+            f"{role} {where!r} is a {own} denoiser; this run's path is {run} (a frozen denoiser needs the run's "
+            "path.block_length)"
+        )
     max_len = getattr(getattr(ck.model, "cfg", None), "max_len", None)
     if seq_len is not None and max_len is not None and int(seq_len) > max_len:
         raise CheckpointError(f"{role} {where!r} allows sequences of at most {max_len}; the data has {seq_len}")

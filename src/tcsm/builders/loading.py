@@ -86,15 +86,18 @@ def config_from_state(state: dict, overrides=(), where: str = "checkpoint"):
 
 
 def check_same_architecture(saved, requested, where: str) -> None:
-    """Raise CheckpointError if the model sections (or the path source, which sets the input alphabet) differ."""
+    """Raise CheckpointError if the model sections (or the path source, which sets the input alphabet, or its block
+    length, which makes the model a block denoiser) differ."""
     def flat(d, prefix=""):
         out = {}
         for k, v in d.items():
             out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
         return out
 
-    a = flat({"model": to_dict(saved.model), "path": {"source": saved.path.source}})
-    b = flat({"model": to_dict(requested.model), "path": {"source": requested.path.source}})
+    def arch(c):
+        return {"model": to_dict(c.model), "path": {"source": c.path.source, "block_length": c.path.get("block_length")}}
+
+    a, b = flat(arch(saved)), flat(arch(requested))
     diff = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
     if diff:
         k = diff[0]

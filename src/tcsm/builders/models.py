@@ -49,8 +49,10 @@ def _denoiser_schema() -> type:
 
 @MODELS.register("denoiser", schema=_denoiser_schema())
 def build_denoiser_model(node: dict, ctx: BuildContext):
-    """Bidirectional diffusion transformer (tcsm.models.Denoiser): a preset plus overrides."""
+    """Bidirectional diffusion transformer (tcsm.models.Denoiser): a preset plus overrides; on a block path
+    (`path.block_length`) the block diffusion denoiser of that block length (tcsm.models.blocks.BlockDenoiser)."""
     from tcsm.models import PRESETS, build_denoiser
+    from tcsm.models.blocks import build_block_denoiser
 
     preset = node.pop("preset")
     if preset not in PRESETS:
@@ -62,7 +64,12 @@ def build_denoiser_model(node: dict, ctx: BuildContext):
             f"data sequences have length {ctx.seq_len} but the model allows at most {max_len}; "
             f"set model.max_len={ctx.seq_len} or shorten the data's sequence length"
         )
+    block_length = getattr(ctx.path, "block_length", None)
     try:
+        if block_length is not None:
+            return build_block_denoiser(
+                preset, block_length, vocab_size=ctx.vocab_size, num_states=ctx.path.num_states, **overrides
+            )
         return build_denoiser(preset, vocab_size=ctx.vocab_size, num_states=ctx.path.num_states, **overrides)
     except ValueError as e:
         raise ConfigError(f"model: {e}") from None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DENOISER", "FAMILIES", "ModelKind", "denoise", "family_of_name", "kind_of"]
+__all__ = ["BLOCK_DENOISER", "DENOISER", "FAMILIES", "ModelKind", "denoise", "family_of_name", "kind_of"]
 
 
 @dataclass(frozen=True)
@@ -17,8 +17,9 @@ class ModelKind:
 
     #: "denoiser" (p^θ_{1|t}), "mlm" / "causal" / "hollow" (LMs of the data p_1), "energy" (p^ref · e^f)
     family: str
-    #: "path": the diffusion samplers; "left_to_right": an autoregressive draw; "sir": SIR over the reference
-    #: (MATH.md §6.3); "none": no sampler of whole sequences (single-site conditionals only)
+    #: "path": the diffusion samplers; "blocks": block by block with a KV cache, a path sampler inside each block
+    #: (MATH.md §9); "left_to_right": an autoregressive draw; "sir": SIR over the reference (MATH.md §6.3); "none":
+    #: no sampler of whole sequences (single-site conditionals only)
     sampler: str
     #: what `tcsm export` writes ("denoiser" | "hf_denoiser" | "energy"), or None: not exportable
     export: str | None
@@ -39,6 +40,8 @@ class ModelKind:
 
 
 DENOISER = ModelKind("denoiser", "path", "denoiser", "a diffusion denoiser")
+#: a block diffusion denoiser (MATH.md §9): decoded block by block with its KV cache ("blocks" sampler)
+BLOCK_DENOISER = ModelKind("denoiser", "blocks", "denoiser", "a block diffusion denoiser", blocks=True)
 MLM = ModelKind("mlm", "none", None, "a masked LM (a teacher for target.name=parametric)", "nll")
 CAUSAL = ModelKind(
     "causal", "left_to_right", None, "an autoregressive LM (a teacher for tcsm distill)", "nll"

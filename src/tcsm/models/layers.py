@@ -9,7 +9,7 @@ transformers are all stacks of the same pieces, so these pieces have a small, st
   returns `(cos, sin)` of shape [seq_len, head_dim] for positions offset..offset+seq_len−1.
   `apply_rotary(x, cos, sin)` rotates x[..., L, head_dim] (rotate-half convention).
 * `MultiHeadAttention(d_model, n_heads, dropout=0.0, kernel="auto")`:
-  `forward(x, rope=None, attn_mask=None, is_causal=False, kv=None, rope_kv=None)`. `kernel` picks the attention
+  `forward(x, rope=None, attn_mask=None, is_causal=False, kv=None, rope_kv=None, cache=None)`. `kernel` picks the attention
   implementation: "sdpa" (`F.scaled_dot_product_attention`), "math" (explicit softmax(QKᵀ/√d)V, softmax in
   float32) or "auto" (`attention_kernel`: the faster of the two as measured for the device and dtype).
   Self-attention by default; pass `kv` [B, Lk, d] for cross-attention (queries from x, keys/values from kv —
@@ -17,18 +17,21 @@ transformers are all stacks of the same pieces, so these pieces have a small, st
   `torch.nn.functional.scaled_dot_product_attention`: a bool tensor broadcastable to [B, H, Lq, Lk] where True
   means "may attend", or a float tensor added to the scores. `is_causal=True` restricts query i to keys ≤ i
   (combined with `attn_mask` if both are given). `rope` = (cos, sin) for the query positions; keys use
-  `rope_kv` when given, else `rope` (so both streams share positions 0..L−1).
+  `rope_kv` when given, else `rope` (so both streams share positions 0..L−1). `cache`: an object whose
+  `update(k, v)` ([B, H, n, Dh], rotated) returns the keys / values to attend to, earlier positions' first (a KV
+  cache; `rope` then holds the tables of the new positions only).
 * `MLP(d_model, mlp_ratio=4, dropout=0.0)`: Linear → GELU(tanh) → Linear.
 * `TimestepEmbedder(cond_dim, freq_dim=256, scale=1000)`: t ∈ [0, 1] of shape [B] → [B, cond_dim], a
   sinusoidal embedding of scale·t followed by a two-layer MLP (as in DiT / SEDD).
 * `TransformerBlock(d_model, n_heads, mlp_ratio=4, dropout=0.0, cond_dim=None, causal=False, norm="layernorm",
   kernel="auto")`:
-  pre-norm attention + MLP with residuals; `forward(x, rope=None, cond=None, attn_mask=None, kv=None)`.
-  With `cond_dim`, a conditioning vector c [B, cond_dim] produces per-sequence (shift, scale, gate) for both
+  pre-norm attention + MLP with residuals; `forward(x, rope=None, cond=None, attn_mask=None, kv=None, cache=None)`.
+  With `cond_dim`, a conditioning vector c [B, cond_dim] (or one per position, [B, L, cond_dim]) produces
+  per-sequence (per-position) (shift, scale, gate) for both
   sub-layers through SiLU → Linear (adaLN, DiT/SEDD). That linear is zero-initialised, so at initialisation
   every gate is 0 and the block is the identity: a deep stack starts as a shallow one and trains stably.
   Without `cond_dim` the block is a standard pre-norm block (no time pathway at all).
-* `modulate(x, shift, scale)` = x·(1 + scale) + shift with per-sequence shift/scale [B, d].
+* `modulate(x, shift, scale)` = x·(1 + scale) + shift with per-sequence shift/scale [B, d] or per-position [B, L, d].
 * `init_weights(module, std=0.02)`: GPT-2-style normal init for Linear/Embedding, used via `model.apply`;
   it skips layers marked `_zero_init = True`, so zero-initialised gates/heads survive it.
 
@@ -57,6 +60,7 @@ __all__ = [
     "init_weights",
     "make_norm",
     "modulate",
+    "per_position",
     "zero_init_",
 ]
 
@@ -226,6 +230,7 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool = False,
         kv: Tensor | None = None,
         rope_kv: tuple[Tensor, Tensor] | None = None,
+        cache=None,
     ) -> Tensor:
         # Rotary embedding in the projections' own [B, n, H, Dh] layout (rows contiguous), q and k of
         # self-attention in one call; the [B, H, n, Dh] view SDPA takes is made afterwards. Rotating after the
@@ -246,6 +251,8 @@ class MultiHeadAttention(nn.Module):
                 q = apply_rotary(q, *(r[: q.shape[1], None] for r in rope))
                 k = apply_rotary(k, *(r[: k.shape[1], None] for r in rk))
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, n, Dh]
+        if cache is not None:  # keys / values of earlier positions first (a KV cache: `cache.update`)
+            k, v = cache.update(k, v)
         lq, lk = q.shape[2], k.shape[2]
         if is_causal and (attn_mask is not None or lq != lk):
             # SDPA rejects is_causal together with a mask, and aligns its causal mask top-left when lq != lk
@@ -316,12 +323,18 @@ class TimestepEmbedder(nn.Module):
         return self.mlp(torch.cat([torch.cos(args), torch.sin(args)], dim=-1))
 
 
+def per_position(v: Tensor) -> Tensor:
+    """An adaLN output as [B, L or 1, d]: per-sequence [B, d] broadcast over positions, per-position [B, L, d] kept."""
+    return v[:, None, :] if v.dim() == 2 else v
+
+
 def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
-    """x·(1 + scale) + shift, with per-sequence shift/scale [B, d] broadcast over positions.
+    """x·(1 + scale) + shift, with per-sequence shift/scale [B, d] broadcast over positions, or per-position
+    [B, L, d] (a block model's conditioning: each block at its own time).
 
     Computed in the dtype of shift/scale: under bf16 autocast they come from a linear layer in bf16, and the
     next consumer is a linear layer that would cast to bf16 anyway, so float32 elementwise work here is waste."""
-    return x.to(shift.dtype) * (1 + scale[:, None, :]) + shift[:, None, :]
+    return x.to(shift.dtype) * (1 + per_position(scale)) + per_position(shift)
 
 
 def zero_init_(layer: nn.Linear) -> nn.Linear:
@@ -385,19 +398,20 @@ class TransformerBlock(nn.Module):
         cond: Tensor | None = None,
         attn_mask: Tensor | None = None,
         kv: Tensor | None = None,
+        cache=None,
     ) -> Tensor:
         if self.cond_dim is None:
             if cond is not None:
                 raise ValueError("this block was built without cond_dim, so it takes no conditioning vector")
-            x = x + self.drop(self.attn(self.norm1(x), rope, attn_mask, self.causal, kv))
+            x = x + self.drop(self.attn(self.norm1(x), rope, attn_mask, self.causal, kv, cache=cache))
             return x + self.drop(self.mlp(self.norm2(x)))
         if cond is None:
             raise ValueError("this block was built with cond_dim, so it needs a conditioning vector `cond`")
         shift1, scale1, gate1, shift2, scale2, gate2 = self.adaLN(cond).chunk(6, dim=-1)
-        h = self.attn(modulate(self.norm1(x), shift1, scale1), rope, attn_mask, self.causal, kv)
-        x = x + gate1[:, None, :] * self.drop(h)
+        h = self.attn(modulate(self.norm1(x), shift1, scale1), rope, attn_mask, self.causal, kv, cache=cache)
+        x = x + per_position(gate1) * self.drop(h)
         h = self.mlp(modulate(self.norm2(x), shift2, scale2))
-        return x + gate2[:, None, :] * self.drop(h)
+        return x + per_position(gate2) * self.drop(h)
 
 
 def build_trunk(net: nn.Module, cfg, **embeddings: int) -> None:

@@ -31,7 +31,7 @@ from tcsm.models.layers import (
     zero_init_,
 )
 
-__all__ = ["PRESETS", "Denoiser", "DenoiserConfig", "build_denoiser", "count_parameters", "flops_per_token"]
+__all__ = ["PRESETS", "Denoiser", "DenoiserConfig", "build_denoiser", "count_parameters", "denoiser_fields", "flops_per_token"]
 
 
 @dataclass
@@ -137,6 +137,11 @@ def build_denoiser(preset_or_cfg: str | DenoiserConfig | dict[str, Any], **overr
     Presets hold sizes only, so pass at least vocab_size and num_states:
     `build_denoiser("tiny", vocab_size=27, num_states=28)`.
     """
+    return Denoiser(DenoiserConfig.from_dict(denoiser_fields(preset_or_cfg, **overrides)))
+
+
+def denoiser_fields(preset_or_cfg: str | DenoiserConfig | dict[str, Any], **overrides: Any) -> dict[str, Any]:
+    """The config fields `build_denoiser` builds from (a preset's sizes, a dict or a config, with the overrides)."""
     if isinstance(preset_or_cfg, DenoiserConfig):
         fields = preset_or_cfg.to_dict()
     elif isinstance(preset_or_cfg, str):
@@ -156,7 +161,7 @@ def build_denoiser(preset_or_cfg: str | DenoiserConfig | dict[str, Any], **overr
     missing = [k for k in ("vocab_size", "num_states") if fields.get(k) is None]
     if missing:
         raise ValueError(f"model config is missing {missing}: they come from the data (V) and the path")
-    return Denoiser(DenoiserConfig.from_dict(fields))
+    return fields
 
 
 def count_parameters(model: nn.Module, trainable_only: bool = True) -> int:

@@ -61,8 +61,13 @@ def apply_rotary(x, cos, sin):
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
+def per_position(v):
+    """Per-sequence [B, d] → [B, 1, d]; per-position [B, L, d] (a block model's times) as it is."""
+    return v[:, None, :] if v.dim() == 2 else v
+
+
 def modulate(x, shift, scale):
-    return x.to(shift.dtype) * (1 + scale[:, None, :]) + shift[:, None, :]
+    return x.to(shift.dtype) * (1 + per_position(scale)) + per_position(shift)
 
 
 class Attention(nn.Module):
@@ -112,8 +117,8 @@ class Block(nn.Module):
             x = x + self.attn(self.norm1(x), rope, attn_mask)
             return x + self.mlp(self.norm2(x))
         shift1, scale1, gate1, shift2, scale2, gate2 = self.adaLN(cond).chunk(6, dim=-1)
-        x = x + gate1[:, None, :] * self.attn(modulate(self.norm1(x), shift1, scale1), rope, attn_mask)
-        return x + gate2[:, None, :] * self.mlp(modulate(self.norm2(x), shift2, scale2))
+        x = x + per_position(gate1) * self.attn(modulate(self.norm1(x), shift1, scale1), rope, attn_mask)
+        return x + per_position(gate2) * self.mlp(modulate(self.norm2(x), shift2, scale2))
 
 
 class TimestepEmbedder(nn.Module):
@@ -146,15 +151,22 @@ def build_trunk(module, c, activation):
     module.final_adaLN = nn.Sequential(nn.SiLU(), nn.Linear(c["cond_dim"], 2 * c["d_model"])) if tc else None
 
 
-def run_trunk(module, h, timesteps, attn_mask=None):
+def run_trunk(module, h, timesteps, attn_mask=None, halves=1):
+    """The trunk over h [B, n, d]; `halves` = 2: h is a block model's [x_t; x_1], both halves at positions 0..n/2−1,
+    and timesteps [B, n] are per position."""
     c = module.c
-    cos, sin = rotary_tables(h.shape[1], c["d_model"] // c["n_heads"], float(c.get("rope_base", 10000.0)), h.device)
+    n = h.shape[1] // halves
+    cos, sin = rotary_tables(n, c["d_model"] // c["n_heads"], float(c.get("rope_base", 10000.0)), h.device)
+    cos, sin = cos.repeat(halves, 1), sin.repeat(halves, 1)
     cond = None
     if module.time_embed is not None:
         if timesteps is None:
             raise ValueError("this model is time-conditioned: pass timesteps (t in [0, 1], t = 1 clean) of shape [batch]")
-        t = torch.as_tensor(timesteps, device=h.device).reshape(-1).expand(h.shape[0])
-        cond = module.time_embed(t)
+        t = torch.as_tensor(timesteps, device=h.device)
+        if t.dim() == 2:
+            cond = module.time_embed(t.reshape(-1)).view(t.shape[0], t.shape[1], -1)
+        else:
+            cond = module.time_embed(t.reshape(-1).expand(h.shape[0]))
     for block in module.blocks:
         h = block(h, (cos, sin), cond, attn_mask)
     h = module.final_norm(h)
@@ -162,6 +174,39 @@ def run_trunk(module, h, timesteps, attn_mask=None):
         shift, scale = module.final_adaLN(cond).chunk(2, dim=-1)
         h = modulate(h, shift, scale)
     return h
+
+
+def block_mask(length, block_length, device):
+    """A block model's mask [2L, 2L] over [x_t; x_1] (True: may attend): a noisy token of block b sees the noisy
+    block b and the clean blocks < b, a clean token of block b the clean blocks ≤ b."""
+    pos = torch.arange(2 * length, device=device)
+    block, clean = (pos % length) // block_length, pos >= length
+    same, before = block[:, None] == block[None, :], block[:, None] > block[None, :]
+    noisy_q = ~clean[:, None] & ((~clean[None, :] & same) | (clean[None, :] & before))
+    return noisy_q | (clean[:, None] & clean[None, :] & (same | before))
+
+
+def block_forward(module, input_ids, clean_ids, timesteps, attention_mask):
+    """Hidden states [B, L, d] of a block model's noisy half, all blocks in one pass over [x_t; x_1]: block b reads
+    x_t^b, its time and x_1^{<b} (t per position [B, L], per sequence [B] or a scalar; clean tokens at t = 1)."""
+    k = int(module.c["block_length"])
+    if clean_ids is None:
+        raise ValueError("a block model needs the clean sequence: pass clean_ids (x_1, the blocks before each block)")
+    B, L = input_ids.shape
+    if L % k or tuple(clean_ids.shape) != (B, L):
+        raise ValueError(f"a block model takes input_ids and clean_ids of one shape [batch, length], length a multiple "
+                         f"of {k}; got {tuple(input_ids.shape)} and {tuple(clean_ids.shape)}")  # fmt: skip
+    mask = block_mask(L, k, input_ids.device)
+    keys = _key_mask(attention_mask)
+    if keys is not None:
+        mask = mask & keys.repeat(1, 1, 1, 2)
+    t = None
+    if timesteps is not None:
+        t = torch.as_tensor(timesteps, device=input_ids.device, dtype=torch.float32)
+        t = t.reshape(B, L) if t.numel() == B * L and L > 1 else t.reshape(-1, 1).expand(B, L)
+        t = torch.cat([t, torch.ones_like(t)], 1)
+    h = run_trunk(module, module.embed(torch.cat([input_ids, clean_ids], 1)), t, mask, halves=2)
+    return h[:, :L]
 
 
 def _key_mask(attention_mask):
@@ -270,7 +315,8 @@ class DiffusionGenerationMixin:
         temperature = float(temperature if temperature is not None else s.get("temperature", 1.0))
         top_p = float(top_p if top_p is not None else s.get("top_p", 1.0))
         final_argmax = bool(final_argmax if final_argmax is not None else s.get("final_argmax", False))
-        block_length = block_length if block_length is not None else s.get("block_length")
+        own_blocks = bool((getattr(cfg, "denoiser", None) or {}).get("block_length"))
+        block_length = block_length if block_length is not None or own_blocks else s.get("block_length")
         threshold = float(threshold if threshold is not None else s.get("threshold", 0.9))
         eos = eos_token_id if eos_token_id is not None else getattr(cfg, "eos_token_id", None)
         pad = pad_token_id if pad_token_id is not None else (getattr(cfg, "pad_token_id", None) if eos_token_id is None else None)
@@ -288,9 +334,17 @@ class DiffusionGenerationMixin:
         x = torch.full((B, L), mask, dtype=torch.long, device=device)
         if prompt is not None:
             x[:, :P] = prompt
-        block = L - P if not block_length else int(block_length)
-        starts = list(range(P, L, block))
-        per_block = max(1, steps // len(starts))
+        k = int((getattr(cfg, "denoiser", None) or {}).get("block_length") or 0)
+        if k:  # a block model: its own blocks, whole ones (L rounded up), `steps` per block, the prompt's pinned
+            if block_length is not None and int(block_length) != k:
+                raise ValueError(f"this block model decodes blocks of {k} positions; block_length={block_length} does not fit it")
+            L = -(-L // k) * k
+            x = torch.cat([x, torch.full((B, L - x.shape[1]), mask, dtype=torch.long, device=device)], 1)
+            starts, block, per_block = list(range(P // k * k, L, k)), k, steps
+        else:
+            block = L - P if not block_length else int(block_length)
+            starts = list(range(P, L, block))
+            per_block = max(1, steps // len(starts))
         for b0 in starts:
             region = torch.zeros(L, dtype=torch.bool, device=device)
             region[b0 : min(b0 + block, L)] = True
@@ -302,7 +356,11 @@ class DiffusionGenerationMixin:
 
     def _model_log_probs(self, x, t, temperature, top_p):
         timesteps = torch.full((x.shape[0],), float(t), device=x.device)
-        return _log_probs(self(input_ids=x, timesteps=timesteps).logits, temperature, top_p)
+        extra = {}
+        if (getattr(self.config, "denoiser", None) or {}).get("block_length"):
+            # the block being drawn reads the finished blocks before it; what stands after it is never read
+            extra["clean_ids"] = x.masked_fill(x == int(self.config.mask_id), 0)
+        return _log_probs(self(input_ids=x, timesteps=timesteps, **extra).logits, temperature, top_p)
 
     def _generate_block(self, x, region, K, method, grid, path, temperature, top_p, final_argmax, threshold, eos, P,
                         generator):  # fmt: skip
@@ -399,7 +457,8 @@ class TCSMPreTrainedModel(PreTrainedModel):
 
 class TCSMForMaskedLM(DiffusionGenerationMixin, TCSMPreTrainedModel):
     """forward(input_ids = x_t, timesteps = t) → MaskedLMOutput(logits [B, L, V]); `labels` (clean ids, −100
-    ignored) adds the cross-entropy of the clean tokens."""
+    ignored) adds the cross-entropy of the clean tokens. A block model (`denoiser.block_length` = k) also takes
+    clean_ids = x_1: the logits of block b read x_t^b, its time (timesteps [B, L], [B] or a scalar) and x_1^{<b}."""
 
     def __init__(self, config):
         super().__init__(config)
@@ -414,8 +473,12 @@ class TCSMForMaskedLM(DiffusionGenerationMixin, TCSMPreTrainedModel):
     def get_output_embeddings(self):
         return None  # the head maps to V clean tokens, the embedding holds V (+1 mask) inputs: never tied
 
-    def forward(self, input_ids, timesteps=None, attention_mask=None, labels=None, return_dict=True, **kwargs):
-        h = run_trunk(self, self.embed(input_ids), timesteps, _key_mask(attention_mask))
+    def forward(self, input_ids, timesteps=None, attention_mask=None, labels=None, return_dict=True, clean_ids=None,
+                **kwargs):  # fmt: skip
+        if self.c.get("block_length"):
+            h = block_forward(self, input_ids, clean_ids, timesteps, attention_mask)
+        else:
+            h = run_trunk(self, self.embed(input_ids), timesteps, _key_mask(attention_mask))
         logits = self.head(h).float()
         loss = None
         if labels is not None:

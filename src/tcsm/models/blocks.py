@@ -1,0 +1,243 @@
+"""The block diffusion denoiser (MATH.md §9): the `Denoiser`'s trunk, autoregressive over blocks of k positions and
+bidirectional inside each.
+
+`BlockDenoiser(cfg)(x_t, t, x1=x_1)` returns logits [B, L, V] whose block b depends only on (x_t^b, t at block b,
+x_1^{<b}), all blocks in one pass over the 2L tokens [x_t; x_1] (BD3-LM): a noisy query of block b attends to the
+noisy keys of block b and the clean keys of blocks < b; a clean query of block b to the clean keys of blocks ≤ b.
+Both halves sit at positions 0..L−1; with time conditioning a noisy token is conditioned on its t and a clean token
+on t = 1. Decoding uses the exact KV cache of the clean half (`new_cache`, `extend_cache`, `denoise`): the clean
+keys / values of block b depend on x_1^{≤b} only, so they are computed once, and a block denoised against them
+gets the one-pass logits. The parameters are the `Denoiser`'s, with the same names: a full-sequence checkpoint's
+weights initialise a block model (k = L is the full-sequence denoiser itself).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from tcsm.models.kinds import BLOCK_DENOISER
+from tcsm.models.layers import modulate
+from tcsm.models.transformer import Denoiser, DenoiserConfig, _compute_dtype, denoiser_fields
+
+__all__ = ["BlockCache", "BlockDenoiser", "BlockDenoiserConfig", "block_attention_mask", "build_block_denoiser"]
+
+
+@dataclass
+class BlockDenoiserConfig(DenoiserConfig):
+    """A `DenoiserConfig` with the block length k (the path's `block_length`)."""
+
+    block_length: int | None = None
+
+    label: ClassVar[str] = "BlockDenoiserConfig"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        k = self.block_length
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.max_len:
+            raise ValueError(f"block_length must be an integer in [1, max_len={self.max_len}], got {k!r}")
+
+
+def block_attention_mask(length: int, block_length: int, device=None) -> Tensor:
+    """The one-pass mask [2L, 2L] over [x_t; x_1] (True: may attend): noisy block b → noisy block b and clean blocks
+    < b; clean block b → clean blocks ≤ b (MATH.md §9)."""
+    pos = torch.arange(2 * length, device=device)
+    block, clean = (pos % length) // block_length, pos >= length
+    same = block[:, None] == block[None, :]
+    before = block[:, None] > block[None, :]
+    noisy_q = ~clean[:, None] & ((~clean[None, :] & same) | (clean[None, :] & before))
+    clean_q = clean[:, None] & clean[None, :] & (same | before)
+    return noisy_q | clean_q
+
+
+class BlockCache:
+    """Keys and values of every layer for the clean tokens at positions 0..length−1 (rotated at their positions),
+    for one batch of `batch_size` rows in lockstep. Filled by `BlockDenoiser.extend_cache`, read by `denoise`."""
+
+    def __init__(self, batch_size: int, n_layers: int, capacity: int):
+        self.batch_size, self.capacity = int(batch_size), int(capacity)
+        self.length = 0
+        self.keys: list[Tensor | None] = [None] * n_layers
+        self.values: list[Tensor | None] = [None] * n_layers
+
+    def layer(self, i: int) -> _LayerCache:
+        return _LayerCache(self, i)
+
+
+class _LayerCache:
+    """One layer's view for `MultiHeadAttention(cache=)`: `update(k, v)` puts the new positions' keys / values after
+    the cached ones and returns all of them. They go into the preallocated buffer's free slots (a later call
+    overwrites them until `length` moves past them); with gradients on they are concatenated instead, so no
+    in-place write enters a graph."""
+
+    def __init__(self, cache: BlockCache, i: int):
+        self.cache, self.i = cache, i
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        c, i, n = self.cache, self.i, k.shape[2]
+        start = c.length
+        if c.keys[i] is None:
+            shape = (k.shape[0], k.shape[1], c.capacity, k.shape[3])
+            c.keys[i] = torch.zeros(shape, dtype=k.dtype, device=k.device)
+            c.values[i] = torch.zeros(shape, dtype=v.dtype, device=v.device)
+        keys, values = c.keys[i], c.values[i]
+        if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
+            return torch.cat([keys[:, :, :start], k], 2), torch.cat([values[:, :, :start], v], 2)
+        keys[:, :, start : start + n] = k
+        values[:, :, start : start + n] = v
+        return keys[:, :, : start + n], values[:, :, : start + n]
+
+
+class BlockDenoiser(Denoiser):
+    """x_t [B, L], t [B, L] / [B] / scalar, x_1 [B, L] → logits [B, L, V] (float32), block b read from
+    (x_t^b, t_b, x_1^{<b}); plus the exact KV cache for decoding block by block (module docstring)."""
+
+    model_kind = BLOCK_DENOISER
+
+    def __init__(self, cfg: BlockDenoiserConfig):
+        super().__init__(cfg)
+        self.block_length = int(cfg.block_length)
+        self._masks: dict[tuple, Tensor] = {}
+
+    # ------------------------------------------------------------------------------------------ one pass
+
+    def attention_mask(self, length: int, device) -> Tensor:
+        """`block_attention_mask` for sequences of `length`, built once per (L, k, device)."""
+        key = (int(length), self.block_length, str(device))
+        if key not in self._masks:
+            self._masks[key] = block_attention_mask(length, self.block_length, device)
+        return self._masks[key]
+
+    def forward(self, xt: Tensor, t: Tensor | None = None, x1: Tensor | None = None) -> Tensor:
+        if x1 is None:
+            raise ValueError("a block model needs the clean sequence: call it as model(x_t, t, x1=x_1)")
+        B, L = self._check_ids(xt, "xt", self.num_states)
+        if tuple(x1.shape) != (B, L):
+            raise ValueError(f"x1 must have the shape of xt {(B, L)}, got {tuple(x1.shape)}")
+        self._check_ids(x1, "x1", self.vocab_size)
+        if L % self.block_length:
+            raise ValueError(
+                f"sequence length {L} is not a multiple of the model's block_length={self.block_length}"
+            )
+        h = self.embed(torch.cat([xt, x1], 1))
+        cos, sin = self.rotary(L, dtype=_compute_dtype(xt.device))
+        rope = (torch.cat([cos, cos]), torch.cat([sin, sin]))  # both halves at positions 0..L−1
+        cond = self._position_cond(t, B, L, h.device)
+        mask = self.attention_mask(L, xt.device)
+        for block in self.blocks:
+            h = block(h, rope, cond, mask)
+        return self._logits(h[:, :L], None if cond is None else cond[:, :L])
+
+    def _position_cond(self, t, B: int, L: int, device) -> Tensor | None:
+        """Time conditioning per position [B, 2L, cond_dim]: t at the noisy half, 1 at the clean half."""
+        if self.time_embed is None:
+            return None
+        if t is None:
+            raise ValueError("this block model is time-conditioned: pass t of shape [batch, length] or [batch]")
+        t = torch.as_tensor(t, device=device, dtype=torch.float32)
+        if t.dim() <= 1 and t.numel() in (1, B):
+            t = t.reshape(-1, 1).expand(B, L)
+        elif tuple(t.shape) != (B, L):
+            raise ValueError(f"t must have shape [batch, length]={[B, L]}, [batch]={B} or be a scalar, got {tuple(t.shape)}")
+        t = torch.cat([t, torch.ones_like(t)], 1)
+        return self.time_embed(t.reshape(-1)).view(B, 2 * L, -1)
+
+    def _logits(self, h: Tensor, cond: Tensor | None) -> Tensor:
+        h = self.final_norm(h)
+        if self.final_adaLN is not None:
+            shift, scale = self.final_adaLN(cond).chunk(2, dim=-1)
+            h = modulate(h, shift, scale)
+        return self.head(h).float()
+
+    def _check_ids(self, x: Tensor, name: str, bound: int) -> tuple[int, int]:
+        if x.dim() != 2 or x.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool):
+            raise ValueError(f"{name} must be a [batch, length] tensor of token ids, got {tuple(x.shape)} {x.dtype}")
+        if x.shape[1] > self.cfg.max_len:
+            raise ValueError(
+                f"sequence length {x.shape[1]} exceeds the model's max_len={self.cfg.max_len}; "
+                "build the model with a larger max_len or use shorter sequences"
+            )
+        if self.cfg.check_inputs and x.numel() and x.device.type == "cpu" and not torch.compiler.is_compiling():
+            lo, hi = int(x.min()), int(x.max())
+            if lo < 0 or hi >= bound:
+                raise ValueError(f"{name} token ids must lie in [0, {bound}), got range [{lo}, {hi}]")
+        return int(x.shape[0]), int(x.shape[1])
+
+    # ------------------------------------------------------------------------------------------ KV cache
+
+    def new_cache(self, batch_size: int) -> BlockCache:
+        """An empty cache for `batch_size` rows decoded in lockstep."""
+        return BlockCache(batch_size, len(self.blocks), self.cfg.max_len)
+
+    def _check_step(self, cache: BlockCache, x: Tensor, what: str) -> int:
+        if not isinstance(cache, BlockCache):
+            raise TypeError(f"{what} needs a cache made by this model's new_cache, got {type(cache).__name__}")
+        if x.dim() != 2 or x.shape[0] != cache.batch_size:
+            raise ValueError(f"{what}: the cache holds {cache.batch_size} rows, got tokens of shape {tuple(x.shape)}")
+        if cache.length % self.block_length:
+            raise ValueError(
+                f"{what}: the cache ends inside a block (at {cache.length}, block_length={self.block_length}); "
+                "only the last block of a sequence may be partial"
+            )
+        end = cache.length + x.shape[1]
+        if end > self.cfg.max_len:
+            raise ValueError(f"{what}: positions up to {end} exceed the model's max_len={self.cfg.max_len}")
+        return end
+
+    @torch.no_grad()
+    def extend_cache(self, cache: BlockCache, x_clean: Tensor) -> None:
+        """Append the clean tokens x_clean [B, n] at positions cache.length..+n−1 (whole blocks, or the last
+        block's tail): what the clean half of the one pass computes for them, block-causal among themselves."""
+        start = cache.length
+        end = self._check_step(cache, x_clean, "extend_cache")
+        self._check_ids(x_clean, "x_clean", self.vocab_size)
+        n = x_clean.shape[1]
+        if n == 0:
+            return
+        h = self.embed(x_clean)
+        rope = self.rotary(n, offset=start, dtype=_compute_dtype(x_clean.device))
+        cond = self._sequence_cond(torch.ones(()), h)
+        mask = None
+        if n > self.block_length:  # earlier blocks' keys are all visible; among the new ones, blocks ≤ own
+            k = self.block_length
+            pos = torch.arange(end, device=h.device)
+            mask = pos[None, :] // k <= pos[start:, None] // k
+        for i, block in enumerate(self.blocks):
+            h = block(h, rope, cond, mask, cache=cache.layer(i))
+        cache.length = end
+
+    def denoise(self, xt_block: Tensor, t, cache: BlockCache) -> Tensor:
+        """Logits [B, n, V] of one noisy block x_t [B, n ≤ k] at positions cache.length..+n−1 and time t [B] (or a
+        scalar), given the cached clean blocks: the one-pass logits of that block. The cache is not changed."""
+        self._check_step(cache, xt_block, "denoise")
+        if xt_block.shape[1] > self.block_length:
+            raise ValueError(f"denoise takes one block of at most {self.block_length} positions, got {xt_block.shape[1]}")
+        self._check_ids(xt_block, "xt_block", self.num_states)
+        n = xt_block.shape[1]
+        h = self.embed(xt_block)
+        rope = self.rotary(n, offset=cache.length, dtype=_compute_dtype(xt_block.device))
+        cond = self._sequence_cond(t, h)
+        for i, block in enumerate(self.blocks):  # the block sees itself and every cached clean block
+            h = block(h, rope, cond, None, cache=cache.layer(i))
+        return self._logits(h, cond)
+
+    def _sequence_cond(self, t, h: Tensor) -> Tensor | None:
+        if self.time_embed is None:
+            return None
+        if t is None:
+            raise ValueError("this block model is time-conditioned: pass t of shape [batch] or a scalar")
+        t = torch.as_tensor(t, device=h.device, dtype=torch.float32).reshape(-1)
+        if t.numel() not in (1, h.shape[0]):
+            raise ValueError(f"t must have shape [batch]={h.shape[0]} or be a scalar, got {t.numel()} values")
+        return self.time_embed(t.expand(h.shape[0]))
+
+
+def build_block_denoiser(preset_or_cfg, block_length: int, **overrides) -> BlockDenoiser:
+    """A `BlockDenoiser` of blocks of `block_length` from what `build_denoiser` takes (a preset name, a dict, a
+    config) and keyword overrides: `build_block_denoiser("tiny", 4, vocab_size=27, num_states=28)`."""
+    fields = denoiser_fields(preset_or_cfg, **overrides)
+    fields["block_length"] = block_length
+    return BlockDenoiser(BlockDenoiserConfig.from_dict(fields))
