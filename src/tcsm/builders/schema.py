@@ -169,6 +169,11 @@ class EvalConfig:
     )
     seed: int = field(default=1234, metadata={"help": "seed of the bound's Monte Carlo draws"})
     ema: bool = field(default=True, metadata={"help": "evaluate and sample with the EMA weights"})
+    t_max: Optional[float] = field(  # noqa: UP045 (OmegaConf structured configs need Optional)
+        default=None,
+        metadata={"help": "stop the bound's time reversal at t_max < 1 and add the last step's reconstruction term "
+                          "(finite for a denoiser without time input, MATH.md §9; null: up to t = 1)"},
+    )  # fmt: skip
 
 
 def _sample_config() -> type:

@@ -116,6 +116,7 @@ def nelbo_terms(
     chunk_size: int | None = None,
     cond_mask: Tensor | None = None,
     per_block: bool = False,
+    t_max: float | None = None,
 ) -> Tensor:
     """Per-stratum Monte Carlo terms [num_t, B] of the path-space integral (MATH.md §2.4); their mean over
     dim 0 plus `prior_term` is `nelbo`. On a block path they are sums over the blocks' terms (MATH.md §9);
@@ -130,6 +131,10 @@ def nelbo_terms(
     prompt fixed, estimated as in §2.4. Exact at the exact posterior for the masked source, whose pinned positions
     score nothing; for the uniform source their rate terms (model rate out of a clean position; the reference
     process has none) stay in G, each ≥ 0, so it stays an upper bound.
+
+    `t_max` < 1: the bound of the sampler that stops the time reversal at t_max and draws every free token from
+    m^θ(· | x_{t_max}): the integral over [0, t_max] plus E_{x_{t_max}}[−Σ_{free i} log m^θ(x_1^i | x_{t_max})], one
+    draw per stratum row (MATH.md §9, "A time-blind denoiser"); finite for a denoiser that stays diffuse at t → 1.
     """
     bound = resolve_bound(path, bound)
     if x1.dim() != 2:
@@ -159,7 +164,10 @@ def nelbo_terms(
     rows_cond = None if cond_mask is None else cond_mask.reshape(rows_x1.shape)
     n_rows = rows_x1.shape[0]
 
-    t32 = _safe_times(stratified_times(num_t, n_rows, generator=generator, device=device, dtype=torch.float64))
+    if t_max is not None and not 0.0 < float(t_max) < 1.0:
+        raise ValueError(f"t_max must be in (0, 1), got {t_max}")
+    span = 1.0 if t_max is None else float(t_max)  # ∫_0^{t_max} f dt = t_max E_{t ~ U(0, t_max)} f
+    t32 = _safe_times(span * stratified_times(num_t, n_rows, generator=generator, device=device, dtype=torch.float64))
     if B == 0:
         return torch.empty(num_t, 0, dtype=wd, device=device)
     out: list[Tensor] = []
@@ -185,7 +193,7 @@ def nelbo_terms(
             raise ValueError(
                 f"denoiser must return logits [N, L, V={path.vocab_size}], got shape {tuple(logits.shape)}"
             )
-        out.append(row_weight[done : done + n] * nelbo_integrand(logits, z, rows, tt, path, bound))
+        out.append(span * row_weight[done : done + n] * nelbo_integrand(logits, z, rows, tt, path, bound))
         done += n
 
     # x_t is drawn for whole groups of strata (a fixed number of tokens, so the random stream does not depend
@@ -209,7 +217,33 @@ def nelbo_terms(
             pending = [rest] if rest.shape[0] else []
             n_pending = rest.shape[0]
     terms = torch.cat(out).reshape(num_t, B, nb)
+    if t_max is not None:  # drawn after the integral's draws, so the integral's stream is the same with or without
+        terms = terms + _reconstruction(denoiser, rows_x1, rows_cond, path, float(t_max), num_t, nb, chunk,
+                                        generator).reshape(num_t, B, nb).to(terms.dtype)  # fmt: skip
     return terms if per_block else terms.sum(-1)
+
+
+def _reconstruction(denoiser, rows_x1, rows_cond, path, t_max, num_t, nb, chunk, generator) -> Tensor:
+    """[num_t · n_rows] draws of −Σ_{free i} log m^θ(x_1^i | x_{t_max}), x_{t_max} ~ p_{t_max|1}(·|x_1) with the
+    prompt positions clean: the last step of the sampler `t_max` bounds (MATH.md §9, "A time-blind denoiser")."""
+    k = rows_x1.shape[1]
+    L = k * nb
+    z = rows_x1.repeat(num_t, 1)
+    t = torch.full((z.shape[0],), t_max, dtype=torch.float32, device=z.device)
+    xt = path.draw_xt(z, t, generator)
+    cond = None if rows_cond is None else rows_cond.bool().repeat(num_t, 1)
+    scored = path.free(xt) if cond is None else path.free(xt) & ~cond
+    if cond is not None:
+        xt = torch.where(cond, z, xt)
+    out = []
+    for a in range(0, z.shape[0], chunk):
+        xs, zs, ts = xt[a : a + chunk], z[a : a + chunk], t[a : a + chunk]
+        m = xs.shape[0]
+        logits = denoise(denoiser, xs.reshape(m // nb, L), path.position_times(ts.view(m // nb, nb), L),
+                         zs.reshape(m // nb, L)) if nb > 1 else denoise(denoiser, xs, ts, zs)  # fmt: skip
+        logp = torch.log_softmax(logits.reshape(m, k, -1).double(), -1).gather(-1, zs.unsqueeze(-1)).squeeze(-1)
+        out.append(-(logp * scored[a : a + chunk]).sum(-1))
+    return torch.cat(out)
 
 
 def nelbo(
@@ -222,6 +256,7 @@ def nelbo(
     bound: str | None = None,
     chunk_size: int | None = None,
     cond_mask: Tensor | None = None,
+    t_max: float | None = None,
 ) -> Tensor:
     """Per-sequence upper bound on −log p^θ_1(x_1) in nats, FloatTensor[B] (float64 where available).
 
@@ -239,7 +274,7 @@ def nelbo(
         prior = prior * (~cond_mask.bool()).sum(-1).to(prior.dtype) / x1.shape[1]
     terms = nelbo_terms(
         denoiser, x1, path, num_t=num_t, generator=generator, bound=bound, chunk_size=chunk_size,
-        cond_mask=cond_mask,
+        cond_mask=cond_mask, t_max=t_max,
     )
     return terms.mean(0) + prior
 
@@ -256,6 +291,7 @@ def evaluate_bound(
     progress: bool = False,
     chunk_size: int | None = None,
     device=None,
+    t_max: float | None = None,
 ) -> dict:
     """Dataset-level bound: mean over sequences of `nelbo`/L, as nats and bits per token and perplexity,
     with standard errors across sequences (MATH.md §2.4). No gradients; leaves the model's mode alone.
@@ -283,7 +319,7 @@ def evaluate_bound(
             prior = prior_term(x1, path)  # raises before any network call for a masked source with a clipped start
             terms = nelbo_terms(
                 denoiser, x1, path, num_t=num_t, generator=generator, bound=bound, chunk_size=chunk_size,
-                per_block=True,
+                per_block=True, t_max=t_max,
             ).mean(0)  # [B, n_blocks]
             per_block.append(terms.double().cpu())
             per_seq.append((terms.sum(-1) + prior).double().cpu())

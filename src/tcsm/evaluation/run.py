@@ -36,4 +36,5 @@ def evaluate_model(objective, model, data, path, e, *, generator=None, device=No
         bound=e.bound,
         device=device,
         progress=progress,
+        t_max=getattr(e, "t_max", None),
     )
