@@ -326,6 +326,8 @@ def evaluate_bound(
             bar.update(1)
     bar.close()
     result = EvalResult(summarise_nats(torch.cat(per_seq) / L, L, bound), num_t=int(num_t))
+    if t_max is not None:  # a different generative process (the reversal stopped at t_max): said with the number
+        result.update(bound=f"{bound}@t_max={float(t_max):g}", t_max=float(t_max))
     if path.block_length is not None:  # where in the sequence the nats are paid: bits per token of each block
         blocks = torch.cat(per_block) / (L // path.num_blocks(L))
         result.update(block_length=path.block_length, block_bpc=[round(v, 6) for v in (blocks.mean(0) / _LN2).tolist()])
