@@ -32,11 +32,11 @@ def _batch(B=3, L=16, k=4, seed=1):
 
 
 @pytest.mark.parametrize("tc", [True, False])
-@pytest.mark.parametrize("k", [4, 1, 16])
-def test_cache_equals_one_pass(tc, k):
+@pytest.mark.parametrize("k, L", [(4, 16), (1, 6), (16, 16)])
+def test_cache_equals_one_pass(tc, k, L):
     """new_cache / extend_cache / denoise block by block give the one-pass logits of every block (fp32, ≤ 1e-5)."""
-    B, L = 3, 16
-    model = _model(k, tc)
+    B = 3
+    model = _model(k, tc, L=L)
     xt, x1, tb = _batch(B, L, k)
     with torch.no_grad():
         ref = model(xt, tb.repeat_interleave(k, 1), x1=x1)
@@ -76,8 +76,8 @@ def test_cache_prefill_of_many_blocks_and_a_partial_block():
 def test_dependency_structure():
     """Block b's logits read x_t^b, t_b and x_1^{<b} only: perturbing x_t outside b, t of other blocks or x_1 at
     blocks ≥ b leaves them unchanged; perturbing x_1 at a block < b changes them."""
-    B, L, k, b = 2, 16, 4, 2
-    model = _model(k)
+    B, L, k, b = 2, 12, 4, 1
+    model = _model(k, L=L)
     xt, x1, tb = _batch(B, L, k)
     t = tb.repeat_interleave(k, 1)
     inside = slice(b * k, (b + 1) * k)
@@ -88,7 +88,8 @@ def test_dependency_structure():
                 xt2 = xt.clone()
                 xt2[:, pos] = (xt2[:, pos] + 1) % (V + 1)
                 t2 = t.clone()
-                t2[:, pos] = 0.5 * t2[:, pos] + 0.25
+                other = slice(pos // k * k, pos // k * k + k)
+                t2[:, other] = 0.5 * t2[:, other] + 0.25
                 torch.testing.assert_close(model(xt2, t2, x1=x1)[:, inside], ref, atol=1e-6, rtol=0)
             x12 = x1.clone()
             x12[:, pos] = (x12[:, pos] + 1) % V
@@ -156,6 +157,10 @@ def test_per_sequence_and_per_position_times_agree():
         a = model(xt, t, x1=x1)
         torch.testing.assert_close(model(xt, t[:, None].expand(B, L), x1=x1), a, atol=0, rtol=0)
         assert (model(xt, t.flip(0), x1=x1) - a).abs().max() > 1e-4  # t is read
+        uneven = t[:, None].expand(B, L).clone()
+        uneven[:, 1] = 0.5
+        with pytest.raises(ValueError, match="constant inside each block"):
+            model(xt, uneven, x1=x1)
 
 
 def test_gradients_flow_through_both_halves_and_denoise():

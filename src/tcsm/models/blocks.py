@@ -105,10 +105,12 @@ class BlockDenoiser(Denoiser):
     # ------------------------------------------------------------------------------------------ one pass
 
     def attention_mask(self, length: int, device) -> Tensor:
-        """`block_attention_mask` for sequences of `length`, built once per (L, k, device)."""
+        """`block_attention_mask` for sequences of `length` without the last clean block (no noisy block reads it),
+        [2L−k, 2L−k], built once per (L, k, device)."""
         key = (int(length), self.block_length, str(device))
         if key not in self._masks:
-            self._masks[key] = block_attention_mask(length, self.block_length, device)
+            n = 2 * length - self.block_length
+            self._masks[key] = block_attention_mask(length, self.block_length, device)[:n, :n].contiguous()
         return self._masks[key]
 
     def forward(self, xt: Tensor, t: Tensor | None = None, x1: Tensor | None = None) -> Tensor:
@@ -122,28 +124,42 @@ class BlockDenoiser(Denoiser):
             raise ValueError(
                 f"sequence length {L} is not a multiple of the model's block_length={self.block_length}"
             )
-        h = self.embed(torch.cat([xt, x1], 1))
+        k, nb = self.block_length, L // self.block_length
+        # The clean half without its last block: no noisy block reads it (k = L: the noisy half alone).
+        h = self.embed(torch.cat([xt, x1[:, : L - k]], 1))
         cos, sin = self.rotary(L, dtype=_compute_dtype(xt.device))
-        rope = (torch.cat([cos, cos]), torch.cat([sin, sin]))  # both halves at positions 0..L−1
-        cond = self._position_cond(t, B, L, h.device)
+        rope = (torch.cat([cos, cos[: L - k]]), torch.cat([sin, sin[: L - k]]))  # both halves at positions 0..L−1
+        cond = self._block_cond(t, B, L, h.device)
         mask = self.attention_mask(L, xt.device)
         for block in self.blocks:
             h = block(h, rope, cond, mask)
-        return self._logits(h[:, :L], None if cond is None else cond[:, :L])
+        return self._logits(h[:, :L], None if cond is None else cond[:, :nb])
 
-    def _position_cond(self, t, B: int, L: int, device) -> Tensor | None:
-        """Time conditioning per position [B, 2L, cond_dim]: t at the noisy half, 1 at the clean half."""
+    def _block_cond(self, t, B: int, L: int, device) -> Tensor | None:
+        """Time conditioning per block [B, 2nb−1, cond_dim] (adaLN groups of k positions): each noisy block at its
+        t, each clean block at t = 1."""
         if self.time_embed is None:
             return None
         if t is None:
             raise ValueError("this block model is time-conditioned: pass t of shape [batch, length] or [batch]")
+        k, nb = self.block_length, L // self.block_length
         t = torch.as_tensor(t, device=device, dtype=torch.float32)
         if t.dim() <= 1 and t.numel() in (1, B):
-            t = t.reshape(-1, 1).expand(B, L)
-        elif tuple(t.shape) != (B, L):
+            tb = t.reshape(-1, 1).expand(B, nb)
+        elif tuple(t.shape) == (B, L):
+            per_block = t.reshape(B, nb, k)
+            tb = per_block[..., 0]
+            if self.cfg.check_inputs:  # on a GPU or under compile an asynchronous device assertion
+                constant = (per_block == tb[..., None]).all()
+                if device.type == "cpu" and not torch.compiler.is_compiling():
+                    if not constant:
+                        raise ValueError("t [batch, length] must be constant inside each block (one time per block)")
+                else:
+                    torch._assert_async(constant, "t [batch, length] must be constant inside each block")
+        else:
             raise ValueError(f"t must have shape [batch, length]={[B, L]}, [batch]={B} or be a scalar, got {tuple(t.shape)}")
-        t = torch.cat([t, torch.ones_like(t)], 1)
-        return self.time_embed(t.reshape(-1)).view(B, 2 * L, -1)
+        tb = torch.cat([tb, torch.ones_like(tb[:, 1:])], 1)
+        return self.time_embed(tb.reshape(-1)).view(B, 2 * nb - 1, -1)
 
     def _logits(self, h: Tensor, cond: Tensor | None) -> Tensor:
         h = self.final_norm(h)

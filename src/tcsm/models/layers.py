@@ -26,12 +26,13 @@ transformers are all stacks of the same pieces, so these pieces have a small, st
 * `TransformerBlock(d_model, n_heads, mlp_ratio=4, dropout=0.0, cond_dim=None, causal=False, norm="layernorm",
   kernel="auto")`:
   pre-norm attention + MLP with residuals; `forward(x, rope=None, cond=None, attn_mask=None, kv=None, cache=None)`.
-  With `cond_dim`, a conditioning vector c [B, cond_dim] (or one per position, [B, L, cond_dim]) produces
-  per-sequence (per-position) (shift, scale, gate) for both
+  With `cond_dim`, a conditioning vector c [B, cond_dim] (or one per group of consecutive positions, [B, G, cond_dim])
+  produces per-sequence (per-group) (shift, scale, gate) for both
   sub-layers through SiLU → Linear (adaLN, DiT/SEDD). That linear is zero-initialised, so at initialisation
   every gate is 0 and the block is the identity: a deep stack starts as a shallow one and trains stably.
   Without `cond_dim` the block is a standard pre-norm block (no time pathway at all).
-* `modulate(x, shift, scale)` = x·(1 + scale) + shift with per-sequence shift/scale [B, d] or per-position [B, L, d].
+* `modulate(x, shift, scale)` = x·(1 + scale) + shift with per-sequence shift/scale [B, d] or per group of
+  consecutive positions [B, G, d]; `gate(g, h)` = g ⊙ h likewise.
 * `init_weights(module, std=0.02)`: GPT-2-style normal init for Linear/Embedding, used via `model.apply`;
   it skips layers marked `_zero_init = True`, so zero-initialised gates/heads survive it.
 
@@ -57,10 +58,10 @@ __all__ = [
     "TransformerBlock",
     "apply_rotary",
     "attention_kernel",
+    "gate",
     "init_weights",
     "make_norm",
     "modulate",
-    "per_position",
     "zero_init_",
 ]
 
@@ -323,18 +324,27 @@ class TimestepEmbedder(nn.Module):
         return self.mlp(torch.cat([torch.cos(args), torch.sin(args)], dim=-1))
 
 
-def per_position(v: Tensor) -> Tensor:
-    """An adaLN output as [B, L or 1, d]: per-sequence [B, d] broadcast over positions, per-position [B, L, d] kept."""
-    return v[:, None, :] if v.dim() == 2 else v
-
-
 def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
-    """x·(1 + scale) + shift, with per-sequence shift/scale [B, d] broadcast over positions, or per-position
-    [B, L, d] (a block model's conditioning: each block at its own time).
+    """x·(1 + scale) + shift, with per-sequence shift/scale [B, d] broadcast over positions, or per group [B, G, d]:
+    one for each of G runs of L/G consecutive positions (G = L: per position; a block model: one per block, each
+    block at its own time, without repeating the adaLN projection k times).
 
     Computed in the dtype of shift/scale: under bf16 autocast they come from a linear layer in bf16, and the
     next consumer is a linear layer that would cast to bf16 anyway, so float32 elementwise work here is waste."""
-    return x.to(shift.dtype) * (1 + per_position(scale)) + per_position(shift)
+    if shift.dim() == 2:
+        return x.to(shift.dtype) * (1 + scale[:, None, :]) + shift[:, None, :]
+    B, L, d = x.shape
+    G = shift.shape[1]
+    y = x.to(shift.dtype).reshape(B, G, L // G, d) * (1 + scale[:, :, None, :]) + shift[:, :, None, :]
+    return y.reshape(B, L, d)
+
+
+def gate(g: Tensor, h: Tensor) -> Tensor:
+    """g ⊙ h with the gate per sequence [B, d] or per group of positions [B, G, d] (as in `modulate`)."""
+    if g.dim() == 2:
+        return g[:, None, :] * h
+    B, L, d = h.shape
+    return (g[:, :, None, :] * h.reshape(B, g.shape[1], L // g.shape[1], d)).reshape(B, L, d)
 
 
 def zero_init_(layer: nn.Linear) -> nn.Linear:
@@ -409,9 +419,9 @@ class TransformerBlock(nn.Module):
             raise ValueError("this block was built with cond_dim, so it needs a conditioning vector `cond`")
         shift1, scale1, gate1, shift2, scale2, gate2 = self.adaLN(cond).chunk(6, dim=-1)
         h = self.attn(modulate(self.norm1(x), shift1, scale1), rope, attn_mask, self.causal, kv, cache=cache)
-        x = x + per_position(gate1) * self.drop(h)
+        x = x + gate(gate1, self.drop(h))
         h = self.mlp(modulate(self.norm2(x), shift2, scale2))
-        return x + per_position(gate2) * self.drop(h)
+        return x + gate(gate2, self.drop(h))
 
 
 def build_trunk(net: nn.Module, cfg, **embeddings: int) -> None:
