@@ -1,7 +1,8 @@
-"""Neural networks: shared transformer layers and the bidirectional denoiser; the LMs of p_1 (models of the data, not diffusion models)
+"""Neural networks: shared transformer layers, the bidirectional denoiser and the block denoiser; the LMs of p_1 (models of the data, not diffusion models)
 (`tcsm.models.lm_families`), Hugging Face adapters (`tcsm.models.hf`) and the density-ratio head live in
 their own modules. Nothing here reads configs: `tcsm.builders.models` turns a config section into a model."""
 
+from tcsm.models.blocks import BlockDenoiser, BlockDenoiserConfig, build_block_denoiser  # noqa: F401
 from tcsm.models.layers import (  # noqa: F401
     MLP,
     LayerNorm,
