@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from tcsm.models.kinds import BLOCK_DENOISER
-from tcsm.models.layers import modulate
+from tcsm.models.layers import gate, modulate
 from tcsm.models.transformer import Denoiser, DenoiserConfig, _compute_dtype, denoiser_fields
 
 __all__ = ["BlockCache", "BlockDenoiser", "BlockDenoiserConfig", "block_attention_mask", "build_block_denoiser"]
@@ -131,9 +131,10 @@ class BlockDenoiser(Denoiser):
         rope = (torch.cat([cos, cos[: L - k]]), torch.cat([sin, sin[: L - k]]))  # both halves at positions 0..L−1
         cond = self._block_cond(t, B, L, h.device)
         mask = self.attention_mask(L, xt.device)
-        for block in self.blocks:
+        for block in self.blocks[:-1]:
             h = block(h, rope, cond, mask)
-        return self._logits(h[:, :L], None if cond is None else cond[:, :nb])
+        h = _noisy_half(self.blocks[-1], h, rope, cond, mask, L, nb)
+        return self._logits(h, None if cond is None else cond[:, :nb])
 
     def _block_cond(self, t, B: int, L: int, device) -> Tensor | None:
         """Time conditioning per block [B, 2nb−1, cond_dim] (adaLN groups of k positions): each noisy block at its
@@ -249,6 +250,21 @@ class BlockDenoiser(Denoiser):
         if t.numel() not in (1, h.shape[0]):
             raise ValueError(f"t must have shape [batch]={h.shape[0]} or be a scalar, got {t.numel()} values")
         return self.time_embed(t.expand(h.shape[0]))
+
+
+def _noisy_half(block, h: Tensor, rope, cond: Tensor | None, mask: Tensor, L: int, nb: int) -> Tensor:
+    """`block(h, rope, cond, mask)[:, :L]` without the clean half's outputs, which no later layer reads: the clean
+    keys / values come from all of h, the queries, residual and MLP from the noisy half alone. The same arithmetic as
+    `TransformerBlock.forward`, which the KV cache runs (the cache tests compare the two)."""
+    if block.cond_dim is None:
+        kv = block.norm1(h)
+        x = h[:, :L] + block.drop(block.attn(kv[:, :L], rope, mask[:L], False, kv))
+        return x + block.drop(block.mlp(block.norm2(x)))
+    shift1, scale1, gate1, shift2, scale2, gate2 = block.adaLN(cond).chunk(6, dim=-1)
+    kv = modulate(block.norm1(h), shift1, scale1)  # every position: the keys and values
+    gate1, shift2, scale2, gate2 = (c[:, :nb] for c in (gate1, shift2, scale2, gate2))  # the noisy blocks
+    x = h[:, :L] + gate(gate1, block.drop(block.attn(kv[:, :L], rope, mask[:L], False, kv)))
+    return x + gate(gate2, block.drop(block.mlp(modulate(block.norm2(x), shift2, scale2))))
 
 
 def build_block_denoiser(preset_or_cfg, block_length: int, **overrides) -> BlockDenoiser:
