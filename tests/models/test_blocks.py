@@ -73,6 +73,24 @@ def test_cache_prefill_of_many_blocks_and_a_partial_block():
             model.denoise(xt[:, 14:], tb[:, 3], cache)
 
 
+def test_cache_grows_and_stays_exact():
+    """The cache's buffers grow as blocks arrive (64 → 128 → 160 positions here) and keep what they held."""
+    B, L, k = 2, 160, 40
+    model = _model(k, L=L)
+    xt, x1, tb = _batch(B, L, k)
+    with torch.no_grad():
+        ref = model(xt, tb.repeat_interleave(k, 1), x1=x1)
+        cache = model.new_cache(B)
+        sizes = []
+        for b in range(L // k):
+            lo = b * k
+            torch.testing.assert_close(model.denoise(xt[:, lo : lo + k], tb[:, b], cache), ref[:, lo : lo + k],
+                                       atol=1e-5, rtol=0)  # fmt: skip
+            model.extend_cache(cache, x1[:, lo : lo + k])
+            sizes.append(cache.keys[0].shape[2])
+    assert sizes == [64, 128, 128, 160]
+
+
 def test_dependency_structure():
     """Block b's logits read x_t^b, t_b and x_1^{<b} only: perturbing x_t outside b, t of other blocks or x_1 at
     blocks ≥ b leaves them unchanged; perturbing x_1 at a block < b changes them."""

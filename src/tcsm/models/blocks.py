@@ -69,7 +69,7 @@ class BlockCache:
 
 class _LayerCache:
     """One layer's view for `MultiHeadAttention(cache=)`: `update(k, v)` puts the new positions' keys / values after
-    the cached ones and returns all of them. They go into the preallocated buffer's free slots (a later call
+    the cached ones and returns all of them. They go into the buffer's free slots (a later call
     overwrites them until `length` moves past them); with gradients on they are concatenated instead, so no
     in-place write enters a graph."""
 
@@ -79,10 +79,13 @@ class _LayerCache:
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         c, i, n = self.cache, self.i, k.shape[2]
         start = c.length
-        if c.keys[i] is None:
-            shape = (k.shape[0], k.shape[1], c.capacity, k.shape[3])
-            c.keys[i] = torch.zeros(shape, dtype=k.dtype, device=k.device)
-            c.values[i] = torch.zeros(shape, dtype=v.dtype, device=v.device)
+        size = 0 if c.keys[i] is None else c.keys[i].shape[2]
+        if start + n > size:  # grow geometrically up to max_len: a short decode never holds a max_len buffer
+            size = min(c.capacity, max(2 * size, start + n, 64))
+            grown = [k.new_zeros(k.shape[0], k.shape[1], size, k.shape[3]) for _ in range(2)]
+            if c.keys[i] is not None:
+                grown[0][:, :, :start], grown[1][:, :, :start] = c.keys[i][:, :, :start], c.values[i][:, :, :start]
+            c.keys[i], c.values[i] = grown
         keys, values = c.keys[i], c.values[i]
         if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
             return torch.cat([keys[:, :, :start], k], 2), torch.cat([values[:, :, :start], v], 2)
