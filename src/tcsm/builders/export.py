@@ -136,6 +136,10 @@ def _hf_config(ck, model, kind: str) -> dict[str, Any]:
         from tcsm.builders.diffusion_gemma import native_config
 
         return native_config(model, {k: out[k] for k in ("kind", "source", "sampling", "tcsm")})
+    elif kind == "hf_masked_dlm":  # the model's own directory, loaded by its own modeling code
+        from tcsm.builders.hf_masked import native_config
+
+        return native_config(model, {k: out[k] for k in ("kind", "source", "sampling", "tcsm")})
     # LMs (mlm / causal / hollow teachers) and Hugging Face-backed models load through tcsm only.
     return out
 
@@ -200,7 +204,15 @@ def _card(ck, hf: dict, summary: dict | None, n_params: int, source_dir: Path) -
             "out = model.generate(prompt_ids, max_new_tokens=N)",
             "```",
         ]
-    if "auto_map" in hf:
+    if hf["kind"] == "hf_masked_dlm":
+        lines += [
+            "```python",
+            "from transformers import AutoModel   # the model's own modeling code, as the directory it came from",
+            "model = AutoModel.from_pretrained(DIR, trust_remote_code=True)",
+            "logits = model(input_ids=x).logits   # x holds mask_token_id at masked positions",
+            "```",
+        ]
+    elif "auto_map" in hf:
         auto = "AutoModel" if hf["kind"] == "energy" else "AutoModelForMaskedLM"
         call = "model(input_ids=x_t, timesteps=t).logits" if hf["kind"] != "energy" else (
             "model(input_ids=x_1, noisy_ids=x_t, timesteps=t).energy"
@@ -354,21 +366,26 @@ def export(
     tmp = out.parent / f".tmp-export-{out.name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        if kind == "diffusion_gemma":  # the model's own directory: transformers loads it as it is
-            from tcsm.builders.diffusion_gemma import write_native
+        if kind == "hf_masked_dlm":  # its modeling code, tokenizer and special ids are the directory's own
+            from tcsm.builders.hf_masked import write_native as write_own
 
-            write_native(tmp, model, hf)
+            notes = write_own(tmp, model, hf, ck.config.model.get("name_or_path"))
         else:
-            weights = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
-            save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        notes = _write_tokenizer(tmp, ck, run_dir, hf["source"] == "masked")
-        if kind != "diffusion_gemma":  # its own config names its special tokens
-            hf.update(_special_ids(tmp))  # generate() stops at the run's end of text
-        (tmp / "config.json").write_text(json.dumps(hf, indent=1) + "\n", encoding="utf-8")
+            if kind == "diffusion_gemma":  # the model's own directory: transformers loads it as it is
+                from tcsm.builders.diffusion_gemma import write_native
+
+                write_native(tmp, model, hf)
+            else:
+                weights = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
+                save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            notes = _write_tokenizer(tmp, ck, run_dir, hf["source"] == "masked")
+            if kind != "diffusion_gemma":  # its own config names its special tokens
+                hf.update(_special_ids(tmp))  # generate() stops at the run's end of text
+            (tmp / "config.json").write_text(json.dumps(hf, indent=1) + "\n", encoding="utf-8")
         (tmp / "sampling_config.json").write_text(json.dumps(hf["sampling"], indent=1) + "\n", encoding="utf-8")
         if kind == "hf_denoiser":
             model.hf.config.save_pretrained(tmp / BASE_MODEL)
-        if "auto_map" in hf:
+        if "auto_map" in hf and kind != "hf_masked_dlm":  # that one carries its own code
             for name in _CODE_FILES:
                 shutil.copyfile(_REMOTE_CODE / name, tmp / name)
         notes += _transformers_notes(hf, kind)
