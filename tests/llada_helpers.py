@@ -92,7 +92,7 @@ class TinyDLMModel(PreTrainedModel):
         return MaskedLMOutput(logits=self.lm_head(self.ln_f(x)))
 '''
 
-WORDS = "the quick brown fox jumps over lazy dog and a cat sat on mat".split()
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and", "a", "cat", "sat", "on", "mat"]
 SPECIALS = ["<|eot|>", "<|mdm_mask|>"]
 
 

@@ -37,9 +37,11 @@ from safetensors.torch import save_file
 
 from tcsm.builders.config import to_dict
 from tcsm.builders.loading import load_checkpoint
+from tcsm.builders.lora import lora_choice, write_adapter
 from tcsm.core.errors import CheckpointError
 from tcsm.models.hf_denoiser import auto_class_kind
 from tcsm.models.kinds import kind_of
+from tcsm.models.lora import merge as merge_adapters
 from tcsm.storage.checkpoint import EXPORT_FORMAT, MANIFEST, is_export_dir
 from tcsm.storage.fileio import file_digest, fsync_dir, fsync_file
 
@@ -345,17 +347,27 @@ def export(
     overwrite: bool = False,
     keep_other_files: bool = False,
     log: Callable[[str], None] | None = None,
+    lora_merge: bool | None = None,
 ) -> Path:
     """Write the model of `run` (a run, checkpoints, step or export directory) to `out_dir` (see the module
     docstring); returns `out_dir`. Refuses a non-empty `out_dir` that is not an export, and an existing export
     unless `overwrite`; an overwrite replaces only the files the earlier export wrote (its manifest's `written`),
     and refuses a directory holding others unless `keep_other_files`, which leaves them in place. What a user must
-    know about the result (e.g. that transformers cannot load it) goes to `log`, one line each (default: stderr)."""
+    know about the result (e.g. that transformers cannot load it) goes to `log`, one line each (default: stderr).
+    A LoRA run: `lora_merge` (else its `train.lora.merge`) True writes the weights with the adapters folded in (a
+    plain export), False a PEFT adapter directory (into a new or empty `out_dir`)."""
     out = Path(out_dir)
-    others = _prepare_target(out, overwrite, keep_other_files)
     ck = load_checkpoint(run, device="cpu", ema=ema)
+    merge = lora_choice(ck.config, ck.model, lora_merge)
+    if merge is False:
+        return _export_adapter(ck, out, log)
+    if merge:
+        merge_adapters(ck.model)
+    others = _prepare_target(out, overwrite, keep_other_files)
     model, kind = ck.model, _kind(ck.model)
     hf = _hf_config(ck, model, kind)
+    if merge:  # the export is a plain model: tcsm reads it back without adapters
+        hf["tcsm"]["config"]["train"]["lora"]["r"] = 0
     run_dir = _run_dir(ck.directory)
     summary = None
     for where in (run_dir, ck.directory):
@@ -404,6 +416,31 @@ def export(
         _swap_in(tmp, out, others)
         fsync_dir(out.parent)
     except (OSError, SafetensorError) as e:  # e.g. a full disk: one line, the earlier export untouched
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(_write_failure(out, e)) from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    say = log if log is not None else (lambda line: print(line, file=sys.stderr))
+    for note in notes:
+        say(f"tcsm export: note: {note}")
+    return out
+
+
+def _export_adapter(ck, out: Path, log) -> Path:
+    """A LoRA run's adapters as PEFT's adapter directory, written whole or not at all into a new or empty `out`."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise CheckpointError(f"a LoRA adapter is exported into a new or empty directory; {str(out)!r} is not one")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".tmp-export-{out.name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        notes = write_adapter(tmp, ck.model, ck.config)
+        fsync_dir(tmp)
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+    except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(_write_failure(out, e)) from None
     except BaseException:
