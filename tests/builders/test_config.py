@@ -76,7 +76,7 @@ def test_malformed_overrides_fail(item):
 
 @pytest.mark.parametrize(
     "item, says",
-    [("train.steps=0", "train.steps must be >= 1"), ("optim.decay=step", "optim.decay must be"),
+    [("train.steps=-1", "train.steps must be >= 0"), ("optim.decay=step", "optim.decay must be"),
      ("train.batch_size=10", "multiple of train.micro_batch"), ("path.source=nope", "path.source must be one of"),
      ("eval.split=dev", "eval.split must be"), ("train.ema=1.0", "train.ema must be in [0, 1)")],
 )  # fmt: skip

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import builtins
 import json
-from pathlib import Path
+import shlex
 
 import pytest
 import torch
 from llada_helpers import WORDS, write_masked_dlm
-from train_helpers import restore_torch_threads, tiny  # noqa: F401
+from omegaconf import OmegaConf
+from train_helpers import ROOT, restore_torch_threads, tiny  # noqa: F401
 
 import tcsm
 from tcsm.cli import main
@@ -32,57 +33,98 @@ def no_prompt(monkeypatch):
     monkeypatch.setattr(builtins, "input", lambda *a, **k: (_ for _ in ()).throw(AssertionError("prompted")))
 
 
-def test_a_llada_directory_goes_load_bound_sft_lora_reward_export_reload_generate(tmp_path, capsys):
-    from tcsm.data.prepare import prepare
+def _docs_commands() -> list[list[str]]:
+    """The bash block of docs/huggingface.md's masked-family section, one argv per `tcsm` line."""
+    text = (ROOT / "docs" / "huggingface.md").read_text(encoding="utf-8")
+    section = text[text.index("## Masked diffusion LMs") :]
+    block = section[section.index("```bash") + 7 : section.index("```", section.index("```bash") + 7)]
+    return [shlex.split(line)[1:] for line in block.strip().splitlines() if line.startswith("tcsm ")]
+
+
+#: what makes each documented command tiny (appended: the documented keys stay as written)
+SHRINK = {"train": [o for o in tiny(synthetic=False) if not o.startswith(("model.", "data."))],
+          "finetune": COMMON + ["--steps", "3", "optim.lr=3e-2"], "sample": ["--no-progress"]}  # fmt: skip
+
+
+def test_a_llada_directory_goes_load_bound_sft_lora_reward_export_reload_generate(tmp_path, monkeypatch, capsys):
+    """docs/huggingface.md's commands as they are, then what each step must have done."""
+    from tcsm.builders.assemble import build_components
+    from tcsm.builders.config import load_config
+    from tcsm.models.lora import AdaptersOff
 
     d = write_masked_dlm(tmp_path / "llada")
-    (tmp_path / "c.txt").write_text("\n".join(" ".join(WORDS[i % 7 : i % 7 + 6]) for i in range(60)))
-    prepare([str(tmp_path / "c.txt")], tmp_path / "shards", str(d / "tokenizer.json"), doc_separator="\n",
-            progress=False, valid_fraction=0.2, test_fraction=0)  # fmt: skip
-    args = [o for o in tiny("data.kind=shards", "data.windows=random", f"data.path={tmp_path / 'shards'}",
-                            "data.seq_len=12", synthetic=False) if not o.startswith("model.")]  # fmt: skip
-    model_args = ["model.name=hf_masked_dlm", f"model.name_or_path={d}", "model.trust_remote_code=true"]
-    # load: the directory as it is becomes a run (no step taken)
-    assert main(["train", "-o", str(tmp_path / "run"), *args, *model_args, "train.steps=0"]) == 0
-    imported = tcsm.from_pretrained(tmp_path / "run")
+    (tmp_path / "corpus.txt").write_text("\n".join(" ".join(WORDS[i % 7 : i % 7 + 6]) for i in range(60)))
+    recs = [{"prompt": "the quick", "completion": "brown fox jumps"}, {"prompt": "a cat", "completion": "sat on mat"}] * 8
+    (tmp_path / "recs.jsonl").write_text("\n".join(json.dumps(r) for r in recs))
+    monkeypatch.chdir(tmp_path)
+    commands = _docs_commands()
+    assert [c[0] for c in commands] == ["prepare", "train", "eval", "finetune", "finetune", "export", "sample"]
+    for argv in commands:
+        extra = SHRINK.get(argv[0], [])
+        if argv[0] == "eval":
+            extra = ["--json"]
+        capsys.readouterr()
+        assert main([*argv, *extra]) == 0, capsys.readouterr().err
+        if argv[0] == "eval":
+            bound = json.loads(capsys.readouterr().out)
+    # load: the run holds the directory's model as it is
+    imported = tcsm.from_pretrained(tmp_path / "runs/llada")
     own = tf.AutoModel.from_pretrained(str(d), trust_remote_code=True).eval()
     x = torch.randint(0, 17, (3, 12))
     with torch.no_grad():
         assert torch.equal(imported(x)[..., :15], own(input_ids=imported.input_ids(x)).logits[..., :15])
     # bound
-    capsys.readouterr()
-    assert main(["eval", str(tmp_path / "run"), "--json"]) == 0
-    bound = json.loads(capsys.readouterr().out)
     assert bound["bound"].startswith("masked") and bound["nats_per_token"] > 0 and bound["nats_per_token_stderr"] > 0
-    # SFT with LoRA (LLaDA's recipe: the prompt is never masked, the loss is on the response)
-    recs = [{"prompt": "the quick", "completion": "brown fox jumps"}, {"prompt": "a cat", "completion": "sat on mat"}] * 8
-    (tmp_path / "sft.jsonl").write_text("\n".join(json.dumps(r) for r in recs))
-    lora = ["train.lora.r=2", "train.lora.target_modules=[q_proj,v_proj]", "optim.lr=3e-2"]
-    assert main(["finetune", "sft", "--from", str(tmp_path / "run"), "--data", str(tmp_path / "sft.jsonl"),
-                 "--steps", "3", "-o", str(tmp_path / "sft"), *COMMON, *lora]) == 0  # fmt: skip
-    sft = tcsm.from_pretrained(tmp_path / "sft")
-    assert not torch.equal(sft(x), imported(x))  # the adapters moved
-    # reward (its eval split is the SFT data's empty test split: the bound of prompted records is SFT's own metric)
-    assert main(["finetune", "reward", "--from", str(tmp_path / "sft"), "--reward", "vader", "-B", "2", "--steps", "2",
-                 "--eval-samples", "2", "-o", str(tmp_path / "rw"), *COMMON, "eval.split=test"]) == 0  # fmt: skip
-    # export: a LoRA run must choose; merged, the directory is the model's own again
+    # SFT with LoRA moved the adapters only
+    sft = tcsm.from_pretrained(tmp_path / "runs/llada-sft")
+    assert not torch.equal(sft(x), imported(x))
+    # reward: its reference is the model with its adapters disabled, no second copy of the weights
+    saved = OmegaConf.to_container(OmegaConf.load(tmp_path / "runs/llada-rw/config.yaml"))
+    parts = build_components(load_config(base=saved), torch.device("cpu"))
+    assert isinstance(parts.reference, AdaptersOff) and parts.reference.module is parts.model
+    assert not list(parts.reference.parameters())
+    # export: a LoRA run must choose (one line); merged, the directory is the model's own again
     capsys.readouterr()
-    assert main(["export", str(tmp_path / "rw"), "-o", str(tmp_path / "out")]) != 0
+    assert main(["export", "runs/llada-rw", "-o", str(tmp_path / "other")]) != 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--merge-lora" in err[0] and "--lora-adapter" in err[0]
-    assert main(["export", str(tmp_path / "rw"), "-o", str(tmp_path / "out"), "--merge-lora"]) == 0
-    out = tmp_path / "out"
+    out = tmp_path / "llada-out"
     assert (out / "modeling_tiny_dlm.py").read_text() == (d / "modeling_tiny_dlm.py").read_text()
     config = json.loads((out / "config.json").read_text())
     assert config["auto_map"] == json.loads((d / "config.json").read_text())["auto_map"] and config["mask_token_id"] == 15
     reloaded = tf.AutoModel.from_pretrained(str(out), trust_remote_code=True).eval()
     assert type(reloaded).__name__ == "TinyDLMModel"
-    tuned = tcsm.from_pretrained(tmp_path / "rw")
+    tuned = tcsm.from_pretrained(tmp_path / "runs/llada-rw")
     with torch.no_grad():
         theirs = reloaded(input_ids=tuned.input_ids(x)).logits[..., :15]
         torch.testing.assert_close(tuned(x)[..., :15], theirs, atol=1e-5, rtol=0)
-    # generate with tcsm's samplers, from the export
+    # generate with tcsm's samplers, from the export (the last documented line)
     capsys.readouterr()
     assert main(["sample", str(out), "-n", "2", "--steps", "4", "--no-progress", "--seed", "1"]) == 0
     text = capsys.readouterr().out
     assert text.strip() and "<|mdm_mask|>" not in text  # the mask token is never a clean value
+
+
+def test_a_lora_adapter_export_loads_onto_the_directorys_own_model(tmp_path, capsys):
+    """A LoRA run started from the directory itself exports PEFT's adapter directory, which
+    `PeftModel.from_pretrained(AutoModel.from_pretrained(DIR, trust_remote_code=True), OUT)` loads: tcsm's logits."""
+    from peft import PeftModel
+
+    d = write_masked_dlm(tmp_path / "llada")
+    args = [o for o in tiny("data.seq_len=12", "data.vocab_size=16", "train.steps=2", "train.eval_every=0",
+                            "train.sample_every=0", "optim.lr=3e-2") if not o.startswith("model.")]  # fmt: skip
+    args += ["model.name=hf_masked_dlm", f"model.name_or_path={d}", "model.trust_remote_code=true",
+             "train.lora.r=2", "train.lora.target_modules=[q_proj,ff_out]", "train.lora.merge=false"]  # fmt: skip
+    assert main(["train", "-o", str(tmp_path / "run"), *args]) == 0
+    assert main(["export", str(tmp_path / "run"), "-o", str(tmp_path / "adapter")]) == 0  # train.lora.merge chose
+    assert (tmp_path / "adapter" / "adapter_config.json").is_file()
+    assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"] == str(d)
+    ours = tcsm.from_pretrained(tmp_path / "run")
+    theirs = PeftModel.from_pretrained(tf.AutoModel.from_pretrained(str(d), trust_remote_code=True),
+                                       str(tmp_path / "adapter")).eval()  # fmt: skip
+    x = torch.randint(0, 17, (3, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x)[..., :15], theirs(input_ids=ours.input_ids(x)).logits[..., :15],
+                                   atol=1e-6, rtol=0)  # fmt: skip
+        base = tf.AutoModel.from_pretrained(str(d), trust_remote_code=True).eval()
+        assert not torch.allclose(ours(x)[..., :15], base(input_ids=ours.input_ids(x)).logits[..., :15])

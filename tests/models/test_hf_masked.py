@@ -19,6 +19,7 @@ from tcsm.core.errors import ConfigError
 from tcsm.models.hf_masked import MASK_LOGIT, HFMaskedDLM
 from tcsm.objectives import Objective
 from tcsm.paths import MaskedPath
+from tcsm.posttrain.sft.objective import SFTObjective
 from tcsm.train.trainer import Trainer
 
 tf = pytest.importorskip("transformers")
@@ -123,7 +124,7 @@ class _Recorder(torch.nn.Module):
 def test_llada_sft_loss_is_tcsms_masked_sft_objective(directory):
     """LLaDA's SFT loss per sequence, Σ_{masked response i} −log p(x^i | x_t) / p_mask / L_response with p_mask = 1 − t
     (tcsm's time, linear schedule), times L_response / L, is tcsm's distrib loss with the κ_t = 1/(1 − t) weighting,
-    the prompt never masked (cond_mask): the two coincide, sequence by sequence, up to that length factor."""
+    the prompt never masked (cond_mask); with objective.normalize=response the factor is gone."""
     model = _Recorder(HFMaskedDLM(_own(directory), 16, 15))
     path = MaskedPath(16)
     x1 = torch.randint(0, 15, (4, 10), generator=torch.Generator().manual_seed(0))
@@ -141,3 +142,8 @@ def test_llada_sft_loss_is_tcsms_masked_sft_objective(directory):
     response = (~cond).sum(-1)
     llada = (ce * masked).sum(-1) / (1 - t) / response  # LLaDA's per-sequence loss
     torch.testing.assert_close(loss, (llada * response / x1.shape[1]).mean(), atol=1e-5, rtol=1e-5)
+    # objective.normalize=response: the SFT objective is LLaDA's loss itself (the same draws: the same generator)
+    sft = SFTObjective(objective, path, normalize="response")
+    loss, _ = sft(model, Batch(x1=x1, cond_mask=cond), torch.Generator().manual_seed(1))
+    assert torch.equal(model.seen[0], xt)
+    torch.testing.assert_close(loss, llada.mean(), atol=1e-5, rtol=1e-5)

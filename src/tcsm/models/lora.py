@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import torch
 from torch import Tensor, nn
@@ -58,7 +59,9 @@ def add_adapters(model: nn.Module, *, r: int, alpha: float, dropout: float, targ
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
         try:
-            peft_model = get_peft_model(_root(model), config)
+            with warnings.catch_warnings():  # PEFT asks transformers' deprecated is_gradient_checkpointing
+                warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+                peft_model = get_peft_model(_root(model), config)
         except ValueError as e:
             if "not found" not in str(e):
                 raise
