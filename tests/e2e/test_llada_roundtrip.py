@@ -128,3 +128,42 @@ def test_a_lora_adapter_export_loads_onto_the_directorys_own_model(tmp_path, cap
                                    atol=1e-6, rtol=0)  # fmt: skip
         base = tf.AutoModel.from_pretrained(str(d), trust_remote_code=True).eval()
         assert not torch.allclose(ours(x)[..., :15], base(input_ids=ours.input_ids(x)).logits[..., :15])
+
+
+def test_preference_dre_and_distillation_take_the_masked_family_with_lora(tmp_path, monkeypatch, capsys):
+    """The other recipes through the same contract: `tcsm pairs` + `tcsm finetune preference` and `tcsm finetune dre`
+    (strategy i) from the imported directory with LoRA, each reading its reference as the adapters-off model, and
+    `tcsm distill` of a causal LM of the same tokenizer into the directory's model with LoRA."""
+    from tcsm.builders.assemble import build_components
+    from tcsm.builders.config import load_config
+    from tcsm.models.lora import AdaptersOff
+
+    d = write_masked_dlm(tmp_path / "llada")
+    (tmp_path / "corpus.txt").write_text("\n".join(" ".join(WORDS[i % 7 : i % 7 + 6]) for i in range(60)))
+    monkeypatch.chdir(tmp_path)
+    prepare, train = _docs_commands()[:2]
+    shrink = SHRINK["train"]
+    assert main([*prepare]) == 0 and main([*train, *shrink]) == 0
+    lora = ["train.lora.r=2", "train.lora.target_modules=[q_proj,v_proj]", "optim.lr=3e-2", *COMMON]
+    steps = ["--steps", "2"]
+    assert main(["pairs", "--from", "runs/llada", "--reward", "vader", "-n", "8", "--group", "2", "--steps", "4",
+                 "-o", "pairs.jsonl", "--prompt", "the"]) == 0  # fmt: skip
+    assert main(["finetune", "preference", "--from", "runs/llada", "--pairs", "pairs.jsonl", "-o", "runs/pref",
+                 *steps, "--eval-samples", "0", *lora]) == 0  # fmt: skip
+    assert main(["finetune", "dre", "--from", "runs/llada", "--strategy", "i", "--loss", "bce", "-o", "runs/dre",
+                 *steps, "--eval-examples", "4", *lora]) == 0  # fmt: skip
+    x = torch.randint(0, 17, (3, 12))
+    start = tcsm.from_pretrained("runs/llada")
+    for run in ("runs/pref", "runs/dre"):
+        assert not torch.equal(tcsm.from_pretrained(run)(x), start(x)), run
+        saved = OmegaConf.to_container(OmegaConf.load(tmp_path / run / "config.yaml"))
+        parts = build_components(load_config(base=saved), torch.device("cpu"))
+        assert isinstance(parts.reference, AdaptersOff) and parts.reference.module is parts.model, run
+    # distillation: an AR teacher trained on the same shards (the same tokenizer) teaches the directory's model
+    ar = [o for o in tiny(synthetic=False) if not o.startswith(("model.", "data."))]
+    assert main(["train", "-c", "causal-lm", "-o", "runs/ar", "data.kind=shards", "data.path=shards",
+                 "data.seq_len=12", "model.max_len=12", "model.preset=tiny", *ar, "train.steps=1"]) == 0  # fmt: skip
+    student = ["model.name=hf_masked_dlm", f"model.name_or_path={d}", "model.trust_remote_code=true"]
+    assert main(["distill", "--teacher", "runs/ar", "-o", "runs/student", *steps, "--eval-samples", "2",
+                 "--eval-steps", "2", *student, *lora]) == 0  # fmt: skip
+    assert not torch.equal(tcsm.from_pretrained("runs/student")(x), start(x))
