@@ -10,6 +10,11 @@ Peak memory is the process's peak resident set (ru_maxrss) minus its resident se
 given is written to a temporary directory and loaded with model.name=hf_masked_dlm's class.
 
     python benchmarks/lora_memory.py --hidden 512 --layers 8 --vocab 8000
+    python benchmarks/lora_memory.py --hidden 512 --layers 8 --vocab 8000 --cli   # whole `tcsm finetune dre` runs
+
+With `--cli` the same comparison is made on whole runs: the directory is imported (`tcsm train ... train.steps=0`
+on synthetic data of its vocabulary), then `tcsm finetune dre --strategy i` (a frozen reference: the run it starts
+from) trains 2 steps in full and with LoRA, each in a fresh process reporting its own peak resident set.
 """
 
 from __future__ import annotations
@@ -64,8 +69,62 @@ def one(mode: str, directory: str, r: int, targets: list[str], length: int) -> d
         opt.zero_grad(set_to_none=True)
         ema.update(model)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # Bytes of the distinct tensor storages the step holds: model, reference, EMA copy, optimizer state.
+    held = [*model.state_dict().values(), *reference.state_dict().values(), *ema.model.state_dict().values(),
+            *(v for st in opt.state.values() for v in st.values() if torch.is_tensor(v))]  # fmt: skip
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in held}
     return {"mode": mode, "trainable": sum(p.numel() for p in params),
-            "total": sum(p.numel() for p in model.parameters()), "peak_mb": round(peak - before, 1)}  # fmt: skip
+            "total": sum(p.numel() for p in model.parameters()), "peak_mb": round(peak - before, 1),
+            "tensors_mb": round(sum(storages.values()) / 2**20, 1)}  # fmt: skip
+
+
+CLI_CHILD = """
+import resource, sys
+from tcsm.cli import main
+rc = main(sys.argv[1:])
+print("PEAK_MB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+sys.exit(rc)
+"""
+
+QUIET = ["train.device=cpu", "train.threads=1", "train.progress=false", "train.tensorboard=false", "train.precision=fp32",
+         "train.eval_every=0", "train.sample_every=0", "sample.num=0", "train.batch_size=4", "eval.num_t=1"]  # fmt: skip
+
+
+def _child(argv: list[str]) -> float:
+    out = subprocess.run([sys.executable, "-c", CLI_CHILD, *argv], capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"tcsm {' '.join(argv[:3])} failed: {out.stderr.strip().splitlines()[-1:]}")
+    return float(out.stdout.strip().splitlines()[-1].split()[-1])
+
+
+def cli_rows(d: Path, a) -> list[dict]:
+    """Peak memory of whole `tcsm finetune dre --strategy i` runs, full and LoRA, from the imported directory."""
+    import random
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tmp = d.parent
+    words = [f"w{i}" for i in range(a.vocab - 2)]  # + end of text + the mask token (its last id)
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate([*words, "<|eot|>", "<|mdm_mask|>"])},
+                                     unk_token="<|eot|>"))  # fmt: skip
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(d / "tokenizer.json"))
+    rng = random.Random(0)
+    (tmp / "corpus.txt").write_text("\n".join(" ".join(rng.choices(words, k=2 * a.length)) for _ in range(64)))
+    _child(["prepare", str(tmp / "corpus.txt"), "-o", str(tmp / "shards"), "--tokenizer", str(d / "tokenizer.json"),
+            "--doc-separator", "\\n", "--eos", "<|eot|>", "--val-fraction", "0.1", "--test-fraction", "0", "--no-progress"])  # fmt: skip
+    base = _child(["train", "-o", str(tmp / "run"), "model.name=hf_masked_dlm", f"model.name_or_path={d}",
+            "model.trust_remote_code=true", "data.kind=shards", f"data.path={tmp / 'shards'}",
+            f"data.seq_len={a.length}", "train.steps=0", *QUIET])  # fmt: skip
+    rows = [{"mode": "import (train.steps=0)", "peak_mb": base}]
+    lora = [f"train.lora.r={a.r}", f"train.lora.target_modules=[{a.targets}]"]
+    # LoRA with the reference loaded as a second copy: the start's raw weights (train.init_weights=model) against a
+    # reference read with reference.ema=true is not provably the same checkpoint read, so nothing is shared
+    for mode, extra in (("full", []), ("lora", lora), ("lora, reference copied", [*lora, "train.init_weights=model"])):
+        peak = _child(["finetune", "dre", "--from", str(tmp / "run"), "--strategy", "i", "--loss", "bce", "--steps",
+                       "2", "--eval-examples", "0", "-o", str(tmp / mode), *QUIET, *extra])  # fmt: skip
+        rows.append({"mode": f"{mode}", "peak_mb": peak})
+    return rows
 
 
 def main() -> None:
@@ -76,6 +135,7 @@ def main() -> None:
     p.add_argument("--length", type=int, default=64)
     p.add_argument("--r", type=int, default=8)
     p.add_argument("--targets", default="q_proj,k_proj,v_proj,attn_out")
+    p.add_argument("--cli", action="store_true", help="measure whole `tcsm finetune dre` runs (peak RSS)")
     p.add_argument("--one", nargs=2, metavar=("MODE", "DIR"), help=argparse.SUPPRESS)
     a = p.parse_args()
     targets = a.targets.split(",")
@@ -83,7 +143,7 @@ def main() -> None:
         print(json.dumps(one(a.one[0], a.one[1], a.r, targets, a.length)))
         return
     sys.path.insert(0, str(ROOT / "tests"))
-    from llada_helpers import CONFIGURATION, MODELING  # noqa: F401  (the tiny modeling code, at a larger size)
+    from llada_helpers import CONFIGURATION, MODELING  # the tiny modeling code, at a larger size
 
     with tempfile.TemporaryDirectory() as tmp:
         import json as _json
@@ -101,6 +161,10 @@ def main() -> None:
 
         cfg = tf.AutoConfig.from_pretrained(str(d), trust_remote_code=True)
         tf.AutoModel.from_config(cfg, trust_remote_code=True).save_pretrained(str(d))
+        if a.cli:
+            for row in cli_rows(d, a):
+                print(f"{row['mode']:26s} peak resident memory {row['peak_mb']:.1f} MB")
+            return
         rows = []
         for mode in ("full", "lora"):
             out = subprocess.run([sys.executable, __file__, "--one", mode, str(d), "--r", str(a.r), "--targets",
@@ -108,7 +172,7 @@ def main() -> None:
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     for row in rows:
         print(f"{row['mode']:5s} trainable {row['trainable']:>10,} of {row['total']:>10,} parameters, "
-              f"peak memory +{row['peak_mb']:.1f} MB")  # fmt: skip
+              f"tensors held {row['tensors_mb']:.1f} MB, peak memory +{row['peak_mb']:.1f} MB")  # fmt: skip
 
 
 if __name__ == "__main__":
