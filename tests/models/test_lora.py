@@ -118,3 +118,53 @@ def test_full_parameter_training_stays_the_default():
     assert cfg.train.lora.r == 0
     model = with_lora(_model(), cfg)
     assert all(p.requires_grad for p in model.parameters())
+
+
+def test_adapters_on_a_tied_weight_cannot_be_merged_in_one_line():
+    """Two layers sharing one weight (DiffusionGemma's encoder and decoder): folding an adapter into it would change
+    the other layer too, so merging is refused, naming both."""
+    shared = torch.nn.Linear(4, 4)
+    model = torch.nn.Sequential(shared, torch.nn.ReLU(), torch.nn.Linear(4, 4))
+    model[2].weight = shared.weight
+    add_adapters(model, r=2, alpha=4, dropout=0.0, target_modules=["0"], seed=0)
+    with pytest.raises(ValueError) as e:
+        merge(model)
+    assert "\n" not in str(e.value) and "shared with" in str(e.value) and "--lora-adapter" in str(e.value)
+
+
+def test_a_diffusion_gemma_lora_run_exports_an_adapter_its_own_class_loads(tmp_path, capsys):
+    """LoRA on DiffusionGemma (tied encoder / decoder weights, so "re:" targets its attention projections): merged
+    export is one line, the PEFT adapter on `DiffusionGemmaForBlockDiffusion` gives tcsm's logits."""
+    tf = pytest.importorskip("transformers")
+    if not hasattr(tf, "DiffusionGemmaForBlockDiffusion"):
+        pytest.skip("this transformers has no DiffusionGemma")
+    from diffusion_gemma_helpers import tiny_hf
+    from peft import PeftModel
+
+    import tcsm
+    from tcsm.cli import main
+
+    V, K, L = 8, 4, 16
+    tiny_hf(V=V, k=K, window=3).save_pretrained(tmp_path / "model")
+    run = ["data.kind=synthetic", f"data.vocab_size={V}", f"data.seq_len={L}", "data.num_train=32", "data.num_valid=8",
+           "data.num_test=8", "train.batch_size=4", "train.device=cpu", "train.precision=fp32", "train.eval_every=0",
+           "train.sample_every=0", "sample.num=0", "train.steps=2", "train.threads=1", "train.progress=false",
+           "train.tensorboard=false", "optim.lr=3e-2", "path.source=uniform", "model.name=diffusion_gemma",
+           f"path.block_length={K}", f"model.name_or_path={tmp_path / 'model'}", "train.lora.r=2",
+           'train.lora.target_modules=["re:.*(language_model|decoder).*(q_proj|v_proj)"]']  # fmt: skip
+    assert main(["train", "-o", str(tmp_path / "run"), *run]) == 0
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "run"), "-o", str(tmp_path / "merged"), "--merge-lora"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "tied weights" in err[0]
+    assert main(["export", str(tmp_path / "run"), "-o", str(tmp_path / "adapter"), "--lora-adapter"]) == 0
+    base = tf.DiffusionGemmaForBlockDiffusion.from_pretrained(tmp_path / "model").eval()
+    theirs = PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval()
+    ours = tcsm.from_pretrained(tmp_path / "run")
+    g = torch.Generator().manual_seed(0)
+    x1, xt = torch.randint(0, V, (2, L), generator=g), torch.randint(0, V, (2, L), generator=g)
+    with torch.no_grad():
+        logits = ours(xt, None, x1=x1)
+        for b in range(1, L // K):
+            own = theirs(input_ids=x1[:, : b * K], decoder_input_ids=xt[:, b * K : (b + 1) * K]).logits
+            torch.testing.assert_close(own, logits[:, b * K : (b + 1) * K], atol=1e-5, rtol=0)

@@ -38,7 +38,7 @@ from safetensors.torch import save_file
 from tcsm.builders.config import to_dict
 from tcsm.builders.loading import load_checkpoint
 from tcsm.builders.lora import lora_choice, write_adapter
-from tcsm.core.errors import CheckpointError
+from tcsm.core.errors import CheckpointError, ConfigError
 from tcsm.models.hf_denoiser import auto_class_kind
 from tcsm.models.kinds import kind_of
 from tcsm.models.lora import merge as merge_adapters
@@ -362,7 +362,10 @@ def export(
     if merge is False:
         return _export_adapter(ck, out, log)
     if merge:
-        merge_adapters(ck.model)
+        try:
+            merge_adapters(ck.model)
+        except ValueError as e:
+            raise ConfigError(f"cannot export {str(run)!r} merged: {e}") from None
     others = _prepare_target(out, overwrite, keep_other_files)
     model, kind = ck.model, _kind(ck.model)
     hf = _hf_config(ck, model, kind)

@@ -76,7 +76,9 @@ class LoRAConfig:
     alpha: float = field(default=16.0, metadata={"help": "LoRA scale α (the update is (α/r) B A)"})
     dropout: float = field(default=0.0, metadata={"help": "dropout on the adapters' input"})
     target_modules: Optional[list[str]] = field(  # noqa: UP045 (OmegaConf structured configs need Optional)
-        default=None, metadata={"help": "names (or last names) of the linear layers to adapt; needed with r > 0"}
+        default=None,
+        metadata={"help": "names (or last names) of the linear layers to adapt, or one entry \"re:PATTERN\" (full names "
+                          "matching it); needed with r > 0"},
     )
     merge: Optional[bool] = field(  # noqa: UP045
         default=None,

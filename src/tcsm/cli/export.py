@@ -42,5 +42,8 @@ def run(args) -> int:
         args.run, args.output, ema=args.weights == "ema", overwrite=args.overwrite,
         keep_other_files=args.keep_other_files, lora_merge=args.lora_merge,
     )  # fmt: skip
-    print(f"exported {args.run} to {out} (load with tcsm.from_pretrained or transformers, trust_remote_code=True)")
+    if (out / "adapter_config.json").is_file():
+        print(f"exported the LoRA adapters of {args.run} to {out} (load with peft.PeftModel.from_pretrained(base, DIR))")
+    else:
+        print(f"exported {args.run} to {out} (load with tcsm.from_pretrained or transformers, trust_remote_code=True)")
     return 0

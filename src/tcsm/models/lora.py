@@ -25,6 +25,7 @@ __all__ = [
     "AdaptersOff",
     "adapters_off",
     "add_adapters",
+    "check_foldable",
     "fold_adapters",
     "handle",
     "has_adapters",
@@ -49,13 +50,14 @@ def linear_names(model: nn.Module) -> list[str]:
 
 def add_adapters(model: nn.Module, *, r: int, alpha: float, dropout: float, target_modules, seed: int) -> nn.Module:
     """`model` with LoRA adapters of rank r on the layers named by `target_modules` (exact names or last names, as
-    PEFT matches them), every other parameter frozen; A is drawn from a stream seeded by `seed` alone. ValueError
-    (one line) when no layer matches."""
+    PEFT matches them; one entry "re:PATTERN": the layers whose full name matches the regular expression), every other
+    parameter frozen; A is drawn from a stream seeded by `seed` alone. ValueError (one line) when no layer matches."""
     from peft import LoraConfig, get_peft_model
 
     names = [str(t) for t in target_modules]
-    config = LoraConfig(r=int(r), lora_alpha=float(alpha), lora_dropout=float(dropout), target_modules=names,
-                        bias="none")  # fmt: skip
+    regex = len(names) == 1 and names[0].startswith("re:")
+    config = LoraConfig(r=int(r), lora_alpha=float(alpha), lora_dropout=float(dropout), bias="none",
+                        target_modules=names[0][3:] if regex else names)  # fmt: skip
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
         try:
@@ -141,10 +143,26 @@ def start_weights(model: nn.Module, weights: dict[str, Tensor]) -> tuple[dict[st
     return out, False
 
 
+def check_foldable(model: nn.Module) -> None:
+    """ValueError (one line) when an adapted layer's weight is also another layer's (tied weights: DiffusionGemma's
+    encoder and decoder share theirs): W + (α/r) B A would change the other layer too, so the adapters cannot be
+    folded into the weights; they stay adapters (a PEFT adapter export)."""
+    uses: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        uses.setdefault(id(p), []).append(name)
+    for layer in _lora_layers(model):
+        names = uses.get(id(layer.get_base_layer().weight), [])
+        if len(names) > 1:
+            raise ValueError(f"the adapted weight {names[0]} is shared with {names[1]} (tied weights): adapters on it "
+                             "cannot be folded into the weights; export them with --lora-adapter, or adapt layers "
+                             "whose weights are their own")  # fmt: skip
+
+
 @torch.no_grad()
 def fold_adapters(model: nn.Module, seed: int) -> None:
     """W ← W + (α/r) B A in every adapted layer, then the adapters start again at B = 0 (the function is unchanged;
-    A is drawn again from a stream seeded by `seed` alone)."""
+    A is drawn again from a stream seeded by `seed` alone). ValueError when an adapted weight is tied to another."""
+    check_foldable(model)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
         for layer in _lora_layers(model):
@@ -155,8 +173,10 @@ def fold_adapters(model: nn.Module, seed: int) -> None:
 
 
 def merge(model: nn.Module) -> nn.Module:
-    """Fold the adapters into the base weights and remove them: the model is a plain one again (in place)."""
+    """Fold the adapters into the base weights and remove them: the model is a plain one again (in place).
+    ValueError when an adapted weight is tied to another layer's (`check_foldable`)."""
     if has_adapters(model):
+        check_foldable(model)
         handle(model).merge_and_unload()
         del model.__dict__[_HANDLE]
         root = _root(model)

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from tcsm.builders.config import load_config, to_dict
 from tcsm.builders.loading import check_same_architecture
-from tcsm.core.errors import CheckpointError
+from tcsm.core.errors import CheckpointError, ConfigError
 from tcsm.models.lora import fold_adapters, has_adapters, start_weights
 from tcsm.storage.checkpoint import (
     SHARDS,
@@ -61,7 +61,10 @@ def warm_start(model: torch.nn.Module, where: str, *, ema: bool, data, device: t
     weights, fold = start_weights(model, read_weights(directory, ema=use_ema, device=device))
     load_weights_into(model, weights, str(directory))
     if fold and has_adapters(model):
-        fold_adapters(model, seed)
+        try:
+            fold_adapters(model, seed)
+        except ValueError as e:
+            raise ConfigError(f"train.init_from {where!r} is a LoRA run whose adapters cannot start this one: {e}") from None
 
 
 class Checkpointer:
