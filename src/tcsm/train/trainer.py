@@ -468,8 +468,10 @@ class Trainer:
 
             self.logger.open()  # closed when an earlier fit of this trainer returned
 
+            trained, total = count_parameters(self.model), count_parameters(self.model, trainable_only=False)
+            size = f"{trained / 1e6:.2f}M parameters" + (f" trained of {total / 1e6:.2f}M" if trained < total else "")
             self._print(
-                f"{self.data.summary()}\nmodel: {count_parameters(self.model) / 1e6:.2f}M parameters, "
+                f"{self.data.summary()}\nmodel: {size}, "
                 f"{self.path.kind} path, {self.precision}, device {self.device}, {env.world_size} process(es), "
                 f"{self.num_micro} micro-batch(es) of {self.micro}; "
                 + (f"resuming at step {self.step}" if self.step else f"{t.steps} steps")
