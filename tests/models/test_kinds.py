@@ -32,7 +32,7 @@ def test_every_family_declares_every_field():
     for name, kind in FAMILIES.items():
         assert isinstance(kind, ModelKind) and kind.family and kind.description, name
         assert kind.sampler in ("path", "blocks", "left_to_right", "sir", "none"), name
-        assert kind.export in (None, "denoiser", "hf_denoiser", "energy", "diffusion_gemma"), name
+        assert kind.export in (None, "denoiser", "hf_denoiser", "energy", "diffusion_gemma", "hf_masked_dlm"), name
         assert kind.likelihood in ("bound", "nll", "estimate"), name
         assert kind.is_denoiser == (kind.sampler in ("path", "blocks")), name
         assert kind.blocks == (kind.sampler == "blocks"), name
@@ -112,7 +112,8 @@ def test_the_scan_finds_what_it_forbids(tmp_path, code):
 OLD_NOT_DENOISERS = {"energy", "causal", "mlm", "hollow", "hf_causal", "hf_mlm"}  # builders.source, tcsm lm-eval
 OLD_FAMILY = {"energy": "energy", "mlm": "mlm", "hf_mlm": "mlm", "causal": "causal", "hf_causal": "causal",
               "hollow": "hollow"}  # builders.frozen / targets / objectives: EnergyModel, else `model.family`
-OLD_EXPORT = {"energy": "energy", "hf_denoiser": "hf_denoiser", "diffusion_gemma": "diffusion_gemma"}  # builders.export
+OLD_EXPORT = {"energy": "energy", "hf_denoiser": "hf_denoiser", "diffusion_gemma": "diffusion_gemma",  # builders.export
+              "hf_masked_dlm": "hf_masked_dlm"}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
@@ -142,10 +143,11 @@ def test_each_class_declares_the_kind_of_its_model_name():
     from tcsm.models.diffusion_gemma import DiffusionGemmaDenoiser
     from tcsm.models.hf import HFCausalLM, HFMaskedLM
     from tcsm.models.hf_denoiser import HFDenoiser
+    from tcsm.models.hf_masked import HFMaskedDLM
 
     classes = {"denoiser": Denoiser, "hf_denoiser": HFDenoiser, "mlm": MaskedLM, "causal": CausalLM,
                "hollow": HollowTransformer, "hf_mlm": HFMaskedLM, "hf_causal": HFCausalLM, "energy": EnergyModel,
-               "diffusion_gemma": DiffusionGemmaDenoiser}  # fmt: skip
+               "diffusion_gemma": DiffusionGemmaDenoiser, "hf_masked_dlm": HFMaskedDLM}  # fmt: skip
     assert set(classes) == set(FAMILIES)
     for name, cls in classes.items():
         assert cls.model_kind is FAMILIES[name], name

@@ -9,8 +9,10 @@ import torch
 
 from tcsm.builders.components import Components, build_data, build_objective, build_path, section
 from tcsm.builders.frozen import load_reference
+from tcsm.builders.lora import shares_base, with_lora
 from tcsm.builders.registry import MODELS, OBJECTIVES, TARGETS, BuildContext
 from tcsm.core.protocols import TrainerCallback
+from tcsm.models.lora import adapters_off
 
 __all__ = ["build_components", "build_objective_for_checkpoint"]
 
@@ -23,10 +25,16 @@ def build_components(cfg, device: torch.device, data=None) -> Components:
     sections = {key: section(cfg, key) for key in ("model", "target", "objective")}
     entries = {"model": MODELS, "target": TARGETS, "objective": OBJECTIVES}
     uses = {key: entries[key].get(name).reference for key, (name, _) in sections.items()}
+    listed = [(sections[key][1], use) for key, use in uses.items()]
+    # A LoRA run whose reference is its own starting checkpoint reads it as the model with adapters disabled.
+    shared = uses["model"] is None and shares_base(cfg, listed)
     # The trainable model's initial weights depend on train.seed alone unless it is built around the reference.
-    load_reference(ctx, [(sections[key][1], use) for key, use in uses.items()], own_stream=uses["model"] is None)
+    if not shared:
+        load_reference(ctx, listed, own_stream=uses["model"] is None)
     name, node = sections["model"]
-    ctx.model = MODELS.build(name, node, ctx).to(device)
+    ctx.model = with_lora(MODELS.build(name, node, ctx), cfg).to(device)
+    if shared:
+        ctx.reference = adapters_off(ctx.model)
     name, node = sections["target"]
     target = TARGETS.build(name, node, ctx)
     ctx.target = target.to(device) if hasattr(target, "to") else target
@@ -48,5 +56,9 @@ def build_objective_for_checkpoint(cfg, model: torch.nn.Module, data, device):
     ctx.path = build_path(cfg, int(data.vocab_size))
     name, node = section(cfg, "objective")
     use = OBJECTIVES.get(name).reference
-    load_reference(ctx, [(node, use if use is not None and use.scoring else None)])
+    listed = [(node, use if use is not None and use.scoring else None)]
+    if shares_base(cfg, listed):
+        ctx.reference = adapters_off(model)
+    else:
+        load_reference(ctx, listed)
     return build_objective(cfg, ctx)

@@ -144,4 +144,6 @@ def build_model_for_checkpoint(cfg, data_info: dict, device) -> torch.nn.Module:
     ctx = BuildContext(config=cfg, device=torch.device(device), data=info)
     ctx.path = build_path(cfg, info.vocab_size)
     name, node = section(cfg, "model")
-    return MODELS.build(name, node, ctx).to(device)
+    from tcsm.builders.lora import with_lora
+
+    return with_lora(MODELS.build(name, node, ctx), cfg).to(device)

@@ -37,9 +37,11 @@ from safetensors.torch import save_file
 
 from tcsm.builders.config import to_dict
 from tcsm.builders.loading import load_checkpoint
-from tcsm.core.errors import CheckpointError
+from tcsm.builders.lora import lora_choice, write_adapter
+from tcsm.core.errors import CheckpointError, ConfigError
 from tcsm.models.hf_denoiser import auto_class_kind
 from tcsm.models.kinds import kind_of
+from tcsm.models.lora import merge as merge_adapters
 from tcsm.storage.checkpoint import EXPORT_FORMAT, MANIFEST, is_export_dir
 from tcsm.storage.fileio import file_digest, fsync_dir, fsync_file
 
@@ -136,6 +138,10 @@ def _hf_config(ck, model, kind: str) -> dict[str, Any]:
         from tcsm.builders.diffusion_gemma import native_config
 
         return native_config(model, {k: out[k] for k in ("kind", "source", "sampling", "tcsm")})
+    elif kind == "hf_masked_dlm":  # the model's own directory, loaded by its own modeling code
+        from tcsm.builders.hf_masked import native_config
+
+        return native_config(model, {k: out[k] for k in ("kind", "source", "sampling", "tcsm")})
     # LMs (mlm / causal / hollow teachers) and Hugging Face-backed models load through tcsm only.
     return out
 
@@ -200,7 +206,15 @@ def _card(ck, hf: dict, summary: dict | None, n_params: int, source_dir: Path) -
             "out = model.generate(prompt_ids, max_new_tokens=N)",
             "```",
         ]
-    if "auto_map" in hf:
+    if hf["kind"] == "hf_masked_dlm":
+        lines += [
+            "```python",
+            "from transformers import AutoModel   # the model's own modeling code, as the directory it came from",
+            "model = AutoModel.from_pretrained(DIR, trust_remote_code=True)",
+            "logits = model(input_ids=x).logits   # x holds mask_token_id at masked positions",
+            "```",
+        ]
+    elif "auto_map" in hf:
         auto = "AutoModel" if hf["kind"] == "energy" else "AutoModelForMaskedLM"
         call = "model(input_ids=x_t, timesteps=t).logits" if hf["kind"] != "energy" else (
             "model(input_ids=x_1, noisy_ids=x_t, timesteps=t).energy"
@@ -333,17 +347,30 @@ def export(
     overwrite: bool = False,
     keep_other_files: bool = False,
     log: Callable[[str], None] | None = None,
+    lora_merge: bool | None = None,
 ) -> Path:
     """Write the model of `run` (a run, checkpoints, step or export directory) to `out_dir` (see the module
     docstring); returns `out_dir`. Refuses a non-empty `out_dir` that is not an export, and an existing export
     unless `overwrite`; an overwrite replaces only the files the earlier export wrote (its manifest's `written`),
     and refuses a directory holding others unless `keep_other_files`, which leaves them in place. What a user must
-    know about the result (e.g. that transformers cannot load it) goes to `log`, one line each (default: stderr)."""
+    know about the result (e.g. that transformers cannot load it) goes to `log`, one line each (default: stderr).
+    A LoRA run: `lora_merge` (else its `train.lora.merge`) True writes the weights with the adapters folded in (a
+    plain export), False a PEFT adapter directory (into a new or empty `out_dir`)."""
     out = Path(out_dir)
-    others = _prepare_target(out, overwrite, keep_other_files)
     ck = load_checkpoint(run, device="cpu", ema=ema)
+    merge = lora_choice(ck.config, ck.model, lora_merge)
+    if merge is False:
+        return _export_adapter(ck, out, log)
+    if merge:
+        try:
+            merge_adapters(ck.model)
+        except ValueError as e:
+            raise ConfigError(f"cannot export {str(run)!r} merged: {e}") from None
+    others = _prepare_target(out, overwrite, keep_other_files)
     model, kind = ck.model, _kind(ck.model)
     hf = _hf_config(ck, model, kind)
+    if merge:  # the export is a plain model: tcsm reads it back without adapters
+        hf["tcsm"]["config"]["train"]["lora"]["r"] = 0
     run_dir = _run_dir(ck.directory)
     summary = None
     for where in (run_dir, ck.directory):
@@ -354,21 +381,26 @@ def export(
     tmp = out.parent / f".tmp-export-{out.name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        if kind == "diffusion_gemma":  # the model's own directory: transformers loads it as it is
-            from tcsm.builders.diffusion_gemma import write_native
+        if kind == "hf_masked_dlm":  # its modeling code, tokenizer and special ids are the directory's own
+            from tcsm.builders.hf_masked import write_native as write_own
 
-            write_native(tmp, model, hf)
+            notes = write_own(tmp, model, hf, ck.config.model.get("name_or_path"))
         else:
-            weights = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
-            save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        notes = _write_tokenizer(tmp, ck, run_dir, hf["source"] == "masked")
-        if kind != "diffusion_gemma":  # its own config names its special tokens
-            hf.update(_special_ids(tmp))  # generate() stops at the run's end of text
-        (tmp / "config.json").write_text(json.dumps(hf, indent=1) + "\n", encoding="utf-8")
+            if kind == "diffusion_gemma":  # the model's own directory: transformers loads it as it is
+                from tcsm.builders.diffusion_gemma import write_native
+
+                write_native(tmp, model, hf)
+            else:
+                weights = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
+                save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            notes = _write_tokenizer(tmp, ck, run_dir, hf["source"] == "masked")
+            if kind != "diffusion_gemma":  # its own config names its special tokens
+                hf.update(_special_ids(tmp))  # generate() stops at the run's end of text
+            (tmp / "config.json").write_text(json.dumps(hf, indent=1) + "\n", encoding="utf-8")
         (tmp / "sampling_config.json").write_text(json.dumps(hf["sampling"], indent=1) + "\n", encoding="utf-8")
         if kind == "hf_denoiser":
             model.hf.config.save_pretrained(tmp / BASE_MODEL)
-        if "auto_map" in hf:
+        if "auto_map" in hf and kind != "hf_masked_dlm":  # that one carries its own code
             for name in _CODE_FILES:
                 shutil.copyfile(_REMOTE_CODE / name, tmp / name)
         notes += _transformers_notes(hf, kind)
@@ -387,6 +419,31 @@ def export(
         _swap_in(tmp, out, others)
         fsync_dir(out.parent)
     except (OSError, SafetensorError) as e:  # e.g. a full disk: one line, the earlier export untouched
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(_write_failure(out, e)) from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    say = log if log is not None else (lambda line: print(line, file=sys.stderr))
+    for note in notes:
+        say(f"tcsm export: note: {note}")
+    return out
+
+
+def _export_adapter(ck, out: Path, log) -> Path:
+    """A LoRA run's adapters as PEFT's adapter directory, written whole or not at all into a new or empty `out`."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise CheckpointError(f"a LoRA adapter is exported into a new or empty directory; {str(out)!r} is not one")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".tmp-export-{out.name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        notes = write_adapter(tmp, ck.model, ck.config)
+        fsync_dir(tmp)
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+    except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(_write_failure(out, e)) from None
     except BaseException:

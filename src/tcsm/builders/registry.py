@@ -156,8 +156,8 @@ def _recipe_builders() -> tuple[str, ...]:
 
 #: The modules whose import registers the built-in entries; one module may register several kinds (a recipe's
 #: model, target and objective together). A registry imports them all before it reports a name as unknown.
-BUILDER_MODULES = ("tcsm.builders.models", "tcsm.builders.diffusion_gemma", "tcsm.builders.targets", "tcsm.builders.objectives",
-                   *_recipe_builders())  # fmt: skip
+BUILDER_MODULES = ("tcsm.builders.models", "tcsm.builders.diffusion_gemma", "tcsm.builders.hf_masked", "tcsm.builders.targets",
+                   "tcsm.builders.objectives", *_recipe_builders())  # fmt: skip
 
 MODELS = Registry("model", homes=BUILDER_MODULES)
 TARGETS = Registry("target", homes=BUILDER_MODULES)

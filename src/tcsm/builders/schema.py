@@ -71,6 +71,23 @@ class OptimConfig:
 
 
 @dataclass
+class LoRAConfig:
+    r: int = field(default=0, metadata={"help": "LoRA rank; 0: full-parameter training (tcsm.models.lora)"})
+    alpha: float = field(default=16.0, metadata={"help": "LoRA scale α (the update is (α/r) B A)"})
+    dropout: float = field(default=0.0, metadata={"help": "dropout on the adapters' input"})
+    target_modules: Optional[list[str]] = field(  # noqa: UP045 (OmegaConf structured configs need Optional)
+        default=None,
+        metadata={"help": "names (or last names) of the linear layers to adapt, or one entry \"re:PATTERN\" (full names "
+                          "matching it); needed with r > 0"},
+    )
+    merge: Optional[bool] = field(  # noqa: UP045
+        default=None,
+        metadata={"help": "tcsm export: true merged weights, false a PEFT adapter directory; null: --merge-lora or "
+                          "--lora-adapter decides"},
+    )  # fmt: skip
+
+
+@dataclass
 class TrainConfig:
     steps: int = field(default=1000, metadata={"help": "optimizer steps"})
     batch_size: int = field(
@@ -116,6 +133,7 @@ class TrainConfig:
         metadata={"help": "start from the weights of this checkpoint (fine-tuning); ignored when resuming"},
     )
     init_weights: str = field(default="ema", metadata={"help": "ema | model: which weights init_from loads"})
+    lora: LoRAConfig = field(default_factory=LoRAConfig, metadata={"help": "LoRA adapters instead of all weights"})
     progress: bool = field(default=True, metadata={"help": "show a tqdm progress bar"})
     tensorboard: bool = field(
         default=True, metadata={"help": "write TensorBoard scalars when tensorboard is installed"}

@@ -46,7 +46,9 @@ def validate(cfg: DictConfig) -> None:
     )
     bl = cfg.path.get("block_length")
     _check(bl is None or bl >= 1, f"path.block_length must be >= 1 or null, got {bl}")
-    for key in ("steps", "batch_size", "log_every"):
+    # train.steps=0 writes the model as built (a pretrained directory imported as a run) and trains nothing.
+    _check(t.steps >= 0, f"train.steps must be >= 0, got {t.steps}")
+    for key in ("batch_size", "log_every"):
         _check(t[key] >= 1, f"train.{key} must be >= 1, got {t[key]}")
     for key in ("eval_every", "sample_every", "save_every", "keep_last", "eval_examples"):
         _check(t[key] >= 0, f"train.{key} must be >= 0, got {t[key]}")

@@ -25,6 +25,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+    lora = p.add_mutually_exclusive_group()
+    lora.add_argument("--merge-lora", dest="lora_merge", action="store_const", const=True, default=None,
+                      help="a LoRA run: export the weights with the adapters folded in (default: train.lora.merge)")
+    lora.add_argument("--lora-adapter", dest="lora_merge", action="store_const", const=False,
+                      help="a LoRA run: export the adapters alone, as a PEFT adapter directory")
+
+
 def run(args) -> int:
     from tcsm.builders.export import export
     from tcsm.core.errors import ConfigError
@@ -33,7 +40,10 @@ def run(args) -> int:
         raise ConfigError("--keep-other-files goes with --overwrite (it says what an overwrite leaves in place)")
     out = export(
         args.run, args.output, ema=args.weights == "ema", overwrite=args.overwrite,
-        keep_other_files=args.keep_other_files,
+        keep_other_files=args.keep_other_files, lora_merge=args.lora_merge,
     )  # fmt: skip
-    print(f"exported {args.run} to {out} (load with tcsm.from_pretrained or transformers, trust_remote_code=True)")
+    if (out / "adapter_config.json").is_file():
+        print(f"exported the LoRA adapters of {args.run} to {out} (load with peft.PeftModel.from_pretrained(base, DIR))")
+    else:
+        print(f"exported {args.run} to {out} (load with tcsm.from_pretrained or transformers, trust_remote_code=True)")
     return 0

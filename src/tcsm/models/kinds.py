@@ -65,6 +65,9 @@ FAMILIES: dict[str, ModelKind] = {
     "diffusion_gemma": ModelKind(
         "denoiser", "blocks", "diffusion_gemma", "a DiffusionGemma block-diffusion model (uniform source)", blocks=True
     ),
+    "hf_masked_dlm": ModelKind(
+        "denoiser", "path", "hf_masked_dlm", "a Hugging Face masked diffusion LM (LLaDA / Dream style, remote code)"
+    ),
 }
 
 

@@ -20,7 +20,9 @@ class EMA:
 
     def __init__(self, model: nn.Module, decay: float):
         self.decay = float(decay)
-        self.model = copy.deepcopy(model).float().eval()
+        # Frozen parameters (a LoRA run's base) never change: the copy shares them instead of doubling them.
+        frozen = {id(p): p for p in model.parameters() if not p.requires_grad}
+        self.model = copy.deepcopy(model, frozen).float().eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.num_updates = 0
@@ -36,6 +38,8 @@ class EMA:
         # takes one kind at a time.
         groups: dict[type, tuple[list, list]] = {}
         for e, p in zip(self.model.parameters(), model.parameters()):
+            if e is p:  # a shared frozen parameter
+                continue
             ema_list, src_list = groups.setdefault(type(e), ([], []))
             ema_list.append(e)
             src_list.append(p.detach().to(e.dtype))

@@ -148,7 +148,8 @@ class Trainer:
             if not isinstance(cb, TrainerCallback):
                 raise TypeError(f"{cb!r} is not a TrainerCallback (on_fit_start, on_step_end)")
         if t.init_from and not resume:
-            warm_start(self.model, t.init_from, ema=t.init_weights == "ema", data=self.data, device=self.device)
+            warm_start(self.model, t.init_from, ema=t.init_weights == "ema", data=self.data, device=self.device,
+                       seed=t.seed)
         self.precision = resolve_precision(t.precision, self.device, self.model)
         self.parallel = Parallel.of(t, self.env, self.precision)
         if t.logger not in LOGGERS:  # before anything is written (an --overwrite clears the old run below)
@@ -455,6 +456,10 @@ class Trainer:
             (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg), encoding="utf-8")
             self._save_tokenizer()
             clean_leftovers(self.checkpoints.root)
+        if t.steps == 0 and self.step == 0 and self.checkpoints.root is not None and not self.checkpoints.root.is_dir():
+            self.save()  # an import: the model as built (and started) becomes the run's step-0 checkpoint
+            self._print(f"train.steps=0: the model as built is the run's checkpoint in {self.checkpoints.root}")
+            return self.summary()
         if self.step >= t.steps:
             self._print(f"nothing to do: the run is at step {self.step} >= train.steps={t.steps}")
             return self.summary()
@@ -463,8 +468,10 @@ class Trainer:
 
             self.logger.open()  # closed when an earlier fit of this trainer returned
 
+            trained, total = count_parameters(self.model), count_parameters(self.model, trainable_only=False)
+            size = f"{trained / 1e6:.2f}M parameters" + (f" trained of {total / 1e6:.2f}M" if trained < total else "")
             self._print(
-                f"{self.data.summary()}\nmodel: {count_parameters(self.model) / 1e6:.2f}M parameters, "
+                f"{self.data.summary()}\nmodel: {size}, "
                 f"{self.path.kind} path, {self.precision}, device {self.device}, {env.world_size} process(es), "
                 f"{self.num_micro} micro-batch(es) of {self.micro}; "
                 + (f"resuming at step {self.step}" if self.step else f"{t.steps} steps")

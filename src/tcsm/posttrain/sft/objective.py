@@ -4,6 +4,8 @@ completion given its prompt (MATH.md §2.4 with the prompt positions clean at ev
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from tcsm.core.batch import as_batch
@@ -19,13 +21,22 @@ class SFTObjective:
     """`objective(model, batch, generator, **kw)` is `inner`'s; `evaluate` is the completion | prompt bound
     (`nelbo_terms` with the prompt as its `cond_mask`)."""
 
-    def __init__(self, inner, path, eval_num_t: int = 4, bound: str | None = None):
+    def __init__(self, inner, path, eval_num_t: int = 4, bound: str | None = None, normalize: str = "length"):
         if int(eval_num_t) < 1:
             raise ValueError(f"eval_num_t must be >= 1, got {eval_num_t}")
-        self.inner, self.path, self.eval_num_t = inner, path, int(eval_num_t)
+        if normalize not in ("length", "response"):
+            raise ValueError(f"normalize must be 'length' or 'response', got {normalize!r}")
+        self.inner, self.path, self.eval_num_t, self.normalize = inner, path, int(eval_num_t), normalize
         self.bound = resolve_bound(path, bound)
 
     def __call__(self, model, batch, generator=None, **kwargs):
+        """`inner`'s loss; with normalize="response" each sequence is weighted by L / L_response, so its loss is per
+        response token (LLaDA's SFT normaliser) instead of per position of the sequence."""
+        batch = as_batch(batch)
+        if self.normalize == "response" and batch.cond_mask is not None:
+            L = batch.x1.shape[1]
+            w = L / (L - batch.cond_mask.sum(-1)).clamp_min(1).to(torch.float32)
+            batch = replace(batch, weight=w if batch.weight is None else batch.weight * w)
         return self.inner(model, batch, generator, **kwargs)
 
     def to(self, device) -> SFTObjective:
