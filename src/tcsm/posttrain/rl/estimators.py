@@ -35,7 +35,9 @@ def _completion(x: Tensor, cond_mask: Tensor | None) -> Tensor:
 
 
 def _token_logprobs(logits: Tensor, x: Tensor) -> Tensor:
-    return torch.log_softmax(logits.float(), -1).gather(-1, x.unsqueeze(-1)).squeeze(-1)
+    """log m^i(x^i) [B, L] from logits [B, L, V], in float32 at least (float64 stays float64)."""
+    logits = logits if logits.dtype == torch.float64 else logits.float()
+    return torch.log_softmax(logits, -1).gather(-1, x.unsqueeze(-1)).squeeze(-1)
 
 
 class SequenceLogLikelihood:
