@@ -66,12 +66,13 @@ class GRPOObjective:
     """Group-relative policy optimisation with clipped ratios (see the module docstring). `reference`: the frozen
     model of the KL term (None: no KL, reported as 0); `sampler_owner`: an objective that declares its own sampler
     (`core.protocols.Samples`, e.g. left to right for an AR policy), None for the run's path sampler; `success`:
-    the reward counted as a solved problem by the accuracy metric."""
+    the reward counted as a solved problem by the accuracy metric; `prompt_len`: for batches without a
+    `cond_mask`, the leading positions taken as the prompt (0: unconditional groups)."""
 
     def __init__(self, path, estimator: SequenceLogLikelihood, reward: RewardFn, *, settings, group_size: int,
                  clip_eps: float = 0.2, kl_coef: float = 0.0, reference=None, num_iterations: int = 1,
                  per_token: bool = True, scale_advantages: bool = True, sampler_owner=None,
-                 reward_chunk: int | None = None, success: float = 1.0):  # fmt: skip
+                 reward_chunk: int | None = None, success: float = 1.0, prompt_len: int = 0):  # fmt: skip
         if int(group_size) < 2:
             raise ValueError(f"group_size must be >= 2 (advantages compare a prompt's rollouts), got {group_size}")
         if int(num_iterations) < 1:
@@ -84,7 +85,7 @@ class GRPOObjective:
         self.group_size, self.clip_eps, self.kl_coef = int(group_size), float(clip_eps), float(kl_coef)
         self.reference, self.num_iterations, self.per_token = reference, int(num_iterations), bool(per_token)
         self.scale_advantages, self.sampler_owner = bool(scale_advantages), sampler_owner
-        self.reward_chunk, self.success = reward_chunk, float(success)
+        self.reward_chunk, self.success, self.prompt_len = reward_chunk, float(success), int(prompt_len)
         self.step, self._calls = 0, 0
         self.buffer: list[RolloutGroup] = []
         self.device = torch.device("cpu")  # where a restored buffer goes
@@ -149,7 +150,11 @@ class GRPOObjective:
     def __call__(self, model, batch, generator=None) -> tuple[Tensor, dict[str, Tensor]]:
         b = as_batch(batch)
         x1 = b.x1.long()
-        cond = torch.zeros_like(x1, dtype=torch.bool) if b.cond_mask is None else b.cond_mask.to(torch.bool)
+        if b.cond_mask is not None:
+            cond = b.cond_mask.to(torch.bool)
+        else:  # rows without a prompt mask: their first `prompt_len` tokens are the prompt
+            cond = torch.zeros_like(x1, dtype=torch.bool)
+            cond[:, : self.prompt_len] = True
         k, it = self._calls, self.step % self.num_iterations
         self._calls += 1
         if it == 0:
