@@ -131,7 +131,7 @@ def test_eubo_tends_to_its_enumerated_value_which_bounds_the_likelihood_from_abo
 
 
 def test_sandwich_uses_the_upper_bound_for_negative_advantages_only(setup):
-    path, dist, model, x, cond = setup
+    path, _dist, model, x, cond = setup
     est = ELBOEstimate(path, num_t=2, upper="eubo", eubo_beta=1.5)
     sign = torch.tensor([1.0, -1.0, 0.0, -1.0, 1.0, -1.0])
     got = est(model, x, cond, torch.Generator().manual_seed(5), sign)
@@ -160,7 +160,7 @@ def test_exact_estimator_is_the_ar_likelihood_and_normalised_over_completions():
 
 
 def test_estimators_say_which_models_they_read(setup):
-    path, dist, model, x, cond = setup
+    path, _dist, model, _x, _cond = setup
     ar = CausalLM(LMConfig(vocab_size=V, max_len=L, d_model=16, n_layers=1, n_heads=2))
     assert ExactEstimate().supports(model, path) is not None
     assert ExactEstimate().supports(ar, path) is None

@@ -95,7 +95,7 @@ def test_training_state_restores_the_buffer_for_an_identical_next_loss(parts):
 
 
 def test_bad_settings_and_rewards_are_one_line_errors(parts):
-    path, model, ref, batch = parts
+    path, model, _ref, batch = parts
     with pytest.raises(ValueError, match="group_size must be >= 2"):
         GRPOObjective(path, OneStepEstimate(path), parity_reward, settings=sample_settings({}), group_size=1)
     obj = GRPOObjective(path, OneStepEstimate(path), lambda x: torch.full((x.shape[0],), float("nan")),
