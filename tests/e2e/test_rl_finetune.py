@@ -85,3 +85,15 @@ def test_exact_estimator_on_an_autoregressive_policy(tmp_path):
     rows = losses(tmp_path / "arrl")
     assert rows[2]["kl"] >= 0 and 0 <= rows[2]["accuracy"] <= 1
     assert json.loads((tmp_path / "arrl" / "rl_eval.json").read_text())["num_prompts"] == 2
+
+
+def test_reward_finetuning_takes_the_same_reward_from_the_same_command_line(source, tmp_path):
+    """Both families of reward-driven fine-tuning, one command-line style: --from RUN --reward SPEC."""
+    sys.modules.setdefault("rl_e2e_rewards", sys.modules[__name__])
+    assert main(["finetune", "reward", "--from", str(source), "--reward", "python:rl_e2e_rewards:last_even", "-B", "2",
+                 "--xt-source", "data", "--steps", "1", "--eval-samples", "2", "-o", str(tmp_path / "tcsm"),
+                 "train.batch_size=2", "train.device=cpu", "train.threads=1", "train.progress=false",
+                 "train.tensorboard=false", "sample.steps=3", "sample.num=0"]) == 0  # fmt: skip
+    assert rl(source, tmp_path / "grpo", 1) == 0
+    report = json.loads((tmp_path / "tcsm" / "reward_eval.json").read_text())
+    assert report["reward"] == "python:rl_e2e_rewards:last_even"
