@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from tcsm.evaluation.exact import EnumerableDistribution
+from tcsm.evaluation.exact import EnumerableDistribution, ExactBlockDenoiser
 from tcsm.models.causal import CausalLM
 from tcsm.models.lm import LMConfig
 from tcsm.paths import make_path
@@ -168,3 +168,18 @@ def test_estimators_say_which_models_they_read(setup):
     uniform = make_path("uniform", V, "linear")
     assert "mask" in OneStepEstimate(uniform).supports(model, uniform)
     assert ELBOEstimate(uniform, upper="eubo").supports(model, uniform) is not None
+    blocks = make_path("masked", V, "linear", block_length=2)
+    assert "block_length=2" in ELBOEstimate(blocks, upper="eubo").supports(model, blocks)
+    assert ELBOEstimate(blocks).supports(model, blocks) is None
+
+
+def test_exact_estimator_of_a_one_token_block_denoiser_is_the_likelihood(setup):
+    """Block length 1 (MATH.md §9): Σ_j log p(x^j | x^{<j}) over the completion = log p(completion | prompt)."""
+    _, dist, _, x, cond = setup
+    path = make_path("masked", V, "linear", block_length=1)
+    model = ExactBlockDenoiser(dist, path, 1)
+    est = ExactEstimate(path)
+    assert est.supports(model, path) is None
+    assert est.supports(model, make_path("masked", V, "linear", block_length=2)) is not None
+    got = est(model, x, cond)
+    assert torch.allclose(got.double(), exact_completion(dist, x), atol=1e-5)

@@ -11,8 +11,8 @@ policy compares like with like).
   (`evaluation.likelihood.nelbo` with the prompt as `cond_mask`), an unbiased estimate of a lower bound on
   log p^θ. With `upper` (SPG), rollouts with a negative advantage use SPG's evidence upper bound instead (`eubo`),
   or the mixture ω·EUBO + (1 − ω)·ELBO, so that lowering ℓ lowers an upper bound rather than a lower one.
-* `ExactEstimate`: ℓ = Σ_{j completion} log p^AR(x^j | x^{<j}) of an autoregressive model (`model(x)` gives the
-  next-token logits, `tcsm.targets.ar`): the likelihood itself, no noise.
+* `ExactEstimate`: ℓ = Σ_{j completion} log p(x^j | x^{<j}) of an autoregressive model (`model(x)` gives the
+  next-token logits, `tcsm.targets.ar`) or of a block denoiser with one-token blocks: the likelihood itself.
 """
 
 from __future__ import annotations
@@ -102,8 +102,8 @@ def eubo(model, x: Tensor, path: ProbabilityPath, *, num_t: int, beta: float, ge
     (Jensen again), and a token masked in none of the K draws is left out (SPG's convention), which moves U_β up.
     Needs a masked path.
     """
-    if path.mask_id is None:
-        raise ValueError(f"the evidence upper bound needs a masked path, got the {path.kind} path")
+    if path.mask_id is None or path.block_length is not None:
+        raise ValueError(f"the evidence upper bound needs a full-sequence masked path, got the {path.kind} path")
     B, L = x.shape
     K = int(num_t)
     comp = _completion(x, cond_mask)
@@ -143,8 +143,9 @@ class ELBOEstimate(SequenceLogLikelihood):
     def supports(self, model, path):
         if not kind_of(model).is_denoiser:
             return "the ELBO estimate reads a diffusion denoiser"
-        if self.upper and path.mask_id is None:
-            return f"the evidence upper bound needs a masked path, got the {path.kind} path (set upper=none)"
+        if self.upper and (path.mask_id is None or path.block_length is not None):
+            return (f"the evidence upper bound is SPG's for a full-sequence masked path, this is the {path.kind} path"
+                    f"{'' if path.block_length is None else f' with block_length={path.block_length}'} (set upper=none)")
         return None
 
     def __call__(self, model, x, cond_mask, generator=None, sign=None):
@@ -159,17 +160,33 @@ class ELBOEstimate(SequenceLogLikelihood):
 
 
 class ExactEstimate(SequenceLogLikelihood):
-    """ℓ = Σ_{j completion} log p^AR(x^j | x^{<j}): an autoregressive model's own likelihood (MATH.md §4)."""
+    """The policy's own likelihood, no noise: ℓ = Σ_{j completion} log p(x^j | x^{<j}) for an autoregressive model
+    (`model(x)` gives next-token logits, MATH.md §4) and for a block denoiser on a masked path with block_length 1,
+    whose sampler reveals one position at a time given the clean ones before it (MATH.md §9: B = 1 is the AR
+    factorisation; its logits at position j read x^{<j} clean and x^j masked)."""
 
     name = "exact"
 
+    def __init__(self, path: ProbabilityPath | None = None):
+        self.path = path
+
+    def _one_token_blocks(self, model, path) -> bool:
+        return bool(kind_of(model).blocks and path is not None and path.block_length == 1 and path.mask_id is not None)
+
     def supports(self, model, path):
-        if kind_of(model).family != "causal":
-            return f"the exact likelihood needs an autoregressive model, this is {kind_of(model).description}"
-        return None
+        if kind_of(model).family == "causal" or self._one_token_blocks(model, path):
+            return None
+        return (f"the exact likelihood needs an autoregressive model or a block denoiser with path.block_length=1, "
+                f"this is {kind_of(model).description}")  # fmt: skip
 
     def __call__(self, model, x, cond_mask, generator=None, sign=None):
-        return (_token_logprobs(model(x), x) * _completion(x, cond_mask)).sum(-1)
+        if kind_of(model).family == "causal":
+            logits = model(x)
+        else:
+            B, L = x.shape
+            xt = torch.full_like(x, self.path.mask_id)
+            logits = denoise(model, xt, torch.full((B, L), T_MIN, device=x.device), x)
+        return (_token_logprobs(logits, x) * _completion(x, cond_mask)).sum(-1)
 
 
 #: `objective.estimator` → its class

@@ -216,7 +216,7 @@ class GRPOObjective:
                 cond = self._prompt(x1, None if rows.cond_mask is None else rows.cond_mask[s : s + batch_size])
                 cmask = cond if bool(cond.any()) else None
                 if exact:
-                    nll = -ExactEstimate()(model, x1, cmask).double()
+                    nll = -ExactEstimate(self.path)(model, x1, cmask).double()
                 else:
                     nll = nelbo(model, x1, self.path, num_t=4, generator=generator, cond_mask=cmask).double()
                 nats.append((nll / (~cond).sum(-1).clamp_min(1)).cpu())

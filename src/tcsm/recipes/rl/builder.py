@@ -61,7 +61,7 @@ def _estimator(node: dict, path):
     if name == "elbo":
         return ELBOEstimate(path, node["num_t"], upper=node["upper"], eubo_beta=node["eubo_beta"],
                             mix_weight=node["mix_weight"])  # fmt: skip
-    return ExactEstimate()
+    return ExactEstimate(path)
 
 
 def _reward(node: dict, ctx):
@@ -103,7 +103,7 @@ def build_grpo_objective(node: dict, ctx):
     if why is not None:
         raise ConfigError(f"objective.estimator={node['estimator']} does not fit this run: {why}")
     kind = kind_of(ctx.model)
-    if kind.sampler not in ("path", "left_to_right"):
+    if kind.sampler not in ("path", "blocks", "left_to_right"):
         raise ConfigError(f"GRPO draws rollouts from the policy, and {kind.description} has no sampler")
     owner = None
     if kind.sampler == "left_to_right":
