@@ -72,8 +72,9 @@ def test_bad_settings_are_one_line_errors(source, tmp_path, capsys):
     assert "exact likelihood needs an autoregressive model" in err
 
 
-def test_exact_estimator_on_an_autoregressive_policy(tmp_path):
-    """An AR run is a policy too: rollouts left to right, ℓ its exact likelihood, validation its exact NLL."""
+def test_exact_estimator_on_an_autoregressive_policy(tmp_path, monkeypatch):
+    """An AR run is a policy too: rollouts left to right, ℓ its exact likelihood, validation its exact NLL; the
+    fine-tuned run is evaluated and sampled like any run, without its reward (here: no longer importable)."""
     argv = ["train", "-o", str(tmp_path / "ar"), "-c", "causal-lm", "data.kind=synthetic", "data.seq_len=6",
             "model.max_len=6", "data.vocab_size=4", "data.num_train=64", "model.d_model=32", "model.n_layers=1",
             "model.n_heads=2", "train.steps=2", "train.batch_size=8", "train.eval_every=0", "train.sample_every=0",
@@ -85,6 +86,9 @@ def test_exact_estimator_on_an_autoregressive_policy(tmp_path):
     rows = losses(tmp_path / "arrl")
     assert rows[2]["kl"] >= 0 and 0 <= rows[2]["accuracy"] <= 1
     assert json.loads((tmp_path / "arrl" / "rl_eval.json").read_text())["num_prompts"] == 2
+    monkeypatch.delitem(sys.modules, "rl_e2e_rewards")
+    assert main(["eval", str(tmp_path / "arrl"), "--max-examples", "8"]) == 0
+    assert main(["sample", str(tmp_path / "arrl"), "-n", "2"]) == 0
 
 
 def test_reward_finetuning_takes_the_same_reward_from_the_same_command_line(source, tmp_path):

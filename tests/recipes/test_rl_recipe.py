@@ -19,6 +19,7 @@ from tcsm.models import Denoiser, DenoiserConfig
 from tcsm.paths import make_path
 from tcsm.recipes.rl.builder import GRPOObjectiveConfig
 from tcsm.recipes.spec import flag_field, recipe, recipe_of
+from tcsm.targets.base import DataTarget
 
 
 def test_every_flag_is_a_key_of_the_grpo_schema_and_the_preset_marks_the_run():
@@ -55,6 +56,7 @@ def ctx():
     c = BuildContext(config=cfg, device=torch.device("cpu"), data=data)
     c.path = make_path("masked", 4, "linear")
     c.model = Denoiser(DenoiserConfig(vocab_size=4, num_states=5, max_len=6, d_model=16, n_layers=1, n_heads=2))
+    c.target = DataTarget()  # a training build (scoring a saved run builds no target)
     return c
 
 

@@ -34,7 +34,7 @@ from tcsm.posttrain.rl.estimators import ExactEstimate, SequenceLogLikelihood
 from tcsm.posttrain.rl.loss import grpo_loss
 from tcsm.sampling.settings import draw
 
-__all__ = ["GRPOObjective", "RolloutGroup"]
+__all__ = ["GRPOObjective", "LeftToRightGRPOObjective", "RolloutGroup"]
 
 _SEED_RANGE = 2**62
 
@@ -69,7 +69,8 @@ class GRPOObjective:
     """Group-relative policy optimisation with clipped ratios (see the module docstring). `reference`: the frozen
     model of the KL term (None: no KL, reported as 0); `sampler_owner`: an objective that declares its own sampler
     (`core.protocols.Samples`, e.g. left to right for an AR policy), None for the run's path sampler; `success`:
-    the reward counted as a solved problem by the accuracy metric; `prompt_len`: for batches without a
+    the reward counted as a solved problem by the accuracy metric (`reward` None: an objective that only scores a
+    saved run, `evaluate`); `prompt_len`: for batches without a
     `cond_mask`, the leading positions taken as the prompt (0: unconditional groups)."""
 
     def __init__(self, path, estimator: SequenceLogLikelihood, reward: RewardFn, *, settings, group_size: int,
@@ -130,6 +131,8 @@ class GRPOObjective:
                              values=xs if pinned else None)  # fmt: skip
         if tokens is None:
             raise TrainingError("the policy has no sampler for rollouts; choose a model with one (a denoiser or an AR LM)")
+        if self.reward is None:
+            raise TrainingError("this GRPO objective was built without a reward (to score a saved run); it cannot train")
         tokens = torch.where(cs, xs, tokens.to(x1.device).long())
         rewards = evaluate_reward(self.reward, tokens, self.reward_chunk)
         if not bool(torch.isfinite(rewards).all()):
@@ -226,3 +229,13 @@ class GRPOObjective:
     def __repr__(self) -> str:
         return (f"GRPOObjective({self.estimator.name}, G={self.group_size}, clip_eps={self.clip_eps}, "
                 f"kl_coef={self.kl_coef}, num_iterations={self.num_iterations})")  # fmt: skip
+
+
+class LeftToRightGRPOObjective(GRPOObjective):
+    """GRPO on an autoregressive policy: the run samples it left to right, so the objective declares that sampler
+    (`core.protocols.Samples`, as the LM objective does) by handing over to `sampler_owner`."""
+
+    def sample(self, model, num: int, length: int, generator=None, device=None, *, settings=None, fixed=None,
+               values=None):  # fmt: skip
+        return self.sampler_owner.sample(model, num, length, generator, device, settings=settings, fixed=fixed,
+                                         values=values)  # fmt: skip

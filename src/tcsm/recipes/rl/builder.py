@@ -86,7 +86,7 @@ def _reward(node: dict, ctx):
 
 def build_grpo_objective(node: dict, ctx):
     """`objective.name: grpo` (MATH.md §5.2's link to RL; `tcsm.posttrain.rl`)."""
-    from tcsm.posttrain.rl.objective import GRPOObjective
+    from tcsm.posttrain.rl.objective import GRPOObjective, LeftToRightGRPOObjective
     from tcsm.sampling.settings import sample_settings
 
     node = dict(node)
@@ -110,9 +110,11 @@ def build_grpo_objective(node: dict, ctx):
         from tcsm.objectives.lm import make_lm_loss
 
         owner = make_lm_loss("causal")
-    reward = _reward(node, ctx)
+    # A saved run is scored (tcsm eval / sample: no target is built) without its reward: it draws no rollouts.
+    reward = _reward(node, ctx) if ctx.target is not None else None
+    cls = GRPOObjective if owner is None else LeftToRightGRPOObjective
     try:
-        return GRPOObjective(
+        return cls(
             ctx.path, estimator, reward, settings=sample_settings(ctx.config.sample), group_size=node["group_size"],
             clip_eps=node["clip_eps"], kl_coef=node["kl_coef"], reference=ctx.reference,
             num_iterations=node["num_iterations"], per_token=node["per_token"],
