@@ -10,7 +10,9 @@ protocols and checked with `isinstance`, never discovered by attribute probing:
 * `Samples`: the objective brings its own sampler (an AR model, SIR over an energy model), or says it has none
   (returns no tokens); it receives the run's `tcsm.sampling.own.OwnSettings` and any pinned positions;
 * `TrainerCallback`: something of the run (an objective, a target) wants to act at fixed points of training,
-  e.g. refresh a previous-iterate reference or a sample pool. The trainer calls every callback it is given.
+  e.g. refresh a previous-iterate reference or a sample pool. The trainer calls every callback it is given;
+* `KeepsState`: an objective or target carries state across steps that an exact resume needs (a rollout buffer);
+  checkpoints store `training_state()` and a resume hands it back to `load_training_state`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-__all__ = ["Evaluates", "Samples", "StepInfo", "TrainerCallback", "TrainingObjective"]
+__all__ = ["Evaluates", "KeepsState", "Samples", "StepInfo", "TrainerCallback", "TrainingObjective"]
 
 
 @runtime_checkable
@@ -76,3 +78,12 @@ class TrainerCallback(Protocol):
     def on_fit_start(self, info: StepInfo) -> None: ...
 
     def on_step_end(self, info: StepInfo) -> None: ...
+
+
+@runtime_checkable
+class KeepsState(Protocol):
+    def training_state(self) -> dict:
+        """Tensors, numbers, strings, lists and dicts of them (what a checkpoint can hold, without pickle)."""
+        ...
+
+    def load_training_state(self, state: dict) -> None: ...

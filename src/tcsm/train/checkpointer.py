@@ -71,13 +71,15 @@ class Checkpointer:
     """Saves and restores one run's training state. Its inputs are explicit: `model` (the unwrapped module whose
     parameters the optimizer holds), `ema` (tcsm.train.ema.EMA or None), `optimizer`, `batches` (the seeded data
     order), `cfg` (the whole run config, stored so the run can be rebuilt), `env` and `parallel` (processes and
-    strategy), `data` / `data_info` (checked on resume) and `run_dir` (None: nothing is written)."""
+    strategy), `data` / `data_info` (checked on resume), `run_dir` (None: nothing is written) and `parts`: the
+    run's objects that keep state across steps (`core.protocols.KeepsState`, by name: "target", "objective")."""
 
-    def __init__(self, run_dir, cfg, *, env, parallel, model, ema, optimizer, batches, data, data_info):
+    def __init__(self, run_dir, cfg, *, env, parallel, model, ema, optimizer, batches, data, data_info, parts=None):
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.cfg, self.env, self.parallel = cfg, env, parallel
         self.model, self.ema, self.optimizer, self.batches = model, ema, optimizer, batches
         self.data, self.data_info = data, data_info
+        self.parts = dict(parts or {})
         self.device = env.device
 
     @property
@@ -103,6 +105,7 @@ class Checkpointer:
             "elapsed_s": counters.elapsed,
             "last_eval": counters.last_eval,
             "log_window": counters.log_window,
+            "parts": {name: part.training_state() for name, part in self.parts.items()},
         }
 
     def save(self, counters: LoopCounters) -> Path | None:
@@ -189,6 +192,10 @@ class Checkpointer:
         else:
             self._restore_whole(directory, state)
         self.batches.load_state_dict(state["batches"])
+        for name, part in self.parts.items():
+            saved_part = (state.get("parts") or {}).get(name)
+            if saved_part is not None:  # a checkpoint from before the part kept state: it starts empty
+                part.load_training_state(saved_part)
         rng = state.get("rng", {})
         if "torch" in rng:
             torch.set_rng_state(rng["torch"])

@@ -28,7 +28,7 @@ from tcsm.builders.config import set_values
 from tcsm.core.errors import ConfigError, TrainingError
 from tcsm.core.precision import autocast, resolve_precision
 from tcsm.core.progress import WorkProgress
-from tcsm.core.protocols import StepInfo, TrainerCallback
+from tcsm.core.protocols import KeepsState, StepInfo, TrainerCallback
 from tcsm.core.results import EvalResult
 from tcsm.data import absolute_paths
 from tcsm.data.base import readable_text
@@ -178,6 +178,8 @@ class Trainer:
         self.checkpoints = Checkpointer(
             self.run_dir, self.cfg, env=self.env, parallel=self.parallel, model=self.model, ema=self.ema,
             optimizer=self.optimizer, batches=self.batches, data=self.data, data_info=self.data_info,
+            parts={name: part for name, part in (("target", components.target), ("objective", self.objective))
+                   if isinstance(part, KeepsState)},
         )
         if resume:
             self.resumed_from, counters = self.checkpoints.restore(resume)

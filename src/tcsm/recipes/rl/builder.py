@@ -1,0 +1,135 @@
+"""GRPO's builder: `objective.name: grpo`, the group-relative clipped policy gradient (`tcsm.posttrain.rl`) with
+the run's frozen model as the KL reference, checked against the run's model, path, data and reward before any work."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from tcsm.builders.registry import OBJECTIVES, ReferenceUse
+from tcsm.core.errors import ConfigError
+from tcsm.models.kinds import kind_of
+from tcsm.posttrain.reward.rewards import evaluate_reward, make_reward
+from tcsm.posttrain.rl.estimators import ELBOEstimate, ExactEstimate, OneStepEstimate
+from tcsm.recipes.reward.builder import check_reward_domain
+
+__all__ = ["GRPOObjectiveConfig", "build_grpo_objective"]
+
+ESTIMATOR_NAMES = ("one_step", "elbo", "exact")
+
+
+@dataclass
+class GRPOObjectiveConfig:
+    """The KL reference is the run's frozen model, `reference.path` (the run it starts from)."""
+
+    name: str = "grpo"
+    reward: str | None = field(
+        default=None,
+        metadata={"help": "reward spec, as tcsm finetune reward's: task:NAME | grid | vader | hf:PATH | python:mod:fn"},
+    )
+    estimator: str = field(
+        default="one_step",
+        metadata={"help": "sequence log-likelihood: one_step (diffu-GRPO) | elbo (the bound; SPG with --upper) | "
+                          "exact (an AR model)", "choices": ESTIMATOR_NAMES},
+    )
+    group_size: int = field(default=8, metadata={"help": "rollouts G per prompt (>= 2)"})
+    clip_eps: float = field(default=0.2, metadata={"help": "PPO clip range ε of the ratio"})
+    kl_coef: float = field(default=0.04, metadata={"help": "weight of the k3 KL to the reference (0: off)"})
+    num_iterations: int = field(default=1, metadata={"help": "optimizer steps per rollout batch (GRPO's μ)"})
+    per_token: bool = field(default=True, metadata={"help": "divide log-ratios by the completion length (ESPO)"})
+    scale_advantages: bool = field(default=True, metadata={"help": "divide advantages by the group's std"})
+    prompt_mask_prob: float = field(default=0.15, metadata={"help": "one_step: prompt tokens masked (d1)"})
+    num_t: int = field(default=1, metadata={"help": "elbo: stratified times per estimate"})
+    upper: str = field(
+        default="none",
+        metadata={"help": "elbo, negative advantages: none | eubo | mix (SPG)", "choices": ("none", "eubo", "mix")},
+    )
+    eubo_beta: float = field(default=1.0, metadata={"help": "SPG's β of the upper bound (>= 1)"})
+    mix_weight: float = field(default=0.5, metadata={"help": "upper=mix: weight ω of the upper bound"})
+    prompt_len: int = field(default=0, metadata={"help": "rows without a prompt mask: leading prompt positions"})
+    success: float = field(default=1.0, metadata={"help": "the reward counted as solved (accuracy)"})
+    reward_chunk: int = field(default=8192, metadata={"help": "sequences per reward call (memory)"})
+
+
+def _estimator(node: dict, path):
+    name = node["estimator"]
+    if name not in ESTIMATOR_NAMES:
+        raise ConfigError(f"objective.estimator={name!r} is unknown; choose one of {list(ESTIMATOR_NAMES)}")
+    if name == "one_step":
+        return OneStepEstimate(path, node["prompt_mask_prob"])
+    if name == "elbo":
+        return ELBOEstimate(path, node["num_t"], upper=node["upper"], eubo_beta=node["eubo_beta"],
+                            mix_weight=node["mix_weight"])  # fmt: skip
+    return ExactEstimate(path)
+
+
+def _reward(node: dict, ctx):
+    spec = node["reward"]
+    if not spec:
+        raise ConfigError("objective.reward is not set; give the task's reward: tcsm finetune rl --reward task:NAME")
+    check_reward_domain(spec, ctx, "objective.reward=")
+    try:
+        reward = make_reward(spec, decode=getattr(ctx.data, "decode", None), vocab_size=ctx.vocab_size)
+        rows = ctx.data.split("train")
+        rows = getattr(rows, "x1", rows)[:2].long()  # prompted kinds hold rows with their prompt mask
+        r = evaluate_reward(reward, rows)
+    except (ValueError, ImportError, TypeError, RuntimeError, AttributeError) as e:
+        raise ConfigError(f"objective.reward={spec}: {e}") from None
+    if r.dtype == torch.bool or not bool(torch.isfinite(r).all()):
+        raise ConfigError(
+            f"objective.reward={spec} returned {r.tolist()} for two training sequences; a reward must be a finite "
+            "number per sequence"
+        )
+    return reward
+
+
+def build_grpo_objective(node: dict, ctx):
+    """`objective.name: grpo` (MATH.md §5.2's link to RL; `tcsm.posttrain.rl`)."""
+    from tcsm.posttrain.rl.objective import GRPOObjective, LeftToRightGRPOObjective
+    from tcsm.sampling.settings import sample_settings
+
+    node = dict(node)
+    if int(node["group_size"]) < 2:
+        raise ConfigError(
+            f"objective.group_size={node['group_size']}: GRPO compares each prompt's rollouts with each other, so it "
+            "needs at least 2 (--group-size 8 is usual)"
+        )
+    try:
+        estimator = _estimator(node, ctx.path)
+    except ValueError as e:
+        raise ConfigError(f"objective: {e}") from None
+    why = estimator.supports(ctx.model, ctx.path)
+    if why is not None:
+        raise ConfigError(f"objective.estimator={node['estimator']} does not fit this run: {why}")
+    kind = kind_of(ctx.model)
+    if kind.sampler not in ("path", "blocks", "left_to_right"):
+        raise ConfigError(f"GRPO draws rollouts from the policy, and {kind.description} has no sampler")
+    owner = None
+    if kind.sampler == "left_to_right":
+        from tcsm.objectives.lm import make_lm_loss
+
+        owner = make_lm_loss("causal")
+    # A saved run is scored (tcsm eval / sample: no target is built) without its reward: it draws no rollouts.
+    reward = _reward(node, ctx) if ctx.target is not None else None
+    cls = GRPOObjective if owner is None else LeftToRightGRPOObjective
+    try:
+        return cls(
+            ctx.path, estimator, reward, settings=sample_settings(ctx.config.sample), group_size=node["group_size"],
+            clip_eps=node["clip_eps"], kl_coef=node["kl_coef"], reference=ctx.reference,
+            num_iterations=node["num_iterations"], per_token=node["per_token"],
+            scale_advantages=node["scale_advantages"], sampler_owner=owner, reward_chunk=node["reward_chunk"],
+            success=node["success"], prompt_len=node["prompt_len"],
+        )  # fmt: skip
+    except ValueError as e:
+        raise ConfigError(f"objective: {e}") from None
+
+
+OBJECTIVES.register(
+    "grpo",
+    build_grpo_objective,
+    schema=GRPOObjectiveConfig,
+    overwrite=True,
+    reference=ReferenceUse("reference.path (the KL reference)", families=("denoiser", "causal")),
+    help="GRPO for diffusion LMs: group-relative advantages, clipped ratio, k3 KL (tcsm.posttrain.rl)",
+)

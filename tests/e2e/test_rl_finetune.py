@@ -1,0 +1,103 @@
+"""`tcsm finetune rl` end to end on a tiny synthetic run: the log carries the RL curves, the report is written,
+and a run stopped and resumed mid rollout-buffer (num_iterations = 3, checkpoint at step 2) logs exactly the losses
+of the uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+from train_helpers import restore_torch_threads, tiny  # noqa: F401
+
+from tcsm.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def last_even(x):
+    """Reward 1 when the last token is even (the test's verifiable task)."""
+    return (x[:, -1] % 2 == 0).float()
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rl")
+    argv = ["train", "-o", str(root / "pre"), *tiny("data.seq_len=6", "model.max_len=6", "data.vocab_size=4",
+            "train.steps=2", "train.eval_every=0", "train.sample_every=0", "sample.num=0")]  # fmt: skip
+    torch.manual_seed(0)
+    assert main(argv) == 0
+    return root / "pre"
+
+
+def rl(source, out, steps, *extra):
+    sys.modules.setdefault("rl_e2e_rewards", sys.modules[__name__])
+    return main(["finetune", "rl", "--from", str(source), "--reward", "python:rl_e2e_rewards:last_even", "-G", "3",
+                 "--steps", str(steps), "-o", str(out), "--eval-prompts", "0", "objective.prompt_len=2",
+                 "objective.num_iterations=3", "train.batch_size=2", "train.save_every=2", "train.log_every=1",
+                 "train.device=cpu", "train.threads=1", "train.progress=false", "train.tensorboard=false",
+                 "sample.steps=3", "sample.num=0", "optim.lr=1e-2", *extra])  # fmt: skip
+
+
+def losses(run):
+    rows = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r for r in rows if r.get("split", "train") == "train" and "loss" in r}
+
+
+def test_rl_run_logs_the_curves_and_resumes_exactly(source, tmp_path):
+    assert rl(source, tmp_path / "full", 5, "--estimator", "elbo", "--upper", "eubo") == 0
+    full = losses(tmp_path / "full")
+    assert sorted(full) == [1, 2, 3, 4, 5]
+    assert {"reward", "accuracy", "kl", "clip_fraction", "adv_std", "ratio"} <= set(full[5])
+    assert any(full[s]["ratio"] != 1.0 for s in (2, 3, 5))  # inner iterations see the moved policy
+
+    assert rl(source, tmp_path / "cut", 2, "--estimator", "elbo", "--upper", "eubo") == 0
+    assert main(["finetune", "rl", "--resume", "-o", str(tmp_path / "cut"), "--steps", "5", "--eval-prompts", "0"]) == 0
+    cut = losses(tmp_path / "cut")
+    for s in range(1, 6):
+        assert cut[s]["loss"] == full[s]["loss"] and cut[s]["reward"] == full[s]["reward"], s
+
+
+def test_one_step_estimate_and_the_report(source, tmp_path, capsys):
+    assert rl(source, tmp_path / "d1", 1, "--estimator", "one_step", "--eval-prompts", "2") == 0
+    report = json.loads((tmp_path / "d1" / "rl_eval.json").read_text())
+    assert report["num_prompts"] == 2 and 0 <= report["finetuned_accuracy"] <= 1
+
+
+def test_bad_settings_are_one_line_errors(source, tmp_path, capsys):
+    assert rl(source, tmp_path / "g1", 1, "-G", "1") != 0
+    assert rl(source, tmp_path / "ex", 1, "--estimator", "exact") != 0
+    err = capsys.readouterr().err
+    assert "exact likelihood needs an autoregressive model" in err
+
+
+def test_exact_estimator_on_an_autoregressive_policy(tmp_path, monkeypatch):
+    """An AR run is a policy too: rollouts left to right, ℓ its exact likelihood, validation its exact NLL; the
+    fine-tuned run is evaluated and sampled like any run, without its reward (here: no longer importable)."""
+    argv = ["train", "-o", str(tmp_path / "ar"), "-c", "causal-lm", "data.kind=synthetic", "data.seq_len=6",
+            "model.max_len=6", "data.vocab_size=4", "data.num_train=64", "model.d_model=32", "model.n_layers=1",
+            "model.n_heads=2", "train.steps=2", "train.batch_size=8", "train.eval_every=0", "train.sample_every=0",
+            "sample.num=0", "train.device=cpu", "train.threads=1", "train.progress=false",
+            "train.tensorboard=false"]  # fmt: skip
+    torch.manual_seed(0)
+    assert main(argv) == 0
+    assert rl(tmp_path / "ar", tmp_path / "arrl", 2, "--estimator", "exact", "--eval-prompts", "2") == 0
+    rows = losses(tmp_path / "arrl")
+    assert rows[2]["kl"] >= 0 and 0 <= rows[2]["accuracy"] <= 1
+    assert json.loads((tmp_path / "arrl" / "rl_eval.json").read_text())["num_prompts"] == 2
+    monkeypatch.delitem(sys.modules, "rl_e2e_rewards")
+    assert main(["eval", str(tmp_path / "arrl"), "--max-examples", "8"]) == 0
+    assert main(["sample", str(tmp_path / "arrl"), "-n", "2"]) == 0
+
+
+def test_reward_finetuning_takes_the_same_reward_from_the_same_command_line(source, tmp_path):
+    """Both families of reward-driven fine-tuning, one command-line style: --from RUN --reward SPEC."""
+    sys.modules.setdefault("rl_e2e_rewards", sys.modules[__name__])
+    assert main(["finetune", "reward", "--from", str(source), "--reward", "python:rl_e2e_rewards:last_even", "-B", "2",
+                 "--xt-source", "data", "--steps", "1", "--eval-samples", "2", "-o", str(tmp_path / "tcsm"),
+                 "train.batch_size=2", "train.device=cpu", "train.threads=1", "train.progress=false",
+                 "train.tensorboard=false", "sample.steps=3", "sample.num=0"]) == 0  # fmt: skip
+    assert rl(source, tmp_path / "grpo", 1) == 0
+    report = json.loads((tmp_path / "tcsm" / "reward_eval.json").read_text())
+    assert report["reward"] == "python:rl_e2e_rewards:last_even"
