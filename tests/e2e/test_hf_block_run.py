@@ -1,7 +1,8 @@
 """A block diffusion run started from a local causal LM: `tcsm train model.name=hf_denoiser path.block_length=4`
 trains the block denoiser, its checkpoint comes back as that block model (also from the LM's config alone),
 `tcsm eval` gives its per-block bound, `tcsm sample` decodes it block by block with its KV cache (prompts pinned,
-stopped at EOS), and `tcsm export` refuses it in one line."""
+stopped at EOS), and `tcsm export` writes it for tcsm.from_pretrained
+and for transformers (its modeling code runs the same two-stream pass; generate() decodes its blocks)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 from train_helpers import restore_torch_threads, tiny  # noqa: F401
 
+import tcsm
 from tcsm.builders.loading import load_checkpoint
 from tcsm.cli import main
 from tcsm.models.hf_block import HFBlockDenoiser
@@ -33,6 +35,8 @@ def run(tmp_path_factory):
             f"model.name_or_path={root / 'llama'}", f"model.token_ids={TOKEN_IDS}", "path.block_length=4"]  # fmt: skip
     with torch.random.fork_rng(devices=[]):
         assert main(argv) == 0
+        timed = ["path.source=uniform", "model.time_conditioning=true", "model.cond_dim=16"]
+        assert main([*argv[:4], str(root / "uniform"), *argv[5:], *timed]) == 0
     return root
 
 
@@ -74,8 +78,27 @@ def test_sample_decodes_block_by_block_with_prompts_and_eos(run, tmp_path):
             assert set(new[new.index(3) :]) == {3}
 
 
-def test_export_refuses_it_in_one_line(run, tmp_path, capsys):
-    capsys.readouterr()
-    assert main(["export", str(run / "run"), "-o", str(tmp_path / "hf")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "block denoiser started from a Hugging Face LM" in err
+@pytest.mark.parametrize("name", ["run", "uniform"])
+def test_export_from_pretrained_and_transformers_give_the_runs_logits(run, tmp_path, name):
+    """The masked run, and a uniform one with per-block time conditioning (its time path has moved from zero)."""
+    model = load_checkpoint(run / name).model
+    g = torch.Generator().manual_seed(2)
+    x1 = torch.randint(0, 8, (3, 16), generator=g)
+    xt = torch.where(torch.rand(3, 16, generator=g) < 0.5, model.num_states - 1, x1)
+    t = torch.rand(3, 4, generator=g).repeat_interleave(4, 1)
+    with torch.no_grad():
+        want = model(xt, t, x1=x1)
+        out = tcsm.export(run / name, tmp_path / "hf")
+        assert json.loads((out / "config.json").read_text())["denoiser"]["block_length"] == 4
+        back = tcsm.from_pretrained(out)
+        assert isinstance(back, HFBlockDenoiser) and torch.equal(back(xt, t, x1=x1), want)
+        hf = tf.AutoModelForMaskedLM.from_pretrained(str(out), trust_remote_code=True).eval()
+        torch.testing.assert_close(hf(input_ids=xt, timesteps=t, clean_ids=x1).logits, want, atol=1e-5, rtol=0)
+        with pytest.raises(ValueError, match="needs the clean sequence"):
+            hf(input_ids=xt, timesteps=t)
+        if name == "uniform":
+            assert model.time_proj.weight.abs().max() > 0
+            return
+        prompt = x1[:2, :5]
+        drawn = hf.generate(input_ids=prompt, max_new_tokens=11, steps=2, generator=torch.Generator().manual_seed(0))
+        assert drawn.shape == (2, 16) and torch.equal(drawn[:, :5], prompt) and ((drawn >= 0) & (drawn < 8)).all()

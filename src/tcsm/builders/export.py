@@ -37,7 +37,7 @@ from safetensors.torch import save_file
 
 from tcsm.builders.config import to_dict
 from tcsm.builders.loading import load_checkpoint
-from tcsm.core.errors import CheckpointError, ConfigError
+from tcsm.core.errors import CheckpointError
 from tcsm.models.hf_denoiser import auto_class_kind
 from tcsm.models.kinds import kind_of
 from tcsm.storage.checkpoint import EXPORT_FORMAT, MANIFEST, is_export_dir
@@ -343,10 +343,6 @@ def export(
     others = _prepare_target(out, overwrite, keep_other_files)
     ck = load_checkpoint(run, device="cpu", ema=ema)
     model, kind = ck.model, _kind(ck.model)
-    if kind == "hf_denoiser" and getattr(model, "block_length", None) is not None:
-        raise ConfigError("tcsm export does not write a block denoiser started from a Hugging Face LM (its modeling "
-                          "code has no block forward); use the run directory itself with tcsm.from_pretrained, tcsm "
-                          "sample or tcsm eval")  # fmt: skip
     hf = _hf_config(ck, model, kind)
     run_dir = _run_dir(ck.directory)
     summary = None
