@@ -1,5 +1,5 @@
 """A block denoiser started from a Hugging Face causal LM (`model.name=hf_denoiser` with `path.block_length`), on
-tiny random GPT-2 / Llama models built offline: the cached logits through the model's own DynamicCache equal the
+tiny random GPT-2 / Llama / Qwen2 models built offline: the cached logits through the model's own DynamicCache equal the
 one-pass logits (fp32, ≤ 1e-5) with prompts of several blocks, lockstep blocks and both attention implementations;
 block b reads x_t^b and x_1^{<b} only; kept causal and fed x_t = x_1 it is the pretrained AR model (the shift is
 right); decode_blocks draws with it; what it cannot be is refused in one line."""
@@ -27,6 +27,10 @@ def _config(arch: str):
     if arch == "gpt2":
         return tf.GPT2Config(vocab_size=HF_VOCAB, n_positions=40, n_embd=32, n_layer=2, n_head=2, bos_token_id=BOS,
                              eos_token_id=2)  # fmt: skip
+    if arch == "qwen2":
+        return tf.Qwen2Config(vocab_size=HF_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=40,
+                              bos_token_id=BOS, eos_token_id=2)  # fmt: skip
     return tf.LlamaConfig(vocab_size=HF_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=40, bos_token_id=BOS,
                           eos_token_id=2)  # fmt: skip
@@ -57,7 +61,7 @@ def _inputs(seed=0, B=3):
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "qwen2"])
 @pytest.mark.parametrize("timed", [False, True])
 def test_cached_logits_equal_the_one_pass(arch, impl, timed):
     model = _model(arch, impl, timed)

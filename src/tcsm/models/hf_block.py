@@ -103,6 +103,7 @@ class HFBlockDenoiser(HFDenoiser):
         self.cfg = HFBlockDenoiserConfig(**self.cfg.to_dict(), block_length=k)
         params = inspect.signature(hf_model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._masks: dict[tuple, Tensor] = {}
 
     # ------------------------------------------------------------------------------------------ inputs
     def _embed(self, x: Tensor, t: Tensor | None) -> Tensor:
@@ -131,7 +132,10 @@ class HFBlockDenoiser(HFDenoiser):
         return t
 
     def _mask(self, allowed: Tensor, dtype) -> Tensor:
-        """The additive 4-D mask [1, 1, q, kv] both sdpa and eager attention read."""
+        """The 4-D mask [1, 1, q, kv] in the form the attention reads: boolean for sdpa (whatever autocast does to
+        the scores), additive for eager."""
+        if self.hf.config._attn_implementation == "sdpa":
+            return allowed[None, None]
         return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
             ~allowed, torch.finfo(dtype).min
         )[None, None]
@@ -139,7 +143,7 @@ class HFBlockDenoiser(HFDenoiser):
     def _check(self, x: Tensor, name: str, bound: int) -> tuple[int, int]:
         if x.dim() != 2 or x.is_floating_point() or x.dtype == torch.bool:
             raise ValueError(f"{name} must be a [batch, length] tensor of token ids, got {tuple(x.shape)} {x.dtype}")
-        if x.numel() and (int(x.min()) < 0 or int(x.max()) >= bound):
+        if x.numel() and x.device.type == "cpu" and (int(x.min()) < 0 or int(x.max()) >= bound):  # no GPU sync
             raise ValueError(f"{name} token ids must lie in [0, {bound}), got range [{int(x.min())}, {int(x.max())}]")
         return int(x.shape[0]), int(x.shape[1])
 
@@ -176,12 +180,19 @@ class HFBlockDenoiser(HFDenoiser):
         h = self._embed(torch.cat([noisy, clean], 1), None if tt is None else t_all)
         pos = torch.cat([torch.arange(nb * (k + 1), device=dev) - torch.arange(nb, device=dev).repeat_interleave(k + 1),
                          torch.arange(L + 1, device=dev)])  # fmt: skip
-        is_noisy = torch.arange(pos.numel(), device=dev) < nb * (k + 1)
-        block = torch.cat([torch.arange(nb, device=dev).repeat_interleave(k + 1), clean_blocks(pos[nb * (k + 1):], k)])
-        tokens = (pos, block, is_noisy)
-        allowed = block_allowed(tokens, tokens, k, self.cfg.bidirectional)
-        logits = self._run(h, pos, allowed)
+        logits = self._run(h, pos, self._one_pass_mask(L, pos))
         return logits[:, : nb * (k + 1)].view(B, nb, k + 1, -1)[:, :, :k].reshape(B, L, -1)
+
+    def _one_pass_mask(self, L: int, pos: Tensor) -> Tensor:
+        """`block_allowed` over the one pass's tokens (noisy stream, then clean), built once per (L, device)."""
+        key = (int(L), str(pos.device))
+        if key not in self._masks:
+            k, n = self.block_length, (L // self.block_length) * (self.block_length + 1)
+            is_noisy = torch.arange(pos.numel(), device=pos.device) < n
+            block = torch.cat([torch.arange(L // k, device=pos.device).repeat_interleave(k + 1), clean_blocks(pos[n:], k)])
+            tokens = (pos, block, is_noisy)
+            self._masks[key] = block_allowed(tokens, tokens, k, self.cfg.bidirectional)
+        return self._masks[key]
 
     # ------------------------------------------------------------------------------------------ KV cache
     def new_cache(self, batch_size: int) -> HFBlockCache:
