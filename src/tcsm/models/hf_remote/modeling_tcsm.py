@@ -515,7 +515,8 @@ class TCSMHFDenoiserForMaskedLM(DiffusionGenerationMixin, TCSMPreTrainedModel):
     """A denoiser tcsm adapted from a pretrained Hugging Face masked or causal LM (`model.name=hf_denoiser`): the
     base architecture (`config.base_model`) under `hf`, our V tokens' HF ids (`token_ids`), a trainable [MASK]
     vector, and for a causal LM a BOS at position 0 whose outputs 0..L−1 give the logits of x^0..x^{L−1}, with
-    bidirectional attention unless `denoiser.bidirectional` is false. forward(input_ids = x_t, timesteps = t)."""
+    bidirectional attention unless `denoiser.bidirectional` is false. forward(input_ids = x_t, timesteps = t); a block
+    model from a causal LM (`denoiser.block_length` = k) also takes clean_ids = x_1 (`_block_logits`)."""
 
     config_class = TCSMHFDenoiserConfig
 
