@@ -7,6 +7,7 @@ and for transformers (its modeling code runs the same two-stream pass; generate(
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -30,6 +31,7 @@ def run(tmp_path_factory):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         tf.AutoModelForCausalLM.from_config(cfg).save_pretrained(root / "llama")
+    shutil.copytree(root / "llama", root / "lm")  # kept whole (the first test removes the run's LM weights)
     base = [o for o in tiny("train.steps=3", "train.eval_every=3", "sample.num=0") if not o.startswith("model.")]
     argv = ["train", "--config", "synthetic", "-o", str(root / "run"), *base, "model.name=hf_denoiser",
             f"model.name_or_path={root / 'llama'}", f"model.token_ids={TOKEN_IDS}", "path.block_length=4"]  # fmt: skip
@@ -102,3 +104,14 @@ def test_export_from_pretrained_and_transformers_give_the_runs_logits(run, tmp_p
         prompt = x1[:2, :5]
         drawn = hf.generate(input_ids=prompt, max_new_tokens=11, steps=2, generator=torch.Generator().manual_seed(0))
         assert drawn.shape == (2, 16) and torch.equal(drawn[:, :5], prompt) and ((drawn >= 0) & (drawn < 8)).all()
+
+
+def test_a_uniform_path_without_time_input_is_one_line(run, tmp_path, capsys):
+    capsys.readouterr()
+    base = [o for o in tiny("train.steps=1", "sample.num=0") if not o.startswith("model.")]
+    argv = ["train", "--config", "synthetic", "-o", str(tmp_path / "r"), *base, "model.name=hf_denoiser",
+            f"model.name_or_path={run / 'lm'}", f"model.token_ids={TOKEN_IDS}", "path.block_length=4",
+            "path.source=uniform"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "set model.time_conditioning=true" in err

@@ -82,6 +82,8 @@ class HFBlockDenoiser(HFDenoiser):
     (x_t^b, t_b, x_1^{<b}); plus the exact KV cache for decoding block by block (module docstring)."""
 
     model_kind = HF_BLOCK_DENOISER
+    #: methods besides forward that run the network (a sharded model gathers its weights for them too)
+    forward_methods = ("extend_cache", "denoise")
 
     def __init__(self, hf_model: nn.Module, token_ids, *, block_length: int, num_states: int, **kwargs):
         kind = kwargs.pop("kind", "causal")
