@@ -121,12 +121,22 @@ def test_it_is_a_block_model_and_decodes_with_prompts_and_eos():
     xt, t, x1 = _inputs()
     assert torch.equal(denoise(model, xt, t, x1), model(xt, t, x1=x1))
     path = MaskedPath(V, block_length=K)
-    cls = sampler_class("confidence")
-    inner = cls(cls.settings_type(steps=K))
     fixed = torch.zeros(3, L, dtype=torch.bool)
-    fixed[0, :6], fixed[1, :1] = True, True  # prompts of different lengths, pinned at 0, 1, …
+    fixed[0, :6], fixed[1, :1] = True, True  # prompts of 6, 1 and 0 tokens: ending inside blocks 1 and 0, none
     values = torch.where(fixed, x1, 0)
-    x, stats = decode_blocks(model, path, inner, 3, L, fixed=fixed, values=values,
+    # greedy blocks (one step, argmax) through the cache equal the argmax of the one pass given the decoded prefix
+    cls = sampler_class("ancestral")
+    x, st = decode_blocks(model, path, cls(cls.settings_type(steps=1, final_argmax=True)), 3, L, fixed=fixed,
+                          values=values)  # fmt: skip
+    ref = torch.where(fixed, values, torch.full_like(values, V))
+    with torch.no_grad():
+        for lo in range(0, L, K):
+            best = model(ref, None, x1=torch.where(ref == V, 0, ref))[:, lo : lo + K].argmax(-1)
+            ref[:, lo : lo + K] = torch.where(fixed[:, lo : lo + K], values[:, lo : lo + K], best)
+    assert torch.equal(x, ref) and st.counts == {"blocks": 4, "cache_calls": 3}
+    assert len(set(x[~fixed].tolist())) >= 2  # the argmax depends on the context
+    cls = sampler_class("confidence")
+    x, stats = decode_blocks(model, path, cls(cls.settings_type(steps=K)), 3, L, fixed=fixed, values=values,
                              generator=torch.Generator().manual_seed(0), eos_id=3)  # fmt: skip
     assert x.shape == (3, L) and ((x >= 0) & (x < V)).all() and torch.equal(x[fixed], x1[fixed])
     assert stats.counts["blocks"] >= 1 and stats.num_calls >= 1
