@@ -7,6 +7,7 @@ Each entry validates its config section against its schema and builds from the d
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -315,7 +316,8 @@ def _same_tokenizer(data_vocab: dict, model_vocab: dict, V: int, hf_vocab: int, 
 
 
 @MODELS.register("hf_denoiser", schema=HFDenoiserModelConfig,
-                 help="the denoiser initialised from a local Hugging Face masked or causal LM (needs `transformers`)")  # fmt: skip
+                 help="the denoiser initialised from a local Hugging Face masked or causal LM (needs `transformers`); "
+                      "with path.block_length, a block denoiser from a causal LM")  # fmt: skip
 def build_hf_denoiser(node: dict, ctx: BuildContext):
     from tcsm.builders.components import DataInfo
     from tcsm.models.hf import import_transformers
@@ -367,8 +369,14 @@ def build_hf_denoiser(node: dict, ctx: BuildContext):
         special = own_mask
         if special is None and ctx.path.num_states > ctx.vocab_size:
             raise ConfigError(f"{where!r} has no tokenizer with a mask token; set model.special_token_id")
+    make = HFDenoiser
+    block_length = getattr(ctx.path, "block_length", None)
+    if block_length is not None:  # the block denoiser (MATH.md §9) with the model's own KV cache
+        from tcsm.models.hf_block import HFBlockDenoiser
+
+        make = functools.partial(HFBlockDenoiser, block_length=block_length)
     try:
-        model = HFDenoiser(
+        model = make(
             hf, ids, kind=kind, num_states=ctx.path.num_states, special_token_id=special,
             mask_token_id=own_mask if kind == "causal" and not loading else None,
             time_conditioning=node["time_conditioning"], cond_dim=node["cond_dim"], bidirectional=node["bidirectional"],

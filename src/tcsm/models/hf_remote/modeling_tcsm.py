@@ -515,7 +515,8 @@ class TCSMHFDenoiserForMaskedLM(DiffusionGenerationMixin, TCSMPreTrainedModel):
     """A denoiser tcsm adapted from a pretrained Hugging Face masked or causal LM (`model.name=hf_denoiser`): the
     base architecture (`config.base_model`) under `hf`, our V tokens' HF ids (`token_ids`), a trainable [MASK]
     vector, and for a causal LM a BOS at position 0 whose outputs 0..L−1 give the logits of x^0..x^{L−1}, with
-    bidirectional attention unless `denoiser.bidirectional` is false. forward(input_ids = x_t, timesteps = t)."""
+    bidirectional attention unless `denoiser.bidirectional` is false. forward(input_ids = x_t, timesteps = t); a block
+    model from a causal LM (`denoiser.block_length` = k) also takes clean_ids = x_1 (`_block_logits`)."""
 
     config_class = TCSMHFDenoiserConfig
 
@@ -541,7 +542,10 @@ class TCSMHFDenoiserForMaskedLM(DiffusionGenerationMixin, TCSMPreTrainedModel):
     def get_input_embeddings(self):
         return self.hf.get_input_embeddings()
 
-    def forward(self, input_ids, timesteps=None, return_dict=True, **kwargs):
+    def forward(self, input_ids, timesteps=None, return_dict=True, clean_ids=None, **kwargs):
+        if self.config.denoiser.get("block_length"):
+            logits = self._block_logits(input_ids, clean_ids, timesteps)
+            return MaskedLMOutput(logits=logits) if return_dict else (logits,)
         c, emb = self.config.denoiser, self.hf.get_input_embeddings()
         V = c["vocab_size"]
         h = emb(self.token_ids[input_ids.clamp(max=V - 1)])
@@ -561,3 +565,49 @@ class TCSMHFDenoiserForMaskedLM(DiffusionGenerationMixin, TCSMPreTrainedModel):
         logits = self.hf(inputs_embeds=h, **extra).logits[:, : input_ids.shape[1]]
         logits = logits[..., self.token_ids].float()
         return MaskedLMOutput(logits=logits) if return_dict else (logits,)
+
+    def _block_logits(self, input_ids, clean_ids, timesteps):
+        """A block model (`denoiser.block_length` = k) from a causal LM: logits [B, L, V] of every block b from x_t^b,
+        its time and x_1^{<b} (clean_ids), in one pass over a clean stream [BOS, x_1] at positions 0..L and, per
+        block, a noisy stream [x_1^{bk−1} (BOS for b = 0), x_t^b] at bk..bk+k whose outputs give the block's logits
+        (the AR head's next-token shift); a noisy token sees its block and the clean keys before bk, a clean token
+        the clean blocks up to its own (only earlier positions with `bidirectional` false)."""
+        c, emb = self.config.denoiser, self.hf.get_input_embeddings()
+        k, V = int(c["block_length"]), c["vocab_size"]
+        if clean_ids is None:
+            raise ValueError("a block model needs the clean sequence: pass clean_ids (x_1, the blocks before each block)")
+        B, L = input_ids.shape
+        if L % k or tuple(clean_ids.shape) != (B, L):
+            raise ValueError(f"a block model takes input_ids and clean_ids of one shape [batch, length], length a "
+                             f"multiple of {k}; got {tuple(input_ids.shape)} and {tuple(clean_ids.shape)}")  # fmt: skip
+        nb, dev = L // k, input_ids.device
+        bos = torch.full((B, 1), -1, dtype=torch.long, device=dev)
+        anchors = torch.cat([bos, clean_ids[:, k - 1 : L - 1 : k]], 1)
+        noisy = torch.cat([anchors[..., None], input_ids.view(B, nb, k)], -1).reshape(B, nb * (k + 1))
+        x = torch.cat([noisy, bos, clean_ids], 1)
+        h = emb(torch.where(x < 0, self.bos_id, self.token_ids[x.clamp(0, V - 1)]))
+        if self.mask_embed is not None:
+            h = torch.where((x >= V)[..., None], self.mask_embed.to(h.dtype), h)
+        if self.time_embed is not None:
+            if timesteps is None:
+                raise ValueError("this model is time-conditioned: pass timesteps (t in [0, 1], t = 1 clean)")
+            t = torch.as_tensor(timesteps, device=dev, dtype=torch.float32)
+            t = t.reshape(B, L) if t.numel() == B * L and L > 1 else t.reshape(-1, 1).expand(B, L)
+            t = torch.cat([torch.cat([t[:, ::k, None], t.view(B, nb, k)], -1).reshape(B, -1),
+                           torch.ones(B, L + 1, device=dev)], 1)  # fmt: skip
+            h = h + self.time_proj(self.time_embed(t.reshape(-1))).to(h.dtype).view(B, x.shape[1], -1)
+        n = nb * (k + 1)
+        pos = torch.cat([torch.arange(n, device=dev) - torch.arange(nb, device=dev).repeat_interleave(k + 1),
+                         torch.arange(L + 1, device=dev)])  # fmt: skip
+        block = torch.cat([torch.arange(nb, device=dev).repeat_interleave(k + 1),
+                           (torch.arange(L + 1, device=dev) - 1).div(k, rounding_mode="floor")])  # fmt: skip
+        is_noisy = torch.arange(pos.numel(), device=dev) < n
+        qp, kp, qb, kb = pos[:, None], pos[None, :], block[:, None], block[None, :]
+        qn, kn = is_noisy[:, None], is_noisy[None, :]
+        both = bool(c.get("bidirectional", True))
+        order = torch.ones_like(qp > kp) if both else kp <= qp
+        allowed = (qn & ((kn & (kb == qb) & order) | (~kn & (kp < qb * k)))) | (
+            ~qn & ~kn & ((kb <= qb) if both else (kp <= qp)))  # fmt: skip
+        mask = torch.zeros(allowed.shape, dtype=h.dtype, device=dev).masked_fill(~allowed, torch.finfo(h.dtype).min)
+        logits = self.hf(inputs_embeds=h, attention_mask=mask[None, None], position_ids=pos[None].expand(B, -1)).logits
+        return logits[:, :n].view(B, nb, k + 1, -1)[:, :, :k].reshape(B, L, -1)[..., self.token_ids].float()
