@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from tcsm.core.batch import Batch, as_batch
-from tcsm.models.kinds import denoise
+from tcsm.models.kinds import denoise, kind_of
 from tcsm.models.modes import eval_mode
 from tcsm.paths import ProbabilityPath
 from tcsm.posttrain.reward.rewards import RewardFn, evaluate_reward
@@ -223,6 +223,11 @@ class RewardTarget(Target):
         with eval_mode(denoiser), torch.no_grad():
             if self.sampler is not None:
                 return self.sampler(denoiser, n, length, path, generator)
+            if kind_of(denoiser).blocks:  # block by block with its KV cache (MATH.md §9)
+                from tcsm.sampling.settings import SampleSettings, draw
+
+                settings = SampleSettings(steps=self.sample_steps)
+                return draw(denoiser, path, n, length, settings, generator=generator, prompt=self.prompt)[0]
             from tcsm.sampling import sample  # lazy: sampling is only needed by the sample-pool sources
 
             return sample(
