@@ -29,6 +29,7 @@ class Native(Sampler):
     name = "native"
     help = "the model's own sampler (DiffusionGemma's generate()); steps: its denoising steps per canvas"
     settings_type = SamplerSettings
+    whole_sequence = True
 
     def __call__(self, model, path, num, length, *, objective=None, generator=None, device=None, fixed=None,
                  values=None, callback=None, chunk_size=None, record_steps=None):  # fmt: skip

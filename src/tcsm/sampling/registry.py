@@ -72,6 +72,9 @@ class Sampler:
     own: ClassVar[bool] = False
     #: reveals at least one position per step, so it takes at most as many steps as there are positions to fill
     steps_at_most_positions: ClassVar[bool] = False
+    #: draws whole sequences with the model's own decoding (a block model's included), not a step rule that a
+    #: block decoder could run inside each block
+    whole_sequence: ClassVar[bool] = False
 
     def __init__(self, settings: SamplerSettings | None = None):
         self.settings = settings if settings is not None else self.settings_type()

@@ -132,7 +132,7 @@ def draw(
         fixed, values = prefix_condition(prompt, num, length)
     sampler = make_sampler(settings, objective)
     eos_id = getattr(settings, "eos_id", None)
-    if kind_of(model).blocks:  # a block model: block by block with its KV cache, the chosen sampler in each block
+    if kind_of(model).blocks and not sampler.whole_sequence:  # block by block with its KV cache, the sampler in each
         if record_steps is not None:
             raise ValueError("block decoding keeps no trajectory: record_steps needs a full-sequence model")
         return _draw_blocks(model, path, sampler, num, length, fixed, values, generator, device, eos_id, callback,
