@@ -156,7 +156,19 @@ class TaskReward:
                 f"the tokenizer cannot write task {task.name}: no single token for {''.join(missing)!r} (the task needs "
                 f"one token per character of {task.vocabulary!r}); train the model on data.kind=task data.task={task.name}"
             )
-        self.task, self.table, self.eos_id = task, table, ids[EOS]
+        self.task, self.table, self.ids, self.eos_id = task, table, ids, ids[EOS]
+
+    def encode(self, text: str) -> list[int]:
+        """The ids of a task text (its characters, EOS included) in the reward's vocabulary."""
+        try:
+            return [self.ids[c] for c in text]
+        except KeyError as e:
+            raise DataError(f"task {self.task.name}: {e.args[0]!r} is not a character of the task") from None
+
+    def answer_text(self, completion_ids: list[int]) -> str:
+        """The text of a completion up to its first EOS ("?" for an id outside the vocabulary)."""
+        ids = completion_ids[: completion_ids.index(self.eos_id)] if self.eos_id in completion_ids else completion_ids
+        return "".join(self.table[i] if 0 <= i < len(self.table) else "?" for i in ids)
 
     def _text(self, ids: list[int]) -> str | None:
         V = len(self.table)
