@@ -71,8 +71,8 @@ def run_task(args) -> int:
     except TCSMError:  # only energy and causal runs sample through their objective, and neither needs a reference
         objective = None
     batch = args.batch_size or 64
-    rows, lines = [], [f"{ckpt.directory} (step {ckpt.step}, {ckpt.weights} weights), task {task!r}, "
-                       f"{n} held-out problems:"]  # fmt: skip
+    head = f"{ckpt.directory} (step {ckpt.step}, {ckpt.weights} weights), task {task!r}, {n} held-out problems:"
+    rows, lines = [], [head]
     for K in steps:
         settings = sample_settings(ckpt.config.sample, steps=K, method=args.method, temperature=args.temperature,
                                    top_p=args.top_p)  # fmt: skip
