@@ -1,4 +1,4 @@
-"""The verifiable tasks: seeded generation, disjoint splits, exact verifiers, the task data kind and the reward."""
+"""The verifiable tasks: seeded generation, disjoint splits, exact verifiers and the reward from token ids."""
 
 from fractions import Fraction
 
@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from tcsm.data.base import DataError
-from tcsm.data.build import build_data
 from tcsm.data.tasks import EOS, TASKS, TaskReward, make_task, task_reward
 from tcsm.data.tasks.countdown import evaluate, parse
 from tcsm.data.tasks.sudoku import solutions, valid_grids
@@ -97,21 +96,6 @@ def test_addition_accepts_any_zero_padding_up_to_the_answer_length():
     task = make_task("addition", digits=3)
     assert task.check("123+045=", "168") and task.check("123+045=", "0168")
     assert not task.check("123+045=", "00168") and not task.check("123+045=", "169") and not task.check("123+045=", "1a8")
-
-
-def test_task_data_kind_pins_the_prompt_and_writes_the_reference_answers():
-    data = build_data({"kind": "task", "task": "sudoku", "num_train": 50, "num_valid": 5, "num_test": 20, "seed": 1})
-    task = make_task("sudoku")
-    assert (len(data.train), len(data.valid), len(data.test)) == (50, 5, 20)
-    batch = data.get_batch("train", torch.arange(4))
-    assert batch.x1.shape == (4, task.seq_len) and batch.cond_mask[:, : task.prompt_len].all()
-    assert not batch.cond_mask[:, task.prompt_len :].any()
-    train = {data.decode(r)[: task.prompt_len] for r in data.train.x1} | {data.decode(r)[: task.prompt_len] for r in data.valid.x1}
-    assert len(train) == 55 and not train & {data.decode(r)[: task.prompt_len] for r in data.test.x1}
-    with pytest.raises(DataError, match="takes the options"):
-        build_data({"kind": "task", "task": "sudoku", "options": {"digits": 3}})
-    with pytest.raises(DataError, match="unknown task"):
-        build_data({"kind": "task", "task": "chess"})
 
 
 @pytest.mark.parametrize("name", sorted(TASKS))
