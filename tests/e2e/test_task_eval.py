@@ -11,9 +11,9 @@ from train_helpers import restore_torch_threads, tiny  # noqa: F401
 from tcsm.cli import main
 from tcsm.evaluation.tasks import wilson_interval
 
-TASK_RUN = [
+TASK_RUN = [  # the default objective: validation is the completion | prompt bound of the rows
     "data.kind=task", "data.task=addition", "data.options.digits=2", "data.num_train=64", "data.num_valid=8",
-    "data.num_test=8", "objective.name=sft", "train.steps=2", "train.eval_every=0", "train.sample_every=0",
+    "data.num_test=8", "train.steps=2", "train.eval_every=0", "train.sample_every=0",
     "sample.num=0",
 ]  # fmt: skip
 
