@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 from functools import lru_cache
 
+import numpy as np
 import torch
 
 from tcsm.data.base import DataError
@@ -40,9 +41,16 @@ def valid_grids() -> tuple[str, ...]:
     return tuple(g for g in ("".join(r) for r in itertools.product(rows, repeat=4)) if is_valid_grid(g))
 
 
+@lru_cache(maxsize=1)
+def _grid_array() -> np.ndarray:
+    return np.frombuffer("".join(valid_grids()).encode(), dtype=np.uint8).reshape(-1, 16)
+
+
 def solutions(puzzle: str) -> list[str]:
-    """The solved grids that keep every given of `puzzle` ("0" = blank)."""
-    return [g for g in valid_grids() if all(p in ("0", s) for p, s in zip(puzzle, g))]
+    """The solved grids that keep every given of `puzzle` ("0" = blank), by one comparison with all 288."""
+    p = np.frombuffer(puzzle[:16].encode(), dtype=np.uint8)
+    keep = ((_grid_array() == p) | (p == ord("0"))).all(1)
+    return [valid_grids()[i] for i in np.flatnonzero(keep)]
 
 
 class SudokuTask(Task):
