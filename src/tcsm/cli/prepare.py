@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--task", metavar="NAME", help="sudoku | countdown | addition")
     t.add_argument("--task-option", action="append", default=[], metavar="KEY=VALUE",
                    help="a task option, e.g. digits=4 (addition), count=4 (countdown); repeatable")
-    t.add_argument("--num-train", type=int, default=20000, help="training problems (default 20000)")
+    t.add_argument("--num-train", type=int, default=5000, help="training problems (default 5000)")
     t.add_argument("--num-test", type=int, default=500, help="held-out problems (default 500)")
     t.add_argument("--seed", type=int, default=0, help="seed of the problems (default 0)")
 

@@ -123,3 +123,12 @@ def test_reward_refuses_a_tokenizer_that_cannot_write_the_task():
     reward = task_reward("addition", decode=lambda ids: "".join(chars[i] for i in ids), vocab_size=len(chars), digits=2)
     x = torch.tensor([[chars.index(c) for c in "12+34=046\n"]])
     assert reward(x).tolist() == [1.0]
+
+
+def test_a_split_smaller_than_asked_is_refused_in_one_line(monkeypatch):
+    import tcsm.data.tasks.base as base
+
+    monkeypatch.setattr(base, "STALL", 500)  # the same rule, sooner
+    task = make_task("countdown", count=2, max_number=4)  # a handful of problems in all
+    with pytest.raises(DataError, match=r"found only \d+ distinct train problems of the 50"):
+        task.examples("train", 50)

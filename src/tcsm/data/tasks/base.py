@@ -31,6 +31,9 @@ EOS = "\n"
 #: one problem in TEST_SHARE (by the crc32 of its split key) belongs to the held-out test split
 TEST_SHARE = 8
 
+#: draws in a row without a new problem after which a split counts as exhausted
+STALL = 20_000
+
 
 @dataclass(frozen=True)
 class Example:
@@ -100,18 +103,19 @@ class Task:
         want_test = split == "test"
         g = torch.Generator().manual_seed(int(seed) * 2 + int(want_test))
         out, seen = [], set()
-        attempts, budget = 0, 200 * int(n) + 10_000
+        misses = 0  # draws since the last new problem: many in a row mean the split is (nearly) exhausted
         while len(out) < int(n):
-            attempts += 1
-            if attempts > budget:
+            if misses > STALL:
                 raise DataError(
-                    f"task {self.name}: found only {len(out)} distinct {split} problems of the {n} asked for; "
-                    "ask for fewer or make the task larger (its options)"
+                    f"{self!r}: found only {len(out)} distinct {split} problems of the {n} asked for "
+                    f"({STALL} draws in a row gave none new); ask for fewer or enlarge the task with its options"
                 )
             ex = self.draw(g)
             key = self.split_key(ex.prompt)
             if key in seen or self.in_test(ex.prompt) != want_test:
+                misses += 1
                 continue
+            misses = 0
             seen.add(key)
             out.append(ex)
         return out

@@ -1,6 +1,6 @@
 """The `task` data kind: a verifiable task's problems as prompt / completion rows for supervised training.
 
-    data: {kind: task, task: sudoku, num_train: 20000, num_valid: 500, num_test: 500, seed: 0, options: {}}
+    data: {kind: task, task: sudoku, num_train: 5000, num_valid: 500, num_test: 500, seed: 0, options: {}}
 
 Rows are the task's sequences (`prompt + reference answer + EOS...`, `task.seq_len` characters) in the task's
 character tokenizer; the prompt positions are conditioning (`Batch.cond_mask`: never noised, never scored), as in
@@ -32,7 +32,7 @@ def task_rows(task: Task, examples: list[Example], tokenizer) -> SFTRows:
 
 def build_task(
     task: str | None = None,
-    num_train: int = 20000,
+    num_train: int = 5000,
     num_valid: int = 500,
     num_test: int = 500,
     seed: int = 0,
