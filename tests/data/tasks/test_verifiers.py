@@ -126,7 +126,7 @@ def test_reward_refuses_a_tokenizer_that_cannot_write_the_task():
 
 
 def test_a_split_smaller_than_asked_is_refused_in_one_line(monkeypatch):
-    import tcsm.data.tasks.base as base
+    from tcsm.data.tasks import base
 
     monkeypatch.setattr(base, "STALL", 500)  # the same rule, sooner
     task = make_task("countdown", count=2, max_number=4)  # a handful of problems in all
