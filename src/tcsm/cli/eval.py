@@ -48,7 +48,8 @@ def _add_bound_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-examples",
         type=int,
-        help="evaluate the first N sequences only (default: the whole split; an energy model's: train.eval_examples)",
+        help="evaluate the first N sequences only (default: the whole split; an energy model's: train.eval_examples; "
+        "--task: the first N held-out problems, default 500)",
     )
     p.add_argument(
         "--log-z-samples",
