@@ -90,6 +90,14 @@ def test_countdown_evaluates_exactly_without_eval():
     assert task.score_text("3,5,7:26=", "3*7+") == 0.0 and task.score_text("2,2,9:10=", "9/(2-2)+2") == 0.0
     assert not task.check("2,2,9:13=", "2+2+9+0") and task.check("2,2,9:13=", "2+2+9")
     assert Fraction(evaluate("7/2")) == Fraction(7, 2)
+    import ast
+    import inspect
+
+    from tcsm.data.tasks import countdown
+
+    calls = {n.func.id for n in ast.walk(ast.parse(inspect.getsource(countdown)))
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}  # fmt: skip
+    assert not calls & {"eval", "exec", "compile", "__import__"}
 
 
 def test_addition_accepts_any_zero_padding_up_to_the_answer_length():
