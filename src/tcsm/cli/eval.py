@@ -6,7 +6,11 @@ pseudo-NLL of an LM, tcsm.objectives.lm), as in the trainer's validation; and tw
   LM1B subset, with the SEDD/MDLM protocol (docs/evaluation.md, tcsm.evaluation.zeroshot);
 * `--genppl --scorer PATH`: generative perplexity of samples under a scorer causal LM and their
   unigram entropy, for one or several numbers of sampling steps (a plot with `--plot`), or for samples
-  written by `tcsm sample --format jsonl` (`--samples`).
+  written by `tcsm sample --format jsonl` (`--samples`);
+* `--task NAME`: accuracy on a verifiable task's held-out problems (sudoku, countdown, addition; docs/tasks.md)
+  with a Wilson confidence interval, the model completing pinned prompts with the run's sampler (`sample:`
+  section, or --method / --steps / --temperature / --top-p), for one or several step counts
+  (tcsm.evaluation.tasks).
 
 The shared options (--num-t, --batch-size, --bound, --weights, --device, --precision, --json, --output) keep their
 meaning in every mode."""
@@ -44,7 +48,8 @@ def _add_bound_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-examples",
         type=int,
-        help="evaluate the first N sequences only (default: the whole split; an energy model's: train.eval_examples)",
+        help="evaluate the first N sequences only (default: the whole split; an energy model's: train.eval_examples; "
+        "--task: the first N held-out problems, default 500)",
     )
     p.add_argument(
         "--log-z-samples",
@@ -213,17 +218,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
               "(--reference: its old name)")
     g.add_argument("--samples", metavar="FILE", help="score these samples (jsonl from `tcsm sample`) instead of sampling")
     g.add_argument("--num-samples", type=int, default=16, help="samples per number of steps (default 16)")
-    g.add_argument("--steps", default="128", help="sampling steps; a comma-separated list gives a curve (default 128)")
+    g.add_argument("--steps", help="sampling steps; a comma-separated list gives a curve (default: 128 for --genppl, "
+                   "the run's sample.steps for --task)")
     g.add_argument("--method", help="sampler, one of `tcsm sample --method`'s (default: the run's sample.method)")
     g.add_argument("--temperature", type=float, help="sampling temperature (default: the run's sample.temperature)")
     g.add_argument("--top-p", type=float, help="nucleus mass in (0, 1] (default: the run's sample.top_p)")
     g.add_argument("--seed", type=int, default=0, help="seed of the samples")
     g.add_argument("--plot", metavar="PNG", help="plot gen-PPL and entropy against steps to this file")
+    k = p.add_argument_group("task accuracy (docs/tasks.md); the sampler flags above apply")
+    k.add_argument("--task", metavar="NAME", help="verifiable task: sudoku, countdown or addition")
+    k.add_argument("--confidence", type=float, default=0.95, help="level of the Wilson interval (default 0.95)")
+    k.add_argument("--show", type=int, default=0, metavar="N", help="print the first N completions and rewards")
 
 
 def run(args) -> int:
-    if getattr(args, "zeroshot", None) and getattr(args, "genppl", False):
-        raise ValueError("give --zeroshot or --genppl, not both")
+    if sum(bool(getattr(args, k, None)) for k in ("zeroshot", "genppl", "task")) > 1:
+        raise ValueError("give one of --zeroshot, --genppl and --task")
     if args.output:  # every mode: a bad --output fails before the work, not after it
         from tcsm.cli.common import check_writable
 
@@ -232,6 +242,10 @@ def run(args) -> int:
         return _run_zeroshot(args)
     if getattr(args, "genppl", False):
         return _run_genppl(args)
+    if getattr(args, "task", None):
+        from tcsm.cli.evaltask import run_task
+
+        return run_task(args)
     return _run_bound(args)
 
 
@@ -363,7 +377,7 @@ def _run_genppl(args) -> int:
     if not args.scorer:
         raise ValueError("--genppl needs --scorer (a Hugging Face model directory or a causal-LM checkpoint)")
     try:
-        steps = [int(s) for s in args.steps.split(",")]
+        steps = [int(s) for s in (args.steps or "128").split(",")]
     except ValueError:
         raise ValueError(f"--steps must be a comma-separated list of integers, got {args.steps!r}") from None
     _check_positive(num_samples=args.num_samples, batch_size=args.batch_size, steps=min(steps))

@@ -21,6 +21,8 @@
   registered by tcsm.data.pairs, which builds that section with `build_data` (preference fine-tuning, MATH.md §5.3).
 * `sft` — prompt / completion records (TRL's formats, chats through a chat template) with the same conventions;
   registered by tcsm.data.sft (instruction fine-tuning).
+* `task` — task (sudoku | countdown | addition), num_train, num_valid, num_test, seed, options: a verifiable task's
+  problems as prompt / completion rows in its character vocabulary (tcsm.data.tasks.kind; docs/tasks.md).
 
 Unknown kinds or keys raise a DataError that lists what is accepted.
 
@@ -58,7 +60,7 @@ DATA_KINDS: dict[str, Callable[..., DataBundle]] = {
 
 #: Kinds registered by a module outside this package (which itself builds data with `build_data`, so it cannot be
 #: imported here): imported on first use, by name.
-PLUGIN_KINDS = {"pairs": "tcsm.data.pairs", "sft": "tcsm.data.sft", "hf": "tcsm.data.hf"}
+PLUGIN_KINDS = {"pairs": "tcsm.data.pairs", "sft": "tcsm.data.sft", "hf": "tcsm.data.hf", "task": "tcsm.data.tasks.kind"}
 
 #: Keys of the data kinds that name files or folders (relative ones are read from the current directory).
 PATH_KEYS = ("path", "train_path", "valid_path", "test_path", "bpe_dir", "encoder_json", "vocab_bpe", "cache_dir")

@@ -1,14 +1,40 @@
 """The validation metric of a model, as training logs it and `tcsm eval` reports it: the objective's own
-evaluator when it has one (e.g. an LM), the diffusion likelihood bound otherwise (MATH.md §2.4)."""
+evaluator when it has one (e.g. an LM), the diffusion likelihood bound otherwise (MATH.md §2.4) — of the
+completions given their prompts when the data's rows pin a prompt (the `task` and `sft` kinds)."""
 
 from __future__ import annotations
 
 import inspect
 
-from tcsm.core.protocols import Evaluates
-from tcsm.core.results import EvalResult
+import torch
 
-__all__ = ["evaluate_model"]
+from tcsm.core.protocols import Evaluates
+from tcsm.core.results import EvalResult, summarise_nats
+
+__all__ = ["evaluate_model", "prompted_bound"]
+
+
+@torch.no_grad()
+def prompted_bound(model, rows, path, *, batch_size, num_t, generator=None, bound=None, device=None) -> EvalResult:
+    """The bound on −log p^θ(completion | prompt) of each record, in nats per completion token (padding included),
+    from `nelbo_terms` with the prompt clean at every t (MATH.md §2.4); `rows.to_batch()` holds the prompt as
+    `cond_mask`."""
+    from tcsm.evaluation.likelihood import nelbo_terms
+    from tcsm.models.modes import eval_mode
+    from tcsm.paths.bounds import resolve_bound
+
+    bound = resolve_bound(path, bound)
+    batch = rows.to_batch()
+    device = batch.x1.device if device is None else torch.device(device)
+    N, L = batch.x1.shape
+    nats = []
+    with eval_mode(model):
+        for s in range(0, N, int(batch_size)):
+            x1 = batch.x1[s : s + int(batch_size)].to(device)
+            cond = batch.cond_mask[s : s + int(batch_size)].to(device)
+            terms = nelbo_terms(model, x1, path, num_t=num_t, generator=generator, bound=bound, cond_mask=cond)
+            nats.append((terms.double().mean(0) / (L - cond.sum(-1)).clamp_min(1)).cpu())
+    return EvalResult(summarise_nats(torch.cat(nats), L, f"{bound}, completion | prompt"), num_t=int(num_t))
 
 
 def evaluate_model(objective, model, data, path, e, *, generator=None, device=None, progress=False) -> EvalResult:
@@ -24,6 +50,9 @@ def evaluate_model(objective, model, data, path, e, *, generator=None, device=No
         extra = {"progress": progress} if wants else {}
         result = objective.evaluate(model, data, batch_size=e.batch_size, generator=generator, device=device, **extra)
         return EvalResult.of(result, f"{type(objective).__name__}.evaluate")
+    if getattr(data, "to_batch", None) is not None and getattr(data.to_batch(), "cond_mask", None) is not None:
+        return prompted_bound(model, data, path, batch_size=e.batch_size, num_t=e.num_t, generator=generator,
+                              bound=e.bound, device=device)  # fmt: skip
     from tcsm.evaluation.likelihood import evaluate_bound
 
     return evaluate_bound(

@@ -392,3 +392,17 @@ def test_hf_classifier_reward_from_local_path(tmp_path):
     assert torch.allclose(r(x), want, atol=1e-5)
     lp = make_reward({"name": "hf", "path": str(tmp_path), "mode": "logprob"})(x)
     assert (lp <= 0).all() and lp.shape == (3,)
+
+
+def test_task_reward_spec_scores_the_task_verifier_on_the_runs_ids():
+    from tcsm.data.build import build_data
+
+    data = build_data({"kind": "task", "task": "countdown", "num_train": 8, "num_valid": 0, "num_test": 8,
+                       "options": {"count": 4}})  # fmt: skip
+    reward = make_reward("task:countdown,count=4", decode=data.decode, vocab_size=data.vocab_size)
+    x = data.test.x1.long()
+    assert torch.equal(reward(x), torch.ones(8))
+    P = data.meta["prompt_len"]
+    assert reward(torch.cat([x[:, :P], x.roll(1, 0)[:, P:]], 1)).sum() < 8  # answers to other prompts
+    with pytest.raises(ValueError, match="needs a task name"):
+        make_reward("task")

@@ -8,6 +8,8 @@ This module provides:
   `profanity_reward` (−P(profane) from `alt-profanity-check`) are offline PyPI scorers built on it;
 * `HFClassifierReward` — a Hugging Face sequence classifier loaded from a local path (lazy `transformers`
   import; nothing is downloaded), scoring either token ids directly or re-tokenised decoded text;
+* `task:NAME` — a verifiable task's 0/1 verifier on (prompt, completion) token ids (`tcsm.data.tasks`:
+  sudoku, countdown, addition; options such as `task:countdown,count=4` are the task's);
 * `make_reward(spec)` — builds any of these from a one-line spec (used by the CLI and configs).
 
 Rewards never hold gradients: they are evaluated under `torch.no_grad()` on (possibly many) candidate sequences.
@@ -206,8 +208,17 @@ REWARDS: dict[str, Callable] = {
         _need_decode(decode, "profanity"), **kw
     ),
     "hf": lambda path, decode=None, vocab_size=None, **kw: HFClassifierReward(path, decode=decode, **kw),
+    "task": lambda task=None, decode=None, vocab_size=None, **kw: _task_reward(task, decode, vocab_size, **kw),
     "python": lambda target, decode=None, vocab_size=None, **kw: _python_reward(target, **kw),
 }
+
+
+def _task_reward(task, decode, vocab_size, **options):
+    from tcsm.data.tasks import TASKS, task_reward
+
+    if task is None:
+        raise ValueError(f"the task reward needs a task name: task:NAME with NAME one of {sorted(TASKS)}")
+    return task_reward(task, decode=decode, vocab_size=vocab_size, **options)
 
 
 def _need_decode(decode, name):
@@ -231,7 +242,7 @@ def make_reward(
     spec: str | dict, decode: Callable[[list[int]], str] | None = None, vocab_size: int | None = None
 ) -> RewardFn:
     """Build a reward from a spec: "grid", "grid:width=64,right=-1e5", "vader", "profanity",
-    "hf:/path/to/classifier,label=1,mode=logprob", "python:pkg.mod:fn"; or a dict {"name": ..., **kwargs}.
+    "hf:/path/to/classifier,label=1,mode=logprob", "task:sudoku", "python:pkg.mod:fn"; or a dict {"name": ..., **kwargs}.
 
     `decode(list[int]) -> str` turns token ids into text for text scorers; `vocab_size` is the default grid width.
     """
@@ -243,8 +254,8 @@ def make_reward(
         name, _, rest = str(spec).partition(":")
         kwargs = {}
         parts = [p for p in rest.split(",") if p] if rest else []
-        if name == "hf" and parts and "=" not in parts[0]:
-            kwargs["path"] = parts.pop(0)
+        if name in ("hf", "task") and parts and "=" not in parts[0]:
+            kwargs["path" if name == "hf" else "task"] = parts.pop(0)
         if name == "python" and rest:
             # the target itself contains ':' — everything up to the first ',' is the import target
             kwargs["target"] = parts.pop(0) if parts else rest
