@@ -72,6 +72,7 @@ FLAGS = {
     "finetune preference": (*RECIPE, "--eval-samples", "0"),
     "finetune dre": (*RECIPE, "--eval-examples", "4"),
     "finetune sft": (*RECIPE, "data.pad=.", "data.valid_frac=0.25"),
+    "finetune rl": (*RECIPE, "-G", "2", "--eval-prompts", "2"),
     "distill": (*RECIPE, "--eval-samples", "2", "--eval-steps", "2"),
     "demo grid": (
         "--size",
@@ -137,7 +138,7 @@ def shrink(argv: list[str]) -> list[str]:
         sets_data = any(a.startswith("data.") for a in argv)
         data = TEXT if preset in TEXT8_PRESETS and not sets_data else ()
         return [*argv, *data, *MODEL, *TRAIN]
-    if cmd in ("finetune reward", "finetune preference", "finetune dre", "distill"):
+    if cmd in ("finetune reward", "finetune preference", "finetune dre", "finetune rl", "distill"):
         # pairs drawn from an untrained model often tie on reward and are dropped: few are left to train on
         few = ("train.batch_size=1",) if cmd == "finetune preference" else ()
         return [*argv, *FLAGS[cmd], *(o for o in TRAIN if o != "train.steps=2"), *few]
