@@ -71,7 +71,7 @@ def test_the_declared_uses_name_the_entries_that_read_it():
         for name in registry.names()
         if registry.get(name).reference is not None
     }
-    assert declared == {("model", "energy"), ("objective", "dre"), ("objective", "preference"),
+    assert declared == {("model", "energy"), ("objective", "dre"), ("objective", "preference"), ("objective", "grpo"),
                         ("target", "reward"), ("target", "parametric"), ("target", "distill")}  # fmt: skip
     assert OBJECTIVES.get("preference").reference.scoring and not OBJECTIVES.get("dre").reference.scoring
 
