@@ -16,12 +16,7 @@ from tcsm.paths import MaskedPath, UniformPath
 BLOCKS = ModelKind("denoiser", "blocks", None, "an exact block denoiser (test oracle)", blocks=True)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class FullAsBlock:

@@ -18,12 +18,7 @@ from tcsm.targets import ConditionalTarget, TargetBatch
 BLOCKS = ModelKind("denoiser", "blocks", None, "a block model (test)", blocks=True)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _path(kind, V, k=None):

@@ -424,10 +424,15 @@ def export(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _say_notes(notes, log)
+    return out
+
+
+def _say_notes(notes: list[str], log) -> None:
+    """The export's notes, one line each, to `log` (default: stderr)."""
     say = log if log is not None else (lambda line: print(line, file=sys.stderr))
     for note in notes:
         say(f"tcsm export: note: {note}")
-    return out
 
 
 def _export_adapter(ck, out: Path, log) -> Path:
@@ -449,9 +454,7 @@ def _export_adapter(ck, out: Path, log) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    say = log if log is not None else (lambda line: print(line, file=sys.stderr))
-    for note in notes:
-        say(f"tcsm export: note: {note}")
+    _say_notes(notes, log)
     return out
 
 

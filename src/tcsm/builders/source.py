@@ -17,19 +17,21 @@ __all__ = ["NOT_DENOISERS", "source_run"]
 NOT_DENOISERS = {name: kind.description for name, kind in FAMILIES.items() if not kind.is_denoiser}
 
 
-def source_run(checkpoint, recipe: str) -> tuple[Path, dict]:
+def source_run(
+    checkpoint, recipe: str, families: tuple[str, ...] = ("denoiser",), needs: str = "a diffusion denoiser run"
+) -> tuple[Path, dict]:
     """(checkpoint directory, its run config without its own frozen model) of the run `checkpoint` names — the base
-    of a recipe, which sets its own `reference`; CheckpointError (one line) if it holds no run config or its model
-    is not a diffusion denoiser, which every recipe of `tcsm finetune` needs."""
+    of a recipe, which sets its own `reference`; CheckpointError (one line) if it holds no run config or its model's
+    family is not one of `families` (a diffusion denoiser, for every recipe of `tcsm finetune` but RL's)."""
     directory = resolve_checkpoint(checkpoint)
     state = read_state(directory)[1]
     if "config" not in state:
         raise CheckpointError(f"{str(directory)!r} holds no run config; it was not written by `tcsm train`")
     base = without_reference(dict(state["config"]))
     name = (base.get("model") or {}).get("name", "denoiser")
-    if not family_of_name(name).is_denoiser:
+    if family_of_name(name).family not in families:
         raise CheckpointError(
-            f"{str(directory)!r} trained {NOT_DENOISERS[name]} (model.name={name}); tcsm finetune {recipe} needs a "
-            "diffusion denoiser run (tcsm train) to start from"
+            f"{str(directory)!r} trained {family_of_name(name).description} (model.name={name}); tcsm finetune "
+            f"{recipe} needs {needs} (tcsm train) to start from"
         )
     return directory, base

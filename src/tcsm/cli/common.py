@@ -278,3 +278,18 @@ def run_recipe(
         write_json_report(Path(run_dir) / report_file, result)
         print(describe(result), flush=True)
     return 0
+
+
+def emit_report(args, result: dict, lines: list[str]) -> None:
+    """An evaluation's result: written to `args.output` (JSON) when given, printed as one JSON object with `--json`,
+    else as its text lines."""
+    import json
+
+    from tcsm.evaluation.report import to_jsonable, write_report
+
+    if args.output:
+        write_report(args.output, result)
+    if args.json:
+        print(json.dumps(to_jsonable(result)))
+    else:
+        print("\n".join(lines))

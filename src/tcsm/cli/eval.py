@@ -23,6 +23,8 @@ import sys
 import textwrap
 import time
 
+from tcsm.cli.common import emit_report
+
 HELP = (
     "evaluate a checkpoint: likelihood bound (or an LM's NLL) as bits per token and perplexity; zero-shot "
     "(--zeroshot) and generative (--genppl) perplexity"
@@ -258,15 +260,6 @@ def _load(args, device):
     return load_checkpoint(args.checkpoint, device=device, ema=args.weights != "model", overrides=list(args.overrides))
 
 
-def _emit(args, result: dict, lines: list[str]) -> None:
-    from tcsm.evaluation.report import to_jsonable, write_report
-
-    if args.output:
-        write_report(args.output, result)
-    if args.json:
-        print(json.dumps(to_jsonable(result)))
-    else:
-        print("\n".join(lines))
 
 
 def _check_positive(**values) -> None:
@@ -330,7 +323,7 @@ def _run_zeroshot(args) -> int:
         results[name] = r
         lines.append(f"  {r['label']:<24} PPL <= {r['ppl_bound']:.2f} ± {r['ppl_bound_stderr']:.2f} "
                      f"({r['num_blocks']} blocks, {r['bound']} bound, {num_t} t per block)")
-    _emit(args, {"checkpoint": str(ckpt.directory), "step": ckpt.step, "weights": ckpt.weights,
+    emit_report(args, {"checkpoint": str(ckpt.directory), "step": ckpt.step, "weights": ckpt.weights,
                  "precision": args.precision, "zeroshot": results}, lines)
     return 0
 
@@ -434,6 +427,6 @@ def _run_genppl(args) -> int:
             plot_genppl_vs_steps(rows, args.plot, title=f"{ckpt.directory.name} vs {ref.name}")
             lines.append(f"  plot: {args.plot}")
     temperature, top_p = (args.temperature, args.top_p) if settings is None else (settings.temperature, settings.top_p)
-    _emit(args, {**header, "scorer": ref.name, "temperature": temperature, "top_p": top_p,
+    emit_report(args, {**header, "scorer": ref.name, "temperature": temperature, "top_p": top_p,
                  "seed": args.seed, "genppl": rows}, lines)
     return 0

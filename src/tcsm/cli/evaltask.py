@@ -7,7 +7,6 @@ task's defaults) — so accuracies of different runs compare on the same prompts
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 
@@ -30,11 +29,11 @@ def run_task(args) -> int:
     from tcsm.builders.assemble import build_objective_for_checkpoint
     from tcsm.builders.components import DataInfo
     from tcsm.builders.loading import load_checkpoint
+    from tcsm.cli.common import emit_report
     from tcsm.cli.sample import load_tokenizer
     from tcsm.core.errors import ConfigError, TCSMError
     from tcsm.core.precision import autocast
     from tcsm.data.tasks import TASKS, TaskReward, make_task
-    from tcsm.evaluation.report import to_jsonable, write_report
     from tcsm.evaluation.tasks import sampler_completions, task_accuracy
     from tcsm.models.kinds import kind_of
     from tcsm.sampling.settings import sample_settings
@@ -98,10 +97,5 @@ def run_task(args) -> int:
             print(f"  steps {row['steps']}: accuracy {acc.accuracy:.3f}", file=sys.stderr)
     result = {"checkpoint": str(ckpt.directory), "step": ckpt.step, "weights": ckpt.weights, "task": task.name,
               "options": task.options(), "split": "test", "seed": args.seed, "problem_seed": 0, "results": rows}
-    if args.output:
-        write_report(args.output, result)
-    if args.json:
-        print(json.dumps(to_jsonable(result)))
-    else:
-        print("\n".join(lines))
+    emit_report(args, result, lines)
     return 0

@@ -7,13 +7,12 @@ import torch
 
 from tcsm.builders.config import load_config, set_values
 from tcsm.builders.loading import load_checkpoint
-from tcsm.core.errors import CheckpointError, ConfigError
+from tcsm.builders.source import source_run
+from tcsm.core.errors import ConfigError
 from tcsm.models.kinds import family_of_name
 from tcsm.posttrain.reward.rewards import evaluate_reward, make_reward
 from tcsm.recipes.spec import lazy_report
 from tcsm.sampling.settings import draw, sample_settings
-from tcsm.storage.checkpoint import read_state, resolve_checkpoint
-from tcsm.storage.migration import without_reference
 
 __all__ = ["compose", "report_of", "rl_config", "rl_report"]
 
@@ -23,18 +22,8 @@ POLICY_FAMILIES = ("denoiser", "causal")
 
 def _source(checkpoint) -> tuple:
     """(checkpoint directory, its run config without its frozen model); CheckpointError unless it trained a policy."""
-    directory = resolve_checkpoint(checkpoint)
-    state = read_state(directory)[1]
-    if "config" not in state:
-        raise CheckpointError(f"{str(directory)!r} holds no run config; it was not written by `tcsm train`")
-    base = without_reference(dict(state["config"]))
-    name = (base.get("model") or {}).get("name", "denoiser")
-    if family_of_name(name).family not in POLICY_FAMILIES:
-        raise CheckpointError(
-            f"{str(directory)!r} trained {family_of_name(name).description} (model.name={name}); tcsm finetune rl "
-            "needs a policy with a sampler: a diffusion denoiser or an autoregressive LM"
-        )
-    return directory, base
+    needs = "a policy with a sampler: a diffusion denoiser or an autoregressive LM run"
+    return source_run(checkpoint, "rl", POLICY_FAMILIES, needs)
 
 
 def rl_config(checkpoint, preset: str | None = "finetune-rl", overrides=(), values: dict | None = None):
