@@ -71,7 +71,7 @@ class DiffusionGemmaCache:
 class DiffusionGemmaDenoiser(nn.Module):
     """x_t [B, L], per-position t [B, L] (ignored), x_1 [B, L] → logits [B, L, V] of a DiffusionGemma model."""
 
-    model_kind = FAMILIES["diffusion_gemma"]
+    model_kind = FAMILIES["diffusion_gemma"]  # offers: encoder_lm, self_conditioning, router (see ModelKind)
 
     def __init__(self, hf_model: nn.Module, *, self_conditioning: bool = False):
         super().__init__()
@@ -98,8 +98,12 @@ class DiffusionGemmaDenoiser(nn.Module):
         self._register_load_state_dict_pre_hook(_from_hf_names, with_module=True)
 
     # ------------------------------------------------------------------------------------------ one pass
-    def forward(self, xt: Tensor, t: Tensor | None = None, x1: Tensor | None = None, *, self_cond=None) -> Tensor:
-        """Logits of every block b given (x_t^b, x_1^{<b}), in one encoder and one decoder pass (MATH.md §9)."""
+    def forward(self, xt: Tensor, t: Tensor | None = None, x1: Tensor | None = None, *, self_cond=None,
+                self_cond_mask: Tensor | None = None, encoder_logits: bool = False):  # fmt: skip
+        """Logits of every block b given (x_t^b, x_1^{<b}), in one encoder and one decoder pass (MATH.md §9).
+        `self_cond_mask` [B] switches the self-conditioning input per sequence (the model's own mask); with
+        `encoder_logits=True` also the causal encoder's next-token logits over x_1 (position i predicts x_1^{i+1}),
+        which the same encoder pass gives: (logits, encoder logits)."""
         if x1 is None:
             raise ValueError("a block denoiser needs the clean sequence: call model(xt, t, x1=x1)")
         if xt.dim() != 2 or tuple(x1.shape) != tuple(xt.shape):
@@ -113,14 +117,28 @@ class DiffusionGemmaDenoiser(nn.Module):
 
         pos = torch.arange(L, device=xt.device)
         cache = DynamicCache()  # full layers: every clean key stays, the masks below choose what each query reads
-        self.hf.model.encoder(
+        encoded = self.hf.model.encoder(
             input_ids=x1, cache=cache, position_ids=pos[None], attention_mask=self._encoder_masks(pos)
         )
         out = self.hf(
             cache=cache, decoder_input_ids=xt, decoder_position_ids=pos[None],
             decoder_attention_mask=self._decoder_masks(pos), self_conditioning_logits=self_cond,
+            self_conditioning_mask=None if self_cond is None else self_cond_mask,
         )  # fmt: skip
-        return out.logits.float()
+        if not encoder_logits:
+            return out.logits.float()
+        return out.logits.float(), self._head(encoded.last_hidden_state)
+
+    def _head(self, hidden: Tensor) -> Tensor:
+        """The model's LM head with its final logit soft-capping (what its forward applies to the decoder)."""
+        cap = self.hf.final_logit_softcapping
+        logits = self.hf.lm_head(hidden).float()
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def router_parameters(self) -> list[nn.Parameter]:
+        """The MoE routers' parameters (each layer's expert-choice projection and scales), shared by encoder and
+        decoder: what a fine-tune that keeps the routing fixed freezes."""
+        return [p for n, p in self.hf.named_parameters() if ".router." in n]
 
     def _mask(self, allowed: Tensor) -> Tensor:
         """A [1, 1, q, kv] mask in the form the attention implementation reads (boolean for sdpa, additive else)."""
