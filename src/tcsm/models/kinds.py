@@ -34,7 +34,8 @@ class ModelKind:
     blocks: bool = False
     #: optional training inputs and outputs it offers (MATH.md §9): "encoder_lm" (`model(x_t, t, x1=x_1,
     #: encoder_logits=True)` also gives its clean encoder's next-token logits), "self_conditioning" (`self_cond=`
-    #: logits and a per-sequence `self_cond_mask=`), "router" (`model.router_parameters()`: its MoE routing)
+    #: logits and a per-sequence `self_cond_mask=`), "router" (`model.router_parameters()`: its MoE routing),
+    #: "decode_from" (`decode_from=` a block boundary: only the blocks from there on are decoded)
     offers: frozenset = frozenset()
 
     @property
@@ -68,7 +69,7 @@ FAMILIES: dict[str, ModelKind] = {
     "energy": ENERGY,
     "diffusion_gemma": ModelKind(
         "denoiser", "blocks", "diffusion_gemma", "a DiffusionGemma block-diffusion model (uniform source)", blocks=True,
-        offers=frozenset({"encoder_lm", "self_conditioning", "router"}),
+        offers=frozenset({"encoder_lm", "self_conditioning", "router", "decode_from"}),
     ),
     "hf_masked_dlm": ModelKind(
         "denoiser", "path", "hf_masked_dlm", "a Hugging Face masked diffusion LM (LLaDA / Dream style, remote code)"

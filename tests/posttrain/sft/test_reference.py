@@ -83,12 +83,12 @@ def _after_corruption(seed):
 def test_self_conditioning_changes_the_loss_and_off_skips_the_first_pass():
     model = DiffusionGemmaDenoiser(tiny_hf(V=V, k=K))
     calls = []
-    model.register_forward_hook(lambda *a: calls.append(1))
+    model.hf.model.decoder.register_forward_hook(lambda *a: calls.append(1))  # decoder passes
     with torch.no_grad():
         off, _ = ReferenceBlockSFT(V, K, self_cond_prob=0.0)(model, _batch(), torch.Generator().manual_seed(3))
         assert len(calls) == 1
         on, _ = ReferenceBlockSFT(V, K, self_cond_prob=1.0)(model, _batch(), torch.Generator().manual_seed(3))
-        assert len(calls) == 3
+        assert len(calls) == 3  # on: the decoder twice, on one encoder cache
     assert abs(float(on - off)) > 1e-4
 
 

@@ -66,15 +66,20 @@ class ReferenceBlockSFT:
         xt, c = corrupt_uniform(x1, supervised, self.k, self.V, self.eps, generator)
         t = torch.where(supervised, 1.0 - c, torch.ones_like(c))
         kw = {}
+        k = self.k or x1.shape[1]
+        if "decode_from" in kind_of(model).offers:  # blocks before the first supervised one are never scored
+            first = int(supervised.any(0).float().argmax()) if bool(supervised.any()) else 0
+            kw["decode_from"] = first // k * k
+        lo = kw.get("decode_from", 0)
         if self.p > 0:
             on = torch.rand(x1.shape[0], generator=generator, device=x1.device) < self.p
             if bool(on.any()):  # a zeroed signal for every sequence is the same as no first pass
-                with torch.no_grad():
-                    kw = {"self_cond": model(xt, t, x1=x1).detach(), "self_cond_mask": on}
+                kw.update(self_cond_first_pass=True, self_cond_mask=on)
         want_ar = self.ar_weight > 0
         out = model(xt, t, x1=x1, encoder_logits=True, **kw) if want_ar else model(xt, t, x1=x1, **kw)
         logits, enc = out if want_ar else (out, None)
-        ce = F.cross_entropy(logits[supervised], x1[supervised])
+        sup = supervised[:, lo:]
+        ce = F.cross_entropy(logits[sup], x1[:, lo:][sup])
         metrics = {"ce": ce.detach(), "corrupt": c[supervised].mean().detach()}
         loss = ce
         if want_ar:
