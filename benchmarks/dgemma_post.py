@@ -110,8 +110,8 @@ def stage_pretrain(w: Path, a) -> dict:
     import transformers as T
 
     hf = T.DiffusionGemmaForBlockDiffusion.from_pretrained(w / "model")
-    text = sum(p.numel() for n, p in hf.named_parameters() if "vision" not in n and "encoder.language_model" not in n)
-    return {"pretrain_cpu_s": round(time.process_time() - t0, 1), "text_params": text,
+    text = hf.num_parameters()  # tied copies once
+    return {"pretrain_cpu_s": round(time.process_time() - t0, 1), "params": text,
             "pretrain_bound": {k: v for k, v in summary(w / "pre").items() if not isinstance(v, (dict, list))}}
 
 
@@ -140,13 +140,14 @@ def samples(run: Path, w: Path, tag: str) -> list[str]:
 def stage_sft(w: Path, a) -> dict:
     res = {}
     t0 = time.process_time()
-    before = sft(w, "sft-before", a, "--steps", "1", "optim.lr=0", "objective.recipe=reference")
+    before = sft(w, "sft-before", a, "--steps", "1", "optim.lr=1e-12", "objective.recipe=reference")  # lr 0 refused
     ref = sft(w, "sft-ref", a, "--steps", str(a.sft_steps), "objective.recipe=reference", "optim.lr=1e-3")
     tcsm = sft(w, "sft-tcsm", a, "--steps", str(a.sft_steps), "optim.lr=1e-3")
     res["sft_cpu_s"] = time.process_time() - t0
     for tag, run in (("before", before), ("reference", ref), ("tcsm", tcsm)):
         s = summary(run)
-        res[f"bound_{tag}"] = {k: s.get(k) for k in s if "bound" in k or "bpt" in k or k.startswith("valid")}
+        res[f"bound_{tag}"] = {k: s[k] for k in ("bound", "bpc", "bpc_stderr", "nats_per_token", "num_sequences")
+                               if k in s}  # fmt: skip
         res[f"samples_{tag}"] = samples(run, w, tag)
     return res
 
@@ -158,6 +159,7 @@ def stage_reward(w: Path, a) -> dict:
         if not (out / "reward_eval.json").is_file():
             cli("finetune", "reward", "--from", w / "pre", "--reward", "vader", "--prompt", PROMPT, "-B", "4",
                 "--xt-source", "model", "--steps", str(a.reward_steps), "--eval-samples", "64", "-o", out,
+                "target.pool_size=64", "target.refresh_every=10",
                 f"train.seed={seed}", "train.batch_size=16", "sample.steps=8", "optim.lr=1e-3", "train.eval_every=0",
                 "train.sample_every=0", "sample.num=0", *QUIET)  # fmt: skip
         r = json.loads((out / "reward_eval.json").read_text())
@@ -263,12 +265,15 @@ def child_sft(w: Path, out: Path, extra: list[str], a) -> None:
     buf = io.StringIO()
     with redirect_stdout(buf), redirect_stderr(buf):
         sft(w, out.name, a, "--steps", "3", "objective.recipe=reference", *extra)
-    import re
+    from safetensors.torch import load_file
 
-    m = re.search(r"([\d,]+) of ([\d,]+) parameters? trained|trains? ([\d,]+) of ([\d,]+)", buf.getvalue())
+    ckpt = out / "checkpoints" / (out / "checkpoints" / "latest").read_text().strip() / "model.safetensors"
+    weights = load_file(str(ckpt))
+    lora = sum(v.numel() for k, v in weights.items() if "lora_" in k)
     line = next((s for s in buf.getvalue().splitlines() if s.startswith("model:")), "")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"model_line": line, "peak_rss_mb": round(peak, 1), "match": m.group(0) if m else None}))
+    print(json.dumps({"model_line": line, "peak_rss_mb": round(peak, 1), "lora_params": lora,
+                      "stored_params": sum(v.numel() for v in weights.values())}))
 
 
 # ------------------------------------------------------------------------------------------------ main

@@ -57,10 +57,13 @@ def test_sft_with_the_reference_recipe_keeps_the_routers(root, tmp_path):
     (tmp_path / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     assert _main("finetune", "sft", "--from", root / "run", "--data", tmp_path / "sft.jsonl", "--steps", "2",
                  "-o", tmp_path / "sft", "objective.recipe=reference", "objective.self_cond_prob=1",
-                 "objective.eval_num_t=2", "data.valid_frac=0.25", "optim.lr=1e-2", *COMMON) == 0  # fmt: skip
+                 "objective.eval_num_t=2", "data.valid_frac=0.25", "optim.lr=1e-2", "eval.t_max=0.9",
+                 *COMMON) == 0  # fmt: skip
     rows = [json.loads(r) for r in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["kind"] == "train"]
     assert train and all({"ce", "ar"} <= set(r) for r in train)
+    summary = json.loads((tmp_path / "sft" / "summary.json").read_text())
+    assert summary["bound"] == "reversal@t_max=0.9, completion | prompt" and summary["nats_per_token"] > 0
     before, after = final_weights(root / "run", "ema"), final_weights(tmp_path / "sft")
     routers = [k for k in before if ".router." in k]
     assert routers and all(torch.equal(before[k], after[k]) for k in routers)
@@ -98,3 +101,18 @@ def test_dre_and_distillation_from_a_causal_lm_of_the_same_tokenizer(root, tmp_p
                  "--estimator", "exact", "path.source=uniform", f"path.block_length={K}", "model.name=diffusion_gemma",
                  f"model.name_or_path={root / 'model'}", "target.sample_steps=2", *COMMON) == 0  # fmt: skip
     assert (tmp_path / "st" / "checkpoints" / "latest").is_file()
+
+
+def test_lora_sft_starts_from_the_plain_run(root, tmp_path):
+    """A LoRA run takes the plain run's weights as its base: the tied encoder/decoder weights keep one name when
+    their layers are adapted (`<layer>.base_layer.weight`), so the start loads."""
+    recs = [{"prompt": "good", "completion": " day."}] * 8
+    (tmp_path / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert _main("finetune", "sft", "--from", root / "run", "--data", tmp_path / "sft.jsonl", "--steps", "1",
+                 "-o", tmp_path / "lora", "objective.recipe=reference", "objective.eval_num_t=1",
+                 "data.valid_frac=0.25", "train.lora.r=2",
+                 'train.lora.target_modules=["re:.*(language_model|decoder).*(q_proj|v_proj)"]', *COMMON) == 0  # fmt: skip
+    before, after = final_weights(root / "run", "ema"), final_weights(tmp_path / "lora")
+    base = {k.replace(".base_layer.", "."): v for k, v in after.items() if "lora_" not in k}
+    assert base.keys() == before.keys() and all(torch.equal(base[k], before[k]) for k in before)
+    assert any("lora_B" in k and v.abs().sum() > 0 for k, v in after.items())

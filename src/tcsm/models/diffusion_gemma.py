@@ -252,7 +252,7 @@ class DiffusionGemmaDenoiser(nn.Module):
 
 def _to_hf_names(module: DiffusionGemmaDenoiser, state: dict, prefix: str, local_metadata) -> dict:
     """state_dict hook: `hf.<name>` → `<name>`, the tied copies dropped (what `save_pretrained` writes)."""
-    tied = module.hf.all_tied_weights_keys
+    tied = _tied_now(module.hf)
     own = prefix + "hf."
     for key in list(state):
         if key.startswith(own):
@@ -265,9 +265,16 @@ def _to_hf_names(module: DiffusionGemmaDenoiser, state: dict, prefix: str, local
 
 def _from_hf_names(module: DiffusionGemmaDenoiser, state: dict, prefix: str, *args) -> None:
     """load_state_dict pre-hook: `<name>` → `hf.<name>`, each tied copy filled from the weight it is tied to."""
-    tied = module.hf.all_tied_weights_keys
+    tied = _tied_now(module.hf)
     for key in [k for k in state if k.startswith(prefix) and not k.startswith(prefix + "hf.")]:
         state[prefix + "hf." + key[len(prefix):]] = state.pop(key)
     for copy, source in tied.items():
         if prefix + "hf." + source in state:
             state.setdefault(prefix + "hf." + copy, state[prefix + "hf." + source])
+
+
+def _tied_now(hf) -> dict[str, str]:
+    """The model's tied copies {copy: source} under its current parameter names: a LoRA-adapted layer's weight is
+    `<layer>.base_layer.weight`, still one tensor shared by the encoder and the decoder."""
+    now = {n.replace(".base_layer.", "."): n for n in hf.state_dict(keep_vars=True)}
+    return {now.get(c, c): now.get(src, src) for c, src in hf.all_tied_weights_keys.items()}

@@ -29,7 +29,8 @@ from tcsm.sampling.own import OwnSampler
 from tcsm.sampling.registry import Sampler, all_sampler_classes, sampler_class, sampler_names
 
 __all__ = [
-    "DEFAULT_METHOD", "RunSampler", "SampleSettings", "build_sampler", "draw", "draw_pool", "make_sampler", "sample_settings",
+    "DEFAULT_METHOD", "RunSampler", "SampleSettings", "build_sampler", "draw", "draw_pool", "make_sampler",
+    "sample_settings",
     "section_fields",
 ]  # fmt: skip
 

@@ -51,9 +51,10 @@ def build_sft_objective(node: dict, ctx: BuildContext):
     else:
         known = {f.name for f in dataclasses.fields(TCSMObjectiveConfig)}
         inner = build_tcsm_objective({k: v for k, v in node.items() if k in known}, ctx)
-    bound = getattr(getattr(ctx.config, "eval", None), "bound", None)
+    ev = getattr(ctx.config, "eval", None)
+    bound, t_max = getattr(ev, "bound", None), getattr(ev, "t_max", None)
     try:
-        return SFTObjective(inner, ctx.path, eval_num_t=eval_num_t, bound=bound, normalize=normalize)
+        return SFTObjective(inner, ctx.path, eval_num_t=eval_num_t, bound=bound, normalize=normalize, t_max=t_max)
     except ValueError as e:
         raise ConfigError(f"objective sft: {e}") from None
 
