@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -271,7 +270,9 @@ def child_sft(w: Path, out: Path, extra: list[str], a) -> None:
     weights = load_file(str(ckpt))
     lora = sum(v.numel() for k, v in weights.items() if "lora_" in k)
     line = next((s for s in buf.getvalue().splitlines() if s.startswith("model:")), "")
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # VmHWM, not ru_maxrss: Linux carries the parent's peak into ru_maxrss across fork + exec
+    status = Path("/proc/self/status").read_text().splitlines()
+    peak = next(int(s.split()[1]) for s in status if s.startswith("VmHWM:")) / 1024
     print(json.dumps({"model_line": line, "peak_rss_mb": round(peak, 1), "lora_params": lora,
                       "stored_params": sum(v.numel() for v in weights.values())}))
 
@@ -291,9 +292,9 @@ def main() -> None:
     p.add_argument("--prompt-words", type=int, default=4)
     p.add_argument("--completion-words", type=int, default=20)
     p.add_argument("--sft-records", type=int, default=2000)
-    p.add_argument("--pretrain-steps", type=int, default=1500)
-    p.add_argument("--sft-steps", type=int, default=200)
-    p.add_argument("--reward-steps", type=int, default=40)
+    p.add_argument("--pretrain-steps", type=int, default=1200)
+    p.add_argument("--sft-steps", type=int, default=150)
+    p.add_argument("--reward-steps", type=int, default=30)
     p.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     p.add_argument("--t-max", type=float, default=0.95)
     p.add_argument("--rounds", type=int, default=6)
