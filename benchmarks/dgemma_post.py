@@ -25,6 +25,8 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
+import resource
 import subprocess
 import sys
 import time
@@ -46,11 +48,17 @@ def stories() -> list[str]:
 
 
 def cli(*argv) -> None:
-    from tcsm.cli import main
+    """`tcsm ARGV` as a user runs it (`python -m tcsm.cli`), one thread; its CPU time counts in `cpu()`."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "tcsm.cli", *map(str, argv)], env=env, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"tcsm {' '.join(map(str, argv[:2]))} failed ({done.returncode})")
 
-    rc = main([str(a) for a in argv])
-    if rc != 0:
-        raise SystemExit(f"tcsm {' '.join(map(str, argv[:2]))} failed ({rc})")
+
+def cpu() -> float:
+    """CPU seconds of this process and of the finished `tcsm` runs it started."""
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + kids.ru_utime + kids.ru_stime
 
 
 def tiny_dgemma(V: int, k: int, a) -> torch.nn.Module:
@@ -99,7 +107,7 @@ def vocab(w: Path) -> int:
 def stage_pretrain(w: Path, a) -> dict:
     if not (w / "model").is_dir():
         tiny_dgemma(vocab(w), a.canvas, a).save_pretrained(w / "model")
-    t0 = time.process_time()
+    t0 = cpu()
     if not (w / "pre" / "summary.json").is_file():
         cli("train", "-o", w / "pre", "data.kind=shards", f"data.path={w / 'shards'}", f"data.seq_len={a.seq_len}",
             "data.windows=random", "path.source=uniform", f"path.block_length={a.canvas}", "model.name=diffusion_gemma",
@@ -110,7 +118,7 @@ def stage_pretrain(w: Path, a) -> dict:
 
     hf = T.DiffusionGemmaForBlockDiffusion.from_pretrained(w / "model")
     text = hf.num_parameters()  # tied copies once
-    return {"pretrain_cpu_s": round(time.process_time() - t0, 1), "params": text,
+    return {"pretrain_cpu_s": round(cpu() - t0, 1), "params": text,
             "pretrain_bound": {k: v for k, v in summary(w / "pre").items() if not isinstance(v, (dict, list))}}
 
 
@@ -138,11 +146,11 @@ def samples(run: Path, w: Path, tag: str) -> list[str]:
 
 def stage_sft(w: Path, a) -> dict:
     res = {}
-    t0 = time.process_time()
+    t0 = cpu()
     before = sft(w, "sft-before", a, "--steps", "1", "optim.lr=1e-12", "objective.recipe=reference")  # lr 0 refused
     ref = sft(w, "sft-ref", a, "--steps", str(a.sft_steps), "objective.recipe=reference", "optim.lr=1e-3")
     tcsm = sft(w, "sft-tcsm", a, "--steps", str(a.sft_steps), "optim.lr=1e-3")
-    res["sft_cpu_s"] = time.process_time() - t0
+    res["sft_cpu_s"] = cpu() - t0
     for tag, run in (("before", before), ("reference", ref), ("tcsm", tcsm)):
         s = summary(run)
         res[f"bound_{tag}"] = {k: s[k] for k in ("bound", "bpc", "bpc_stderr", "nats_per_token", "num_sequences")
@@ -258,12 +266,20 @@ def stage_lora(w: Path, a) -> dict:
 
 
 def child_sft(w: Path, out: Path, extra: list[str], a) -> None:
+    """One whole SFT run in this fresh process (the library's `sft_config` + `fit`, what `tcsm finetune sft` runs),
+    so that the process's peak resident set is the run's."""
     import io
     from contextlib import redirect_stderr, redirect_stdout
 
+    from tcsm.recipes.sft.compose import sft_config
+    from tcsm.train.fit import fit
+
+    overrides = ["data.truncate=true", "train.eval_every=0", "train.sample_every=0", "sample.num=0",
+                 "objective.eval_num_t=4", "train.eval_examples=64", "data.valid_frac=0.1", f"eval.t_max={a.t_max}",
+                 "train.batch_size=16", "train.steps=3", "objective.recipe=reference", *QUIET, *extra]  # fmt: skip
     buf = io.StringIO()
     with redirect_stdout(buf), redirect_stderr(buf):
-        sft(w, out.name, a, "--steps", "3", "objective.recipe=reference", *extra)
+        fit(sft_config(w / "pre", w / "sft.jsonl", overrides=overrides), out)
     from safetensors.torch import load_file
 
     ckpt = out / "checkpoints" / (out / "checkpoints" / "latest").read_text().strip() / "model.safetensors"
@@ -311,10 +327,10 @@ def main() -> None:
     stages = {"data": stage_data, "pretrain": stage_pretrain, "sft": stage_sft, "reward": stage_reward,
               "step": stage_step, "lora": stage_lora}  # fmt: skip
     for name in a.only:
-        t0 = time.process_time()
+        t0 = cpu()
         out = stages[name](w, a) or {}
         res.update(out)
-        res.setdefault("cpu_s", {})[name] = round(time.process_time() - t0, 1)
+        res.setdefault("cpu_s", {})[name] = round(cpu() - t0, 1)
         res_file.write_text(json.dumps(res, indent=1))
         print(f"[{name}] done in {res['cpu_s'][name]} CPU s", flush=True)
     print(json.dumps({k: v for k, v in res.items() if not k.startswith("samples")}, indent=1))
