@@ -321,3 +321,22 @@ def test_tcsms_clean_end_bound_estimates_the_exact_truncated_bound():
     est, se = terms.mean(0), terms.std(0) / math.sqrt(terms.shape[0])
     assert ((est - exact).abs() <= 4 * se).all(), (est, exact, se)
     assert (se < 0.05 * exact).all()  # a finite-variance estimate, unlike the untruncated one
+
+
+def test_decode_from_and_encoder_logits_are_slices_of_the_one_pass():
+    """`decode_from=b·k` gives the one pass's logits from block b on (self-conditioning of that shape included);
+    `encoder_logits=True` adds the causal encoder's soft-capped next-token logits, the model's own encoder output."""
+    hf = tiny_hf()
+    model = DiffusionGemmaDenoiser(hf)
+    x1, xt = _pair(2, 8, 16, 7)
+    sc = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0))
+    on = torch.tensor([True, False])
+    with torch.no_grad():
+        full, enc = model(xt, None, x1=x1, self_cond=sc, self_cond_mask=on, encoder_logits=True)
+        part = model(xt, None, x1=x1, self_cond=sc[:, 4:], self_cond_mask=on, decode_from=4)
+        torch.testing.assert_close(part, full[:, 4:], atol=1e-5, rtol=0)
+        cap = hf.config.get_text_config().final_logit_softcapping
+        own = torch.tanh(hf.lm_head(hf.model.encoder(input_ids=x1).last_hidden_state) / cap) * cap
+        torch.testing.assert_close(enc, own, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="multiple of the block length"):
+        model(xt, None, x1=x1, decode_from=3)

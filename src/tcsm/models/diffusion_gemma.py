@@ -71,7 +71,7 @@ class DiffusionGemmaCache:
 class DiffusionGemmaDenoiser(nn.Module):
     """x_t [B, L], per-position t [B, L] (ignored), x_1 [B, L] → logits [B, L, V] of a DiffusionGemma model."""
 
-    model_kind = FAMILIES["diffusion_gemma"]
+    model_kind = FAMILIES["diffusion_gemma"]  # offers: encoder_lm, self_conditioning, router (see ModelKind)
 
     def __init__(self, hf_model: nn.Module, *, self_conditioning: bool = False):
         super().__init__()
@@ -98,8 +98,17 @@ class DiffusionGemmaDenoiser(nn.Module):
         self._register_load_state_dict_pre_hook(_from_hf_names, with_module=True)
 
     # ------------------------------------------------------------------------------------------ one pass
-    def forward(self, xt: Tensor, t: Tensor | None = None, x1: Tensor | None = None, *, self_cond=None) -> Tensor:
-        """Logits of every block b given (x_t^b, x_1^{<b}), in one encoder and one decoder pass (MATH.md §9)."""
+    def forward(self, xt: Tensor, t: Tensor | None = None, x1: Tensor | None = None, *, self_cond=None,
+                self_cond_mask: Tensor | None = None, encoder_logits: bool = False, decode_from: int = 0,
+                self_cond_first_pass: bool = False):  # fmt: skip
+        """Logits of every block b given (x_t^b, x_1^{<b}), in one encoder and one decoder pass (MATH.md §9).
+        `self_cond_mask` [B] switches the self-conditioning input per sequence (the model's own mask); with
+        `encoder_logits=True` also the causal encoder's next-token logits over x_1 (position i predicts x_1^{i+1}),
+        which the same encoder pass gives: (logits, encoder logits). `decode_from` (a multiple of the block length):
+        only the blocks from that position on are decoded (their logits [B, L − decode_from, V]; `self_cond` of that
+        shape), for a loss that scores nothing before it. `self_cond_first_pass=True`: the decoder first runs without
+        self-conditioning (no gradient) and its detached logits are the `self_cond` of the second, returned, pass
+        (the training recipe's self-conditioning), both reading the one encoder cache."""
         if x1 is None:
             raise ValueError("a block denoiser needs the clean sequence: call model(xt, t, x1=x1)")
         if xt.dim() != 2 or tuple(x1.shape) != tuple(xt.shape):
@@ -113,14 +122,42 @@ class DiffusionGemmaDenoiser(nn.Module):
 
         pos = torch.arange(L, device=xt.device)
         cache = DynamicCache()  # full layers: every clean key stays, the masks below choose what each query reads
-        self.hf.model.encoder(
+        encoded = self.hf.model.encoder(
             input_ids=x1, cache=cache, position_ids=pos[None], attention_mask=self._encoder_masks(pos)
         )
-        out = self.hf(
-            cache=cache, decoder_input_ids=xt, decoder_position_ids=pos[None],
-            decoder_attention_mask=self._decoder_masks(pos), self_conditioning_logits=self_cond,
-        )  # fmt: skip
-        return out.logits.float()
+        lo = int(decode_from)
+        if lo % self.block_length or not 0 <= lo < L:
+            raise ValueError(f"decode_from={lo} must be a multiple of the block length {self.block_length} below {L}")
+        cache.crop(-self.block_length)  # no block reads the last block's clean keys: the decoder need not hold them
+        masks = self._decoder_masks(pos, lo)
+
+        def decode(sc):
+            return self.hf(
+                cache=cache, decoder_input_ids=xt[:, lo:], decoder_position_ids=pos[None, lo:],
+                decoder_attention_mask=masks, self_conditioning_logits=sc,
+                self_conditioning_mask=None if sc is None else self_cond_mask,
+            )  # fmt: skip
+
+        if self_cond_first_pass:
+            if self_cond is not None:
+                raise ValueError("give self_cond or self_cond_first_pass=True, not both")
+            with torch.no_grad():  # the decoder only reads the cache: the second pass reuses it
+                self_cond = decode(None).logits.detach()
+        out = decode(self_cond)
+        if not encoder_logits:
+            return out.logits.float()
+        return out.logits.float(), self._head(encoded.last_hidden_state)
+
+    def _head(self, hidden: Tensor) -> Tensor:
+        """The model's LM head with its final logit soft-capping (what its forward applies to the decoder)."""
+        cap = self.hf.final_logit_softcapping
+        logits = self.hf.lm_head(hidden).float()
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def router_parameters(self) -> list[nn.Parameter]:
+        """The MoE routers' parameters (each layer's expert-choice projection and scales), shared by encoder and
+        decoder: what a fine-tune that keeps the routing fixed freezes."""
+        return [p for n, p in self.hf.named_parameters() if ".router." in n]
 
     def _mask(self, allowed: Tensor) -> Tensor:
         """A [1, 1, q, kv] mask in the form the attention implementation reads (boolean for sdpa, additive else)."""
@@ -138,13 +175,15 @@ class DiffusionGemmaDenoiser(nn.Module):
         return {"full_attention": self._mask(causal),
                 "sliding_attention": self._mask(causal & (k > q - self.sliding_window))}  # fmt: skip
 
-    def _decoder_masks(self, pos: Tensor) -> dict:
+    def _decoder_masks(self, pos: Tensor, lo: int = 0) -> dict:
         """Noisy block b reads the clean keys the model's cache holds after encoding x_1^{<b} — all of them in full
-        layers, the last `sliding_window − 1` in sliding ones (a `DynamicSlidingWindowLayer`) — and its own block."""
-        start = (pos // self.block_length * self.block_length)[:, None]  # first position of each query's block
-        k = pos[None, :]
+        layers, the last `sliding_window − 1` in sliding ones (a `DynamicSlidingWindowLayer`) — and its own block;
+        queries and noisy keys are the positions from `lo` on, the clean keys all of them."""
+        q = pos[lo:]
+        start = (q // self.block_length * self.block_length)[:, None]  # first position of each query's block
+        k, kn = pos[None, : len(pos) - self.block_length], q[None, :]  # the cache without the last block's keys
         prefix = k < start
-        own = (k >= start) & (k < start + self.block_length)
+        own = (kn >= start) & (kn < start + self.block_length)
         recent = prefix & (k >= start - (self.sliding_window - 1))
         return {"full_attention": self._mask(torch.cat([prefix, own], 1)),
                 "sliding_attention": self._mask(torch.cat([recent, own], 1))}  # fmt: skip
@@ -213,7 +252,7 @@ class DiffusionGemmaDenoiser(nn.Module):
 
 def _to_hf_names(module: DiffusionGemmaDenoiser, state: dict, prefix: str, local_metadata) -> dict:
     """state_dict hook: `hf.<name>` → `<name>`, the tied copies dropped (what `save_pretrained` writes)."""
-    tied = module.hf.all_tied_weights_keys
+    tied = _tied_now(module.hf)
     own = prefix + "hf."
     for key in list(state):
         if key.startswith(own):
@@ -226,9 +265,16 @@ def _to_hf_names(module: DiffusionGemmaDenoiser, state: dict, prefix: str, local
 
 def _from_hf_names(module: DiffusionGemmaDenoiser, state: dict, prefix: str, *args) -> None:
     """load_state_dict pre-hook: `<name>` → `hf.<name>`, each tied copy filled from the weight it is tied to."""
-    tied = module.hf.all_tied_weights_keys
+    tied = _tied_now(module.hf)
     for key in [k for k in state if k.startswith(prefix) and not k.startswith(prefix + "hf.")]:
         state[prefix + "hf." + key[len(prefix):]] = state.pop(key)
     for copy, source in tied.items():
         if prefix + "hf." + source in state:
             state.setdefault(prefix + "hf." + copy, state[prefix + "hf." + source])
+
+
+def _tied_now(hf) -> dict[str, str]:
+    """The model's tied copies {copy: source} under its current parameter names: a LoRA-adapted layer's weight is
+    `<layer>.base_layer.weight`, still one tensor shared by the encoder and the decoder."""
+    now = {n.replace(".base_layer.", "."): n for n in hf.state_dict(keep_vars=True)}
+    return {now.get(c, c): now.get(src, src) for c, src in hf.all_tied_weights_keys.items()}

@@ -32,6 +32,11 @@ class ModelKind:
     #: a block denoiser (MATH.md §9): its logits of block b read the noisy block and the clean blocks before it, so
     #: it is called as `model(x_t, t, x1=x_1)` and decoded block by block with its KV cache
     blocks: bool = False
+    #: optional training inputs and outputs it offers (MATH.md §9): "encoder_lm" (`model(x_t, t, x1=x_1,
+    #: encoder_logits=True)` also gives its clean encoder's next-token logits), "self_conditioning" (`self_cond=`
+    #: logits and a per-sequence `self_cond_mask=`), "router" (`model.router_parameters()`: its MoE routing),
+    #: "decode_from" (`decode_from=` a block boundary: only the blocks from there on are decoded)
+    offers: frozenset = frozenset()
 
     @property
     def is_denoiser(self) -> bool:
@@ -63,7 +68,8 @@ FAMILIES: dict[str, ModelKind] = {
     "hf_causal": ModelKind("causal", "left_to_right", None, "a Hugging Face causal LM", "nll"),
     "energy": ENERGY,
     "diffusion_gemma": ModelKind(
-        "denoiser", "blocks", "diffusion_gemma", "a DiffusionGemma block-diffusion model (uniform source)", blocks=True
+        "denoiser", "blocks", "diffusion_gemma", "a DiffusionGemma block-diffusion model (uniform source)", blocks=True,
+        offers=frozenset({"encoder_lm", "self_conditioning", "router", "decode_from"}),
     ),
     "hf_masked_dlm": ModelKind(
         "denoiser", "path", "hf_masked_dlm", "a Hugging Face masked diffusion LM (LLaDA / Dream style, remote code)"

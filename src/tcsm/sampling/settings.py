@@ -29,7 +29,8 @@ from tcsm.sampling.own import OwnSampler
 from tcsm.sampling.registry import Sampler, all_sampler_classes, sampler_class, sampler_names
 
 __all__ = [
-    "DEFAULT_METHOD", "RunSampler", "SampleSettings", "build_sampler", "draw", "make_sampler", "sample_settings",
+    "DEFAULT_METHOD", "RunSampler", "SampleSettings", "build_sampler", "draw", "draw_pool", "make_sampler",
+    "sample_settings",
     "section_fields",
 ]  # fmt: skip
 
@@ -142,6 +143,20 @@ def draw(
                          "full-sequence model: leave sample.eos_id null")  # fmt: skip
     return sampler(model, path, num, length, objective=objective, generator=generator, device=device, fixed=fixed,
                    values=values, callback=callback, chunk_size=chunk_size, record_steps=record_steps)  # fmt: skip
+
+
+def draw_pool(model, path, num: int, length: int, steps: int, *, prompt: Tensor | None = None, generator=None,
+              chunk_size: int | None = None) -> Tensor:
+    """Tokens [num, length] of a model for a training-time sample pool (on-policy proposals, reference draws):
+    `sampling.sample` with `steps` steps for a full-sequence model; a block model block by block through its KV
+    cache, the default sampler with `steps` steps in each block (MATH.md §9)."""
+    if kind_of(model).blocks:
+        return draw(model, path, num, length, sample_settings({}, steps=int(steps)), generator=generator,
+                    prompt=prompt, chunk_size=chunk_size)[0]  # fmt: skip
+    from tcsm.sampling.samplers import sample
+
+    return sample(model, path, batch_size=num, length=length, num_steps=steps, generator=generator, prompt=prompt,
+                  chunk_size=chunk_size)  # fmt: skip
 
 
 def _draw_blocks(model, path, inner, num, length, fixed, values, generator, device, eos_id, callback, chunk_size):

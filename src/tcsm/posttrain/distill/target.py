@@ -144,10 +144,10 @@ class DistillTarget(Target):
             return self.teacher.sample(B, L, generator, device=x1.device)
         if model is None:
             raise ValueError("the student proposal needs the model being trained: pass model= to the target")
-        from tcsm.sampling import sample  # lazy: only the on-policy proposal samples the student
+        from tcsm.sampling.settings import draw_pool  # lazy: only the on-policy proposal samples the student
 
         with eval_mode(model), torch.no_grad():
-            return sample(model, path, batch_size=B, length=L, num_steps=self.sample_steps, generator=generator)
+            return draw_pool(model, path, B, L, self.sample_steps, generator=generator)
 
     # --- the target -------------------------------------------------------------------------------------
 

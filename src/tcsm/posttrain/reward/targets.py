@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from tcsm.core.batch import Batch, as_batch
-from tcsm.models.kinds import denoise, kind_of
+from tcsm.models.kinds import denoise
 from tcsm.models.modes import eval_mode
 from tcsm.paths import ProbabilityPath
 from tcsm.posttrain.reward.rewards import RewardFn, evaluate_reward
@@ -223,23 +223,10 @@ class RewardTarget(Target):
         with eval_mode(denoiser), torch.no_grad():
             if self.sampler is not None:
                 return self.sampler(denoiser, n, length, path, generator)
-            if kind_of(denoiser).blocks:  # block by block with its KV cache (MATH.md §9)
-                from tcsm.sampling.settings import SampleSettings, draw
+            from tcsm.sampling.settings import draw_pool  # lazy: only the sample-pool sources draw
 
-                settings = SampleSettings(steps=self.sample_steps)
-                return draw(denoiser, path, n, length, settings, generator=generator, prompt=self.prompt)[0]
-            from tcsm.sampling import sample  # lazy: sampling is only needed by the sample-pool sources
-
-            return sample(
-                denoiser,
-                path,
-                batch_size=n,
-                length=length,
-                num_steps=self.sample_steps,
-                generator=generator,
-                prompt=self.prompt,
-                chunk_size=512,
-            )
+            return draw_pool(denoiser, path, n, length, self.sample_steps, prompt=self.prompt, generator=generator,
+                             chunk_size=512)  # fmt: skip
 
     def _clean_for_xt(self, x1: Tensor, path: ProbabilityPath, generator, model) -> Tensor:
         """The clean sequences that are noised into x_t (MATH.md §5.2: data, pre-trained or current samples)."""

@@ -21,13 +21,15 @@ class SFTObjective:
     """`objective(model, batch, generator, **kw)` is `inner`'s; `evaluate` is the completion | prompt bound
     (`nelbo_terms` with the prompt as its `cond_mask`)."""
 
-    def __init__(self, inner, path, eval_num_t: int = 4, bound: str | None = None, normalize: str = "length"):
+    def __init__(self, inner, path, eval_num_t: int = 4, bound: str | None = None, normalize: str = "length",
+                 t_max: float | None = None):  # fmt: skip
         if int(eval_num_t) < 1:
             raise ValueError(f"eval_num_t must be >= 1, got {eval_num_t}")
         if normalize not in ("length", "response"):
             raise ValueError(f"normalize must be 'length' or 'response', got {normalize!r}")
         self.inner, self.path, self.eval_num_t, self.normalize = inner, path, int(eval_num_t), normalize
         self.bound = resolve_bound(path, bound)
+        self.t_max = None if t_max is None else float(t_max)  # the stopped reversal's bound (MATH.md §9)
 
     def __call__(self, model, batch, generator=None, **kwargs):
         """`inner`'s loss; with normalize="response" each sequence is weighted by L / L_response, so its loss is per
@@ -58,11 +60,13 @@ class SFTObjective:
             for s in range(0, N, int(batch_size)):
                 x1 = rows.x1[s : s + batch_size].to(device)
                 cond = None if rows.cond_mask is None else rows.cond_mask[s : s + batch_size].to(device)
-                terms = nelbo_terms(model, x1, self.path, num_t=K, generator=generator, bound=self.bound, cond_mask=cond)
+                terms = nelbo_terms(model, x1, self.path, num_t=K, generator=generator, bound=self.bound, cond_mask=cond,
+                                    t_max=self.t_max)  # fmt: skip
                 total = terms.double().mean(0)
                 scored = L - (cond.sum(-1) if cond is not None else 0)
                 nats.append((total / torch.as_tensor(scored, device=device).clamp_min(1)).cpu())
-        return summarise_nats(torch.cat(nats), L, f"{self.bound}, completion | prompt")
+        stop = "" if self.t_max is None else f"@t_max={self.t_max:g}"
+        return summarise_nats(torch.cat(nats), L, f"{self.bound}{stop}, completion | prompt")
 
     def __repr__(self) -> str:
         return f"SFTObjective({self.inner!r}, eval_num_t={self.eval_num_t})"
