@@ -39,6 +39,11 @@ class ModelKind:
     offers: frozenset = frozenset()
 
     @property
+    def is_autoregressive(self) -> bool:
+        """An autoregressive LM: its sequence likelihood is exact, Π_i p(x^i | x^{<i})."""
+        return self.family == "causal"
+
+    @property
     def is_denoiser(self) -> bool:
         """A diffusion denoiser x_t ↦ p^θ(x_1 | x_t): what every `tcsm finetune` recipe starts from."""
         return self.family == "denoiser"

@@ -174,13 +174,13 @@ class ExactEstimate(SequenceLogLikelihood):
         return bool(kind_of(model).blocks and path is not None and path.block_length == 1 and path.mask_id is not None)
 
     def supports(self, model, path):
-        if kind_of(model).family == "causal" or self._one_token_blocks(model, path):
+        if kind_of(model).is_autoregressive or self._one_token_blocks(model, path):
             return None
         return (f"the exact likelihood needs an autoregressive model or a block denoiser with path.block_length=1, "
                 f"this is {kind_of(model).description}")  # fmt: skip
 
     def __call__(self, model, x, cond_mask, generator=None, sign=None):
-        if kind_of(model).family == "causal":
+        if kind_of(model).is_autoregressive:
             logits = model(x)
         else:
             B, L = x.shape

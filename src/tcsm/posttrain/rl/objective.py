@@ -211,7 +211,7 @@ class GRPOObjective:
         rows = data.to_batch() if hasattr(data, "to_batch") else as_batch(data)
         device = rows.x1.device if device is None else torch.device(device)
         N, L = rows.x1.shape
-        exact = kind_of(model).family == "causal"
+        exact = kind_of(model).is_autoregressive
         nats = []
         with eval_mode(model):
             for s in range(0, N, int(batch_size)):

@@ -56,7 +56,7 @@ def rl_report(run_dir, num_prompts: int, seed: int = 0) -> dict:
     cond = cond[: x1.shape[0]].bool()
     reward = make_reward(cfg.objective.reward, decode=getattr(data, "decode", None), vocab_size=data.vocab_size)
     owner = None
-    if family_of_name(cfg.model.get("name")).family == "causal":
+    if family_of_name(cfg.model.get("name")).is_autoregressive:
         from tcsm.objectives.lm import make_lm_loss
 
         owner = make_lm_loss("causal")
