@@ -116,3 +116,53 @@ def test_lora_sft_starts_from_the_plain_run(root, tmp_path):
     base = {k.replace(".base_layer.", "."): v for k, v in after.items() if "lora_" not in k}
     assert base.keys() == before.keys() and all(torch.equal(base[k], before[k]) for k in before)
     assert any("lora_B" in k and v.abs().sum() > 0 for k, v in after.items())
+
+
+def test_a_diffusion_gemma_directory_goes_load_bound_sft_lora_reward_export_reload_generate(root, tmp_path):
+    """The whole way with the CLI: the directory imported as it is (train.steps=0) → its truncated bound (tcsm eval,
+    eval.t_max) → SFT with LoRA → reward fine-tuning with LoRA (adapters on tied weights cannot be folded, so it trains
+    the SFT adapters further, against the SFT run as its reference) → tcsm export as a PEFT adapter → transformers'
+    own class with that adapter gives tcsm's logits and generates; tcsm's cached block sampler decodes the run."""
+    from peft import PeftModel
+
+    import tcsm
+    from tcsm.builders.assemble import build_components
+    from tcsm.builders.loading import load_checkpoint
+
+    lora = ["train.lora.r=2", 'train.lora.target_modules=["re:.*(language_model|decoder).*(q_proj|v_proj)"]']
+    model = ["data.kind=shards", f"data.path={root / 'shards'}", "data.seq_len=12", "path.source=uniform",
+             f"path.block_length={K}", "model.name=diffusion_gemma", f"model.name_or_path={root / 'model'}"]  # fmt: skip
+    assert _main("train", "-o", tmp_path / "import", *model, "train.steps=0", *COMMON) == 0
+    assert _main("eval", tmp_path / "import", "--json", "--output", tmp_path / "bound.json", "--max-examples", "4",
+                 "--num-t", "2", "eval.t_max=0.9") == 0  # fmt: skip
+    bound = json.loads((tmp_path / "bound.json").read_text())
+    assert "t_max=0.9" in json.dumps(bound) and 0 < bound["bpc"] < 100
+    recs = [{"prompt": "good", "completion": " day."}, {"prompt": "the", "completion": " sad day"}] * 8
+    (tmp_path / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert _main("finetune", "sft", "--from", tmp_path / "import", "--data", tmp_path / "sft.jsonl", "--steps", "2",
+                 "-o", tmp_path / "sft", "objective.eval_num_t=1", "data.valid_frac=0.25", "optim.lr=3e-2",
+                 "eval.t_max=0.9", *lora, *COMMON) == 0  # fmt: skip
+    assert _main("finetune", "reward", "--from", tmp_path / "sft", "--reward", "vader", "-B", "2", "--steps", "2",
+                 "--eval-samples", "2", "-o", tmp_path / "rw", "optim.lr=3e-2", "eval.t_max=0.9", *lora,
+                 *COMMON) == 0  # fmt: skip
+    sft, rw = final_weights(tmp_path / "sft"), final_weights(tmp_path / "rw")
+    assert any("lora_B" in k and not torch.equal(sft[k], rw[k]) for k in sft)  # the SFT adapters trained further
+    # the reward run's reference is the SFT run (base + its adapters), not the base with adapters disabled
+    ck = load_checkpoint(tmp_path / "rw")
+    comp = build_components(ck.config, torch.device("cpu"))
+    ref_sd = comp.reference.state_dict() if isinstance(comp.reference, torch.nn.Module) else {}
+    assert any("lora_B" in k and torch.equal(v, sft[k]) for k, v in ref_sd.items() if k in sft)
+    assert _main("export", tmp_path / "rw", "-o", tmp_path / "adapter", "--lora-adapter") == 0
+    base = tf.DiffusionGemmaForBlockDiffusion.from_pretrained(root / "model").eval()
+    theirs = PeftModel.from_pretrained(base, str(tmp_path / "adapter")).eval()
+    ours = tcsm.from_pretrained(tmp_path / "rw")
+    V = ours.vocab_size
+    g = torch.Generator().manual_seed(0)
+    x1, xt = torch.randint(0, V, (2, 12), generator=g), torch.randint(0, V, (2, 12), generator=g)
+    with torch.no_grad():
+        logits = ours(xt, None, x1=x1)
+        own = theirs(input_ids=x1[:, :K], decoder_input_ids=xt[:, K : 2 * K]).logits
+        torch.testing.assert_close(own, logits[:, K : 2 * K], atol=1e-5, rtol=0)
+        seqs = theirs.generate(x1[:, :K], max_new_tokens=2 * K, max_denoising_steps=2).sequences
+    assert seqs.shape == (2, 3 * K)
+    assert _main("sample", tmp_path / "rw", "-n", "2", "--steps", "2", "--no-progress") == 0

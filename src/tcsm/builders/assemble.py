@@ -9,7 +9,7 @@ import torch
 
 from tcsm.builders.components import Components, build_data, build_objective, build_path, section
 from tcsm.builders.frozen import load_reference
-from tcsm.builders.lora import shares_base, with_lora
+from tcsm.builders.lora import keeps_start_adapters, shares_base, with_lora
 from tcsm.builders.registry import MODELS, OBJECTIVES, TARGETS, BuildContext
 from tcsm.core.protocols import TrainerCallback
 from tcsm.models.lora import adapters_off
@@ -33,7 +33,9 @@ def build_components(cfg, device: torch.device, data=None) -> Components:
         load_reference(ctx, listed, own_stream=uses["model"] is None)
     name, node = sections["model"]
     ctx.model = with_lora(MODELS.build(name, node, ctx), cfg).to(device)
-    if shared:
+    if shared and keeps_start_adapters(cfg, ctx.model):  # the start's adapters stay: the reference is that whole run
+        load_reference(ctx, listed, own_stream=True)
+    elif shared:
         ctx.reference = adapters_off(ctx.model)
     name, node = sections["target"]
     target = TARGETS.build(name, node, ctx)
@@ -57,7 +59,7 @@ def build_objective_for_checkpoint(cfg, model: torch.nn.Module, data, device):
     name, node = section(cfg, "objective")
     use = OBJECTIVES.get(name).reference
     listed = [(node, use if use is not None and use.scoring else None)]
-    if shares_base(cfg, listed):
+    if shares_base(cfg, listed) and not keeps_start_adapters(cfg, model):
         ctx.reference = adapters_off(model)
     else:
         load_reference(ctx, listed)

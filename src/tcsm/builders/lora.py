@@ -107,3 +107,16 @@ def write_adapter(directory: Path, model, cfg) -> list[str]:
     ]), encoding="utf-8")  # fmt: skip
     return [] if base else [("the run names no base model (train.init_from / model.name_or_path): the adapter's "
                             "adapter_config.json has no base_model_name_or_path")]  # fmt: skip
+
+
+def keeps_start_adapters(cfg, model) -> bool:
+    """Whether this LoRA run starts from a LoRA run's adapters that it trains further instead of folding them into the
+    base (adapters on tied weights cannot be folded, `models.lora.foldable`): the starting model is then base +
+    adapters, and a reference on that checkpoint cannot be this model with its adapters disabled."""
+    from tcsm.models.lora import foldable, has_adapters
+    from tcsm.storage.checkpoint import read_state, resolve_checkpoint
+
+    if not has_adapters(model) or foldable(model) or not cfg.train.init_from:
+        return False
+    saved = read_state(resolve_checkpoint(cfg.train.init_from))[1].get("config") or {}
+    return int(((saved.get("train") or {}).get("lora") or {}).get("r") or 0) > 0

@@ -27,6 +27,7 @@ __all__ = [
     "add_adapters",
     "check_foldable",
     "fold_adapters",
+    "foldable",
     "handle",
     "has_adapters",
     "linear_names",
@@ -156,6 +157,15 @@ def check_foldable(model: nn.Module) -> None:
             raise ValueError(f"the adapted weight {names[0]} is shared with {names[1]} (tied weights): adapters on it "
                              "cannot be folded into the weights; export them with --lora-adapter, or adapt layers "
                              "whose weights are their own")  # fmt: skip
+
+
+def foldable(model: nn.Module) -> bool:
+    """Whether every adapted weight is the layer's own, so its adapters can be folded into it (`check_foldable`)."""
+    try:
+        check_foldable(model)
+    except ValueError:
+        return False
+    return True
 
 
 @torch.no_grad()

@@ -16,8 +16,8 @@ from omegaconf import OmegaConf
 
 from tcsm.builders.config import load_config, to_dict
 from tcsm.builders.loading import check_same_architecture
-from tcsm.core.errors import CheckpointError, ConfigError
-from tcsm.models.lora import fold_adapters, has_adapters, start_weights
+from tcsm.core.errors import CheckpointError
+from tcsm.models.lora import fold_adapters, foldable, has_adapters, start_weights
 from tcsm.storage.checkpoint import (
     SHARDS,
     load_weights_into,
@@ -57,14 +57,13 @@ def warm_start(model: torch.nn.Module, where: str, *, ema: bool, data, device: t
     directory = resolve_checkpoint(where)
     check_same_tokens(read_state(directory)[1].get("data_info") or {}, data, str(directory))
     use_ema = ema and (directory / "ema.safetensors").is_file()
-    # A LoRA model takes plain weights as its base, and folds a LoRA run's adapters into it (tcsm.models.lora).
+    # A LoRA model takes plain weights as its base, and folds a LoRA run's adapters into it (tcsm.models.lora); adapters
+    # on tied weights cannot be folded, so the new run trains them further (its reference is then loaded apart:
+    # builders.lora.keeps_start_adapters).
     weights, fold = start_weights(model, read_weights(directory, ema=use_ema, device=device))
     load_weights_into(model, weights, str(directory))
-    if fold and has_adapters(model):
-        try:
-            fold_adapters(model, seed)
-        except ValueError as e:
-            raise ConfigError(f"train.init_from {where!r} is a LoRA run whose adapters cannot start this one: {e}") from None
+    if fold and has_adapters(model) and foldable(model):
+        fold_adapters(model, seed)
 
 
 class Checkpointer:
