@@ -54,6 +54,7 @@ def _hf_config(where: str, local: bool):
                  help="a DiffusionGemma checkpoint (uniform block diffusion; needs `transformers`)")  # fmt: skip
 def build_diffusion_gemma(node: dict, ctx: BuildContext):
     from tcsm.builders.components import DataInfo
+    from tcsm.builders.models import load_hf_quietly
     from tcsm.models.diffusion_gemma import DiffusionGemmaDenoiser, check_canvas_fit
 
     where = node.get("name_or_path")
@@ -81,15 +82,8 @@ def build_diffusion_gemma(node: dict, ctx: BuildContext):
     loading = isinstance(ctx.data, DataInfo)
     config._attn_implementation = node["attn_implementation"]
     cls = tf.DiffusionGemmaForBlockDiffusion
-    tf.utils.logging.disable_progress_bar()
-    try:
-        hf = cls._from_config(config) if loading else cls.from_pretrained(
-            where, local_files_only=local, trust_remote_code=False, attn_implementation=node["attn_implementation"]
-        )  # fmt: skip
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"model: cannot load {where!r}: {str(e).splitlines()[0]}") from None
-    finally:
-        tf.utils.logging.enable_progress_bar()
+    hf = load_hf_quietly(tf, where, lambda: cls._from_config(config) if loading else cls.from_pretrained(
+        where, local_files_only=local, trust_remote_code=False, attn_implementation=node["attn_implementation"]))  # fmt: skip
     try:
         return DiffusionGemmaDenoiser(hf.float(), self_conditioning=node["self_conditioning"])
     except ValueError as e:
@@ -106,15 +100,9 @@ def native_config(model, tcsm_keys: dict) -> dict:
 def write_native(directory: Path, model, config: dict) -> None:
     """The model's `save_pretrained` files (config.json, model.safetensors, generation_config.json), config.json
     then replaced by `config` (the same Hugging Face config with tcsm's keys)."""
-    from tcsm.models.hf import import_transformers
+    from tcsm.builders.models import save_pretrained_with_config
 
-    tf = import_transformers()
-    tf.utils.logging.disable_progress_bar()  # stderr stays for the notes a user must read
-    try:
-        model.hf.save_pretrained(directory)
-    finally:
-        tf.utils.logging.enable_progress_bar()
-    (directory / "config.json").write_text(json.dumps(config, indent=1) + "\n", encoding="utf-8")
+    save_pretrained_with_config(directory, model, config)
 
 
 def is_native_directory(path) -> bool:

@@ -7,7 +7,6 @@ the original, with tcsm's run config under config.json's `tcsm` key so that tcsm
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +93,7 @@ def _check_tokenizer(where: str, ctx: BuildContext) -> None:
                  help="a masked diffusion LM directory with its own modeling code (LLaDA, Dream), as it is")  # fmt: skip
 def build_hf_masked_dlm(node: dict, ctx: BuildContext):
     from tcsm.builders.components import DataInfo
+    from tcsm.builders.models import load_hf_quietly
     from tcsm.models.hf_masked import HFMaskedDLM
 
     where = node.get("name_or_path")
@@ -104,15 +104,8 @@ def build_hf_masked_dlm(node: dict, ctx: BuildContext):
     loading = isinstance(ctx.data, DataInfo)
     if not loading:
         _check_tokenizer(where, ctx)
-    tf.utils.logging.disable_progress_bar()  # stderr stays for messages a user must read
-    try:
-        hf = auto.from_config(config, trust_remote_code=True) if loading else auto.from_pretrained(
-            where, local_files_only=bool(node["local_files_only"]), trust_remote_code=True
-        )  # fmt: skip
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"model: cannot load {where!r}: {str(e).splitlines()[0]}") from None
-    finally:
-        tf.utils.logging.enable_progress_bar()
+    hf = load_hf_quietly(tf, where, lambda: auto.from_config(config, trust_remote_code=True) if loading else
+                         auto.from_pretrained(where, local_files_only=bool(node["local_files_only"]), trust_remote_code=True))  # fmt: skip
     try:
         model = HFMaskedDLM(hf.float(), int(ctx.vocab_size), mask, shift_logits=_shift(node, config))
     except ValueError as e:
@@ -134,15 +127,9 @@ def native_config(model, tcsm_keys: dict) -> dict:
 def write_native(directory: Path, model, config: dict, source: str | None) -> list[str]:
     """The model's `save_pretrained` files (its weights and config, its modeling code), config.json replaced by
     `config`, the modeling and tokenizer files of the `source` directory copied; returns notes for the user."""
-    from tcsm.models.hf import import_transformers
+    from tcsm.builders.models import save_pretrained_with_config
 
-    tf = import_transformers()
-    tf.utils.logging.disable_progress_bar()
-    try:
-        model.hf.save_pretrained(directory)
-    finally:
-        tf.utils.logging.enable_progress_bar()
-    (directory / "config.json").write_text(json.dumps(config, indent=1) + "\n", encoding="utf-8")
+    save_pretrained_with_config(directory, model, config)
     src = Path(source) if source else None
     if src is None or not src.is_dir():
         return [f"the model directory {source!r} is gone: its tokenizer is not exported"]

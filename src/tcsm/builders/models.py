@@ -353,14 +353,9 @@ def build_hf_denoiser(node: dict, ctx: BuildContext):
         ids, node["special_token_id"] = list(range(int(ctx.vocab_size))), node["special_token_id"] or 0
     else:
         ids = _hf_token_ids(node, ctx, tok, int(config.vocab_size), kind, where)  # before any weight is read
-    tf.utils.logging.disable_progress_bar()  # stderr stays for messages a user must read
-    try:
-        # Loading a checkpoint needs the architecture only: its weights replace the pretrained ones.
-        hf = auto.from_config(config) if loading else auto.from_pretrained(where, local_files_only=local, trust_remote_code=False)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"model: cannot load {where!r}: {str(e).splitlines()[0]}") from None
-    finally:
-        tf.utils.logging.enable_progress_bar()
+    # Loading a checkpoint needs the architecture only: its weights replace the pretrained ones.
+    hf = load_hf_quietly(tf, where, lambda: auto.from_config(config) if loading else auto.from_pretrained(
+        where, local_files_only=local, trust_remote_code=False))  # fmt: skip
     special = node["special_token_id"]
     own_mask = getattr(tok, "mask_token_id", None)  # the model's own mask token, where its tokenizer has one
     if own_mask is not None and not 0 <= int(own_mask) < int(config.vocab_size):
@@ -386,3 +381,31 @@ def build_hf_denoiser(node: dict, ctx: BuildContext):
     if ctx.seq_len > model.cfg.max_len:
         raise ConfigError(f"data sequences have length {ctx.seq_len} but {where!r} allows at most {model.cfg.max_len}")
     return model
+
+
+def load_hf_quietly(tf, where, load):
+    """`load()` (a transformers model load) without its progress bars (stderr stays for messages a user must read);
+    a load that fails is a one-line ConfigError naming `where`."""
+    tf.utils.logging.disable_progress_bar()
+    try:
+        return load()
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model: cannot load {where!r}: {str(e).splitlines()[0]}") from None
+    finally:
+        tf.utils.logging.enable_progress_bar()
+
+
+def save_pretrained_with_config(directory, model, config: dict) -> None:
+    """The wrapped model's `save_pretrained` files (without progress bars), config.json then replaced by `config`."""
+    import json
+    from pathlib import Path
+
+    from tcsm.models.hf import import_transformers
+
+    tf = import_transformers()
+    tf.utils.logging.disable_progress_bar()
+    try:
+        model.hf.save_pretrained(directory)
+    finally:
+        tf.utils.logging.enable_progress_bar()
+    (Path(directory) / "config.json").write_text(json.dumps(config, indent=1) + "\n", encoding="utf-8")
