@@ -321,6 +321,42 @@ def test_pool_sources_and_prompt_pinning():
     assert calls[-1] is cur and cur.training  # the trained model's mode is restored
 
 
+class _Constant(torch.nn.Module):
+    """A denoiser whose every conditional is one token (`token`): its samples are that token wherever it is free."""
+
+    def __init__(self, V: int, token: int):
+        super().__init__()
+        self.V, self.token = V, token
+        self.scale = torch.nn.Parameter(torch.ones(()))
+
+    def forward(self, xt, t):
+        return torch.nn.functional.one_hot(torch.full_like(xt, self.token), self.V).float() * 50 * self.scale
+
+
+@pytest.mark.parametrize("cls", [RewardFullTarget, RewardN1Target])
+def test_prompted_rows_are_completed_per_row_not_pooled(cls):
+    """With prompts per row (Batch.cond_mask, task data), a sampling x_t source completes each row's own prompt (the
+    current model's draw for "model", the frozen one's for "pretrained"); the prompt stays clean and outside the loss."""
+    from tcsm.core.batch import Batch
+
+    V, L = 5, 6
+    path = MaskedPath(V)
+    cur, pre = _Constant(V, 2), _Constant(V, 3)
+    reward = CallableReward(lambda x: (x == 2).float().sum(-1))
+    x1 = torch.tensor([[4, 1, 0, 0, 0, 0], [1, 4, 4, 0, 0, 0]])
+    cond = torch.tensor([[1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0]], dtype=torch.bool)
+    g = torch.Generator().manual_seed(0)
+    for source, token, model in (("model", 2, cur), ("pretrained", 3, None)):
+        target = cls(pre, reward, 1.0, xt_source=source, sample_steps=4, pool_size=64)
+        out = target(Batch(x1=x1, cond_mask=cond), torch.full((2,), 0.7), path, g, model=model)
+        xt, loss = out.xt.view(2, -1, L)[:, 0], out.loss_mask.view(2, -1, L)[:, 0]
+        assert torch.equal(xt[cond], x1[cond]) and not loss[cond].any()
+        assert set(xt[~cond].tolist()) <= {token, path.mask_id}  # x_t noises the source's completions
+        if cls is RewardN1Target:
+            assert torch.equal(out.x1, torch.where(cond, x1, torch.full_like(x1, token)))
+        assert target._pool is None  # no pool of unprompted draws
+
+
 # --------------------------------------------------------------------------------------------------
 # reward functions
 # --------------------------------------------------------------------------------------------------

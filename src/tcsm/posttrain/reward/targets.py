@@ -20,7 +20,9 @@ for moderate tilts (Z = E_pre e^{R/β} not tiny) on-policy states are well repre
 strong tilts (small Z), at the price of sampler runs while training and a moving objective.
 Samples for "pretrained"/"model" come from a pool of `pool_size` sequences, redrawn every `refresh_every`
 calls (0: drawn once), so the sampler's cost is amortised over many steps. The pool is not checkpointed: after
-a resume it is redrawn (exact resume holds for xt_source="data").
+a resume it is redrawn (exact resume holds for xt_source="data"). Rows with their own prompts (`Batch.cond_mask`:
+task and instruction data) are not pooled: each call draws one completion of each row's prompt, so x'_1 has the
+batch's prompts, as an RL rollout does, and the prompt stays conditioning.
 """
 
 from __future__ import annotations
@@ -228,10 +230,23 @@ class RewardTarget(Target):
             return draw_pool(denoiser, path, n, length, self.sample_steps, prompt=self.prompt, generator=generator,
                              chunk_size=512)  # fmt: skip
 
-    def _clean_for_xt(self, x1: Tensor, path: ProbabilityPath, generator, model) -> Tensor:
-        """The clean sequences that are noised into x_t (MATH.md §5.2: data, pre-trained or current samples)."""
+    def _complete_prompts(self, denoiser, x1: Tensor, cond: Tensor, path: ProbabilityPath, generator) -> Tensor:
+        """One draw per row of x1 [N, L] with its prompt positions (cond) fixed to x1's: the run's default sampler
+        with `sample_steps` steps (a block model block by block through its KV cache)."""
+        from tcsm.sampling.settings import draw, sample_settings  # lazy: only the sampling sources draw
+
+        with eval_mode(denoiser), torch.no_grad():
+            tokens, _ = draw(denoiser, path, x1.shape[0], x1.shape[1], sample_settings({}, steps=self.sample_steps),
+                             generator=generator, device=x1.device, fixed=cond, values=x1)  # fmt: skip
+        return torch.where(cond, x1, tokens.to(x1.device).long())
+
+    def _clean_for_xt(self, x1: Tensor, path: ProbabilityPath, generator, model, cond: Tensor | None = None) -> Tensor:
+        """The clean sequences that are noised into x_t (MATH.md §5.2: data, pre-trained or current samples; the
+        samples complete the batch's prompts where its rows have them)."""
         if self.xt_source == "data":
             return x1
+        if cond is not None and bool(cond.any()):
+            return self._complete_prompts(self._source_model(self.xt_source, model), x1, cond, path, generator)
         expired = self.refresh_every > 0 and self._pool_calls >= self.refresh_every
         if self._pool is None or expired or self._pool.shape[1] != x1.shape[1]:
             size = max(self.pool_size, x1.shape[0])
@@ -256,8 +271,8 @@ class RewardTarget(Target):
         """(x'_1, x_t, loss_mask): x'_1 from the x_t source (prompt pinned), x_t ~ p_{t|1}(· | x'_1) with the
         prompt and the batch's conditioning positions kept clean, loss positions = the path's minus those."""
         batch = as_batch(batch)
-        clean, pinned = self._pin(self._clean_for_xt(batch.x1, path, generator, model))
-        if batch.cond_mask is not None and self.xt_source == "data":
+        clean, pinned = self._pin(self._clean_for_xt(batch.x1, path, generator, model, batch.cond_mask))
+        if batch.cond_mask is not None:
             pinned = pinned | batch.cond_mask
         xt = path.draw_xt(clean, t, generator)
         xt = torch.where(pinned, clean, xt)
