@@ -101,3 +101,34 @@ def test_reward_finetuning_takes_the_same_reward_from_the_same_command_line(sour
     assert rl(source, tmp_path / "grpo", 1) == 0
     report = json.loads((tmp_path / "tcsm" / "reward_eval.json").read_text())
     assert report["reward"] == "python:rl_e2e_rewards:last_even"
+
+
+#: the ids of "+" and "=" in the task run's vocabulary, set by the test below before its reward is called
+ADDITION_MARKS: dict = {}
+
+
+def prompt_is_an_addition(x):
+    """Reward 1 when the row's prompt has the 2-digit addition form "dd+dd=" (true of every pinned prompt)."""
+    return ((x[:, 2] == ADDITION_MARKS["+"]) & (x[:, 5] == ADDITION_MARKS["="])).float()
+
+
+def test_the_held_out_report_pins_each_task_prompt(tmp_path):
+    """The report's completions keep the held-out rows' own prompts (task rows carry them as a prompt mask)."""
+    from tcsm.builders.loading import load_checkpoint
+
+    argv = ["train", "-o", str(tmp_path / "add"), "data.kind=task", "data.task=addition", "data.options.digits=2",
+            "data.num_train=64", "data.num_valid=8", "data.num_test=8", "model.d_model=16", "model.n_layers=1",
+            "model.n_heads=2", "model.cond_dim=8", "model.max_len=10", "train.steps=1", "train.batch_size=4",
+            "train.eval_every=0", "train.sample_every=0", "sample.num=0", "train.device=cpu", "train.threads=1",
+            "train.progress=false", "train.tensorboard=false"]  # fmt: skip
+    torch.manual_seed(0)
+    assert main(argv) == 0
+    data = load_checkpoint(tmp_path / "add").build_data()
+    ADDITION_MARKS.update({c: data.encode(c)[0] for c in "+="})
+    sys.modules.setdefault("rl_e2e_rewards", sys.modules[__name__])
+    assert main(["finetune", "rl", "--from", str(tmp_path / "add"), "--reward", "python:rl_e2e_rewards:prompt_is_an_addition",
+                 "-G", "2", "--steps", "1", "-o", str(tmp_path / "rl"), "--eval-prompts", "8", "train.batch_size=2",
+                 "train.device=cpu", "train.threads=1", "train.progress=false", "train.tensorboard=false",
+                 "sample.steps=2", "sample.num=0"]) == 0  # fmt: skip
+    report = json.loads((tmp_path / "rl" / "rl_eval.json").read_text())
+    assert report["num_prompts"] == 8 and report["source_accuracy"] == report["finetuned_accuracy"] == 1.0

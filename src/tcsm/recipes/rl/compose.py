@@ -48,8 +48,10 @@ def rl_report(run_dir, num_prompts: int, seed: int = 0) -> dict:
     pre = load_checkpoint(cfg.reference.path)
     data, path = post.build_data(), post.build_path()
     rows = data.split("test") if len(data.split("test")) else data.split("valid")
-    x1 = getattr(rows, "x1", rows)[: int(num_prompts)].long()
-    cond = getattr(rows, "cond_mask", None)
+    rows = rows[: int(num_prompts)]
+    batch = rows.to_batch() if hasattr(rows, "to_batch") else None  # prompted rows carry their prompt mask
+    x1 = (batch.x1 if batch is not None else rows).long()
+    cond = batch.cond_mask if batch is not None else None
     if cond is None:
         cond = torch.zeros_like(x1, dtype=torch.bool)
         cond[:, : int(cfg.objective.prompt_len)] = True
