@@ -112,8 +112,9 @@ def prompt_is_an_addition(x):
     return ((x[:, 2] == ADDITION_MARKS["+"]) & (x[:, 5] == ADDITION_MARKS["="])).float()
 
 
-def test_the_held_out_report_pins_each_task_prompt(tmp_path):
-    """The report's completions keep the held-out rows' own prompts (task rows carry them as a prompt mask)."""
+def test_the_held_out_reports_pin_each_task_prompt(tmp_path):
+    """Both reports' completions keep the held-out rows' own prompts (task rows carry them as a prompt mask); the
+    TCSM reward run also trains on completions of its batch's prompts (`--xt-source model`)."""
     from tcsm.builders.loading import load_checkpoint
 
     argv = ["train", "-o", str(tmp_path / "add"), "data.kind=task", "data.task=addition", "data.options.digits=2",
@@ -132,3 +133,10 @@ def test_the_held_out_report_pins_each_task_prompt(tmp_path):
                  "sample.steps=2", "sample.num=0"]) == 0  # fmt: skip
     report = json.loads((tmp_path / "rl" / "rl_eval.json").read_text())
     assert report["num_prompts"] == 8 and report["source_accuracy"] == report["finetuned_accuracy"] == 1.0
+    assert main(["finetune", "reward", "--from", str(tmp_path / "add"), "--reward",
+                 "python:rl_e2e_rewards:prompt_is_an_addition", "-B", "2", "--xt-source", "model", "--steps", "1",
+                 "--eval-samples", "8", "-o", str(tmp_path / "tcsm"), "train.batch_size=2", "train.device=cpu",
+                 "train.threads=1", "train.progress=false", "train.tensorboard=false", "target.sample_steps=2",
+                 "sample.steps=2", "sample.num=0"]) == 0  # fmt: skip
+    report = json.loads((tmp_path / "tcsm" / "reward_eval.json").read_text())
+    assert report["num_samples"] == 8 and report["pretrained_reward_mean"] == report["finetuned_reward_mean"] == 1.0

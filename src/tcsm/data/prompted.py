@@ -17,10 +17,30 @@ from tcsm.data.base import DataError, compact_dtype
 from tcsm.data.build import build_data
 from tcsm.data.text import resolve_splits, tokenized_splits
 
-__all__ = ["PROMPTED_KINDS", "PromptedSource", "build_prompted", "encode", "pad_prompt_rows", "prompted_source"]
+__all__ = [
+    "PROMPTED_KINDS",
+    "PromptedSource",
+    "build_prompted",
+    "encode",
+    "held_out_prompts",
+    "pad_prompt_rows",
+    "prompted_source",
+]
 
 #: the data kinds of prompted records: a `tokenizer` section must name a text kind, not one of these
 PROMPTED_KINDS = ("pairs", "sft")
+
+
+def held_out_prompts(data, num: int) -> tuple[Tensor, Tensor] | None:
+    """(rows [n, L], prompt mask [n, L]) of the first `num` held-out rows (test split, else valid) of data whose rows
+    carry their prompts (task, SFT and pair records: `Batch.cond_mask`); None for data without prompts."""
+    rows = data.split("test") if len(data.split("test")) else data.split("valid")
+    if not hasattr(rows, "to_batch"):
+        return None
+    batch = rows[: int(num)].to_batch()
+    if batch.cond_mask is None:
+        return None
+    return batch.x1.long(), batch.cond_mask.bool()
 
 
 def encode(tokenizer, text: str) -> list[int] | None:

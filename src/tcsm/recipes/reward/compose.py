@@ -13,6 +13,7 @@ from tcsm.builders.config import load_config, set_values
 from tcsm.builders.loading import load_checkpoint
 from tcsm.builders.source import source_run
 from tcsm.core.errors import ConfigError
+from tcsm.data.prompted import held_out_prompts
 from tcsm.posttrain.reward.rewards import evaluate_reward, make_reward
 from tcsm.recipes.spec import lazy_report
 from tcsm.sampling.settings import draw, sample_settings
@@ -36,7 +37,9 @@ def reward_config(
 
 
 def reward_report(run_dir, num_samples: int, seed: int = 0) -> dict:
-    """Mean reward of `num_samples` samples of the pre-trained and of the fine-tuned (EMA) model, same sampler."""
+    """Mean reward of `num_samples` samples of the pre-trained and of the fine-tuned (EMA) model, same sampler; for
+    data whose rows carry prompts (task or SFT records) and no `target.prompt`, completions of the first held-out
+    prompts (as many as there are, up to `num_samples`)."""
     post = load_checkpoint(run_dir)
     cfg = post.config
     pre = load_checkpoint(cfg.reference.path)
@@ -44,6 +47,10 @@ def reward_report(run_dir, num_samples: int, seed: int = 0) -> dict:
     path = post.build_path()
     reward = make_reward(cfg.target.reward, decode=data.decode, vocab_size=data.vocab_size)
     prompt = data.encode(cfg.target.prompt) if cfg.target.prompt else None
+    held_out = None if prompt is not None else held_out_prompts(data, num_samples)
+    pin = {} if held_out is None else {"fixed": held_out[1], "values": held_out[0]}
+    if held_out is not None:
+        num_samples = held_out[0].shape[0]
     out = {
         "reward": cfg.target.reward,
         "beta": float(cfg.target.beta),
@@ -53,7 +60,9 @@ def reward_report(run_dir, num_samples: int, seed: int = 0) -> dict:
     for name, ck in (("pretrained", pre), ("finetuned", post)):
         g = torch.Generator().manual_seed(seed)
         x, _ = draw(ck.model, path, num_samples, data.seq_len, sample_settings(cfg.sample), generator=g,
-                    prompt=prompt, chunk_size=256)  # fmt: skip
+                    prompt=prompt, chunk_size=256, **pin)  # fmt: skip
+        if held_out is not None:
+            x = torch.where(held_out[1], held_out[0], x.long())
         r = evaluate_reward(reward, x, 1024).double()
         out[f"{name}_reward_mean"] = float(r.mean())
         out[f"{name}_reward_stderr"] = float(r.std() / max(1, r.numel()) ** 0.5)
