@@ -34,18 +34,12 @@ WORDS = ["Once", "upon", "a", "time", "the", "day", "was", "good", "bad", "happy
 def write_dgemma_dir(directory, seed: int = 0):
     """A tiny DiffusionGemma checkpoint directory as transformers writes one (config.json, model.safetensors,
     generation_config.json) with a word-level tokenizer whose special ids are the model's; returns the directory."""
-    import json
     from pathlib import Path
 
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from llada_helpers import save_word_tokenizer
 
     directory = Path(directory)
     vocab = ["<pad>", "<eos>", "<bos>", *WORDS]
     tiny_hf(V=len(vocab), k=4, window=3, seed=seed).save_pretrained(directory)
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "pad_token": "<pad>", "eos_token": "<eos>",
-         "bos_token": "<bos>"}))  # fmt: skip
+    save_word_tokenizer(directory, vocab, "<pad>", {"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>"})
     return directory

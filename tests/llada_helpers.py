@@ -96,18 +96,24 @@ WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and", 
 SPECIALS = ["<|eot|>", "<|mdm_mask|>"]
 
 
+def save_word_tokenizer(directory: Path, vocab: list[str], unk: str, specials: dict) -> None:
+    """A word-level tokenizer of `vocab` (ids in list order, whitespace-split) as tokenizer.json, and a
+    tokenizer_config.json naming its special tokens (`specials`: {"eos_token": ..., ...})."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token=unk))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(Path(directory) / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **specials}
+    (Path(directory) / "tokenizer_config.json").write_text(json.dumps(config))
+
+
 def write_tokenizer(directory: Path) -> list[str]:
     """A word-level tokenizer (tokenizers file): the words, end of text, then the mask token (inside the vocabulary,
     as LLaDA's <|mdm_mask|>); returns the vocabulary in id order."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
     vocab = WORDS + SPECIALS
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="<|eot|>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|eot|>", "pad_token": "<|eot|>",
-         "mask_token": "<|mdm_mask|>"}))  # fmt: skip
+    save_word_tokenizer(directory, vocab, "<|eot|>",
+                        {"eos_token": "<|eot|>", "pad_token": "<|eot|>", "mask_token": "<|mdm_mask|>"})  # fmt: skip
     return vocab
 
 
