@@ -1,0 +1,201 @@
+"""RL with a verifiable reward against TCSM reward tuning, from one supervised warm-up run: held-out task accuracy
+against the rollouts each method drew and the CPU time it took (docs/benchmarks.md, "RL with verifiable rewards").
+
+Methods (one command line each, the task's verifier as the reward, the same sampler and steps for every rollout):
+  diffu-grpo  `tcsm finetune rl --estimator one_step` (diffu-GRPO's one-step log-likelihood, prompt masking)
+  elbo-grpo   `tcsm finetune rl --estimator elbo --upper eubo` (the path's bound; SPG's upper bound for A < 0)
+  tcsm-nfull  `tcsm finetune reward --neighbourhood full --xt-source model` (B proposals per on-policy x_t, SNIS)
+  tcsm-n1     `tcsm finetune reward --neighbourhood n1 --xt-source model` (explicit tilted single-site conditionals)
+A GRPO step draws `--prompts` × `--group` rollouts; a TCSM step completes `--prompts` × `--group` prompts once each
+(its x'_1), so every method draws the same rollouts per step. Runs go in rounds (every method and seed trains one
+chunk, then the next), each chunk resumed from the last checkpoint, then `tcsm eval --task` on the pinned held-out
+problems. CPU time is `time.process_time` of the training calls alone (one thread; evaluation excluded).
+
+    PYTHONPATH=src .venv/bin/python benchmarks/rl_compare.py --source runs/sudoku --task sudoku --out R.json
+    PYTHONPATH=src .venv/bin/python benchmarks/rl_compare.py --report R.json --figure docs/img/rl_compare.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import os
+import sys
+import time
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import torch
+
+METHODS = {
+    "diffu-grpo": ("diffu-GRPO (one-step estimate)", "rl", ["--estimator", "one_step"]),
+    "elbo-grpo": ("ELBO-GRPO (bound, EUBO for A<0)", "rl", ["--estimator", "elbo", "--upper", "eubo"]),
+    "tcsm-nfull": ("TCSM reward, N^full", "reward", ["--neighbourhood", "full", "--xt-source", "model"]),
+    "tcsm-n1": ("TCSM reward, N^1", "reward", ["--neighbourhood", "n1", "--xt-source", "model"]),
+}
+QUIET = ["train.device=cpu", "train.threads=1", "train.progress=false", "train.tensorboard=false", "train.ema=0",
+         "train.eval_every=0", "train.sample_every=0", "sample.num=0", "train.log_every=10"]  # fmt: skip
+
+
+def method_argv(args, method: str, seed: int, run: Path) -> list[str]:
+    _, recipe, flags = METHODS[method]
+    common = ["--reward", f"task:{args.task}", "-o", str(run), f"train.seed={seed}", f"optim.lr={args.lr[method]}",
+              f"train.save_every={args.chunk}", "optim.warmup=0", *QUIET]  # fmt: skip
+    if recipe == "rl":
+        return ["finetune", "rl", "--from", args.source, *flags, "-G", str(args.group), "--eval-prompts", "0",
+                f"train.batch_size={args.prompts}", f"sample.steps={args.sample_steps}",
+                f"objective.kl_coef={args.kl}", *common]  # fmt: skip
+    return ["finetune", "reward", "--from", args.source, *flags, "-B", str(args.proposals), "--beta", str(args.beta),
+            "--eval-samples", "0", f"train.batch_size={args.prompts * args.group}",
+            f"target.sample_steps={args.sample_steps}", *common]  # fmt: skip
+
+
+def quiet_main(argv: list[str]) -> str:
+    from tcsm.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        rc = main(argv)
+    if rc != 0:
+        raise SystemExit(f"{' '.join(argv)} failed ({rc}): {err.getvalue().strip().splitlines()[-1:]}")
+    return out.getvalue()
+
+
+def accuracy(args, run: Path) -> dict:
+    argv = ["eval", str(run), "--task", args.task, "--steps", str(args.sample_steps), "--max-examples",
+            str(args.eval_examples), "--seed", "0", "--json"]  # fmt: skip
+    row = json.loads(quiet_main(argv))
+    row = row["results"][0] if "results" in row else row
+    return {k: row[k] for k in ("accuracy", "correct", "num_problems", "ci_low", "ci_high") if k in row} or row
+
+
+def _save(path: Path, obj) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def run(args) -> None:
+    out = Path(args.out)
+    state = json.loads(out.read_text()) if out.exists() else {}
+    state["meta"] = {"command": " ".join(["python", *sys.argv]), "torch": torch.__version__,
+                     "args": {k: v for k, v in vars(args).items() if k not in ("report", "figure")}}  # fmt: skip
+    runs = state.setdefault("runs", {})
+    torch.set_num_threads(1)
+    for key in (f"{m}/{s}" for m in args.methods for s in args.seeds):
+        if key not in runs:
+            runs[key] = {"curve": [{"step": 0, "rollouts": 0, "cpu_s": 0.0, **accuracy(args, Path(args.source))}]}
+            _save(out, state)
+    for chunk in range(1, args.chunks + 1):
+        step = chunk * args.chunk
+        for seed in args.seeds:
+            for method in args.methods:
+                rec = runs[f"{method}/{seed}"]
+                if rec["curve"][-1]["step"] >= step:
+                    continue
+                run_dir = Path(args.runs) / args.task / method / str(seed)
+                argv = method_argv(args, method, seed, run_dir) + ["--steps", str(step)]
+                if (run_dir / "checkpoints" / "latest").is_file():
+                    argv = ["finetune", METHODS[method][1], "--resume", "-o", str(run_dir), "--steps", str(step)]
+                    argv += ["--eval-prompts", "0"] if METHODS[method][1] == "rl" else ["--eval-samples", "0"]
+                c0, w0, load = time.process_time(), time.perf_counter(), os.getloadavg()[0]
+                quiet_main(argv)
+                cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+                acc = accuracy(args, run_dir)
+                rec["curve"].append({"step": step, "rollouts": step * args.prompts * args.group,
+                                     "cpu_s": rec["curve"][-1]["cpu_s"] + cpu, "wall_s": wall, "loadavg": load, **acc})  # fmt: skip
+                _save(out, state)
+                print(f"[{args.task} {method} seed {seed}] step {step}: acc {acc.get('accuracy')} "
+                      f"(+{cpu:.0f} CPU-s, load {load:.1f})", flush=True)  # fmt: skip
+
+
+def _mean_sd(values: list[float]) -> tuple[float, float]:
+    mean = sum(values) / len(values)
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / max(1, len(values) - 1))
+
+
+def report(states: list[dict], figure: Path | None) -> str:
+    """One table row per task and method (accuracy at the last evaluation and averaged over the last three, mean ±
+    sd over seeds, each seed listed) and a figure: a row per task, accuracy against rollouts and against CPU time."""
+    lines = [f"`{s['meta']['command']}`" for s in states]
+    lines += ["", "| task | method | seeds | accuracy, step 0 | accuracy, last (per seed) | last 3 points | rollouts "
+              "| CPU-s per run |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    panels = []
+    for state in states:
+        meta = state["meta"]["args"]
+        by_method: dict = {}
+        for key, rec in state["runs"].items():
+            by_method.setdefault(key.split("/")[0], []).append(rec["curve"])
+        panels.append((meta, by_method))
+        for method, curves in by_method.items():
+            n = min(len(c) for c in curves)
+            last = [c[n - 1]["accuracy"] for c in curves]
+            tail = [sum(p["accuracy"] for p in c[max(1, n - 3) : n]) / len(c[max(1, n - 3) : n]) for c in curves]
+            (m, sd), (tm, tsd) = _mean_sd(last), _mean_sd(tail)
+            cpu = sum(c[n - 1]["cpu_s"] for c in curves) / len(curves)
+            lines.append(f"| {meta['task']} | {METHODS[method][0]} | {len(curves)} | {curves[0][0]['accuracy']:.3f} | "
+                         f"{m:.3f} ± {sd:.3f} ({', '.join(f'{a:.3f}' for a in last)}) | {tm:.3f} ± {tsd:.3f} | "
+                         f"{curves[0][n - 1]['rollouts']} | {cpu:.0f} |")  # fmt: skip
+    if figure is not None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(len(panels), 2, figsize=(10, 3.6 * len(panels)), squeeze=False)
+        for row, (meta, by_method) in zip(axes, panels):
+            for (method, curves), colour in zip(by_method.items(), ["C0", "C1", "C2", "C3"]):
+                for i, c in enumerate(curves):
+                    for ax, x in zip(row, ("rollouts", "cpu_s")):
+                        ax.plot([p[x] for p in c], [p["accuracy"] for p in c], colour, alpha=0.7, marker=".",
+                                label=METHODS[method][0] if i == 0 else None)  # fmt: skip
+            row[0].set_xlabel("rollouts drawn")
+            row[1].set_xlabel("training CPU seconds (1 thread)")
+            for ax in row:
+                ax.set_ylabel(f"{meta['task']}: accuracy ({meta['eval_examples']} held-out)")
+                ax.grid(alpha=0.3)
+            row[0].legend(fontsize=7)
+        fig.suptitle(f"from one warm-up run per task, {len(panels[0][0]['seeds'])} seeds per method", fontsize=10)
+        fig.tight_layout()
+        figure.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(figure, dpi=110)
+        lines += ["", f"![accuracy against rollouts and CPU time]({figure.as_posix().split('docs/')[-1]})"]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--source", help="the supervised warm-up run every method starts from")
+    ap.add_argument("--task", choices=["sudoku", "countdown", "addition"])
+    ap.add_argument("--out", help="results JSON (resumable)")
+    ap.add_argument("--runs", default="runs/bench/rl_compare")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--chunk", type=int, default=25, help="steps between evaluations")
+    ap.add_argument("--chunks", type=int, default=8)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--proposals", type=int, default=8)
+    ap.add_argument("--beta", type=float, default=0.1)
+    ap.add_argument("--kl", type=float, default=0.04)
+    ap.add_argument("--sample-steps", type=int, default=16)
+    ap.add_argument("--eval-examples", type=int, default=200)
+    ap.add_argument("--lr", nargs="+", default=["1e-4"], help="one lr, or METHOD=LR entries")
+    ap.add_argument("--report", nargs="+", help="print the table of these results JSONs (and write --figure)")
+    ap.add_argument("--figure")
+    args = ap.parse_args(argv)
+    if args.report:
+        states = [json.loads(Path(f).read_text()) for f in args.report]
+        print(report(states, Path(args.figure) if args.figure else None))
+        return
+    lrs = dict(e.split("=") if "=" in e else ("*", e) for e in args.lr)
+    args.lr = {m: float(lrs.get(m, lrs.get("*", 1e-4))) for m in METHODS}
+    if not (args.source and args.task and args.out):
+        ap.error("--source, --task and --out are required unless --report")
+    run(args)
+
+
+if __name__ == "__main__":
+    main()
