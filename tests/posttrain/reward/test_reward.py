@@ -355,6 +355,10 @@ def test_prompted_rows_are_completed_per_row_not_pooled(cls):
         if cls is RewardN1Target:
             assert torch.equal(out.x1, torch.where(cond, x1, torch.full_like(x1, token)))
         assert target._pool is None  # no pool of unprompted draws
+    # a prompt of the target's own is what every sample continues: the pool again, the rows' prompts not used
+    target = cls(pre, reward, 1.0, xt_source="model", sample_steps=4, pool_size=8, prompt=torch.tensor([1]))
+    out = target(Batch(x1=x1, cond_mask=cond), torch.full((2,), 0.7), path, g, model=cur)
+    assert target._pool is not None and (out.xt[:, 0] == 1).all() and not out.loss_mask[:, 0].any()
 
 
 # --------------------------------------------------------------------------------------------------

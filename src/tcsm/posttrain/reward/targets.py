@@ -21,8 +21,8 @@ strong tilts (small Z), at the price of sampler runs while training and a moving
 Samples for "pretrained"/"model" come from a pool of `pool_size` sequences, redrawn every `refresh_every`
 calls (0: drawn once), so the sampler's cost is amortised over many steps. The pool is not checkpointed: after
 a resume it is redrawn (exact resume holds for xt_source="data"). Rows with their own prompts (`Batch.cond_mask`:
-task and instruction data) are not pooled: each call draws one completion of each row's prompt, so x'_1 has the
-batch's prompts, as an RL rollout does, and the prompt stays conditioning.
+task and instruction data) are not pooled unless the target has its own `prompt`: each call draws one completion of
+each row's prompt, so x'_1 has the batch's prompts, as an RL rollout does, and the prompt stays conditioning.
 """
 
 from __future__ import annotations
@@ -230,6 +230,11 @@ class RewardTarget(Target):
             return draw_pool(denoiser, path, n, length, self.sample_steps, prompt=self.prompt, generator=generator,
                              chunk_size=512)  # fmt: skip
 
+    def _rows_prompted(self, cond: Tensor | None) -> bool:
+        """Whether sampled x'_1 complete the batch's own prompts: rows with prompts and no `prompt` of the target's
+        (which, when given, is what every sample continues)."""
+        return self.prompt is None and cond is not None and bool(cond.any())
+
     def _complete_prompts(self, denoiser, x1: Tensor, cond: Tensor, path: ProbabilityPath, generator) -> Tensor:
         """One draw per row of x1 [N, L] with its prompt positions (cond) fixed to x1's: the run's default sampler
         with `sample_steps` steps (a block model block by block through its KV cache)."""
@@ -245,7 +250,7 @@ class RewardTarget(Target):
         samples complete the batch's prompts where its rows have them)."""
         if self.xt_source == "data":
             return x1
-        if cond is not None and bool(cond.any()):
+        if self._rows_prompted(cond):
             return self._complete_prompts(self._source_model(self.xt_source, model), x1, cond, path, generator)
         expired = self.refresh_every > 0 and self._pool_calls >= self.refresh_every
         if self._pool is None or expired or self._pool.shape[1] != x1.shape[1]:
@@ -272,7 +277,7 @@ class RewardTarget(Target):
         prompt and the batch's conditioning positions kept clean, loss positions = the path's minus those."""
         batch = as_batch(batch)
         clean, pinned = self._pin(self._clean_for_xt(batch.x1, path, generator, model, batch.cond_mask))
-        if batch.cond_mask is not None:
+        if batch.cond_mask is not None and (self.xt_source == "data" or self._rows_prompted(batch.cond_mask)):
             pinned = pinned | batch.cond_mask
         xt = path.draw_xt(clean, t, generator)
         xt = torch.where(pinned, clean, xt)
