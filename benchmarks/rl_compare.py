@@ -120,8 +120,8 @@ def report(states: list[dict], figure: Path | None) -> str:
     """One table row per task and method (accuracy at the last evaluation and averaged over the last three, mean ±
     sd over seeds, each seed listed) and a figure: a row per task, accuracy against rollouts and against CPU time."""
     lines = [f"`{s['meta']['command']}`" for s in states]
-    lines += ["", "| task | method | seeds | accuracy, step 0 | accuracy, last (per seed) | last 3 points | rollouts "
-              "| CPU-s per run |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += ["", "| task | method | lr | seeds | accuracy, step 0 | accuracy, last (per seed) | last 3 points "
+              "| rollouts | CPU-s per run |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     panels = []
     for state in states:
         meta = state["meta"]["args"]
@@ -135,7 +135,8 @@ def report(states: list[dict], figure: Path | None) -> str:
             tail = [sum(p["accuracy"] for p in c[max(1, n - 3) : n]) / len(c[max(1, n - 3) : n]) for c in curves]
             (m, sd), (tm, tsd) = _mean_sd(last), _mean_sd(tail)
             cpu = sum(c[n - 1]["cpu_s"] for c in curves) / len(curves)
-            lines.append(f"| {meta['task']} | {METHODS[method][0]} | {len(curves)} | {curves[0][0]['accuracy']:.3f} | "
+            lines.append(f"| {meta['task']} | {METHODS[method][0]} | {meta['lr'][method]:g} | {len(curves)} | "
+                         f"{curves[0][0]['accuracy']:.3f} | "
                          f"{m:.3f} ± {sd:.3f} ({', '.join(f'{a:.3f}' for a in last)}) | {tm:.3f} ± {tsd:.3f} | "
                          f"{curves[0][n - 1]['rollouts']} | {cpu:.0f} |")  # fmt: skip
     if figure is not None:
