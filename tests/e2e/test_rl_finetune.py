@@ -140,3 +140,34 @@ def test_the_held_out_reports_pin_each_task_prompt(tmp_path):
                  "sample.steps=2", "sample.num=0"]) == 0  # fmt: skip
     report = json.loads((tmp_path / "tcsm" / "reward_eval.json").read_text())
     assert report["num_samples"] == 8 and report["pretrained_reward_mean"] == report["finetuned_reward_mean"] == 1.0
+
+
+def test_task_rewards_score_the_runs_own_task_options(tmp_path):
+    """`--reward task:addition` on a run trained on 2-digit addition scores 2-digit addition (the run's data
+    options), in GRPO and in TCSM reward tuning alike: the default (3 digits) would read every prompt wrong."""
+    from omegaconf import OmegaConf
+
+    from tcsm.builders.assemble import build_components
+    from tcsm.builders.config import load_config
+
+    argv = ["train", "-o", str(tmp_path / "add"), "data.kind=task", "data.task=addition", "data.options.digits=2",
+            "data.num_train=64", "data.num_valid=8", "data.num_test=8", "model.d_model=16", "model.n_layers=1",
+            "model.n_heads=2", "model.cond_dim=8", "model.max_len=10", "train.steps=1", "train.batch_size=4",
+            "train.eval_every=0", "train.sample_every=0", "sample.num=0", "train.device=cpu", "train.threads=1",
+            "train.progress=false", "train.tensorboard=false"]  # fmt: skip
+    torch.manual_seed(0)
+    assert main(argv) == 0
+    quiet = ["--steps", "1", "train.batch_size=2", "train.device=cpu", "train.threads=1", "train.progress=false",
+             "train.tensorboard=false", "sample.steps=2", "sample.num=0"]  # fmt: skip
+    assert main(["finetune", "rl", "--from", str(tmp_path / "add"), "--reward", "task:addition", "-G", "2",
+                 "--eval-prompts", "0", "-o", str(tmp_path / "rl"), *quiet]) == 0  # fmt: skip
+    assert main(["finetune", "reward", "--from", str(tmp_path / "add"), "--reward", "task:addition", "-B", "2",
+                 "--eval-samples", "0", "--xt-source", "model", "-o", str(tmp_path / "tcsm"), "target.sample_steps=2",
+                 *quiet]) == 0  # fmt: skip
+    for run, where in (("rl", "objective"), ("tcsm", "target")):
+        saved = OmegaConf.to_container(OmegaConf.load(tmp_path / run / "config.yaml"))
+        parts = build_components(load_config(base=saved), torch.device("cpu"))
+        reward = getattr(parts, where).reward
+        assert reward.task.options()["digits"] == 2, run
+        rows = parts.data.split("test").x1.long()
+        assert torch.equal(reward(rows), torch.ones(len(rows))), run  # the reference answers score 1

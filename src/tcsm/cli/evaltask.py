@@ -17,10 +17,9 @@ DEFAULT_PROBLEMS = 500
 def _task_options(ckpt, name: str) -> dict:
     from omegaconf import OmegaConf
 
-    data = OmegaConf.to_container(ckpt.config.data, resolve=True)
-    if data.get("kind") == "task" and data.get("task") == name:
-        return dict(data.get("options") or {})
-    return {}
+    from tcsm.data.tasks import run_task_options
+
+    return run_task_options(OmegaConf.to_container(ckpt.config.data, resolve=True)).get(name, {})
 
 
 def run_task(args) -> int:

@@ -69,12 +69,14 @@ def run(args) -> int:
     data = ck.build_data()
     from types import SimpleNamespace
 
+    from tcsm.data.tasks import run_task_options
     from tcsm.recipes.reward.builder import check_reward_domain
 
     shape = SimpleNamespace(config=ck.config, vocab_size=int(data.vocab_size), seq_len=int(data.seq_len))
     check_reward_domain(args.reward, shape, what="--reward ")  # before any sampling: a grid reward on text is noise
     try:
-        reward = make_reward(args.reward, decode=data.decode, vocab_size=data.vocab_size)
+        reward = make_reward(args.reward, decode=data.decode, vocab_size=data.vocab_size,
+                             task_options=run_task_options(ck.config.data))
     except (ValueError, ImportError, AttributeError) as e:
         raise ConfigError(f"--reward {args.reward!r}: {e}") from None
     records, stats = sample_pairs(

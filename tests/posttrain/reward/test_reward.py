@@ -446,3 +446,27 @@ def test_task_reward_spec_scores_the_task_verifier_on_the_runs_ids():
     assert reward(torch.cat([x[:, :P], x.roll(1, 0)[:, P:]], 1)).sum() < 8  # answers to other prompts
     with pytest.raises(ValueError, match="needs a task name"):
         make_reward("task")
+
+
+def test_a_task_reward_takes_the_runs_task_options_as_its_defaults():
+    """"task:countdown" on a run trained on Countdown with numbers up to 9 scores that Countdown (one-digit numbers,
+    a shorter prompt), not the default one: with the default options every reference answer would score 0."""
+    from tcsm.data.build import build_data
+    from tcsm.data.tasks import run_task_options
+
+    section = {"kind": "task", "task": "countdown", "num_train": 8, "num_valid": 0, "num_test": 8,
+               "options": {"max_number": 9}}  # fmt: skip
+    data = build_data(section)
+    x = data.test.x1.long()
+    options = run_task_options(section)
+    assert options == {"countdown": {"max_number": 9}}
+    ours = make_reward("task:countdown", decode=data.decode, vocab_size=data.vocab_size, task_options=options)
+    assert torch.equal(ours(x), torch.ones(8))
+    default = make_reward("task:countdown", decode=data.decode, vocab_size=data.vocab_size)
+    assert default(x).sum() == 0
+    spec_wins = make_reward("task:countdown,max_number=20", decode=data.decode, vocab_size=data.vocab_size,
+                            task_options=options)  # fmt: skip
+    assert spec_wins.task.options()["max_number"] == 20
+    other = make_reward("task:sudoku", task_options=options)  # another task's defaults stay its own
+    assert other.task.options() == make_reward("task:sudoku").task.options()
+    assert run_task_options({"kind": "text"}) == {} and run_task_options(None) == {}

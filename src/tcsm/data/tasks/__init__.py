@@ -24,7 +24,7 @@ from tcsm.data.tasks.base import EOS, Example, Task, TaskReward
 from tcsm.data.tasks.countdown import CountdownTask
 from tcsm.data.tasks.sudoku import SudokuTask
 
-__all__ = ["EOS", "TASKS", "Example", "Task", "TaskReward", "make_task", "task_reward"]
+__all__ = ["EOS", "TASKS", "Example", "Task", "TaskReward", "make_task", "run_task_options", "task_reward"]
 
 TASKS: dict[str, type[Task]] = {"sudoku": SudokuTask, "countdown": CountdownTask, "addition": AdditionTask}
 
@@ -46,3 +46,11 @@ def make_task(name: str, **options) -> Task:
 def task_reward(name: str, decode=None, vocab_size: int | None = None, **options) -> TaskReward:
     """The 0/1 reward of task `name` on token ids (see the module docstring)."""
     return TaskReward(make_task(name, **options), decode=decode, vocab_size=vocab_size)
+
+
+def run_task_options(data_section) -> dict[str, dict]:
+    """{task name: its options} for a run trained on a task (`data.kind: task`), else {}: what `tcsm eval --task`
+    and the task rewards (`make_reward(..., task_options=...)`) take as the task's defaults for that run."""
+    if data_section is None or data_section.get("kind") != "task" or not data_section.get("task"):
+        return {}
+    return {str(data_section.get("task")): dict((data_section.get("options") or {}).items())}

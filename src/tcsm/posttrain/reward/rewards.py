@@ -239,12 +239,17 @@ def _parse_value(v: str):
 
 
 def make_reward(
-    spec: str | dict, decode: Callable[[list[int]], str] | None = None, vocab_size: int | None = None
+    spec: str | dict,
+    decode: Callable[[list[int]], str] | None = None,
+    vocab_size: int | None = None,
+    task_options: dict[str, dict] | None = None,
 ) -> RewardFn:
     """Build a reward from a spec: "grid", "grid:width=64,right=-1e5", "vader", "profanity",
     "hf:/path/to/classifier,label=1,mode=logprob", "task:sudoku", "python:pkg.mod:fn"; or a dict {"name": ..., **kwargs}.
 
-    `decode(list[int]) -> str` turns token ids into text for text scorers; `vocab_size` is the default grid width.
+    `decode(list[int]) -> str` turns token ids into text for text scorers; `vocab_size` is the default grid width;
+    `task_options` ({task name: options}, the run's task data) are the defaults of a task reward of that name, so
+    "task:countdown" scores the run's own Countdown (its numbers' width, their count) unless the spec says otherwise.
     """
     if isinstance(spec, dict):
         spec = dict(spec)
@@ -266,4 +271,6 @@ def make_reward(
             kwargs[k.strip()] = _parse_value(v.strip())
     if name not in REWARDS:
         raise ValueError(f"unknown reward {name!r}; choose one of {sorted(REWARDS)}")
+    if name == "task" and kwargs.get("task") in (task_options or {}):
+        kwargs = {**task_options[kwargs["task"]], **kwargs}
     return REWARDS[name](decode=decode, vocab_size=vocab_size, **kwargs)

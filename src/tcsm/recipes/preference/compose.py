@@ -23,6 +23,7 @@ from tcsm.builders.config import load_config, set_values
 from tcsm.builders.loading import load_checkpoint
 from tcsm.core.errors import ConfigError
 from tcsm.data.pairs import tokenizer_signature
+from tcsm.data.tasks import run_task_options
 from tcsm.evaluation.genppl import sample_entropy
 from tcsm.posttrain.reward.rewards import evaluate_reward, make_reward
 from tcsm.recipes.records import records_base
@@ -197,7 +198,8 @@ def preference_report(
     pre = load_checkpoint(cfg.reference.path, ema=cfg.reference.ema)
     data, path = post.build_data(), post.build_path()
     try:
-        reward_fn = make_reward(reward, decode=data.decode, vocab_size=data.vocab_size)
+        reward_fn = make_reward(reward, decode=data.decode, vocab_size=data.vocab_size,
+                                task_options=run_task_options(cfg.data))
     except (ValueError, ImportError) as e:
         raise ConfigError(f"--eval-reward: {e}") from None
     ids = data.encode(prompt) if prompt else None

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from tcsm.builders.registry import TARGETS, ReferenceUse
 from tcsm.core.errors import ConfigError
+from tcsm.data.tasks import run_task_options
 from tcsm.posttrain.reward.rewards import GridReward, make_reward
 from tcsm.posttrain.reward.targets import RewardFullTarget, RewardN1Target, RewardTarget
 
@@ -90,7 +91,8 @@ def build_reward_target(node: dict, ctx) -> RewardTarget:
     check_reward_domain(node["reward"], ctx)
     decode = getattr(ctx.data, "decode", None)
     try:
-        reward = make_reward(node["reward"], decode=decode, vocab_size=ctx.vocab_size)
+        reward = make_reward(node["reward"], decode=decode, vocab_size=ctx.vocab_size,
+                             task_options=run_task_options(ctx.config.data))
     except (ValueError, ImportError) as e:
         raise ConfigError(f"target.reward: {e}") from None
     if isinstance(reward, GridReward) and reward.width != ctx.vocab_size:

@@ -14,6 +14,7 @@ from tcsm.builders.loading import load_checkpoint
 from tcsm.builders.source import source_run
 from tcsm.core.errors import ConfigError
 from tcsm.data.prompted import held_out_prompts
+from tcsm.data.tasks import run_task_options
 from tcsm.posttrain.reward.rewards import evaluate_reward, make_reward
 from tcsm.recipes.spec import lazy_report
 from tcsm.sampling.settings import draw, sample_settings
@@ -45,7 +46,8 @@ def reward_report(run_dir, num_samples: int, seed: int = 0) -> dict:
     pre = load_checkpoint(cfg.reference.path)
     data = post.build_data()
     path = post.build_path()
-    reward = make_reward(cfg.target.reward, decode=data.decode, vocab_size=data.vocab_size)
+    reward = make_reward(cfg.target.reward, decode=data.decode, vocab_size=data.vocab_size,
+                         task_options=run_task_options(cfg.data))
     prompt = data.encode(cfg.target.prompt) if cfg.target.prompt else None
     held_out = None if prompt is not None else held_out_prompts(data, num_samples)
     pin = {} if held_out is None else {"fixed": held_out[1], "values": held_out[0]}

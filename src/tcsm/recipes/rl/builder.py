@@ -9,6 +9,7 @@ import torch
 
 from tcsm.builders.registry import OBJECTIVES, ReferenceUse
 from tcsm.core.errors import ConfigError
+from tcsm.data.tasks import run_task_options
 from tcsm.models.kinds import kind_of
 from tcsm.posttrain.reward.rewards import evaluate_reward, make_reward
 from tcsm.posttrain.rl.estimators import ELBOEstimate, ExactEstimate, OneStepEstimate
@@ -70,7 +71,8 @@ def _reward(node: dict, ctx):
         raise ConfigError("objective.reward is not set; give the task's reward: tcsm finetune rl --reward task:NAME")
     check_reward_domain(spec, ctx, "objective.reward=")
     try:
-        reward = make_reward(spec, decode=getattr(ctx.data, "decode", None), vocab_size=ctx.vocab_size)
+        reward = make_reward(spec, decode=getattr(ctx.data, "decode", None), vocab_size=ctx.vocab_size,
+                             task_options=run_task_options(ctx.config.data))
         rows = ctx.data.split("train")
         rows = getattr(rows, "x1", rows)[:2].long()  # prompted kinds hold rows with their prompt mask
         r = evaluate_reward(reward, rows)

@@ -10,6 +10,7 @@ from tcsm.builders.loading import load_checkpoint
 from tcsm.builders.source import source_run
 from tcsm.core.errors import ConfigError
 from tcsm.data.prompted import held_out_prompts
+from tcsm.data.tasks import run_task_options
 from tcsm.models.kinds import family_of_name
 from tcsm.posttrain.reward.rewards import evaluate_reward, make_reward
 from tcsm.recipes.spec import lazy_report
@@ -56,7 +57,8 @@ def rl_report(run_dir, num_prompts: int, seed: int = 0) -> dict:
         cond[:, : int(cfg.objective.prompt_len)] = True
     else:
         x1, cond = held_out
-    reward = make_reward(cfg.objective.reward, decode=getattr(data, "decode", None), vocab_size=data.vocab_size)
+    reward = make_reward(cfg.objective.reward, decode=getattr(data, "decode", None), vocab_size=data.vocab_size,
+                         task_options=run_task_options(cfg.data))
     owner = None
     if family_of_name(cfg.model.get("name")).is_autoregressive:
         from tcsm.objectives.lm import make_lm_loss
