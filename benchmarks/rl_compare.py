@@ -30,45 +30,66 @@ from pathlib import Path
 import torch
 
 METHODS = {
-    "diffu-grpo": ("diffu-GRPO (one-step estimate)", "rl", ["--estimator", "one_step"]),
-    "elbo-grpo": ("ELBO-GRPO (bound, EUBO for A<0)", "rl", ["--estimator", "elbo", "--upper", "eubo"]),
-    "tcsm-nfull": ("TCSM reward, N^full", "reward", ["--neighbourhood", "full", "--xt-source", "model"]),
-    "tcsm-n1": ("TCSM reward, N^1", "reward", ["--neighbourhood", "n1", "--xt-source", "model"]),
+    "diffu-grpo": ("diffu-GRPO (one-step estimate)", "rl", {"objective.estimator": "one_step"}),
+    "elbo-grpo": ("ELBO-GRPO (bound, EUBO for A<0)", "rl", {"objective.estimator": "elbo", "objective.upper": "eubo"}),
+    "tcsm-nfull": ("TCSM reward, N^full", "reward", {"target.neighbourhood": "full", "target.xt_source": "model"}),
+    "tcsm-n1": ("TCSM reward, N^1", "reward", {"target.neighbourhood": "n1", "target.xt_source": "model"}),
 }
-QUIET = ["train.device=cpu", "train.threads=1", "train.progress=false", "train.tensorboard=false", "train.ema=0",
-         "train.eval_every=0", "train.sample_every=0", "sample.num=0", "train.log_every=10"]  # fmt: skip
+QUIET = {"train.device": "cpu", "train.threads": 1, "train.progress": False, "train.tensorboard": False,
+         "train.ema": 0, "train.eval_every": 0, "train.sample_every": 0, "sample.num": 0, "train.log_every": 10,
+         "optim.warmup": 0}  # fmt: skip
 
 
-def method_argv(args, method: str, seed: int, run: Path) -> list[str]:
-    _, recipe, flags = METHODS[method]
-    common = ["--reward", f"task:{args.task}", "-o", str(run), f"train.seed={seed}", f"optim.lr={args.lr[method]}",
-              f"train.save_every={args.chunk}", "optim.warmup=0", *QUIET]  # fmt: skip
+def method_values(args, method: str, seed: int) -> dict:
+    """The run's config values: what `tcsm finetune rl | reward` sets from the comparison's flags."""
+    _, recipe, own = METHODS[method]
+    common = {**QUIET, **own, "train.seed": seed, "optim.lr": args.lr[method], "train.save_every": args.chunk}
     if recipe == "rl":
-        return ["finetune", "rl", "--from", args.source, *flags, "-G", str(args.group), "--eval-prompts", "0",
-                f"train.batch_size={args.prompts}", f"sample.steps={args.sample_steps}",
-                f"objective.kl_coef={args.kl}", *common]  # fmt: skip
-    return ["finetune", "reward", "--from", args.source, *flags, "-B", str(args.proposals), "--beta", str(args.beta),
-            "--eval-samples", "0", f"train.batch_size={args.prompts * args.group}",
-            f"target.sample_steps={args.sample_steps}", *common]  # fmt: skip
+        return {**common, "objective.reward": f"task:{args.task}", "objective.group_size": args.group,
+                "objective.kl_coef": args.kl, "train.batch_size": args.prompts, "sample.steps": args.sample_steps}  # fmt: skip
+    return {**common, "target.reward": f"task:{args.task}", "target.num_proposals": args.proposals,
+            "target.beta": args.beta, "train.batch_size": args.prompts * args.group,
+            "target.sample_steps": args.sample_steps}  # fmt: skip
 
 
-def quiet_main(argv: list[str]) -> str:
-    from tcsm.cli import main
+def train_to(args, method: str, seed: int, run: Path, step: int) -> None:
+    """Train the method's run to `step`: a new run from the warm-up, or the saved run resumed from its checkpoint."""
+    from tcsm.builders.config import load_config, set_values
+    from tcsm.storage.checkpoint import read_state, resolve_checkpoint
+    from tcsm.train.fit import fit
 
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        rc = main(argv)
-    if rc != 0:
-        raise SystemExit(f"{' '.join(argv)} failed ({rc}): {err.getvalue().strip().splitlines()[-1:]}")
-    return out.getvalue()
+    if (run / "checkpoints" / "latest").is_file():
+        checkpoint = resolve_checkpoint(run)
+        cfg = set_values(load_config(None, [], base=read_state(checkpoint)[1]["config"]), {"train.steps": step})
+        fit(cfg, run, resume=checkpoint, log=lambda s: None)
+        return
+    if METHODS[method][1] == "rl":
+        from tcsm.recipes.rl.compose import rl_config as make_config
+    else:
+        from tcsm.recipes.reward.compose import reward_config as make_config
+    values = {**method_values(args, method, seed), "train.steps": step}
+    fit(make_config(args.source, f"finetune-{METHODS[method][1]}", (), values), run, log=lambda s: None)
 
 
 def accuracy(args, run: Path) -> dict:
-    argv = ["eval", str(run), "--task", args.task, "--steps", str(args.sample_steps), "--max-examples",
-            str(args.eval_examples), "--seed", "0", "--json"]  # fmt: skip
-    row = json.loads(quiet_main(argv))
-    row = row["results"][0] if "results" in row else row
-    return {k: row[k] for k in ("accuracy", "correct", "num_problems", "ci_low", "ci_high") if k in row} or row
+    """`tcsm eval RUN --task T --steps K --max-examples N --seed 0` as a function: the held-out accuracy of the
+    run's (EMA, where it has them) weights with its sampler at `--sample-steps`, the task's options the run's."""
+    from tcsm.builders.loading import load_checkpoint
+    from tcsm.data import CharTokenizer
+    from tcsm.data.tasks import TaskReward, make_task, run_task_options
+    from tcsm.evaluation.tasks import sampler_completions, task_accuracy
+    from tcsm.sampling.settings import sample_settings
+
+    ckpt = load_checkpoint(run, device="cpu")
+    task = make_task(args.task, **run_task_options(ckpt.config.data).get(args.task, {}))
+    tok = CharTokenizer(ckpt.data_info["chars"])  # a task run's vocabulary, stored in its checkpoint
+    reward = TaskReward(task, decode=tok.decode, vocab_size=tok.vocab_size)
+    settings = sample_settings(ckpt.config.sample, steps=args.sample_steps)
+    complete = sampler_completions(ckpt.model, ckpt.build_path(), settings, int(ckpt.data_info["seq_len"]),
+                                   generator=torch.Generator().manual_seed(0), device="cpu")  # fmt: skip
+    acc = task_accuracy(complete, task, reward, args.eval_examples, batch_size=64)
+    return {"accuracy": acc.accuracy, "correct": acc.correct, "num_problems": acc.num_problems,
+            "ci_low": acc.ci_low, "ci_high": acc.ci_high}  # fmt: skip
 
 
 def _save(path: Path, obj) -> None:
@@ -96,12 +117,9 @@ def run(args) -> None:
                 if rec["curve"][-1]["step"] >= step:
                     continue
                 run_dir = Path(args.runs) / args.task / method / str(seed)
-                argv = method_argv(args, method, seed, run_dir) + ["--steps", str(step)]
-                if (run_dir / "checkpoints" / "latest").is_file():
-                    argv = ["finetune", METHODS[method][1], "--resume", "-o", str(run_dir), "--steps", str(step)]
-                    argv += ["--eval-prompts", "0"] if METHODS[method][1] == "rl" else ["--eval-samples", "0"]
                 c0, w0, load = time.process_time(), time.perf_counter(), os.getloadavg()[0]
-                quiet_main(argv)
+                with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
+                    train_to(args, method, seed, run_dir, step)
                 cpu, wall = time.process_time() - c0, time.perf_counter() - w0
                 acc = accuracy(args, run_dir)
                 rec["curve"].append({"step": step, "rollouts": step * args.prompts * args.group,
@@ -120,8 +138,9 @@ def report(states: list[dict], figure: Path | None) -> str:
     """One table row per task and method (accuracy at the last evaluation and averaged over the last three, mean ±
     sd over seeds, each seed listed) and a figure: a row per task, accuracy against rollouts and against CPU time."""
     lines = [f"`{s['meta']['command']}`" for s in states]
-    lines += ["", "| task | method | lr | seeds | accuracy, step 0 | accuracy, last (per seed) | last 3 points "
-              "| rollouts | CPU-s per run |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    header = ("| task | method | lr | seeds | accuracy, step 0 | accuracy, last (per seed) | last 3 points "
+              "| rollouts | CPU-s per run |")
+    lines += ["", header, "|---|---|---|---|---|---|---|---|---|"]
     panels = []
     for state in states:
         meta = state["meta"]["args"]
