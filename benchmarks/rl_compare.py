@@ -173,8 +173,9 @@ def report(states: list[dict], figure: Path | None) -> str:
                                 label=METHODS[method][0] if i == 0 else None)  # fmt: skip
             row[0].set_xlabel("rollouts drawn")
             row[1].set_xlabel("training CPU seconds (1 thread)")
+            lrs = ", ".join(sorted({f"{v:g}" for v in meta["lr"].values()}))
             for ax in row:
-                ax.set_ylabel(f"{meta['task']}: accuracy ({meta['eval_examples']} held-out)")
+                ax.set_ylabel(f"{meta['task']}, lr {lrs}: accuracy ({meta['eval_examples']} held-out)", fontsize=8)
                 ax.grid(alpha=0.3)
             row[0].legend(fontsize=7)
         fig.suptitle(f"from one warm-up run per task, {len(panels[0][0]['seeds'])} seeds per method", fontsize=10)
