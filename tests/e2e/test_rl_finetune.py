@@ -103,8 +103,11 @@ def test_reward_finetuning_takes_the_same_reward_from_the_same_command_line(sour
     assert report["reward"] == "python:rl_e2e_rewards:last_even"
 
 
-#: the ids of "+" and "=" in the task run's vocabulary, set by the test below before its reward is called
+#: the ids of "+" and "=" in the task run's vocabulary, set by `addition_run` before any reward is called
 ADDITION_MARKS: dict = {}
+#: a one-step recipe run of `addition_run`, quiet
+QUIET = ["--steps", "1", "train.batch_size=2", "train.device=cpu", "train.threads=1", "train.progress=false",
+         "train.tensorboard=false", "sample.steps=2", "sample.num=0"]  # fmt: skip
 
 
 def prompt_is_an_addition(x):
@@ -112,37 +115,41 @@ def prompt_is_an_addition(x):
     return ((x[:, 2] == ADDITION_MARKS["+"]) & (x[:, 5] == ADDITION_MARKS["="])).float()
 
 
-def test_the_held_out_reports_pin_each_task_prompt(tmp_path):
-    """Both reports' completions keep the held-out rows' own prompts (task rows carry them as a prompt mask); the
-    TCSM reward run also trains on completions of its batch's prompts (`--xt-source model`)."""
+@pytest.fixture(scope="module")
+def addition_run(tmp_path_factory):
+    """A 1-step run on 2-digit addition (a task run: its rows carry their prompts; its options are not the task's
+    defaults)."""
     from tcsm.builders.loading import load_checkpoint
 
-    argv = ["train", "-o", str(tmp_path / "add"), "data.kind=task", "data.task=addition", "data.options.digits=2",
+    run = tmp_path_factory.mktemp("addition") / "add"
+    argv = ["train", "-o", str(run), "data.kind=task", "data.task=addition", "data.options.digits=2",
             "data.num_train=64", "data.num_valid=8", "data.num_test=8", "model.d_model=16", "model.n_layers=1",
             "model.n_heads=2", "model.cond_dim=8", "model.max_len=10", "train.steps=1", "train.batch_size=4",
             "train.eval_every=0", "train.sample_every=0", "sample.num=0", "train.device=cpu", "train.threads=1",
             "train.progress=false", "train.tensorboard=false"]  # fmt: skip
     torch.manual_seed(0)
     assert main(argv) == 0
-    data = load_checkpoint(tmp_path / "add").build_data()
+    data = load_checkpoint(run).build_data()
     ADDITION_MARKS.update({c: data.encode(c)[0] for c in "+="})
+    return run
+
+
+def test_the_held_out_reports_pin_each_task_prompt(addition_run, tmp_path):
+    """Both reports' completions keep the held-out rows' own prompts (task rows carry them as a prompt mask); the
+    TCSM reward run also trains on completions of its batch's prompts (`--xt-source model`)."""
     sys.modules.setdefault("rl_e2e_rewards", sys.modules[__name__])
-    assert main(["finetune", "rl", "--from", str(tmp_path / "add"), "--reward", "python:rl_e2e_rewards:prompt_is_an_addition",
-                 "-G", "2", "--steps", "1", "-o", str(tmp_path / "rl"), "--eval-prompts", "8", "train.batch_size=2",
-                 "train.device=cpu", "train.threads=1", "train.progress=false", "train.tensorboard=false",
-                 "sample.steps=2", "sample.num=0"]) == 0  # fmt: skip
+    reward = ["--from", str(addition_run), "--reward", "python:rl_e2e_rewards:prompt_is_an_addition"]
+    assert main(["finetune", "rl", *reward, "-G", "2", "-o", str(tmp_path / "rl"), "--eval-prompts", "8",
+                 *QUIET]) == 0  # fmt: skip
     report = json.loads((tmp_path / "rl" / "rl_eval.json").read_text())
     assert report["num_prompts"] == 8 and report["source_accuracy"] == report["finetuned_accuracy"] == 1.0
-    assert main(["finetune", "reward", "--from", str(tmp_path / "add"), "--reward",
-                 "python:rl_e2e_rewards:prompt_is_an_addition", "-B", "2", "--xt-source", "model", "--steps", "1",
-                 "--eval-samples", "8", "-o", str(tmp_path / "tcsm"), "train.batch_size=2", "train.device=cpu",
-                 "train.threads=1", "train.progress=false", "train.tensorboard=false", "target.sample_steps=2",
-                 "sample.steps=2", "sample.num=0"]) == 0  # fmt: skip
+    assert main(["finetune", "reward", *reward, "-B", "2", "--xt-source", "model", "--eval-samples", "8",
+                 "-o", str(tmp_path / "tcsm"), "target.sample_steps=2", *QUIET]) == 0  # fmt: skip
     report = json.loads((tmp_path / "tcsm" / "reward_eval.json").read_text())
     assert report["num_samples"] == 8 and report["pretrained_reward_mean"] == report["finetuned_reward_mean"] == 1.0
 
 
-def test_task_rewards_score_the_runs_own_task_options(tmp_path):
+def test_task_rewards_score_the_runs_own_task_options(addition_run, tmp_path):
     """`--reward task:addition` on a run trained on 2-digit addition scores 2-digit addition (the run's data
     options), in GRPO and in TCSM reward tuning alike: the default (3 digits) would read every prompt wrong."""
     from omegaconf import OmegaConf
@@ -150,20 +157,10 @@ def test_task_rewards_score_the_runs_own_task_options(tmp_path):
     from tcsm.builders.assemble import build_components
     from tcsm.builders.config import load_config
 
-    argv = ["train", "-o", str(tmp_path / "add"), "data.kind=task", "data.task=addition", "data.options.digits=2",
-            "data.num_train=64", "data.num_valid=8", "data.num_test=8", "model.d_model=16", "model.n_layers=1",
-            "model.n_heads=2", "model.cond_dim=8", "model.max_len=10", "train.steps=1", "train.batch_size=4",
-            "train.eval_every=0", "train.sample_every=0", "sample.num=0", "train.device=cpu", "train.threads=1",
-            "train.progress=false", "train.tensorboard=false"]  # fmt: skip
-    torch.manual_seed(0)
-    assert main(argv) == 0
-    quiet = ["--steps", "1", "train.batch_size=2", "train.device=cpu", "train.threads=1", "train.progress=false",
-             "train.tensorboard=false", "sample.steps=2", "sample.num=0"]  # fmt: skip
-    assert main(["finetune", "rl", "--from", str(tmp_path / "add"), "--reward", "task:addition", "-G", "2",
-                 "--eval-prompts", "0", "-o", str(tmp_path / "rl"), *quiet]) == 0  # fmt: skip
-    assert main(["finetune", "reward", "--from", str(tmp_path / "add"), "--reward", "task:addition", "-B", "2",
-                 "--eval-samples", "0", "--xt-source", "model", "-o", str(tmp_path / "tcsm"), "target.sample_steps=2",
-                 *quiet]) == 0  # fmt: skip
+    source = ["--from", str(addition_run), "--reward", "task:addition"]
+    assert main(["finetune", "rl", *source, "-G", "2", "--eval-prompts", "0", "-o", str(tmp_path / "rl"), *QUIET]) == 0
+    assert main(["finetune", "reward", *source, "-B", "2", "--eval-samples", "0", "--xt-source", "model",
+                 "-o", str(tmp_path / "tcsm"), "target.sample_steps=2", *QUIET]) == 0  # fmt: skip
     for run, where in (("rl", "objective"), ("tcsm", "target")):
         saved = OmegaConf.to_container(OmegaConf.load(tmp_path / run / "config.yaml"))
         parts = build_components(load_config(base=saved), torch.device("cpu"))
