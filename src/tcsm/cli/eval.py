@@ -260,8 +260,6 @@ def _load(args, device):
     return load_checkpoint(args.checkpoint, device=device, ema=args.weights != "model", overrides=list(args.overrides))
 
 
-
-
 def _check_positive(**values) -> None:
     for name, v in values.items():
         if v is not None and v < 1:

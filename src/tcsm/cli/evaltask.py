@@ -14,14 +14,6 @@ import time
 DEFAULT_PROBLEMS = 500
 
 
-def _task_options(ckpt, name: str) -> dict:
-    from omegaconf import OmegaConf
-
-    from tcsm.data.tasks import run_task_options
-
-    return run_task_options(OmegaConf.to_container(ckpt.config.data, resolve=True)).get(name, {})
-
-
 def run_task(args) -> int:
     import torch
 
@@ -32,7 +24,7 @@ def run_task(args) -> int:
     from tcsm.cli.sample import load_tokenizer
     from tcsm.core.errors import ConfigError, TCSMError
     from tcsm.core.precision import autocast
-    from tcsm.data.tasks import TASKS, TaskReward, make_task
+    from tcsm.data.tasks import TASKS, TaskReward, make_task, run_task_options
     from tcsm.evaluation.tasks import sampler_completions, task_accuracy
     from tcsm.models.kinds import kind_of
     from tcsm.sampling.settings import sample_settings
@@ -56,7 +48,7 @@ def run_task(args) -> int:
     if kind.sampler in ("none", "sir"):
         raise ConfigError(f"{ckpt.directory} holds {kind.description}: --task needs a model that completes prompts "
                           "(a diffusion denoiser or a causal LM)")  # fmt: skip
-    task = make_task(args.task, **_task_options(ckpt, args.task))
+    task = make_task(args.task, **run_task_options(ckpt.config.data).get(args.task, {}))
     tok = load_tokenizer(ckpt)
     reward = TaskReward(task, decode=tok.decode, vocab_size=tok.vocab_size)
     length = int(ckpt.data_info["seq_len"])

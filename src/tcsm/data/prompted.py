@@ -22,7 +22,7 @@ __all__ = [
     "PromptedSource",
     "build_prompted",
     "encode",
-    "held_out_prompts",
+    "held_out_rows",
     "pad_prompt_rows",
     "prompted_source",
 ]
@@ -31,16 +31,14 @@ __all__ = [
 PROMPTED_KINDS = ("pairs", "sft")
 
 
-def held_out_prompts(data, num: int) -> tuple[Tensor, Tensor] | None:
-    """(rows [n, L], prompt mask [n, L]) of the first `num` held-out rows (test split, else valid) of data whose rows
-    carry their prompts (task, SFT and pair records: `Batch.cond_mask`); None for data without prompts."""
+def held_out_rows(data, num: int) -> tuple[Tensor, Tensor | None]:
+    """(rows [n, L], their prompt mask [n, L] or None) of the first `num` held-out rows (test split, else valid);
+    the mask where the rows carry their prompts (task, SFT and pair records: `Batch.cond_mask`)."""
     rows = data.split("test") if len(data.split("test")) else data.split("valid")
     if not hasattr(rows, "to_batch"):
-        return None
+        return getattr(rows, "x1", rows)[: int(num)].long(), None
     batch = rows[: int(num)].to_batch()
-    if batch.cond_mask is None:
-        return None
-    return batch.x1.long(), batch.cond_mask.bool()
+    return batch.x1.long(), None if batch.cond_mask is None else batch.cond_mask.bool()
 
 
 def encode(tokenizer, text: str) -> list[int] | None:

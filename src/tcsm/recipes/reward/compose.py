@@ -13,7 +13,7 @@ from tcsm.builders.config import load_config, set_values
 from tcsm.builders.loading import load_checkpoint
 from tcsm.builders.source import source_run
 from tcsm.core.errors import ConfigError
-from tcsm.data.prompted import held_out_prompts
+from tcsm.data.prompted import held_out_rows
 from tcsm.data.tasks import run_task_options
 from tcsm.posttrain.reward.rewards import evaluate_reward, make_reward
 from tcsm.recipes.spec import lazy_report
@@ -49,10 +49,10 @@ def reward_report(run_dir, num_samples: int, seed: int = 0) -> dict:
     reward = make_reward(cfg.target.reward, decode=data.decode, vocab_size=data.vocab_size,
                          task_options=run_task_options(cfg.data))
     prompt = data.encode(cfg.target.prompt) if cfg.target.prompt else None
-    held_out = None if prompt is not None else held_out_prompts(data, num_samples)
-    pin = {} if held_out is None else {"fixed": held_out[1], "values": held_out[0]}
-    if held_out is not None:
-        num_samples = held_out[0].shape[0]
+    rows, cond = (None, None) if prompt is not None else held_out_rows(data, num_samples)
+    pin = {} if cond is None else {"fixed": cond, "values": rows}
+    if cond is not None:
+        num_samples = rows.shape[0]
     out = {
         "reward": cfg.target.reward,
         "beta": float(cfg.target.beta),
@@ -63,8 +63,8 @@ def reward_report(run_dir, num_samples: int, seed: int = 0) -> dict:
         g = torch.Generator().manual_seed(seed)
         x, _ = draw(ck.model, path, num_samples, data.seq_len, sample_settings(cfg.sample), generator=g,
                     prompt=prompt, chunk_size=256, **pin)  # fmt: skip
-        if held_out is not None:
-            x = torch.where(held_out[1], held_out[0], x.long())
+        if cond is not None:
+            x = torch.where(cond, rows, x.long())
         r = evaluate_reward(reward, x, 1024).double()
         out[f"{name}_reward_mean"] = float(r.mean())
         out[f"{name}_reward_stderr"] = float(r.std() / max(1, r.numel()) ** 0.5)

@@ -9,7 +9,7 @@ from tcsm.builders.config import load_config, set_values
 from tcsm.builders.loading import load_checkpoint
 from tcsm.builders.source import source_run
 from tcsm.core.errors import ConfigError
-from tcsm.data.prompted import held_out_prompts
+from tcsm.data.prompted import held_out_rows
 from tcsm.data.tasks import run_task_options
 from tcsm.models.kinds import family_of_name
 from tcsm.posttrain.reward.rewards import evaluate_reward, make_reward
@@ -49,14 +49,10 @@ def rl_report(run_dir, num_prompts: int, seed: int = 0) -> dict:
     cfg = post.config
     pre = load_checkpoint(cfg.reference.path)
     data, path = post.build_data(), post.build_path()
-    held_out = held_out_prompts(data, num_prompts)
-    if held_out is None:  # rows without their own prompts: the first objective.prompt_len tokens are the prompt
-        rows = data.split("test") if len(data.split("test")) else data.split("valid")
-        x1 = getattr(rows, "x1", rows)[: int(num_prompts)].long()
+    x1, cond = held_out_rows(data, num_prompts)
+    if cond is None:  # rows without their own prompts: the first objective.prompt_len tokens are the prompt
         cond = torch.zeros_like(x1, dtype=torch.bool)
         cond[:, : int(cfg.objective.prompt_len)] = True
-    else:
-        x1, cond = held_out
     reward = make_reward(cfg.objective.reward, decode=getattr(data, "decode", None), vocab_size=data.vocab_size,
                          task_options=run_task_options(cfg.data))
     owner = None
