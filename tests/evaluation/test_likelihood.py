@@ -659,3 +659,20 @@ def test_nelbo_terms_with_cond_mask_estimate_the_pinned_bound(kind):
     if kind == "masked":  # nothing left to score
         pinned = torch.ones(1, L, dtype=torch.bool)
         assert float(nelbo(den, z[None], path, num_t=4, cond_mask=pinned)[0]) == 0.0
+
+
+@pytest.mark.parametrize("t_max", [0.3, 0.6])
+def test_truncated_bound_of_a_time_blind_factorized_model_is_its_nll_at_any_t_max(t_max):
+    """A denoiser whose marginals m_i ignore x_t and t, on the masked path: the integral over [0, t_max] is
+    ∫ κ_t (1 − α_t) C dt = α_{t_max} C with C = Σ_i −log m_i(x_1^i), the reconstruction at t_max scores the
+    (1 − α_{t_max}) L masked positions on average, so `nelbo_terms(t_max=...)` estimates C (the model's exact NLL)
+    at every t_max; without the factor t_max on the integral it would estimate (2 − t_max) C on the linear schedule."""
+    V, L = 3, 4
+    table = torch.log_softmax(torch.randn(L, V, generator=torch.Generator().manual_seed(0)), -1)
+    den = lambda xt, t: table.expand(xt.shape[0], L, V)  # noqa: E731
+    x1 = torch.tensor([[0, 1, 2, 1], [2, 2, 0, 0]])
+    exact = -table[torch.arange(L), x1].sum(-1).double()
+    terms = nelbo_terms(den, x1, MaskedPath(V), num_t=2000, t_max=t_max, generator=torch.Generator().manual_seed(1))
+    est, se = terms.mean(0), terms.std(0) / math.sqrt(terms.shape[0])
+    assert ((est - exact).abs() <= 4 * se).all(), (est, exact, se)
+    assert (se < 0.03 * exact).all()

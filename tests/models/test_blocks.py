@@ -91,6 +91,24 @@ def test_cache_grows_and_stays_exact():
     assert sizes == [64, 128, 128, 160]
 
 
+def test_a_long_prompt_prefilled_in_one_call_equals_the_one_pass():
+    """One extend_cache of 100 positions (more than the buffer's first 64, at max_len 256) sizes the buffer for all
+    of them at once and gives the one-pass logits of the blocks after it."""
+    B, L, k = 2, 256, 4
+    model = _model(k, L=L)
+    xt, x1, tb = _batch(B, L, k)
+    with torch.no_grad():
+        ref = model(xt, tb.repeat_interleave(k, 1), x1=x1)
+        cache = model.new_cache(B)
+        model.extend_cache(cache, x1[:, :100])
+        assert cache.length == 100 and cache.keys[0].shape[2] >= 100
+        for lo in (100, 104):
+            b = lo // k
+            torch.testing.assert_close(model.denoise(xt[:, lo : lo + k], tb[:, b], cache), ref[:, lo : lo + k],
+                                       atol=1e-5, rtol=0)  # fmt: skip
+            model.extend_cache(cache, x1[:, lo : lo + k])
+
+
 def test_dependency_structure():
     """Block b's logits read x_t^b, t_b and x_1^{<b} only: perturbing x_t outside b, t of other blocks or x_1 at
     blocks ≥ b leaves them unchanged; perturbing x_1 at a block < b changes them."""

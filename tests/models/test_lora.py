@@ -71,6 +71,27 @@ def test_adapters_off_is_the_base_itself_and_merging_is_the_adapted_function():
     assert set(merged.state_dict()) == set(base.state_dict())  # plain layers again
 
 
+def test_adapters_off_is_deterministic_while_the_model_trains():
+    """The reference runs the base in eval mode whatever the caller's mode: with dropout 0.3 in the base and the
+    model training, two reference calls are equal (and equal the base in eval mode), the model stays in training
+    mode, and its own calls still draw dropout."""
+    x, t = _io()
+    model = build_denoiser("tiny", vocab_size=8, num_states=9, d_model=32, n_layers=1, n_heads=2, cond_dim=16,
+                           max_len=16, dropout=0.3)  # fmt: skip
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(0)))
+    want = model.eval()(x, t)
+    add_adapters(model, r=2, alpha=4, dropout=0.3, target_modules=["qkv"], seed=0)
+    off = adapters_off(model)
+    model.train()
+    torch.manual_seed(0)
+    a, b = off(x, t), off(x, t)
+    assert model.training
+    assert torch.equal(a, b) and torch.equal(a, want)
+    assert not torch.equal(model(x, t), model(x, t))  # dropout is on in the model's own calls
+
+
 def test_a_lora_start_from_plain_weights_takes_them_as_its_base_and_folds_a_lora_runs_adapters():
     x, t = _io()
     source = _model(seed=3)

@@ -164,6 +164,29 @@ def test_an_eos_in_the_prompt_does_not_stop_the_row(dist):
     assert (x[:, 1:] != 0).any()
 
 
+def test_a_pinned_suffix_after_the_stop_keeps_its_tokens():
+    """V = 3, L = 6, blocks of 2, eos = 0, positions 4..5 pinned to [1, 1]: the rows that stop before the suffix
+    (most of them: p_1 puts its mass on sequences starting with eos) keep [1, 1] there, and their free positions
+    after the first generated eos are eos."""
+    eos, n = 0, 64
+    probs = torch.rand(3**6, generator=torch.Generator().manual_seed(0))
+    d = EnumerableDistribution(probs, 3, 6)
+    d = EnumerableDistribution(torch.where(d.states[:, 1] == eos, 10 * d.probs, d.probs), 3, 6)
+    path = MaskedPath(3)
+    fixed = torch.zeros(n, 6, dtype=torch.bool)
+    fixed[:, 4:] = True
+    values = torch.zeros(n, 6, dtype=torch.long)
+    values[:, 4:] = 1
+    x, _ = decode_blocks(ExactBlockDenoiser(d, path, 2), path, inner("margin", steps=2), n, 6, fixed=fixed,
+                         values=values, eos_id=eos, generator=torch.Generator().manual_seed(1))  # fmt: skip
+    assert torch.equal(x[:, 4:], values[:, 4:])
+    pos = torch.arange(4).expand(n, 4)
+    first = torch.where(x[:, :4] == eos, pos, torch.full_like(pos, 4)).min(-1, keepdim=True).values
+    stopped = first.squeeze(-1) < 3
+    assert int(stopped.sum()) >= n // 2  # the case under test happens, in most rows
+    assert bool(((x[:, :4] == eos) | (pos <= first)).all())  # free positions after the stop are eos
+
+
 def test_a_network_decoded_with_its_cache_equals_the_one_pass_forward():
     # Greedy blocks (one step, argmax, t = 0) of a block transformer through its KV cache equal the argmax of its
     # one-pass forward given the decoded prefix, for prompts of different lengths in one batch and for each row alone.

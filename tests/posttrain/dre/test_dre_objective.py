@@ -324,6 +324,30 @@ def test_energy_integrand_converges_to_the_exact_posterior_marginals(dist):
     assert err[0] > 0.5 and err[2] < err[1] and err[2] < 0.05
 
 
+@pytest.mark.parametrize("shift", [2.0, -5.0])
+def test_the_estimate_is_unchanged_when_a_constant_is_added_to_the_energy(shift):
+    """f and f + c define the same model (the normalisers Ẑ and Ẑ_i take the constant out): equal G_est with common
+    random numbers, log Ẑ moved by c; for f ≡ c, G_est = G_ref (each masked position's log Ẑ − log Ẑ_i is 0)."""
+    path = MaskedPath(V)
+    table = torch.log_softmax(torch.randn(L, V, generator=_gen(3)), -1)
+    ref = lambda xt, t: table.expand(*xt.shape, V)  # noqa: E731
+    weights = torch.randn(L, V, generator=_gen(4))
+    f = lambda x1, xt, t: weights[torch.arange(L), x1].sum(-1)  # noqa: E731
+    x1 = torch.randint(0, V, (16, L), generator=_gen(0))
+    t = torch.full((16,), 0.4)
+    xt = path.draw_xt(x1, t, _gen(1))
+    assert bool((xt == V).any())
+    runs = {}
+    for name, energy in {"f": f, "f+c": lambda *a: f(*a) + shift, "c": lambda x1, *_: torch.full((x1.shape[0],), shift)}.items():
+        runs[name] = energy_integrand(ref, energy, x1, xt, t, path, num_samples=[1, 8], generator=_gen(2))
+    (_, g_ref, g_f, z_f), (_, _, g_fc, z_fc), (_, _, g_c, z_c) = runs["f"], runs["f+c"], runs["c"]
+    torch.testing.assert_close(g_fc, g_f, atol=1e-5, rtol=0)
+    torch.testing.assert_close(z_fc, z_f + shift, atol=1e-5, rtol=0)
+    torch.testing.assert_close(g_c, g_ref.expand_as(g_c), atol=1e-9, rtol=0)
+    torch.testing.assert_close(z_c, torch.full_like(z_c, shift), atol=1e-9, rtol=0)
+    assert not torch.allclose(g_f[-1], g_ref)  # a non-constant f does move the estimate
+
+
 def test_estimate_report_is_labelled_and_moves_with_the_number_of_samples(dist):
     """The report names the estimate an estimate (never a bound), keeps the reference's valid bound in the bound
     keys, gives the estimate for every n, and the estimate settles as n grows; with f ≡ 0 it is the reference's

@@ -98,3 +98,15 @@ def test_on_policy_surrogate_gradient_is_the_exact_policy_gradient():
     for g, e in zip(got, expected):
         assert torch.allclose(g, e, atol=1e-6, rtol=1e-4)  # the model computes in float32
     assert max(float(e.abs().max()) for e in expected) > 1e-4  # a gradient that is not trivially zero
+
+
+def test_per_token_kl_is_the_k3_of_the_per_token_log_likelihoods():
+    """With `num_tokens` n, the KL term is k3 of ℓ_θ / n against ℓ_ref / n (as the ratio is per token), and it enters
+    the loss with its coefficient: at n = 4, ℓ_θ = −4, ℓ_ref = −6, k3 = e^d − d − 1 at d = (ℓ_ref − ℓ_θ)/n = −0.5
+    is ≈ 0.107, not the sequence-level d = −2's ≈ 1.135 (the second rollout, at its reference, adds 0)."""
+    logp, ref = torch.tensor([-4.0, -2.0]), torch.tensor([-6.0, -2.0])
+    n = torch.tensor([4, 1])
+    terms = grpo_loss(logp, logp, torch.zeros(2), clip_eps=0.2, ref_logp=ref, kl_coef=0.5, num_tokens=n)
+    want = (k3_kl(torch.tensor(-1.0), torch.tensor(-1.5)) + 0.0) / 2
+    assert float(terms.kl) == pytest.approx(float(want), rel=1e-6)
+    assert float(terms.loss) == pytest.approx(0.5 * float(want), rel=1e-6)  # A = 0: the loss is the KL term alone

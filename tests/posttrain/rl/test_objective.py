@@ -75,6 +75,23 @@ def test_inner_iterations_reuse_the_buffered_group_then_draw_afresh(parts):
     assert not torch.equal(obj.buffer[0].tokens, first)
 
 
+def test_an_unchanged_policy_has_ratio_one_at_every_inner_iteration(parts):
+    """With μ = 3 and no update between the inner iterations, the old policy's ℓ of iteration k was drawn with
+    iteration k's noise, as the current one is: ρ = 1 exactly at k = 1, 2 for a noisy (ELBO, one time) estimate,
+    although the two iterations' estimates differ."""
+    path, model, ref, batch = parts
+    model.eval()
+    obj = make(path, ref, estimator=ELBOEstimate(path, num_t=1), num_iterations=3)
+    obj.on_fit_start(StepInfo(0, model, None))
+    obj(model, batch, torch.Generator().manual_seed(0))
+    for step in (1, 2):
+        obj.on_step_end(StepInfo(step, model, None))
+        _, m = obj(model, batch, torch.Generator().manual_seed(step))
+        assert float(m["ratio"]) == 1.0 and float(m["clip_fraction"]) == 0.0
+    old = obj.buffer[0].old_logp
+    assert not torch.equal(old[1], old[2])  # other noise, other estimate
+
+
 def test_training_state_restores_the_buffer_for_an_identical_next_loss(parts):
     path, model, ref, batch = parts
     obj = make(path, ref, num_iterations=3)
