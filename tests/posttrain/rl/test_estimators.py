@@ -143,6 +143,21 @@ def test_sandwich_uses_the_upper_bound_for_negative_advantages_only(setup):
                        ELBOEstimate(path, num_t=2)(model, x, cond, torch.Generator().manual_seed(5)))  # fmt: skip
 
 
+def test_mixed_upper_side_weights_the_eubo_by_mix_weight(setup):
+    """upper="mix": ω·EUBO + (1 − ω)·ELBO on the negative-advantage rollouts (ω = 0.25, where swapping the two weights
+    shows), the ELBO elsewhere, on the same noise."""
+    path, _dist, model, x, cond = setup
+    sign = torch.tensor([1.0, -1.0, 0.0, -1.0, 1.0, -1.0])
+    got = ELBOEstimate(path, num_t=2, upper="mix", mix_weight=0.25)(model, x, cond, torch.Generator().manual_seed(5),
+                                                                      sign)  # fmt: skip
+    g = torch.Generator().manual_seed(5)
+    lower = ELBOEstimate(path, num_t=2)(model, x, cond, g)
+    upper = eubo(model, x, path, num_t=2, beta=1.0, generator=g, cond_mask=cond)
+    assert not torch.allclose(upper.double(), lower.double())
+    want = torch.where(sign < 0, 0.25 * upper.double() + 0.75 * lower.double(), lower.double())
+    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
+
+
 def test_exact_estimator_is_the_ar_likelihood_and_normalised_over_completions():
     torch.manual_seed(0)
     model = CausalLM(LMConfig(vocab_size=V, max_len=L, d_model=16, n_layers=1, n_heads=2)).eval()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from tcsm.core.protocols import KeepsState, StepInfo, TrainerCallback
 from tcsm.models import Denoiser, DenoiserConfig
 from tcsm.paths import make_path
 from tcsm.posttrain.rl.estimators import ELBOEstimate, OneStepEstimate
+from tcsm.posttrain.rl.loss import k3_kl
 from tcsm.posttrain.rl.objective import GRPOObjective
 from tcsm.sampling.settings import sample_settings
 
@@ -78,18 +81,42 @@ def test_inner_iterations_reuse_the_buffered_group_then_draw_afresh(parts):
 def test_an_unchanged_policy_has_ratio_one_at_every_inner_iteration(parts):
     """With μ = 3 and no update between the inner iterations, the old policy's ℓ of iteration k was drawn with
     iteration k's noise, as the current one is: ρ = 1 exactly at k = 1, 2 for a noisy (ELBO, one time) estimate,
-    although the two iterations' estimates differ."""
-    path, model, ref, batch = parts
+    although the two iterations' estimates differ. The reference's ℓ of iteration k has that noise too: a reference
+    with the policy's weights gives KL = 0 exactly at every iteration."""
+    path, model, _ref, batch = parts
     model.eval()
-    obj = make(path, ref, estimator=ELBOEstimate(path, num_t=1), num_iterations=3)
+    obj = make(path, copy.deepcopy(model), estimator=ELBOEstimate(path, num_t=1), num_iterations=3)
     obj.on_fit_start(StepInfo(0, model, None))
-    obj(model, batch, torch.Generator().manual_seed(0))
+    _, m = obj(model, batch, torch.Generator().manual_seed(0))
+    assert float(m["kl"]) == 0.0
     for step in (1, 2):
         obj.on_step_end(StepInfo(step, model, None))
         _, m = obj(model, batch, torch.Generator().manual_seed(step))
         assert float(m["ratio"]) == 1.0 and float(m["clip_fraction"]) == 0.0
+        assert float(m["kl"]) == 0.0
     old = obj.buffer[0].old_logp
     assert not torch.equal(old[1], old[2])  # other noise, other estimate
+
+
+def test_advantages_follow_scale_advantages_and_the_kl_is_per_completion_token(parts):
+    """`scale_advantages=False` keeps the centred rewards (Dr. GRPO); with `per_token` the KL term is k3 of ℓ / n with
+    n the completion's length L − P (a deterministic one-step estimate: no prompt masking, so ℓ is a function of the
+    model alone)."""
+    path, model, ref, batch = parts
+    with torch.no_grad():  # away from the reference (both start with a zero head: equal outputs)
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(3)))
+    est = OneStepEstimate(path, prompt_mask_prob=0.0)
+    obj = make(path, ref, estimator=est, scale_advantages=False)
+    _, m = obj(model, batch, torch.Generator().manual_seed(0))
+    g = obj.buffer[0]
+    r = g.rewards.view(3, 4)
+    torch.testing.assert_close(g.advantages, (r - r.mean(1, keepdim=True)).reshape(-1))
+    with torch.no_grad():
+        lp, lr = est(model, g.tokens, g.cond, None), est(ref, g.tokens, g.cond, None)
+    n = L - P
+    torch.testing.assert_close(m["kl"], k3_kl(lp / n, lr / n).mean(), rtol=1e-5, atol=1e-7)
+    assert float(m["kl"]) > 0
 
 
 def test_training_state_restores_the_buffer_for_an_identical_next_loss(parts):
