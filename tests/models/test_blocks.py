@@ -91,6 +91,21 @@ def test_cache_grows_and_stays_exact():
     assert sizes == [64, 128, 128, 160]
 
 
+@pytest.mark.parametrize("n", [8, 12])
+def test_a_prefill_of_two_or_more_blocks_is_block_causal(n):
+    """Prefills of exactly two and of three blocks (k = 4) need the block-causal mask among their own tokens: the next
+    block's logits are the one pass's."""
+    B, L, k = 2, 16, 4
+    model = _model(k)
+    xt, x1, tb = _batch(B, L, k)
+    with torch.no_grad():
+        ref = model(xt, tb.repeat_interleave(k, 1), x1=x1)
+        cache = model.new_cache(B)
+        model.extend_cache(cache, x1[:, :n])
+        torch.testing.assert_close(model.denoise(xt[:, n : n + k], tb[:, n // k], cache), ref[:, n : n + k],
+                                   atol=1e-5, rtol=0)  # fmt: skip
+
+
 def test_a_long_prompt_prefilled_in_one_call_equals_the_one_pass():
     """One extend_cache of 100 positions (more than the buffer's first 64, at max_len 256) sizes the buffer for all
     of them at once and gives the one-pass logits of the blocks after it."""

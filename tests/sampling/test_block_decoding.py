@@ -17,7 +17,7 @@ from tcsm.core.errors import ConfigError
 from tcsm.evaluation.exact import EnumerableDistribution, ExactBlockDenoiser
 from tcsm.models.blocks import build_block_denoiser
 from tcsm.paths import MaskedPath, UniformPath
-from tcsm.sampling.blocks import decode_blocks
+from tcsm.sampling.blocks import CachedBlockDenoiser, decode_blocks
 from tcsm.sampling.registry import sampler_class
 from tcsm.sampling.settings import SampleSettings, draw, sample_settings
 
@@ -185,6 +185,28 @@ def test_a_pinned_suffix_after_the_stop_keeps_its_tokens():
     stopped = first.squeeze(-1) < 3
     assert int(stopped.sum()) >= n // 2  # the case under test happens, in most rows
     assert bool(((x[:, :4] == eos) | (pos <= first)).all())  # free positions after the stop are eos
+
+
+def test_a_row_subset_is_evaluated_at_its_own_times():
+    """`CachedBlockDenoiser.batch_rows(x, rows, t)` (an in-block sampler evaluating some rows only) gives each chosen
+    row the logits of the whole batch's call at that row's time, for a time-conditioned block model."""
+    torch.manual_seed(0)
+    V, k, B = 5, 2, 3
+    model = build_block_denoiser("tiny", k, vocab_size=V, num_states=V + 1, d_model=16, n_layers=1, n_heads=2,
+                                 cond_dim=8, max_len=4).eval()  # fmt: skip
+    with torch.no_grad():  # the zero-initialised head and gates would hide the time
+        for p in model.parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    cache = model.new_cache(B)
+    with torch.no_grad():
+        model.extend_cache(cache, torch.tensor([[1, 2], [3, 4], [0, 1]]))
+        x = torch.tensor([[V, 1], [V, V], [2, V]])
+        rows, t = torch.tensor([2, 0]), torch.tensor([0.8, 0.1])
+        got = CachedBlockDenoiser(model, cache, False).batch_rows(x, rows, t)
+        for i, (r, ti) in enumerate(zip(rows.tolist(), t.tolist())):
+            want = model.denoise(x, torch.full((B,), ti), cache)[r]
+            torch.testing.assert_close(got[i], want, atol=1e-6, rtol=0)
+        assert not torch.allclose(got[0], model.denoise(x, torch.full((B,), 0.1), cache)[2])  # the time matters
 
 
 def test_a_network_decoded_with_its_cache_equals_the_one_pass_forward():
