@@ -183,3 +183,59 @@ def test_native_seed_is_drawn_on_the_generators_device(monkeypatch):
     monkeypatch.setattr(torch, "randint", spy)
     draw_seed(_Cuda())
     assert calls == [torch.device("cuda")]
+
+
+BLOCK_METHODS = ["ancestral", "analytic", "euler", "random", "confidence", "margin", "entropy", "threshold"]
+
+
+def _block_model(time_conditioning: bool):
+    from tcsm.models.blocks import build_block_denoiser
+
+    torch.manual_seed(0)
+    model = build_block_denoiser("tiny", 4, vocab_size=7, num_states=8, max_len=32,
+                                 time_conditioning=time_conditioning).eval()  # fmt: skip
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+@pytest.mark.parametrize("method", BLOCK_METHODS)
+@pytest.mark.parametrize("uniform", [False, True])
+def test_block_decoding_fixed_shape_cache_draws_the_eager_tokens(method, uniform):
+    """The graph engine's fixed-shape calls (position on the device, whole buffer under a mask; on the CPU run on
+    static buffers) draw the tokens of the eager cache, for every in-block sampler, masked and uniform paths,
+    with a prompt that ends inside a block."""
+    from tcsm.paths import MaskedPath, UniformPath
+    from tcsm.sampling.settings import draw, sample_settings
+
+    if uniform and method not in ("ancestral", "analytic", "euler"):
+        pytest.skip("decoding orders reveal masks: masked path only")
+    path = (UniformPath if uniform else MaskedPath)(vocab_size=7, block_length=4)
+    model = _block_model(time_conditioning=uniform)
+    prompt = torch.tensor([1, 2, 3, 4, 5, 6])
+    out = {}
+    for engine in ("eager", "graph"):
+        kw = {"threshold": 0.5} if method == "threshold" else {}
+        settings = sample_settings({"method": method, "steps": 3, "engine": engine, **kw})
+        out[engine] = draw(model, path, 3, 16, settings, generator=torch.Generator().manual_seed(4), prompt=prompt)
+    assert torch.equal(out["eager"][0], out["graph"][0])
+    assert out["eager"][1].num_calls == out["graph"][1].num_calls
+
+
+def test_fixed_shape_denoise_is_the_one_pass_logits():
+    model = _block_model(time_conditioning=True)
+    x1 = torch.randint(0, 7, (2, 12), generator=torch.Generator().manual_seed(1))
+    xt = torch.randint(0, 8, (2, 12), generator=torch.Generator().manual_seed(2))
+    t = torch.tensor([0.3, 0.6])
+    with torch.no_grad():
+        full = model(xt, t, x1=x1)
+        cache, eager = model.new_cache(2, fixed_shape=True), model.new_cache(2)
+        for lo in range(0, 12, 4):
+            got = model.denoise(xt[:, lo : lo + 4], t, cache)
+            torch.testing.assert_close(got, full[:, lo : lo + 4], atol=1e-3, rtol=1e-4)  # logits of size ~10
+            torch.testing.assert_close(got, model.denoise(xt[:, lo : lo + 4], t, eager), atol=1e-4, rtol=1e-5)
+            model.extend_cache(cache, x1[:, lo : lo + 4])
+            model.extend_cache(eager, x1[:, lo : lo + 4])
+            assert int(cache.position) == cache.length == lo + 4
+    assert cache.keys[0].shape[2] == 32  # the whole capacity
