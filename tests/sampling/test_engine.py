@@ -239,3 +239,22 @@ def test_fixed_shape_denoise_is_the_one_pass_logits():
             model.extend_cache(eager, x1[:, lo : lo + 4])
             assert int(cache.position) == cache.length == lo + 4
     assert cache.keys[0].shape[2] == 32  # the whole capacity
+
+
+def test_decode_gpu_benchmark_smoke_on_the_cpu():
+    """benchmarks/decode_gpu.py --device cpu --smoke: every decoder and engine runs, and on the CPU the engine's
+    samples are the eager ones (unigram TV 0)."""
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "decode_gpu.py"
+    spec = importlib.util.spec_from_file_location("decode_gpu", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench.main(["--device", "cpu", "--smoke", "--batches", "2"])
+    seen = {(w["decoder"], w["engine"]) for w in rows}
+    assert {("full", "eager"), ("block", "graph"), ("ar", "graph"), ("ar-whole", "graph")} <= seen
+    for w in rows:
+        assert w["tokens_per_s"] > 0 and w["calls_per_seq"] > 0
+        if w["tv_unigram_vs_eager"] is not None:
+            assert w["tv_unigram_vs_eager"] == 0.0
