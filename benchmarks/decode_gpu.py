@@ -132,6 +132,8 @@ def decode(a, models, conf, dev, seed):
     from tcsm.targets.ar import sample_ar
 
     name, B, engine = conf
+    if engine == "graph" and dev.type == "cuda":
+        engine = "auto"  # graphs on CUDA, and a failed capture falls back to eager calls with a warning
     g = torch.Generator(device=dev).manual_seed(seed)
     L = a.length
     if name in ("ar", "ar-whole"):
