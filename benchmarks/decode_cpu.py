@@ -5,6 +5,7 @@ KV cache, `small` preset, random weights, L = 256, fp32, one thread. Each round 
 times one decode per configuration (`time.process_time`, wall time beside it).
 
     python benchmarks/decode_cpu.py --srcs /tmp/base/src,src --rounds 3 --out runs/decode_cpu.json
+    python benchmarks/decode_cpu.py --srcs /tmp/base/src,src --only block,ar --batches 1 --repeats 3 --rounds 2
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 CONFIGS = [("full", 1, 64), ("block", 1, 4), ("ar", 1, 0), ("block", 8, 4), ("ar", 8, 0)]
 
 
-def child(length: int) -> dict:
+def child(length: int, configs, repeats: int) -> dict:
     import torch
 
     torch.set_num_threads(1)
@@ -49,13 +50,16 @@ def child(length: int) -> dict:
             return draw(model, p, B, L, sample_settings({}, steps=steps, method="ancestral"), generator=g)[0]
 
     out = {}
-    for c in CONFIGS:
+    for c in configs:
         run(*c, seed=0)
-    for c in CONFIGS:
-        c0, w0 = time.process_time(), time.perf_counter()
-        x = run(*c, seed=1)
-        out[f"{c[0]} B={c[1]}"] = {"tok_per_cpu_s": x.numel() / (time.process_time() - c0),
-                                   "tok_per_wall_s": x.numel() / (time.perf_counter() - w0)}  # fmt: skip
+    for c in configs:
+        cpu, wall = [], []
+        for rep in range(repeats):
+            c0, w0 = time.process_time(), time.perf_counter()
+            x = run(*c, seed=1 + rep)
+            cpu.append(x.numel() / (time.process_time() - c0))
+            wall.append(x.numel() / (time.perf_counter() - w0))
+        out[f"{c[0]} B={c[1]}"] = {"tok_per_cpu_s": statistics.median(cpu), "tok_per_wall_s": statistics.median(wall)}
     return out
 
 
@@ -64,11 +68,17 @@ def main(argv=None):
     ap.add_argument("--srcs", default="src", help="comma-separated source trees (PYTHONPATH of each run)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--length", type=int, default=256)
+    ap.add_argument("--only", default=None, help="comma-separated decoder names of CONFIGS to run (full, block, ar)")
+    ap.add_argument("--batches", default=None, help="comma-separated batch sizes of CONFIGS to run")
+    ap.add_argument("--repeats", type=int, default=1, help="timed decodes per configuration in a process (median)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     if a.child:
-        print(json.dumps(child(a.length)))
+        only = None if a.only is None else a.only.split(",")
+        sizes = None if a.batches is None else [int(b) for b in a.batches.split(",")]
+        configs = [c for c in CONFIGS if (only is None or c[0] in only) and (sizes is None or c[1] in sizes)]
+        print(json.dumps(child(a.length, configs, a.repeats)))
         return 0
     srcs = a.srcs.split(",")
     res = {s: [] for s in srcs}
@@ -76,7 +86,9 @@ def main(argv=None):
     for r in range(a.rounds):
         for s in srcs:
             env = dict(os.environ, PYTHONPATH=os.path.abspath(s), OMP_NUM_THREADS="1")
-            p = subprocess.run([sys.executable, __file__, "--child", "--length", str(a.length)], env=env,
+            cmd = [sys.executable, __file__, "--child", "--length", str(a.length), "--repeats", str(a.repeats)]
+            cmd += ([] if a.only is None else ["--only", a.only]) + ([] if a.batches is None else ["--batches", a.batches])
+            p = subprocess.run(cmd, env=env,
                                capture_output=True, text=True, check=True)  # fmt: skip
             res[s].append(json.loads(p.stdout.strip().splitlines()[-1]))
             loads.append(os.getloadavg()[0])
