@@ -55,16 +55,21 @@ def block_attention_mask(length: int, block_length: int, device=None) -> Tensor:
 
 class BlockCache:
     """Keys and values of every layer for the clean tokens at positions 0..length−1 (rotated at their positions),
-    for one batch of `batch_size` rows in lockstep. Filled by `BlockDenoiser.extend_cache`, read by `denoise`."""
+    for one batch of `batch_size` rows in lockstep. Filled by `BlockDenoiser.extend_cache`, read by `denoise`.
 
-    def __init__(self, batch_size: int, n_layers: int, capacity: int):
+    With `fixed_shape` the buffers hold `capacity` positions from the first write, and `position` (a 1-element
+    long tensor on the device, kept equal to `length` by the caller) places `denoise`'s block: its calls then have
+    one shape for the whole decode and read no host value, so one captured CUDA graph serves them all."""
+
+    def __init__(self, batch_size: int, n_layers: int, capacity: int, fixed_shape: bool = False, device=None):
         self.batch_size, self.capacity = int(batch_size), int(capacity)
         self.length = 0
+        self.position = torch.zeros(1, dtype=torch.long, device=device) if fixed_shape else None
         self.keys: list[Tensor | None] = [None] * n_layers
         self.values: list[Tensor | None] = [None] * n_layers
 
-    def layer(self, i: int) -> _LayerCache:
-        return _LayerCache(self, i)
+    def layer(self, i: int, fixed: bool = False) -> _LayerCache:
+        return _LayerCache(self, i, fixed)
 
 
 class _LayerCache:
@@ -73,20 +78,27 @@ class _LayerCache:
     overwrites them until `length` moves past them); with gradients on they are concatenated instead, so no
     in-place write enters a graph."""
 
-    def __init__(self, cache: BlockCache, i: int):
-        self.cache, self.i = cache, i
+    def __init__(self, cache: BlockCache, i: int, fixed: bool = False):
+        self.cache, self.i, self.fixed = cache, i, fixed
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         c, i, n = self.cache, self.i, k.shape[2]
         start = c.length
         size = 0 if c.keys[i] is None else c.keys[i].shape[2]
-        if start + n > size:  # grow geometrically up to max_len: a short decode never holds a max_len buffer
-            size = min(c.capacity, max(2 * size, start + n, 64))
+        if start + n > size or (c.position is not None and size < c.capacity):
+            # grow geometrically up to max_len: a short decode never holds a max_len buffer; a fixed-shape cache
+            # holds max_len from its first write, so its calls keep one shape
+            size = c.capacity if c.position is not None else min(c.capacity, max(2 * size, start + n, 64))
             grown = [k.new_zeros(k.shape[0], k.shape[1], size, k.shape[3]) for _ in range(2)]
             if c.keys[i] is not None:
                 grown[0][:, :, :start], grown[1][:, :, :start] = c.keys[i][:, :, :start], c.values[i][:, :, :start]
             c.keys[i], c.values[i] = grown
         keys, values = c.keys[i], c.values[i]
+        if self.fixed:  # `denoise` at `position`: the whole buffer, its later positions masked by the caller
+            at = c.position + torch.arange(n, device=k.device)
+            keys.index_copy_(2, at, k.to(keys.dtype))
+            values.index_copy_(2, at, v.to(values.dtype))
+            return keys, values
         if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
             return torch.cat([keys[:, :, :start], k], 2), torch.cat([values[:, :, :start], v], 2)
         keys[:, :, start : start + n] = k
@@ -99,6 +111,8 @@ class BlockDenoiser(Denoiser):
     (x_t^b, t_b, x_1^{<b}); plus the exact KV cache for decoding block by block (module docstring)."""
 
     model_kind = BLOCK_DENOISER
+    #: `new_cache(..., fixed_shape=True)`: `denoise` at a device position, one shape per decode (sampling.engine)
+    fixed_shape_cache = True
 
     def __init__(self, cfg: BlockDenoiserConfig):
         super().__init__(cfg)
@@ -188,9 +202,10 @@ class BlockDenoiser(Denoiser):
 
     # ------------------------------------------------------------------------------------------ KV cache
 
-    def new_cache(self, batch_size: int) -> BlockCache:
-        """An empty cache for `batch_size` rows decoded in lockstep."""
-        return BlockCache(batch_size, len(self.blocks), self.cfg.max_len)
+    def new_cache(self, batch_size: int, fixed_shape: bool = False) -> BlockCache:
+        """An empty cache for `batch_size` rows decoded in lockstep (`fixed_shape`: see `BlockCache`)."""
+        device = self.head.weight.device
+        return BlockCache(batch_size, len(self.blocks), self.cfg.max_len, fixed_shape, device)
 
     def _check_step(self, cache: BlockCache, x: Tensor, what: str) -> int:
         if not isinstance(cache, BlockCache):
@@ -228,6 +243,8 @@ class BlockDenoiser(Denoiser):
         for i, block in enumerate(self.blocks):
             h = block(h, rope, cond, mask, cache=cache.layer(i))
         cache.length = end
+        if cache.position is not None:
+            cache.position.fill_(end)  # a device write, no host read
 
     def denoise(self, xt_block: Tensor, t, cache: BlockCache) -> Tensor:
         """Logits [B, n, V] of one noisy block x_t [B, n ≤ k] at positions cache.length..+n−1 and time t [B] (or a
@@ -238,10 +255,17 @@ class BlockDenoiser(Denoiser):
         self._check_ids(xt_block, "xt_block", self.num_states)
         n = xt_block.shape[1]
         h = self.embed(xt_block)
-        rope = self.rotary(n, offset=cache.length, dtype=_compute_dtype(xt_block.device))
+        fixed, mask = cache.position is not None, None
+        if fixed:  # positions from the device: the same shapes and no host value at every block
+            at = cache.position + torch.arange(n, device=h.device)
+            dtype = _compute_dtype(xt_block.device)
+            rope = tuple(r.index_select(0, at).to(dtype) for r in (self.rotary.cos_cached, self.rotary.sin_cached))
+            mask = (torch.arange(cache.capacity, device=h.device) < at[-1] + 1)[None, :]
+        else:
+            rope = self.rotary(n, offset=cache.length, dtype=_compute_dtype(xt_block.device))
         cond = self._sequence_cond(t, h)
         for i, block in enumerate(self.blocks):  # the block sees itself and every cached clean block
-            h = block(h, rope, cond, None, cache=cache.layer(i))
+            h = block(h, rope, cond, mask, cache=cache.layer(i, fixed))
         return self._logits(h, cond)
 
     def _sequence_cond(self, t, h: Tensor) -> Tensor | None:

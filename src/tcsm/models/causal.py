@@ -7,6 +7,10 @@ offers what the AR score estimators (`tcsm.targets.ar`) need:
 * `kv_cache(x)` / `extend(tokens, cache, start)`: run a prefix once and continue it for many suffixes
   (per-layer key/value cache), so that changing x^i only recomputes positions ≥ i, and sample ancestrally
   one token per pass (`extend(..., return_cache=True)`);
+* `new_cache(N)` / `decode(ids, cache)`: the decoder's static cache, preallocated once for `max_len` positions and
+  written in place (no concatenation per token); `decode` runs a whole prompt in one call (prefill) and then one
+  token per call. With `fixed_shape` every call attends over the whole buffer under a position mask, so its shapes
+  never change (what a captured CUDA graph, or a kernel that plans per shape, needs);
 * `forward_soft(probs)`: inputs given as relaxed one-hots (embedding = probs · W_emb), for the Taylor estimator.
 """
 
@@ -22,7 +26,7 @@ from tcsm.models.kinds import CAUSAL
 from tcsm.models.layers import TransformerBlock, apply_rotary
 from tcsm.models.lm import LMConfig, LMTransformer
 
-__all__ = ["CausalLM", "KVCache"]
+__all__ = ["CausalLM", "KVCache", "StaticKVCache"]
 
 #: One (key, value) pair per layer, each [N, H, S, head_dim] with rotary already applied to the keys.
 KVCache = list[tuple[Tensor, Tensor]]
@@ -42,7 +46,33 @@ def _gathered(block: nn.Module):
         block.reshard()
 
 
-def _block_with_cache(block: TransformerBlock, x: Tensor, rope, past):
+class StaticKVCache:
+    """Keys and values of every layer, [layers, N, H, capacity, Dh] each, allocated once per decode in the dtype the
+    layers compute in; `length` positions are filled. `write(i, k, v, start)` puts new positions in place."""
+
+    def __init__(self, n_layers: int, batch: int, heads: int, capacity: int, head_dim: int, dtype, device):
+        shape = (n_layers, batch, heads, capacity, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.capacity, self.length = int(capacity), 0
+        self.positions = torch.arange(capacity, device=device)
+
+    def write(self, i: int, k: Tensor, v: Tensor, start, fixed_shape: bool) -> tuple[Tensor, Tensor]:
+        """Store k, v [N, H, n, Dh] at positions start.. of layer i; return the keys/values attention reads: those
+        of positions < start + n (a view), or with `fixed_shape` the whole buffer (`start` a 1-element tensor)."""
+        keys, values = self.keys[i], self.values[i]
+        if fixed_shape:
+            at = start + torch.arange(k.shape[2], device=start.device)
+            keys.index_copy_(2, at, k.to(keys.dtype))
+            values.index_copy_(2, at, v.to(values.dtype))
+            return keys, values
+        end = start + k.shape[2]
+        keys[:, :, start:end] = k
+        values[:, :, start:end] = v
+        return keys[:, :, :end], values[:, :, :end]
+
+
+def _block_with_cache(block: TransformerBlock, x: Tensor, rope, past, allowed=None):
     """One causal block on new positions x [N, n, d], attending to cached keys/values of earlier positions.
 
     Same computation as `TransformerBlock.forward` (pre-norm, residuals, no conditioning) in eval mode, but it
@@ -56,11 +86,14 @@ def _block_with_cache(block: TransformerBlock, x: Tensor, rope, past):
     cos, sin = (r[:, None] for r in rope)
     q, k = apply_rotary(q, cos, sin).transpose(1, 2), apply_rotary(k, cos, sin).transpose(1, 2)
     v = v.transpose(1, 2)
-    if past is not None:
+    if callable(past):  # a static cache: written in place, read back up to the new positions
+        k, v = past(k, v)
+    elif past is not None:
         k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
-    lq, lk = q.shape[2], k.shape[2]
-    # Bottom-right-aligned causal mask: new position p sees every cached position and the new ones ≤ p.
-    allowed = torch.ones(lq, lk, dtype=torch.bool, device=x.device).tril(lk - lq)
+    if allowed is None:
+        lq, lk = q.shape[2], k.shape[2]
+        # Bottom-right-aligned causal mask: new position p sees every cached position and the new ones ≤ p.
+        allowed = torch.ones(lq, lk, dtype=torch.bool, device=x.device).tril(lk - lq)
     y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
     n_b, _, n, _ = y.shape
     x = x + attn.out(y.transpose(1, 2).reshape(n_b, n, attn.d_model))
@@ -73,7 +106,7 @@ class CausalLM(LMTransformer):
 
     model_kind = CAUSAL
     #: methods besides forward that run the network (a sharded model gathers its weights for them too)
-    forward_methods = ("forward_soft", "log_prob", "kv_cache", "extend")
+    forward_methods = ("forward_soft", "log_prob", "kv_cache", "extend", "decode")
 
     def __init__(self, cfg: LMConfig):
         super().__init__(cfg, causal=True)
@@ -129,3 +162,46 @@ class CausalLM(LMTransformer):
                 h, kv = _block_with_cache(block, h, rope, None if cache is None else cache[li])
             new_cache.append(kv)
         return self.head(self.final_norm(h)).float(), new_cache
+
+    # --- decoding with a static cache --------------------------------------------------------------------
+    def new_cache(self, batch_size: int, device=None, dtype: torch.dtype | None = None) -> StaticKVCache:
+        """An empty `StaticKVCache` for `batch_size` rows and `max_len` positions, in `dtype` (default: the dtype
+        the layers compute in now, the autocast dtype under autocast)."""
+        device = torch.device(device) if device is not None else self.embed.weight.device
+        if dtype is None:
+            on = torch.is_autocast_enabled(device.type)
+            dtype = torch.get_autocast_dtype(device.type) if on else self.embed.weight.dtype
+        attn = self.blocks[0].attn
+        return StaticKVCache(len(self.blocks), int(batch_size), attn.n_heads, self.cfg.max_len, attn.head_dim, dtype,
+                             device)  # fmt: skip
+
+    @torch.no_grad()
+    def decode(self, ids: Tensor, cache: StaticKVCache, position: Tensor | None = None) -> Tensor:
+        """Next-token logits [N, n, V] of input ids [N, n] (input j is x^{j−1}, BOS first) at positions
+        cache.length..+n−1, which enter the cache; `cache.length` advances by n. The same arithmetic as `extend`.
+        With `position` (a 1-element long tensor on the device, for n = 1) the call has fixed shapes and reads no
+        host value: it writes at `position`, attends over the whole buffer under a mask, and leaves `length` alone
+        (the caller counts), so one captured graph serves every position."""
+        n = ids.shape[1]
+        fixed = position is not None
+        start = position if fixed else cache.length
+        if not fixed and start + n > cache.capacity:
+            raise ValueError(f"positions up to {start + n} exceed max_len={cache.capacity}")
+        h = self.embed(ids)
+        if fixed:
+            cos, sin = self.rotary.cos_cached, self.rotary.sin_cached
+            rope = (cos.index_select(0, position), sin.index_select(0, position))
+            allowed = (cache.positions <= position)[None, :]
+        else:
+            rope = self.rotary(n, offset=start)
+            lk = start + n
+            allowed = torch.ones(n, lk, dtype=torch.bool, device=ids.device).tril(lk - n)
+        for li, block in enumerate(self.blocks):
+            def past(k, v, li=li):
+                return cache.write(li, k, v, start, fixed)
+
+            with _gathered(block):
+                h, _ = _block_with_cache(block, h, rope, past, allowed)
+        if not fixed:
+            cache.length = start + n
+        return self.head(self.final_norm(h)).float()

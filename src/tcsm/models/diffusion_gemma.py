@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from tcsm.models.config import ModelConfig
 from tcsm.models.kinds import FAMILIES
 
-__all__ = ["DiffusionGemmaCache", "DiffusionGemmaDenoiser", "DiffusionGemmaDenoiserConfig", "check_canvas_fit"]
+__all__ = ["DiffusionGemmaCache", "DiffusionGemmaDenoiser", "DiffusionGemmaDenoiserConfig", "check_canvas_fit", "draw_seed"]
 
 
 @dataclass
@@ -240,7 +240,7 @@ class DiffusionGemmaDenoiser(nn.Module):
             prompt = torch.full((num, 1), int(text.bos_token_id), dtype=torch.long, device=device)
         new = int(length) - (0 if lead else prompt.shape[1])
         # generate() draws from torch's global stream: seed it from `generator`, leaving the caller's stream as it was
-        seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+        seed = draw_seed(generator)
         devices = [device] if torch.device(device).type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
@@ -248,6 +248,13 @@ class DiffusionGemmaDenoiser(nn.Module):
         seqs = out.sequences[:, 1:] if lead else out.sequences
         calls = math.ceil(new / self.block_length) * int(steps)  # an upper bound: canvases may stop early
         return seqs[:, : int(length)], calls
+
+
+def draw_seed(generator: torch.Generator | None) -> int:
+    """A seed for a stream of its own, drawn from `generator` on the generator's device (a CUDA generator cannot
+    draw a CPU tensor), or from torch's global CPU stream without one."""
+    device = generator.device if generator is not None else "cpu"
+    return int(torch.randint(0, 2**62, (1,), generator=generator, device=device))
 
 
 def _to_hf_names(module: DiffusionGemmaDenoiser, state: dict, prefix: str, local_metadata) -> dict:

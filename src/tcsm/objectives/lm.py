@@ -168,8 +168,10 @@ class AutoregressiveLoss(_OnePassLoss):
             prefix = values[:, :P] if P else None
         temperature = 1.0 if settings is None else settings.temperature
         top_p = 1.0 if settings is None else settings.top_p
+        engine = getattr(settings, "engine", "auto")
         with eval_mode(model):
-            x = sample_ar(model, num, length, generator, device, prefix=prefix, temperature=temperature, top_p=top_p)
+            x = sample_ar(model, num, length, generator, device, prefix=prefix, temperature=temperature, top_p=top_p,
+                          engine=engine)  # fmt: skip
         return x, CallCount("autoregressive", length - (0 if prefix is None else prefix.shape[1]))
 
 

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from tcsm.models.kinds import kind_of
 from tcsm.sampling.common import as_grid
+from tcsm.sampling.engine import StepGraph, autocast_weight_cache, resolve_engine
 from tcsm.sampling.samplers import SamplingStats, _infer_device, may_cache
 
 __all__ = ["BlockDecodeSettings", "CachedBlockDenoiser", "check_block_model", "decode_blocks"]
@@ -86,20 +87,29 @@ class CachedBlockDenoiser:
     The cache is shared by the whole batch, so an in-block sampler that evaluates some rows only gets them through
     `batch_rows` (`tcsm.sampling.common.denoise_rows`): the model runs on the whole batch, the rows are returned."""
 
-    def __init__(self, model, cache, time_independent: bool):
+    def __init__(self, model, cache, time_independent: bool, graph=None):
         self.model, self.cache = model, cache
         #: read by `may_cache`: the in-block sampler may reuse a row's output while its block is unchanged
         self.time_independent = bool(time_independent)
+        #: the engine's captured `denoise` (`sampling.engine.StepGraph`) when the cache has fixed shapes
+        self.graph = graph
+
+    def _denoise(self, xt: Tensor, t) -> Tensor:
+        if self.graph is None:
+            return self.model.denoise(xt, t, self.cache)
+        t = torch.as_tensor(t, dtype=torch.float32, device=xt.device).reshape(-1).expand(xt.shape[0])
+        return self.graph(xt, t)  # static output: the callers index or copy it before the next call
 
     def __call__(self, xt: Tensor, t: Tensor) -> Tensor:
-        return self.model.denoise(xt, t, self.cache)
+        out = self._denoise(xt, t)
+        return out if self.graph is None else out.clone()
 
     def batch_rows(self, x: Tensor, rows: Tensor, t: Tensor) -> Tensor:
         """Logits [len(rows), k, V] of the rows `rows` of the block batch x [B, k] at their times t [len(rows)]."""
         t = torch.as_tensor(t, device=x.device).reshape(-1).expand(rows.numel())
         t_all = t[:1].expand(x.shape[0]).clone()  # the other rows' outputs are discarded: any valid time will do
         t_all[rows] = t
-        return self.model.denoise(x, t_all, self.cache)[rows]
+        return self._denoise(x, t_all)[rows]
 
 
 def decode_blocks(model, path, inner, num: int, length: int, *, fixed: Tensor | None = None,
@@ -146,8 +156,15 @@ def decode_blocks(model, path, inner, num: int, length: int, *, fixed: Tensor | 
     step = 0
     if callback is not None:
         callback(0, 0.0, x)
-    with torch.no_grad():
-        cache = model.new_cache(B)
+    engine = resolve_engine(getattr(inner.settings, "engine", "auto"), device)
+    graph = None
+    with torch.no_grad(), autocast_weight_cache():
+        if engine == "graph" and getattr(model, "fixed_shape_cache", False):
+            cache = model.new_cache(B, fixed_shape=True)
+            graph = StepGraph(lambda xt, t: model.denoise(xt, t, cache), device,
+                              strict=getattr(inner.settings, "engine", "auto") == "graph")  # fmt: skip
+        else:
+            cache = model.new_cache(B)
         for lo in range(0, L, k):
             hi = lo + k
             pinned = fixed[:, lo:hi] | stopped.unsqueeze(1)  # a stopped row is pinned to eos_id from here on
@@ -166,7 +183,7 @@ def decode_blocks(model, path, inner, num: int, length: int, *, fixed: Tensor | 
                     x[:, lo:hi] = xb
                     callback(step, t, x)
 
-            denoiser = CachedBlockDenoiser(model, cache, time_independent)
+            denoiser = CachedBlockDenoiser(model, cache, time_independent, graph)
             xb, st = inner(denoiser, block_path, B, k, generator=generator, device=device, fixed=pinned,
                            values=block_values, callback=on_step)  # fmt: skip
             x[:, lo:hi] = xb

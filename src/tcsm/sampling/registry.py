@@ -29,10 +29,16 @@ class SamplerSettings:
     steps: int = field(default=128, metadata=_help("sampler steps (block models: steps per block)"))
     grid: str = field(default="uniform", metadata=_help("time grid: uniform | cosine"))
     cache: bool = field(default=True, metadata=_help("MDLM's cache where the model and path allow it"))
+    engine: str = field(default="auto", metadata=_help(
+        "decode engine (sampling.engine) of block and AR models: auto (CUDA graphs on a GPU, eager elsewhere) | "
+        "eager | graph"))  # fmt: skip
 
     def checks(self) -> list[tuple[bool, str]]:
+        from tcsm.sampling.engine import ENGINES
+
         return [
             (int(self.steps) >= 1, f"steps must be >= 1, got {self.steps}"),
+            (self.engine in ENGINES, f"engine must be one of {list(ENGINES)}, got {self.engine!r}"),
             (self.grid in GRIDS, f"grid must be one of {list(GRIDS)}, got {self.grid!r}"),
         ]
 

@@ -366,6 +366,7 @@ def sample_ar(
     prefix: Tensor | None = None,
     temperature: float = 1.0,
     top_p: float = 1.0,
+    engine: str = "auto",
 ) -> Tensor:
     """x^j ~ p^AR(· | x^{<j}) for j = 0..L−1, ancestrally: LongTensor[num, length] (MATH.md §4, §5.4 proposal
     h = p^AR). With `kv_cache` / `extend(..., return_cache=True)` each step runs one new position against the
@@ -373,7 +374,8 @@ def sample_ar(
 
     `prefix` [num, P] (a prompt) fixes x^{<P}, left to right: only x^{≥P} are drawn. `temperature` / `top_p`
     reshape each conditional (tcsm.sampling.adjust_log_probs); the defaults draw from p^AR itself, exactly as
-    before (the same random draws)."""
+    before (the same random draws). A model with a static cache (`new_cache` / `decode`, `CausalLM`) runs the prompt
+    in one call and is decoded by `tcsm.sampling.engine.decode_ar` (`engine`: auto | eager | graph)."""
     if device is None:
         device = next(model.parameters()).device
     x = torch.zeros(num, length, dtype=torch.long, device=device)
@@ -389,6 +391,10 @@ def sample_ar(
 
         def adjust(logits):
             return adjust_log_probs(logits, temperature, top_p).exp()
+    if hasattr(model, "new_cache") and hasattr(model, "decode"):  # a static cache: prefill, then one token a call
+        from tcsm.sampling.engine import decode_ar
+
+        return decode_ar(model, x, P, generator, adjust, engine=engine)
     cached = hasattr(model, "kv_cache") and hasattr(model, "extend")
     if cached:
         try:

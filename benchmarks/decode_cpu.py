@@ -1,0 +1,114 @@
+"""Decoding speed on the CPU of two source trees side by side (e.g. before and after a change to the decoders):
+tokens per CPU-second of full-sequence cached ancestral, block decoding (k = 16) with its KV cache and AR with its
+KV cache, `small` preset, random weights, L = 256, fp32, one thread. Each round runs every tree in a fresh process
+(trees alternate, so machine load hits them alike); a process warms up with one decode per configuration, then
+times one decode per configuration (`time.process_time`, wall time beside it).
+
+    python benchmarks/decode_cpu.py --srcs /tmp/base/src,src --rounds 3 --out runs/decode_cpu.json
+    python benchmarks/decode_cpu.py --srcs /tmp/base/src,src --only block,ar --batches 1 --repeats 3 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+CONFIGS = [("full", 1, 64), ("block", 1, 4), ("ar", 1, 0), ("block", 8, 4), ("ar", 8, 0)]
+
+
+def child(length: int, configs, repeats: int) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    import tcsm
+    from tcsm.models import build_denoiser
+    from tcsm.models.blocks import build_block_denoiser
+    from tcsm.models.lm_families import build_lm
+    from tcsm.sampling.settings import draw, sample_settings
+    from tcsm.targets.ar import sample_ar
+
+    V, L, k = 27, length, 16
+    kw = {"vocab_size": V, "num_states": V + 1, "time_conditioning": False, "max_len": L}
+    torch.manual_seed(0)
+    full = build_denoiser("small", **kw).eval()
+    blk = build_block_denoiser("small", k, **kw).eval()
+    ar = build_lm("causal", "small", vocab_size=V, max_len=L).eval()
+    path = tcsm.MaskedPath(vocab_size=V, schedule=tcsm.LogLinearSchedule())
+    bpath = tcsm.MaskedPath(vocab_size=V, schedule=tcsm.LogLinearSchedule(), block_length=k)
+
+    def run(name, B, steps, seed):
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            if name == "ar":
+                return sample_ar(ar, B, L, g)
+            model, p = (full, path) if name == "full" else (blk, bpath)
+            return draw(model, p, B, L, sample_settings({}, steps=steps, method="ancestral"), generator=g)[0]
+
+    out = {}
+    for c in configs:
+        run(*c, seed=0)
+    for c in configs:
+        cpu, wall = [], []
+        for rep in range(repeats):
+            c0, w0 = time.process_time(), time.perf_counter()
+            x = run(*c, seed=1 + rep)
+            cpu.append(x.numel() / (time.process_time() - c0))
+            wall.append(x.numel() / (time.perf_counter() - w0))
+        out[f"{c[0]} B={c[1]}"] = {"tok_per_cpu_s": statistics.median(cpu), "tok_per_wall_s": statistics.median(wall)}
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--srcs", default="src", help="comma-separated source trees (PYTHONPATH of each run)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--length", type=int, default=256)
+    ap.add_argument("--only", default=None, help="comma-separated decoder names of CONFIGS to run (full, block, ar)")
+    ap.add_argument("--batches", default=None, help="comma-separated batch sizes of CONFIGS to run")
+    ap.add_argument("--repeats", type=int, default=1, help="timed decodes per configuration in a process (median)")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    if a.child:
+        only = None if a.only is None else a.only.split(",")
+        sizes = None if a.batches is None else [int(b) for b in a.batches.split(",")]
+        configs = [c for c in CONFIGS if (only is None or c[0] in only) and (sizes is None or c[1] in sizes)]
+        print(json.dumps(child(a.length, configs, a.repeats)))
+        return 0
+    srcs = a.srcs.split(",")
+    res = {s: [] for s in srcs}
+    loads = []
+    for r in range(a.rounds):
+        for s in srcs:
+            env = dict(os.environ, PYTHONPATH=os.path.abspath(s), OMP_NUM_THREADS="1")
+            cmd = [sys.executable, __file__, "--child", "--length", str(a.length), "--repeats", str(a.repeats)]
+            cmd += ([] if a.only is None else ["--only", a.only]) + ([] if a.batches is None else ["--batches", a.batches])
+            p = subprocess.run(cmd, env=env,
+                               capture_output=True, text=True, check=True)  # fmt: skip
+            res[s].append(json.loads(p.stdout.strip().splitlines()[-1]))
+            loads.append(os.getloadavg()[0])
+            print(f"round {r} {s}: " + ", ".join(f"{k} {v['tok_per_cpu_s']:.0f}" for k, v in res[s][-1].items()),
+                  flush=True)  # fmt: skip
+    keys = list(res[srcs[0]][0])
+    print(f"load average during the runs: {min(loads):.1f}..{max(loads):.1f}")
+    print("| decoder | " + " | ".join(f"{s} tok/CPU-s" for s in srcs) + (" | ratio |" if len(srcs) == 2 else " |"))
+    print("|---" * (len(srcs) + 1 + (len(srcs) == 2)) + "|")
+    table = {}
+    for k in keys:
+        med = [statistics.median(run[k]["tok_per_cpu_s"] for run in res[s]) for s in srcs]
+        table[k] = med
+        ratio = f" | {med[1] / med[0]:.2f}" if len(srcs) == 2 else ""
+        print(f"| {k} | " + " | ".join(f"{m:,.0f}" for m in med) + ratio + " |")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"srcs": srcs, "runs": res, "median": table, "load": loads}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,260 @@
+"""The decode engine (`tcsm.sampling.engine`) on the CPU: the static AR cache draws the same tokens as the
+concatenating `extend` path it replaces (eager exactly; the fixed-shape graph path on static buffers too), a long
+prompt runs in one call and matches the one-pass forward, autocast's weight casts are made once per decode, and
+DiffusionGemma's native seed is drawn on its generator's device."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tcsm.models.lm_families import build_lm
+from tcsm.sampling.engine import StepGraph, autocast_weight_cache, resolve_engine
+from tcsm.targets.ar import sample_ar
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class _ConcatOnly:
+    """The causal LM seen through its concatenating cache only (`kv_cache` / `extend`): `sample_ar`'s older path."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def parameters(self):
+        return self.model.parameters()
+
+    def kv_cache(self, x):
+        return self.model.kv_cache(x)
+
+    def extend(self, *args, **kwargs):
+        return self.model.extend(*args, **kwargs)
+
+    def __call__(self, x):
+        return self.model(x)
+
+
+def _lm(max_len=64, V=11, seed=0):
+    torch.manual_seed(seed)
+    model = build_lm("causal", "tiny", vocab_size=V, max_len=max_len).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.5)  # the zero head would make every conditional uniform
+    return model
+
+
+@pytest.mark.parametrize("engine", ["eager", "graph"])
+@pytest.mark.parametrize("prompt", [0, 5])
+@pytest.mark.parametrize("shape", [(1.0, 1.0), (0.7, 0.9)])
+def test_static_cache_draws_the_tokens_of_the_concatenating_cache(engine, prompt, shape):
+    model = _lm()
+    prefix = torch.randint(0, 11, (3, prompt), generator=torch.Generator().manual_seed(2)) if prompt else None
+    kw = {"prefix": prefix, "temperature": shape[0], "top_p": shape[1]}
+    old = sample_ar(_ConcatOnly(model), 3, 40, torch.Generator().manual_seed(1), **kw)
+    new = sample_ar(model, 3, 40, torch.Generator().manual_seed(1), engine=engine, **kw)
+    assert torch.equal(old, new)
+    if prefix is not None:
+        assert torch.equal(new[:, :prompt], prefix)
+
+
+def test_decode_prefills_a_long_prompt_in_one_call_like_the_one_pass_forward():
+    """A 100-token prompt at max_len 256: one `decode` call gives the one-pass logits of every prompt position,
+    and the next token's logits equal those of the one pass over prompt + token (fp32)."""
+    model = _lm(max_len=256, V=13)
+    x = torch.randint(0, 13, (2, 101), generator=torch.Generator().manual_seed(3))
+    full = model(x)
+    cache = model.new_cache(2)
+    ids = model.input_ids(x)
+    head = model.decode(ids[:, :100], cache)
+    assert cache.length == 100 and cache.keys.shape[3] == 256
+    torch.testing.assert_close(head, full[:, :100], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(model.decode(ids[:, 100:], cache), full[:, 100:], atol=1e-5, rtol=1e-5)
+    fixed = model.new_cache(2)
+    model.decode(ids[:, :100], fixed)
+    at = model.decode(ids[:, 100:], fixed, position=torch.tensor([100]))  # the graph path's fixed-shape call
+    torch.testing.assert_close(at, full[:, 100:], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="max_len"):
+        model.decode(torch.zeros(2, 200, dtype=torch.long), cache)
+
+
+def test_static_cache_writes_in_place_without_concatenating(monkeypatch):
+    model = _lm()
+    cache = model.new_cache(2)
+    buffer = cache.keys.data_ptr()
+    model.decode(torch.zeros(2, 3, dtype=torch.long), cache)
+    joined, cat = [], torch.cat
+
+    def spy(tensors, *args, **kwargs):
+        joined.extend(tuple(t.shape) for t in tensors)
+        return cat(tensors, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "cat", spy)
+    for _ in range(4):
+        model.decode(torch.zeros(2, 1, dtype=torch.long), cache)
+    assert cache.length == 7 and cache.keys.data_ptr() == buffer
+
+    def cache_joins():  # rotary's rotate-half joins one position's halves; a cache join has >= 3 positions
+        return [s for s in joined if len(s) == 4 and s[2] >= 3]
+
+    assert joined and not cache_joins()
+    model.extend(torch.zeros(2, 1, dtype=torch.long), model.kv_cache(torch.zeros(2, 3, dtype=torch.long))[1], 3)
+    assert cache_joins()  # the check sees the concatenating path's joins
+
+
+def test_autocast_weight_cache_casts_each_weight_once_per_decode():
+    """A call that opens and closes its own bf16 autocast region re-casts the weights every time; inside
+    `autocast_weight_cache` the casts of the first call are reused (aten::_to_copy counted by the profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    lin = torch.nn.Linear(16, 16)
+    x = torch.randn(2, 16)
+
+    def casts(hold: bool) -> int:
+        ctx = autocast_weight_cache() if hold else torch.autocast("cpu", enabled=False)
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+            with ctx if hold else _nothing():
+                for _ in range(5):
+                    with torch.autocast("cpu", dtype=torch.bfloat16):
+                        lin(x)
+        return sum(e.count for e in prof.key_averages() if e.key == "aten::_to_copy")
+
+    assert casts(False) == 15  # input, weight, bias in each of 5 calls
+    assert casts(True) == 5 + 2  # the inputs, and the weight and bias once
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_step_graph_runs_on_static_buffers_per_shape_off_cuda():
+    seen = []
+
+    def fn(a, b):
+        seen.append((a.data_ptr(), tuple(a.shape)))
+        return a + b
+
+    g = StepGraph(fn, "cpu")
+    one = torch.ones(2)
+    assert torch.equal(g(one, one), 2 * one)
+    assert torch.equal(g(3 * one, one), 4 * one)
+    assert seen[0][0] == seen[1][0]  # the same static input buffer
+    assert torch.equal(g(torch.ones(3), torch.ones(3)), 2 * torch.ones(3))
+    assert len(g._entries) == 2 and g.captures == 0
+
+
+def test_resolve_engine():
+    assert resolve_engine("auto", "cpu") == "eager" and resolve_engine(None, "cpu") == "eager"
+    assert resolve_engine("auto", "cuda") == "graph" and resolve_engine("eager", "cuda") == "eager"
+    assert resolve_engine("graph", "cpu") == "graph"
+    with pytest.raises(ValueError, match="engine"):
+        resolve_engine("fast", "cpu")
+
+
+def test_sample_settings_engine_key():
+    from tcsm.core.errors import ConfigError
+    from tcsm.sampling.settings import sample_settings
+
+    assert sample_settings({}).engine == "auto"
+    assert sample_settings({"engine": "eager"}).engine == "eager"
+    with pytest.raises(ConfigError, match="engine"):
+        sample_settings({"engine": "fast"})
+
+
+def test_native_seed_is_drawn_on_the_generators_device(monkeypatch):
+    """`native_generate` seeds the model's generate() from the caller's generator: a CUDA generator must draw on
+    CUDA (drawing a CPU tensor with it raised "Expected a 'cpu' device type for generator but found 'cuda'")."""
+    from tcsm.models.diffusion_gemma import draw_seed
+
+    g = torch.Generator().manual_seed(5)
+    assert draw_seed(g) == draw_seed(torch.Generator().manual_seed(5))
+    calls = []
+
+    class _Cuda:
+        device = torch.device("cuda")
+
+    def spy(*args, generator=None, device=None, **kwargs):
+        calls.append(device)
+        return torch.zeros(1, dtype=torch.long)
+
+    monkeypatch.setattr(torch, "randint", spy)
+    draw_seed(_Cuda())
+    assert calls == [torch.device("cuda")]
+
+
+BLOCK_METHODS = ["ancestral", "analytic", "euler", "random", "confidence", "margin", "entropy", "threshold"]
+
+
+def _block_model(time_conditioning: bool):
+    from tcsm.models.blocks import build_block_denoiser
+
+    torch.manual_seed(0)
+    model = build_block_denoiser("tiny", 4, vocab_size=7, num_states=8, max_len=32,
+                                 time_conditioning=time_conditioning).eval()  # fmt: skip
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+@pytest.mark.parametrize("method", BLOCK_METHODS)
+@pytest.mark.parametrize("uniform", [False, True])
+def test_block_decoding_fixed_shape_cache_draws_the_eager_tokens(method, uniform):
+    """The graph engine's fixed-shape calls (position on the device, whole buffer under a mask; on the CPU run on
+    static buffers) draw the tokens of the eager cache, for every in-block sampler, masked and uniform paths,
+    with a prompt that ends inside a block."""
+    from tcsm.paths import MaskedPath, UniformPath
+    from tcsm.sampling.settings import draw, sample_settings
+
+    if uniform and method not in ("ancestral", "analytic", "euler"):
+        pytest.skip("decoding orders reveal masks: masked path only")
+    path = (UniformPath if uniform else MaskedPath)(vocab_size=7, block_length=4)
+    model = _block_model(time_conditioning=uniform)
+    prompt = torch.tensor([1, 2, 3, 4, 5, 6])
+    out = {}
+    for engine in ("eager", "graph"):
+        kw = {"threshold": 0.5} if method == "threshold" else {}
+        settings = sample_settings({"method": method, "steps": 3, "engine": engine, **kw})
+        out[engine] = draw(model, path, 3, 16, settings, generator=torch.Generator().manual_seed(4), prompt=prompt)
+    assert torch.equal(out["eager"][0], out["graph"][0])
+    assert out["eager"][1].num_calls == out["graph"][1].num_calls
+
+
+def test_fixed_shape_denoise_is_the_one_pass_logits():
+    model = _block_model(time_conditioning=True)
+    x1 = torch.randint(0, 7, (2, 12), generator=torch.Generator().manual_seed(1))
+    xt = torch.randint(0, 8, (2, 12), generator=torch.Generator().manual_seed(2))
+    t = torch.tensor([0.3, 0.6])
+    with torch.no_grad():
+        full = model(xt, t, x1=x1)
+        cache, eager = model.new_cache(2, fixed_shape=True), model.new_cache(2)
+        for lo in range(0, 12, 4):
+            got = model.denoise(xt[:, lo : lo + 4], t, cache)
+            torch.testing.assert_close(got, full[:, lo : lo + 4], atol=1e-3, rtol=1e-4)  # logits of size ~10
+            torch.testing.assert_close(got, model.denoise(xt[:, lo : lo + 4], t, eager), atol=1e-4, rtol=1e-5)
+            model.extend_cache(cache, x1[:, lo : lo + 4])
+            model.extend_cache(eager, x1[:, lo : lo + 4])
+            assert int(cache.position) == cache.length == lo + 4
+    assert cache.keys[0].shape[2] == 32  # the whole capacity
+
+
+def test_decode_gpu_benchmark_smoke_on_the_cpu():
+    """benchmarks/decode_gpu.py --device cpu --smoke: every decoder and engine runs, and on the CPU the engine's
+    samples are the eager ones (unigram TV 0)."""
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "decode_gpu.py"
+    spec = importlib.util.spec_from_file_location("decode_gpu", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench.main(["--device", "cpu", "--smoke", "--batches", "2"])
+    seen = {(w["decoder"], w["engine"]) for w in rows}
+    assert {("full", "eager"), ("block", "graph"), ("ar", "graph"), ("ar-whole", "graph")} <= seen
+    for w in rows:
+        assert w["tokens_per_s"] > 0 and w["calls_per_seq"] > 0
+        if w["tv_unigram_vs_eager"] is not None:
+            assert w["tv_unigram_vs_eager"] == 0.0
