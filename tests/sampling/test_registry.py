@@ -44,8 +44,8 @@ class _Logits(torch.nn.Module):
 def test_the_names_come_from_the_registry_everywhere(capsys):
     names = sampler_names()
     assert names == ("ancestral", "analytic", "euler", "joint", "random", "confidence", "margin", "entropy",
-                     "threshold", "native")  # fmt: skip
-    with pytest.raises(ConfigError, match=r"^sample\.method must be one of \[.*'native'\], got 'bogus'$"):
+                     "threshold", "native", "speculative")  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^sample\.method must be one of \[.*'speculative'\], got 'bogus'$"):
         load_config("synthetic", ["sample.method=bogus"])
     from tcsm.cli import main
 

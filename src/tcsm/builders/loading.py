@@ -25,6 +25,7 @@ __all__ = [
     "check_same_architecture",
     "config_from_state",
     "load_checkpoint",
+    "load_drafter",
     "load_scorer_lm",
 ]
 
@@ -121,3 +122,24 @@ def load_scorer_lm(path: str, device):
         raise ValueError(f"--scorer {path!r} is neither a Hugging Face model directory nor a causal-LM checkpoint")
     data = ref.build_data()
     return ScorerLM.from_tcsm(ref.model, data.tokenizer, eos_id=data.eos_id, device=device, name=str(p))
+
+
+def load_drafter(path: str | os.PathLike, device, vocab_size: int) -> torch.nn.Module:
+    """The drafter of speculative decoding (`sample.drafter`, MATH.md §6.4) from a run, checkpoints, step_* or
+    exported Hugging Face directory: an autoregressive LM or a full-sequence masked denoiser over the target's
+    `vocab_size` tokens. CheckpointError (one line) otherwise."""
+    try:
+        ref = load_checkpoint(path, device=device)
+    except FileNotFoundError as e:
+        raise CheckpointError(f"sample.drafter={path}: {e}") from None
+    kind = kind_of(ref.model)
+    if not (kind.is_autoregressive or (kind.is_denoiser and kind.sampler == "path")):
+        raise CheckpointError(f"sample.drafter={path} holds {kind.description}; a drafter is an autoregressive LM or a "
+                              "full-sequence masked diffusion model")  # fmt: skip
+    if kind.is_denoiser and ref.config.path.source != "masked":
+        raise CheckpointError(f"sample.drafter={path} is a {ref.config.path.source}-source model; a diffusion drafter "
+                              "reads masked positions: train it on the masked path")  # fmt: skip
+    if int(ref.data_info["vocab_size"]) != int(vocab_size):
+        raise CheckpointError(f"sample.drafter={path} has {ref.data_info['vocab_size']} tokens, the model {vocab_size}: "
+                              "a drafter must share the model's tokenizer")  # fmt: skip
+    return ref.model

@@ -223,6 +223,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--steps", help="sampling steps; a comma-separated list gives a curve (default: 128 for --genppl, "
                    "the run's sample.steps for --task)")
     g.add_argument("--method", help="sampler, one of `tcsm sample --method`'s (default: the run's sample.method)")
+    g.add_argument("--drafter", metavar="PATH", help="--method speculative: the drafter's run / checkpoint / exported "
+                   "directory (default: the run's sample.drafter, else the model drafts from its last pass)")
+    g.add_argument("--draft-length", type=int, help="--method speculative: positions drafted per model pass")
     g.add_argument("--temperature", type=float, help="sampling temperature (default: the run's sample.temperature)")
     g.add_argument("--top-p", type=float, help="nucleus mass in (0, 1] (default: the run's sample.top_p)")
     g.add_argument("--seed", type=int, default=0, help="seed of the samples")
@@ -359,7 +362,7 @@ def _score(ref, texts: list[str], tokens, max_length, batch_size) -> dict:
 def _run_genppl(args) -> int:
     import torch
 
-    from tcsm.builders.loading import load_scorer_lm
+    from tcsm.builders.loading import load_drafter, load_scorer_lm
     from tcsm.cli.sample import load_tokenizer
     from tcsm.sampling.common import row_evaluations
     from tcsm.sampling.settings import draw, sample_settings
@@ -394,24 +397,34 @@ def _run_genppl(args) -> int:
         path = ckpt.build_path()
         tok = load_tokenizer(ckpt)
         L = int(ckpt.data_info["seq_len"])
+        drafter_model = None
         lines.append(f"{ckpt.directory} (step {ckpt.step}, {ckpt.weights} weights), scorer {ref.name}:")
         for K in steps:
             settings = sample_settings(ckpt.config.sample, steps=K, method=args.method, temperature=args.temperature,
-                                       top_p=args.top_p)  # fmt: skip
+                                       top_p=args.top_p, drafter=getattr(args, "drafter", None),
+                                       draft_length=getattr(args, "draft_length", None))  # fmt: skip
+            if settings.drafter and settings.method == "speculative" and drafter_model is None:
+                drafter_model = load_drafter(settings.drafter, device, path.vocab_size)
             generator = torch.Generator(device=device).manual_seed(args.seed)
             t0, outs, calls, evals = time.perf_counter(), [], 0, 0
+            spec = {"sequence_passes": 0, "drafted": 0, "accepted": 0}
             for s in range(0, args.num_samples, batch):
                 x, st = draw(ckpt.model, path, min(batch, args.num_samples - s), L, settings, generator=generator,
-                             device=device)
+                             device=device, drafter_model=drafter_model)
                 outs.append(x.cpu())
                 calls += st.num_calls
                 evals += row_evaluations(st, x.shape[0])
+                for key in spec:  # speculative decoding's counts (MATH.md §6.4)
+                    spec[key] += int(st.counts.get(key, 0)) if hasattr(st, "counts") else 0
             seconds = time.perf_counter() - t0
             tokens = torch.cat(outs).tolist()
             texts = [tok.decode(r) for r in tokens]
             row = {"steps": K, "method": st.method, "num_samples": len(tokens), "network_calls": calls,
                    "network_calls_per_sequence": evals / max(len(tokens), 1),
                    "sample_seconds": seconds, **_score(ref, texts, tokens, L, batch)}
+            if spec["drafted"]:
+                row.update(sequential_passes_per_sequence=spec["sequence_passes"] / max(len(tokens), 1),
+                           acceptance=spec["accepted"] / spec["drafted"])  # fmt: skip
             rows.append(row)
             lines.append(f"  K={K:<5} gen-PPL {row['gen_ppl']:9.2f}  entropy {row['entropy_mean']:.3f} nats  "
                          f"({len(tokens)} samples, {calls} network calls (batched; "

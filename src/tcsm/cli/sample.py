@@ -136,6 +136,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="energy-model runs (tcsm finetune dre): SIR candidates per step (default: the run's sample.sir_k)")
     p.add_argument("--sir-window", nargs=2, type=_float_in(0.0, 1.0, lo_open=False), default=None,
                    metavar=("LO", "HI"), help="energy-model runs: α_t window of the SIR steps (default: the run's)")
+    p.add_argument("--drafter", default=None, metavar="PATH",
+                   help="--method speculative: the drafter's run / checkpoint / exported directory, an AR LM or a "
+                        "masked denoiser (default: the run's sample.drafter, else the model drafts from its last pass)")
+    p.add_argument("--draft-length", type=_positive_int, default=None,
+                   help="--method speculative: positions drafted per model pass (default: the run's sample.draft_length)")
     p.add_argument("--sir-temperature", type=_float_in(0.0, float("inf")), default=None,
                    help="energy-model runs: SIR selection ∝ softmax(f / T) (default: the run's sample.sir_temperature)")
 
@@ -262,13 +267,18 @@ def _run_sampler(loaded, model, path, device, args):
         objective = build_objective_for_checkpoint(loaded.config, model, DataInfo(**loaded.data_info), device)
     except TCSMError:
         objective = None
-    return build_sampler(
+    sampler = build_sampler(
         loaded.config, model, path, objective, steps=args.steps, method=args.method, grid=args.grid,
         temperature=args.temperature, top_p=args.top_p, final_argmax=args.final_argmax or None,
         cache=False if args.no_cache else None, sir_k=args.sir_k,
         sir_window=None if args.sir_window is None else tuple(args.sir_window), sir_temperature=args.sir_temperature,
-        block_length=args.block_length, threshold=args.threshold,
+        block_length=args.block_length, threshold=args.threshold, drafter=args.drafter, draft_length=args.draft_length,
     )  # fmt: skip
+    if sampler.settings.drafter and (sampler.settings.method or "") == "speculative":
+        from tcsm.builders.loading import load_drafter
+
+        sampler.drafter_model = load_drafter(sampler.settings.drafter, device, path.vocab_size)
+    return sampler
 
 
 def run(args) -> int:
@@ -306,8 +316,11 @@ def run(args) -> int:
     if ar and (args.infill or args.infill_json):
         raise ValueError("a causal LM run is sampled left to right: it can continue a --prompt, not fill a template "
                          "(--infill / --infill-json need a diffusion run)")
-    if ar and (args.method or args.final_argmax or args.grid or args.no_cache or args.steps or args.block_length
-               or args.threshold is not None):
+    from tcsm.sampling.registry import sampler_class
+
+    verifies = bool(args.method) and sampler_class(args.method).replaces_own  # speculative decoding of the AR model
+    if ar and ((args.method and not verifies) or args.final_argmax or args.grid or args.no_cache or args.steps
+               or args.block_length or args.threshold is not None):
         raise ValueError("a causal LM run is sampled left to right, one token per step: --steps, --method, --grid, "
                          "--final-argmax, --no-cache, --block-length and --threshold are diffusion sampler options")
     if sir and (args.method or args.temperature is not None or args.top_p is not None or args.final_argmax):
@@ -386,6 +399,7 @@ def run(args) -> int:
     bar = WorkProgress(sum(per_chunk), "sampling", "steps", enabled=not args.no_progress)
     t0 = time.perf_counter()
     records, calls, evals, taken = [], 0, 0, 0
+    spec = {"passes": 0, "drafted": 0, "accepted": 0}  # speculative decoding's counts
     for g, b in chunks:
         kw = {}
         if g["fixed"] is not None:
@@ -398,6 +412,8 @@ def run(args) -> int:
             bar.update(steps)
         calls += stats.num_calls
         evals += row_evaluations(stats, b)
+        for key, name in (("passes", "sequence_passes"), ("drafted", "drafted"), ("accepted", "accepted")):
+            spec[key] += int(getattr(stats, "counts", {}).get(name, 0))
         taken = max(taken, getattr(stats, "num_steps", 0))
         for row in tokens.cpu().tolist():
             end = first_generated(row, g["fixed"], eos_id)
@@ -426,7 +442,9 @@ def run(args) -> int:
         f"{loaded.weights} weights), {stats.method} sampler, {steps} steps{f' per block of {block}' if block else ''}, "
         f"{calls} network calls "
         f"(batched; {evals / max(len(records), 1):.1f} per sequence), "
-        f"{elapsed:.1f}s" + (f" -> {args.output}" if args.output else ""),
+        + (f"{spec['passes'] / max(len(records), 1):.1f} sequential model passes per sequence, "
+           f"{spec['accepted']}/{spec['drafted']} drafts accepted, " if spec["drafted"] else "")
+        + f"{elapsed:.1f}s" + (f" -> {args.output}" if args.output else ""),
         file=sys.stderr,
     )
     return 0

@@ -15,7 +15,8 @@ from tcsm.sampling.samplers import may_cache
 __all__ = ["SAMPLERS", "DrawSettings", "Sampler", "SamplerSettings", "register_sampler", "sampler_class", "sampler_names"]
 
 #: the modules whose import registers the built-in samplers (imported before any name is looked up)
-HOMES = ("tcsm.sampling.path_samplers", "tcsm.sampling.orders", "tcsm.sampling.own", "tcsm.sampling.native")
+HOMES = ("tcsm.sampling.path_samplers", "tcsm.sampling.orders", "tcsm.sampling.own", "tcsm.sampling.native",
+         "tcsm.sampling.speculative")
 
 
 def _help(text: str) -> dict:
@@ -81,6 +82,11 @@ class Sampler:
     #: draws whole sequences with the model's own decoding (a block model's included), not a step rule that a
     #: block decoder could run inside each block
     whole_sequence: ClassVar[bool] = False
+    #: chosen by `sample.method` even for a run whose objective brings its own sampler (an AR run's left to right)
+    replaces_own: ClassVar[bool] = False
+    #: a whole-sequence decoder of a block model whose draws may be cut at `eos_id` afterwards (the law of the text up
+    #: to the first EOS is the same as stopping there)
+    cut_at_eos: ClassVar[bool] = False
 
     def __init__(self, settings: SamplerSettings | None = None):
         self.settings = settings if settings is not None else self.settings_type()

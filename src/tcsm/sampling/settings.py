@@ -23,7 +23,7 @@ from torch import Tensor
 from tcsm.core.errors import ConfigError
 from tcsm.core.protocols import Samples
 from tcsm.models.kinds import kind_of
-from tcsm.sampling.blocks import BlockDecodeSettings, decode_blocks
+from tcsm.sampling.blocks import BlockDecodeSettings, _fill_after_eos, decode_blocks
 from tcsm.sampling.common import prefix_condition
 from tcsm.sampling.own import OwnSampler
 from tcsm.sampling.registry import Sampler, all_sampler_classes, sampler_class, sampler_names
@@ -100,11 +100,19 @@ def sample_settings(section, **overrides) -> SampleSettings:
         raise ConfigError(f"sample.{e}") from None
 
 
-def make_sampler(settings, objective=None) -> Sampler:
-    """The sampler a section chooses: the objective's own when it declares `Samples`, else `method`'s."""
-    if isinstance(objective, Samples):
+def make_sampler(settings, objective=None, drafter_model=None) -> Sampler:
+    """The sampler a section chooses: the objective's own when it declares `Samples` (unless `method` names a sampler
+    that replaces it: speculative decoding), else `method`'s. `drafter_model`: the model `sample.drafter` names,
+    loaded by the caller (`tcsm.builders.loading.load_drafter`), for the speculative sampler."""
+    cls = sampler_class(settings.method or DEFAULT_METHOD)
+    if isinstance(objective, Samples) and not cls.replaces_own:
         return OwnSampler.from_section(settings)
-    return sampler_class(settings.method or DEFAULT_METHOD).from_section(settings)
+    sampler = cls.from_section(settings)
+    if drafter_model is not None:
+        if not hasattr(sampler, "drafter_model"):
+            raise ConfigError(f"a drafter model drafts for method=speculative, not {cls.name}")
+        sampler.drafter_model = drafter_model
+    return sampler
 
 
 def draw(
@@ -123,24 +131,31 @@ def draw(
     callback=None,
     chunk_size: int | None = None,
     record_steps=None,
+    drafter_model=None,
 ):
     """(tokens [num, length] or None, stats with `.method` and `.num_calls`) from the sampler `settings` choose
-    (`make_sampler`). `fixed` / `values` [num, length] pin positions (infilling), `prompt` [P] or [num, P] a prefix;
-    `callback(k, t, x)` sees each path step; `chunk_size`, `record_steps`: see `Sampler.__call__`."""
+    (`make_sampler`; `drafter_model`: the speculative sampler's drafter). `fixed` / `values` [num, length] pin
+    positions (infilling), `prompt` [P] or [num, P] a prefix; `callback(k, t, x)` sees each path step; `chunk_size`,
+    `record_steps`: see `Sampler.__call__`."""
     if prompt is not None and prompt.numel():
         if fixed is not None:
             raise ValueError("give a prompt or fixed/values, not both")
         fixed, values = prefix_condition(prompt, num, length)
-    sampler = make_sampler(settings, objective)
+    sampler = make_sampler(settings, objective, drafter_model)
     eos_id = getattr(settings, "eos_id", None)
     if kind_of(model).blocks and not sampler.whole_sequence:  # block by block with its KV cache, the sampler in each
         if record_steps is not None:
             raise ValueError("block decoding keeps no trajectory: record_steps needs a full-sequence model")
         return _draw_blocks(model, path, sampler, num, length, fixed, values, generator, device, eos_id, callback,
                             chunk_size)  # fmt: skip
-    if eos_id is not None:
+    if eos_id is not None and not (kind_of(model).blocks and sampler.cut_at_eos):
         raise ValueError(f"sample.eos_id={eos_id} stops block decoding, and a {type(model).__name__} is a "
                          "full-sequence model: leave sample.eos_id null")  # fmt: skip
+    if eos_id is not None:  # a whole-sequence decoder of a block model: the same law, the tail after EOS filled
+        x, stats = sampler(model, path, num, length, objective=objective, generator=generator, device=device,
+                           fixed=fixed, values=values, callback=callback, chunk_size=chunk_size)  # fmt: skip
+        fixed = torch.zeros_like(x, dtype=torch.bool) if fixed is None else fixed.expand_as(x)
+        return _fill_after_eos(x, fixed, int(eos_id)), stats
     return sampler(model, path, num, length, objective=objective, generator=generator, device=device, fixed=fixed,
                    values=values, callback=callback, chunk_size=chunk_size, record_steps=record_steps)  # fmt: skip
 
@@ -190,6 +205,8 @@ class RunSampler:
     path: Any
     objective: Any
     settings: Any
+    #: the model `settings.drafter` names (speculative decoding), loaded by the builders
+    drafter_model: Any = None
 
     @property
     def own(self) -> bool:
@@ -199,10 +216,11 @@ class RunSampler:
     def __call__(self, num: int, length: int, *, generator=None, device=None, fixed=None, values=None, callback=None):
         return draw(
             self.model, self.path, num, length, self.settings, objective=self.objective, generator=generator,
-            device=device, fixed=fixed, values=values, callback=callback,
+            device=device, fixed=fixed, values=values, callback=callback, drafter_model=self.drafter_model,
         )  # fmt: skip
 
 
-def build_sampler(cfg, model, path, objective, **overrides) -> RunSampler:
-    """The run's sampler: `cfg.sample` with `overrides` (a command line's flags; None: the run's value)."""
-    return RunSampler(model, path, objective, sample_settings(cfg.sample, **overrides))
+def build_sampler(cfg, model, path, objective, drafter_model=None, **overrides) -> RunSampler:
+    """The run's sampler: `cfg.sample` with `overrides` (a command line's flags; None: the run's value);
+    `drafter_model` the model its `sample.drafter` names (`tcsm.builders.loading.load_drafter`)."""
+    return RunSampler(model, path, objective, sample_settings(cfg.sample, **overrides), drafter_model)
