@@ -158,6 +158,12 @@ def _cannot_load(where: str, e: BaseException, local_only: bool) -> ConfigError:
             f"model.name_or_path {where!r} is not a local directory, and as a Hugging Face Hub id it could not be "
             f"loaded: {first}"
         )
+    if p.is_dir() and not (p / "config.json").is_file():
+        return ConfigError(f"model.name_or_path {where!r} has no config.json: give a Hugging Face model directory "
+                           "(config.json, weights, tokenizer)")  # fmt: skip
+    if "custom code" in str(e) or "trust_remote_code" in str(e):
+        return ConfigError(f"model.name_or_path {where!r} is a model with its own code (a LLaDA-style masked "
+                           "diffusion LM): use model.name=hf_masked_dlm")  # fmt: skip
     return ConfigError(f"model: cannot load {where!r}: {first}")
 
 
@@ -386,11 +392,14 @@ def build_hf_denoiser(node: dict, ctx: BuildContext):
 def load_hf_quietly(tf, where, load):
     """`load()` (a transformers model load) without its progress bars (stderr stays for messages a user must read);
     a load that fails is a one-line ConfigError naming `where`."""
+    from safetensors import SafetensorError  # a truncated or corrupt weight file
+
     tf.utils.logging.disable_progress_bar()
     try:
         return load()
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"model: cannot load {where!r}: {str(e).splitlines()[0]}") from None
+    except (OSError, ValueError, SafetensorError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"model: cannot load {where!r}: {first}") from None
     finally:
         tf.utils.logging.enable_progress_bar()
 

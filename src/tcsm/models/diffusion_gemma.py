@@ -41,6 +41,7 @@ class DiffusionGemmaDenoiserConfig(ModelConfig):
     block_length: int
     self_conditioning: bool = False
     time_conditioning: bool = False
+    hidden_size: int = 0  # the model's width, which sizes a DRE ratio head over it
 
 
 def check_canvas_fit(length: int, block_length: int, path_block_length: int | None = None) -> None:
@@ -90,7 +91,7 @@ class DiffusionGemmaDenoiser(nn.Module):
         self.layer_types = tuple(text.layer_types)
         self.cfg = DiffusionGemmaDenoiserConfig(
             self.vocab_size, self.vocab_size, int(text.max_position_embeddings), self.block_length,
-            bool(self_conditioning),
+            bool(self_conditioning), hidden_size=int(text.hidden_size),
         )  # fmt: skip
         # tcsm checkpoints hold the Hugging Face state dict as the model saves it (tied copies once, its own names),
         # so a checkpoint's model.safetensors and `save_pretrained`'s are the same file.
