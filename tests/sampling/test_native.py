@@ -60,3 +60,11 @@ def test_one_line_errors():
         _draw(model, 2, 8, 0, fixed=fixed, values=torch.zeros(2, 8, dtype=torch.long))
     with pytest.raises(ConfigError, match="needs a model with its own sampler"):
         _draw(lambda xt, t: xt, 2, 8, 0)
+
+
+def test_a_prompt_that_fills_the_length_says_nothing_is_left_to_draw():
+    """Not the model's own "max_new_tokens must be a positive integer, but got 0"."""
+    model = DiffusionGemmaDenoiser(tiny_hf(V=V, k=K))
+    fixed, values = prefix_condition(torch.tensor([[3, 4, 5, 6]]), 1, 4)
+    with pytest.raises(ConfigError, match=r"prompt \(4 tokens\) fills the whole sample length 4.*--max-new-tokens"):
+        _draw(model, 1, 4, 0, fixed=fixed, values=values)

@@ -162,8 +162,9 @@ def _cannot_load(where: str, e: BaseException, local_only: bool) -> ConfigError:
         return ConfigError(f"model.name_or_path {where!r} has no config.json: give a Hugging Face model directory "
                            "(config.json, weights, tokenizer)")  # fmt: skip
     if "custom code" in str(e) or "trust_remote_code" in str(e):
-        return ConfigError(f"model.name_or_path {where!r} is a model with its own code (a LLaDA-style masked "
-                           "diffusion LM): use model.name=hf_masked_dlm")  # fmt: skip
+        return ConfigError(f"model.name_or_path {where!r} is a model with its own code (config.json auto_map), "
+                           "which this model.name does not run: a masked diffusion LM with its own code (LLaDA, "
+                           "Dream) is model.name=hf_masked_dlm")  # fmt: skip
     return ConfigError(f"model: cannot load {where!r}: {first}")
 
 
