@@ -114,6 +114,13 @@ def test_dre_strategy_ii_sizes_its_ratio_head_from_the_hidden_size(root, tmp_pat
     assert json.loads((tmp_path / "dre" / "dre_eval.json").read_text())["reference_bpc"] > 0
 
 
+def test_the_export_note_of_a_diffusion_gemma_run_asks_for_no_remote_code(root, tmp_path, capsys):
+    capsys.readouterr()
+    assert _main("export", root / "run", "-o", tmp_path / "hf") == 0
+    out = capsys.readouterr().out
+    assert "DiffusionGemmaForBlockDiffusion.from_pretrained" in out and "trust_remote_code" not in out
+
+
 def test_lora_sft_starts_from_the_plain_run(root, tmp_path):
     """A LoRA run takes the plain run's weights as its base: the tied encoder/decoder weights keep one name when
     their layers are adapted (`<layer>.base_layer.weight`), so the start loads."""

@@ -114,3 +114,22 @@ def test_a_diffusion_gemma_directory_without_config_or_tokenizer_says_which_file
     (d / "config.json").unlink()
     line = _error(capsys, ["train", "-o", tmp_path / "r", *_hf("diffusion_gemma", d)])
     assert "has no config.json" in line and "model_type" not in line
+
+
+def test_a_lora_adapter_export_takes_overwrite_and_leaks_no_peft_warning(tmp_path, capsys, recwarn):
+    pytest.importorskip("peft")
+    assert main(["train", "-o", str(tmp_path / "plain"), *tiny(*QUIET, "train.steps=1", "sample.num=0")]) == 0
+    assert main(["train", "-o", str(tmp_path / "lora"), *tiny(*QUIET, "train.steps=1", "sample.num=0",
+                 "train.lora.r=2", "train.lora.target_modules=[qkv]", f"train.init_from={tmp_path / 'plain'}")]) == 0
+    out = tmp_path / "adapter"
+    assert main(["export", str(tmp_path / "lora"), "-o", str(out), "--lora-adapter"]) == 0
+    first = (out / "adapter_model.safetensors").read_bytes()
+    assert "--overwrite" in _error(capsys, ["export", tmp_path / "lora", "-o", out, "--lora-adapter"])
+    (out / "adapter_model.safetensors").write_bytes(b"stale")
+    assert main(["export", str(tmp_path / "lora"), "-o", str(out), "--lora-adapter", "--overwrite"]) == 0
+    assert (out / "adapter_model.safetensors").read_bytes() == first
+    assert not [w for w in recwarn if "Could not find a config file" in str(w.message)]
+    # a directory that holds anything else is still refused, overwrite or not
+    (out / "notes.txt").write_text("mine")
+    assert "neither" in _error(capsys, ["export", tmp_path / "lora", "-o", out, "--lora-adapter", "--overwrite"])
+    assert (out / "notes.txt").read_text() == "mine"

@@ -20,6 +20,7 @@ tokens, read that cache and give the canvas's logits. The canvas is tcsm's block
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -243,7 +244,9 @@ class DiffusionGemmaDenoiser(nn.Module):
         # generate() draws from torch's global stream: seed it from `generator`, leaving the caller's stream as it was
         seed = int(torch.randint(0, 2**62, (1,), generator=generator))
         devices = [device] if torch.device(device).type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
+        with torch.random.fork_rng(devices=devices), warnings.catch_warnings():
+            # generate() imports torch's compiler stack, whose import warns of torch.jit's deprecation: not the user's
+            warnings.filterwarnings("ignore", message=r".*torch\.jit", category=DeprecationWarning)
             torch.manual_seed(seed)
             out = self.hf.generate(prompt.to(device), max_new_tokens=new, max_denoising_steps=int(steps))
         seqs = out.sequences[:, 1:] if lead else out.sequences
