@@ -133,3 +133,16 @@ def test_a_lora_adapter_export_takes_overwrite_and_leaks_no_peft_warning(tmp_pat
     (out / "notes.txt").write_text("mine")
     assert "neither" in _error(capsys, ["export", tmp_path / "lora", "-o", out, "--lora-adapter", "--overwrite"])
     assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_a_time_blind_uniform_block_denoiser_is_refused(tmp_path, capsys):
+    line = _error(capsys, ["train", "-o", tmp_path / "r", *tiny(*QUIET, "path.source=uniform", "path.block_length=8",
+                                                                 "model.time_conditioning=false")])  # fmt: skip
+    assert "model.time_conditioning=true" in line
+    assert not (tmp_path / "r").exists()
+
+
+def test_an_eos_id_outside_the_vocabulary_is_refused_before_step_0(tmp_path, capsys):
+    line = _error(capsys, ["train", "-o", tmp_path / "r", *tiny(*QUIET, "path.block_length=8", "sample.eos_id=999")])
+    assert "sample.eos_id=999" in line
+    assert not (tmp_path / "r" / "checkpoints").exists()

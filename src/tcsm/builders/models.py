@@ -66,6 +66,15 @@ def build_denoiser_model(node: dict, ctx: BuildContext):
             f"set model.max_len={ctx.seq_len} or shorten the data's sequence length"
         )
     block_length = getattr(ctx.path, "block_length", None)
+    from tcsm.builders.components import DataInfo
+
+    # A time-blind block denoiser on the uniform source cannot tell a clean block from a noisy one: its bound has no
+    # finite integrand (a saved run of one still loads).
+    uniform = ctx.path.num_states == ctx.vocab_size
+    if block_length is not None and uniform and overrides.get("time_conditioning") is False and not isinstance(
+            ctx.data, DataInfo):
+        raise ConfigError("a block denoiser on the uniform source needs its time input: set "
+                          "model.time_conditioning=true (or use the masked source)")  # fmt: skip
     try:
         if block_length is not None:
             return build_block_denoiser(

@@ -34,6 +34,13 @@ def _describe(args, report: dict) -> str:
     )
 
 
+def _check(args) -> None:
+    from tcsm.core.errors import ConfigError
+
+    if args.eval_prompts < 0:
+        raise ConfigError(f"--eval-prompts must be >= 0 (0: skip the report), got {args.eval_prompts}")
+
+
 RECIPE = RecipeSpec(
     name="rl",
     help="GRPO for diffusion LMs with a verifiable reward (one_step / elbo (SPG) / exact likelihood estimates)",
@@ -56,5 +63,6 @@ RECIPE = RecipeSpec(
     report="tcsm.recipes.rl.compose:report_of",
     report_file="rl_eval.json",
     describe=_describe,
+    check=_check,
     marks=("objective.name", "grpo"),
 )

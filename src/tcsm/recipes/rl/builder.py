@@ -57,6 +57,9 @@ def _estimator(node: dict, path):
     name = node["estimator"]
     if name not in ESTIMATOR_NAMES:
         raise ConfigError(f"objective.estimator={name!r} is unknown; choose one of {list(ESTIMATOR_NAMES)}")
+    if name != "elbo" and node["upper"] != "none":
+        raise ConfigError(f"objective.upper={node['upper']} is SPG's upper bound of the elbo estimate; the {name} "
+                          "estimate has none: give --estimator elbo, or drop --upper")  # fmt: skip
     if name == "one_step":
         return OneStepEstimate(path, node["prompt_mask_prob"])
     if name == "elbo":
