@@ -146,3 +146,21 @@ def test_an_eos_id_outside_the_vocabulary_is_refused_before_step_0(tmp_path, cap
     line = _error(capsys, ["train", "-o", tmp_path / "r", *tiny(*QUIET, "path.block_length=8", "sample.eos_id=999")])
     assert "sample.eos_id=999" in line
     assert not (tmp_path / "r" / "checkpoints").exists()
+
+
+def test_a_run_inside_another_run_is_refused(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "-o", str(run), *tiny(*QUIET, "train.steps=1", "sample.num=0")]) == 0
+    before = sorted(p.name for p in (run / "checkpoints").iterdir())
+    line = _error(capsys, ["train", "-o", run / "checkpoints", *tiny(*QUIET, "train.steps=1", "sample.num=0")])
+    assert "inside the run" in line and str(run) in line
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before
+
+
+def test_a_resume_with_nothing_to_do_leaves_config_yaml_as_it_was(tmp_path):
+    run = tmp_path / "run"
+    assert main(["train", "-o", str(run), *tiny(*QUIET, "train.steps=1", "sample.num=0")]) == 0
+    before = (run / "config.yaml").read_bytes()
+    assert main(["train", "-o", str(run), "--resume", *tiny(*QUIET, "train.steps=1", "sample.num=0",
+                                                              "optim.lr=1e-2")]) == 0  # fmt: skip
+    assert (run / "config.yaml").read_bytes() == before

@@ -454,7 +454,8 @@ class Trainer:
 
     def _fit(self) -> dict:
         t, env = self.cfg.train, self.env
-        if self.env.is_main and self.run_dir is not None:
+        idle = self.step >= t.steps and not (t.steps == 0 and self.step == 0)  # a resume with nothing to do
+        if self.env.is_main and self.run_dir is not None and not idle:  # an idle resume leaves the run as it was
             (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg), encoding="utf-8")
             self._save_tokenizer()
             clean_leftovers(self.checkpoints.root)
