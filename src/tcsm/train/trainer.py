@@ -512,6 +512,9 @@ class Trainer:
                         self.window_lost = False
                     self.logger.scalars("train", self.step, row)
                     self._bar.postfix(loss=f"{row['loss']:.4f}", lr=f"{row['lr']:.2e}")
+                    describe = getattr(self.objective, "log_line", None)  # an objective's own figures to watch
+                    if describe is not None and env.is_main:
+                        self._bar.write(f"step {self.step}: loss {row['loss']:.4f}, {describe(row)}")
                     self.window, self.window_steps, self.window_start = {}, 0, time.perf_counter()
                 self._bar.update(1, final=final)
                 did_eval = self._periodic(t.eval_every, final)

@@ -4,6 +4,7 @@ the run's frozen model as the KL reference, checked against the run's model, pat
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 
@@ -51,6 +52,12 @@ class GRPOObjectiveConfig:
     prompt_len: int = field(default=0, metadata={"help": "rows without a prompt mask: leading prompt positions"})
     success: float = field(default=1.0, metadata={"help": "the reward counted as solved (accuracy)"})
     reward_chunk: int = field(default=8192, metadata={"help": "sequences per reward call (memory)"})
+    eos_id: Optional[int] = field(  # noqa: UP045
+        default=None,
+        metadata={"help": "end-of-sequence token: completion tokens after its first occurrence are left out of the "
+                          "loss, as d1 does (null: sample.eos_id, else the data's end-of-sequence token)"},
+    )  # fmt: skip
+    keep_after_eos: bool = field(default=False, metadata={"help": "score every completion token, padding included"})
 
 
 def _estimator(node: dict, path):
@@ -89,6 +96,20 @@ def _reward(node: dict, ctx):
     return reward
 
 
+def _eos(node: dict, ctx) -> int | None:
+    """The end-of-sequence id after which completion tokens leave the loss: objective.eos_id, sample.eos_id, the
+    data's; checked against the vocabulary."""
+    sample = ctx.config.sample
+    eos = node.get("eos_id")
+    if eos is None:
+        eos = sample.get("eos_id") if hasattr(sample, "get") else getattr(sample, "eos_id", None)
+    if eos is None:
+        eos = getattr(ctx.data, "eos_id", None)
+    if eos is not None and not 0 <= int(eos) < int(ctx.vocab_size):
+        raise ConfigError(f"objective.eos_id={eos} is not a token id of the {ctx.vocab_size}-token vocabulary")
+    return None if eos is None else int(eos)
+
+
 def build_grpo_objective(node: dict, ctx):
     """`objective.name: grpo` (MATH.md §5.2's link to RL; `tcsm.posttrain.rl`)."""
     from tcsm.posttrain.rl.objective import GRPOObjective, LeftToRightGRPOObjective
@@ -124,7 +145,8 @@ def build_grpo_objective(node: dict, ctx):
             clip_eps=node["clip_eps"], kl_coef=node["kl_coef"], reference=ctx.reference,
             num_iterations=node["num_iterations"], per_token=node["per_token"],
             scale_advantages=node["scale_advantages"], sampler_owner=owner, reward_chunk=node["reward_chunk"],
-            success=node["success"], prompt_len=node["prompt_len"],
+            success=node["success"], prompt_len=node["prompt_len"], eos_id=_eos(node, ctx),
+            keep_after_eos=node["keep_after_eos"],
         )  # fmt: skip
     except ValueError as e:
         raise ConfigError(f"objective: {e}") from None
