@@ -164,3 +164,18 @@ def test_a_resume_with_nothing_to_do_leaves_config_yaml_as_it_was(tmp_path):
     assert main(["train", "-o", str(run), "--resume", *tiny(*QUIET, "train.steps=1", "sample.num=0",
                                                               "optim.lr=1e-2")]) == 0  # fmt: skip
     assert (run / "config.yaml").read_bytes() == before
+
+
+def test_a_tokenizer_with_an_empty_vocabulary_is_refused(tmp_path, capsys):
+    tokenizers = pytest.importorskip("tokenizers")
+    d = tmp_path / "tok"
+    d.mkdir()
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({}, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tok.save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+    (tmp_path / "c.txt").write_text("a b c\n" * 50)
+    line = _error(capsys, ["prepare", tmp_path / "c.txt", "-o", tmp_path / "sh", "--tokenizer", d, "--no-progress",
+                           "--packing", "pad", "--seq-len", "8"])  # fmt: skip
+    assert "vocabulary" in line
+    assert not (tmp_path / "sh" / "index.json").exists()
