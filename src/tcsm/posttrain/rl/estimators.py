@@ -9,6 +9,9 @@ policy compares like with like).
 * `OneStepEstimate` (diffu-GRPO, d1): one denoiser call with every completion token at the source (all masked),
   each prompt token masked independently with probability `prompt_mask_prob`; ℓ = Σ_{i completion}
   log m^i_θ(x^i | x_masked). A biased, low-variance proxy: it scores each token as if it were the first revealed.
+  On a block model the denoiser reads the blocks before each block clean (its KV cache of x_1), so the estimate is a
+  product over blocks, Σ_b Σ_{i ∈ block b} log m^i_θ(x^i | x^{<b} clean, block b at the source): only the current
+  block's completion tokens are at the source, not the whole completion.
 * `ELBOEstimate` (tcsm's own bound, MATH.md §2.2–2.4): ℓ = −NELBO(completion | prompt), `num_t` stratified times
   (`evaluation.likelihood.nelbo` with the prompt as `cond_mask`), an unbiased estimate of a lower bound on
   log p^θ. With `upper` (SPG), rollouts with a negative advantage use SPG's evidence upper bound instead (`eubo`),
@@ -69,7 +72,8 @@ class SequenceLogLikelihood:
 
 class OneStepEstimate(SequenceLogLikelihood):
     """d1's one-step estimate: completion at the source, prompt tokens masked with probability `prompt_mask_prob`,
-    ℓ = Σ_{i completion} log m^i_θ(x^i | x̃) at the source end t = T_MIN."""
+    ℓ = Σ_{i completion} log m^i_θ(x^i | x̃) at the source end t = T_MIN; on a block model each block's terms read
+    the blocks before it clean (see the module docstring)."""
 
     name = "one_step"
 
