@@ -2,7 +2,8 @@
 against the rollouts each method drew and the CPU time it took (docs/benchmarks.md, "RL with verifiable rewards").
 
 Methods (one command line each, the task's verifier as the reward, the same sampler and steps for every rollout):
-  diffu-grpo  `tcsm finetune rl --estimator one_step` (diffu-GRPO's one-step log-likelihood, prompt masking)
+  diffu-grpo  `tcsm finetune rl --estimator one_step` (d1's one-step log-likelihood, prompt masking; advantages
+              std-scaled, which d1 does not do)
   elbo-grpo   `tcsm finetune rl --estimator elbo --upper eubo` (the path's bound; SPG's upper bound for A < 0)
   tcsm-nfull  `tcsm finetune reward --neighbourhood full --xt-source model` (B proposals per on-policy x_t, SNIS)
   tcsm-n1     `tcsm finetune reward --neighbourhood n1 --xt-source model` (explicit tilted single-site conditionals)
@@ -30,7 +31,7 @@ from pathlib import Path
 import torch
 
 METHODS = {
-    "diffu-grpo": ("diffu-GRPO (one-step estimate)", "rl", {"objective.estimator": "one_step"}),
+    "diffu-grpo": ("one-step GRPO (std-scaled advantages)", "rl", {"objective.estimator": "one_step"}),
     "elbo-grpo": ("ELBO-GRPO (bound, EUBO for A<0)", "rl", {"objective.estimator": "elbo", "objective.upper": "eubo"}),
     "tcsm-nfull": ("TCSM reward, N^full", "reward", {"target.neighbourhood": "full", "target.xt_source": "model"}),
     "tcsm-n1": ("TCSM reward, N^1", "reward", {"target.neighbourhood": "n1", "target.xt_source": "model"}),

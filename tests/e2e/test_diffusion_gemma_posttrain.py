@@ -103,6 +103,24 @@ def test_dre_and_distillation_from_a_causal_lm_of_the_same_tokenizer(root, tmp_p
     assert (tmp_path / "st" / "checkpoints" / "latest").is_file()
 
 
+def test_dre_strategy_ii_sizes_its_ratio_head_from_the_hidden_size(root, tmp_path):
+    """Strategy ii (the default) trains a ratio head over the frozen model: a DiffusionGemma has no tcsm trunk, so
+    the head takes its width from the model's hidden size; only the head trains."""
+    assert _main("finetune", "dre", "--from", root / "run", "-o", tmp_path / "dre", "--bregman", "bce", "--steps", "1",
+                 "--eval-examples", "2", *COMMON) == 0  # fmt: skip
+    after = final_weights(tmp_path / "dre")
+    head = {k: v for k, v in after.items() if k.startswith("head.")}
+    assert head["head.embed_clean.weight"].shape[1] == 16  # tiny_hf's hidden_size
+    assert json.loads((tmp_path / "dre" / "dre_eval.json").read_text())["reference_bpc"] > 0
+
+
+def test_the_export_note_of_a_diffusion_gemma_run_asks_for_no_remote_code(root, tmp_path, capsys):
+    capsys.readouterr()
+    assert _main("export", root / "run", "-o", tmp_path / "hf") == 0
+    out = capsys.readouterr().out
+    assert "DiffusionGemmaForBlockDiffusion.from_pretrained" in out and "trust_remote_code" not in out
+
+
 def test_lora_sft_starts_from_the_plain_run(root, tmp_path):
     """A LoRA run takes the plain run's weights as its base: the tied encoder/decoder weights keep one name when
     their layers are adapted (`<layer>.base_layer.weight`), so the start loads."""

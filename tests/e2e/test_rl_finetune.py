@@ -168,3 +168,12 @@ def test_task_rewards_score_the_runs_own_task_options(addition_run, tmp_path):
         assert reward.task.options()["digits"] == 2, run
         rows = parts.data.split("test").x1.long()
         assert torch.equal(reward(rows), torch.ones(len(rows))), run  # the reference answers score 1
+
+
+def test_reward_tuning_on_a_task_prints_accuracy_as_rl_does(addition_run, tmp_path, capsys):
+    capsys.readouterr()
+    assert main(["finetune", "reward", "--from", str(addition_run), "--reward", "task:addition", "-B", "2",
+                 "--eval-samples", "4", "-o", str(tmp_path / "tcsm"), "target.sample_steps=2", *QUIET]) == 0  # fmt: skip
+    report = json.loads((tmp_path / "tcsm" / "reward_eval.json").read_text())
+    assert 0 <= report["pretrained_accuracy"] <= 1 and 0 <= report["finetuned_accuracy"] <= 1
+    assert "accuracy" in capsys.readouterr().out

@@ -35,3 +35,19 @@ def test_prompted_rows_get_the_completion_given_prompt_bound_the_sft_objective_r
     assert plain["bound"] == "masked" and plain["nats_per_token"] != got["nats_per_token"]
     direct = prompted_bound(model, data.valid, path, batch_size=2, num_t=3, generator=torch.Generator().manual_seed(1))
     assert direct["nats_per_token"] == got["nats_per_token"]
+
+
+def test_prompted_rows_take_eval_t_max():
+    """eval.t_max reaches the completion | prompt bound (a time-blind uniform model's reward or SFT run)."""
+    from tcsm.paths import UniformPath
+
+    data = build_data({"kind": "task", "task": "addition", "options": {"digits": 2}, "num_train": 6, "num_valid": 5,
+                       "num_test": 0})  # fmt: skip
+    path = UniformPath(data.vocab_size)
+    model = _Denoiser(data.vocab_size, data.seq_len)
+    e = SimpleNamespace(batch_size=2, num_t=3, bound=None, t_max=0.9)
+    got = evaluate_model(object(), model, data.valid, path, e, generator=torch.Generator().manual_seed(1))
+    assert got["bound"].endswith("@t_max=0.9, completion | prompt") and got["t_max"] == 0.9
+    whole = evaluate_model(object(), model, data.valid, path, SimpleNamespace(batch_size=2, num_t=3, bound=None),
+                           generator=torch.Generator().manual_seed(1))  # fmt: skip
+    assert whole["nats_per_token"] != got["nats_per_token"]

@@ -88,3 +88,19 @@ def test_builder_errors_are_one_line(ctx, monkeypatch):
 
 def even_sum(x):
     return (x.sum(-1) % 2 == 0).float()
+
+
+def test_an_upper_bound_without_the_elbo_estimate_and_negative_eval_prompts_are_refused(ctx, monkeypatch, tmp_path,
+                                                                                           capsys):  # fmt: skip
+    build = OBJECTIVES.get("grpo").builder
+    monkeypatch.setitem(sys.modules, "rl_test_rewards", sys.modules[__name__])
+    with pytest.raises(ConfigError, match="objective.upper=eubo is SPG's upper bound of the elbo estimate; the "
+                                          "one_step estimate has none"):  # fmt: skip
+        build(_node(estimator="one_step", upper="eubo"), ctx)
+    from tcsm.cli import main
+
+    capsys.readouterr()
+    assert main(["finetune", "rl", "--from", str(tmp_path / "none"), "--eval-prompts", "-3", "-o",
+                 str(tmp_path / "rl")]) == 2  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--eval-prompts must be >= 0" in err

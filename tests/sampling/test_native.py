@@ -60,3 +60,30 @@ def test_one_line_errors():
         _draw(model, 2, 8, 0, fixed=fixed, values=torch.zeros(2, 8, dtype=torch.long))
     with pytest.raises(ConfigError, match="needs a model with its own sampler"):
         _draw(lambda xt, t: xt, 2, 8, 0)
+
+
+def test_a_prompt_that_fills_the_length_says_nothing_is_left_to_draw():
+    """Not the model's own "max_new_tokens must be a positive integer, but got 0"."""
+    model = DiffusionGemmaDenoiser(tiny_hf(V=V, k=K))
+    fixed, values = prefix_condition(torch.tensor([[3, 4, 5, 6]]), 1, 4)
+    with pytest.raises(ConfigError, match=r"prompt \(4 tokens\) fills the whole sample length 4.*--max-new-tokens"):
+        _draw(model, 1, 4, 0, fixed=fixed, values=values)
+
+
+def test_a_native_sample_prints_no_torch_jit_deprecation(tmp_path):
+    """generate() imports torch's compiler stack, whose import warns that torch.jit is deprecated: in a fresh
+    process, with every warning shown, none of those lines reaches the user."""
+    import subprocess
+    import sys
+
+    code = ("import torch, warnings; warnings.simplefilter('default'); from diffusion_gemma_helpers import tiny_hf; "
+            "from tcsm.models.diffusion_gemma import DiffusionGemmaDenoiser; "
+            f"DiffusionGemmaDenoiser(tiny_hf(V={V}, k={K})).native_generate(torch.tensor([[3, 4]]), 6, steps=2)")
+    import os
+    from pathlib import Path
+
+    tests = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "torch.jit" not in r.stderr

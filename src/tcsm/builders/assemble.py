@@ -11,6 +11,7 @@ from tcsm.builders.components import Components, build_data, build_objective, bu
 from tcsm.builders.frozen import load_reference
 from tcsm.builders.lora import keeps_start_adapters, shares_base, with_lora
 from tcsm.builders.registry import MODELS, OBJECTIVES, TARGETS, BuildContext
+from tcsm.core.errors import ConfigError
 from tcsm.core.protocols import TrainerCallback
 from tcsm.models.lora import adapters_off
 
@@ -33,6 +34,7 @@ def build_components(cfg, device: torch.device, data=None) -> Components:
         load_reference(ctx, listed, own_stream=uses["model"] is None)
     name, node = sections["model"]
     ctx.model = with_lora(MODELS.build(name, node, ctx), cfg).to(device)
+    _check_sample_section(cfg, ctx)
     if shared and keeps_start_adapters(cfg, ctx.model):  # the start's adapters stay: the reference is that whole run
         load_reference(ctx, listed, own_stream=True)
     elif shared:
@@ -45,6 +47,22 @@ def build_components(cfg, device: torch.device, data=None) -> Components:
     return Components(
         data, ctx.path, ctx.model, ctx.target, objective, ctx, ctx.reference, callbacks
     )
+
+
+def _check_sample_section(cfg, ctx) -> None:
+    """What the `sample:` section says that only the data and model can check, before step 0 (not at the first
+    sample, after training)."""
+    from tcsm.models.kinds import kind_of
+
+    eos = cfg.sample.get("eos_id") if hasattr(cfg.sample, "get") else getattr(cfg.sample, "eos_id", None)
+    if eos is None:
+        return
+    if not 0 <= int(eos) < int(ctx.path.vocab_size):
+        raise ConfigError(f"sample.eos_id={eos} is not a token id of the data's {ctx.path.vocab_size}-token "
+                          "vocabulary")  # fmt: skip
+    if not kind_of(ctx.model).blocks:
+        raise ConfigError(f"sample.eos_id={eos} stops block decoding, and this run's model is a full-sequence model: "
+                          "leave sample.eos_id null")  # fmt: skip
 
 
 def build_objective_for_checkpoint(cfg, model: torch.nn.Module, data, device):

@@ -124,6 +124,9 @@ def load_native(path, device="cpu", overrides=()):
 
     where = str(Path(path).resolve())
     _, config = _hf_config(where, True)
+    if not any((Path(where) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        raise ConfigError(f"{where!r} has no tokenizer (tokenizer.json, tokenizer_config.json): copy the model's "
+                          "tokenizer files into it")  # fmt: skip
     V, k = int(config.get_text_config().vocab_size), int(config.canvas_length)
     cfg = load_config("synthetic", [f"model.name={MODEL_TYPE}", f"model.name_or_path={where}", "path.source=uniform",
                                     f"path.block_length={k}", f"data.vocab_size={V}", f"data.seq_len={k}",

@@ -360,7 +360,7 @@ def export(
     ck = load_checkpoint(run, device="cpu", ema=ema)
     merge = lora_choice(ck.config, ck.model, lora_merge)
     if merge is False:
-        return _export_adapter(ck, out, log)
+        return _export_adapter(ck, out, log, overwrite)
     if merge:
         try:
             merge_adapters(ck.model)
@@ -435,10 +435,21 @@ def _say_notes(notes: list[str], log) -> None:
         say(f"tcsm export: note: {note}")
 
 
-def _export_adapter(ck, out: Path, log) -> Path:
-    """A LoRA run's adapters as PEFT's adapter directory, written whole or not at all into a new or empty `out`."""
+#: what `write_adapter` writes: a directory of these alone is an earlier adapter export that --overwrite replaces
+_ADAPTER_FILES = {"adapter_config.json", "adapter_model.safetensors", "README.md"}
+
+
+def _export_adapter(ck, out: Path, log, overwrite: bool = False) -> Path:
+    """A LoRA run's adapters as PEFT's adapter directory, written whole or not at all into a new or empty `out`, or
+    over an earlier adapter export with `overwrite`."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise CheckpointError(f"a LoRA adapter is exported into a new or empty directory; {str(out)!r} is not one")
+        entries = {p.name for p in out.iterdir()} if out.is_dir() else set()
+        if not ("adapter_config.json" in entries and entries <= _ADAPTER_FILES):
+            raise CheckpointError(f"a LoRA adapter is exported into a new or empty directory, or over an earlier "
+                                  f"adapter export; {str(out)!r} is neither")  # fmt: skip
+        if not overwrite:
+            raise CheckpointError(f"export target {str(out)!r} already holds a LoRA adapter export; pass --overwrite "
+                                  "to replace it")  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".tmp-export-{out.name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
@@ -446,8 +457,12 @@ def _export_adapter(ck, out: Path, log) -> Path:
         notes = write_adapter(tmp, ck.model, ck.config)
         fsync_dir(tmp)
         if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)
+            trash = out.parent / f".old-export-{out.name}-{uuid.uuid4().hex[:8]}"
+            os.replace(out, trash)
+            os.replace(tmp, out)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(_write_failure(out, e)) from None

@@ -94,7 +94,7 @@ def write_adapter(directory: Path, model, cfg) -> list[str]:
     peft_model = handle(model)
     base = adapter_base(cfg)
     peft_model.peft_config["default"].base_model_name_or_path = base
-    peft_model.save_pretrained(str(directory))
+    peft_model.save_pretrained(str(directory), save_embedding_layers=False)  # tcsm never resizes the vocabulary
     hf = hasattr(model, "hf")
     load = ("AutoModel.from_pretrained(BASE, trust_remote_code=True)" if cfg.model.get("name") == "hf_masked_dlm"
             else "tcsm.from_pretrained(BASE).hf" if hf else "tcsm.from_pretrained(BASE)")  # fmt: skip

@@ -66,6 +66,15 @@ def build_denoiser_model(node: dict, ctx: BuildContext):
             f"set model.max_len={ctx.seq_len} or shorten the data's sequence length"
         )
     block_length = getattr(ctx.path, "block_length", None)
+    from tcsm.builders.components import DataInfo
+
+    # A time-blind block denoiser on the uniform source cannot tell a clean block from a noisy one: its bound has no
+    # finite integrand (a saved run of one still loads).
+    uniform = ctx.path.num_states == ctx.vocab_size
+    if block_length is not None and uniform and overrides.get("time_conditioning") is False and not isinstance(
+            ctx.data, DataInfo):
+        raise ConfigError("a block denoiser on the uniform source needs its time input: set "
+                          "model.time_conditioning=true (or use the masked source)")  # fmt: skip
     try:
         if block_length is not None:
             return build_block_denoiser(
@@ -158,6 +167,13 @@ def _cannot_load(where: str, e: BaseException, local_only: bool) -> ConfigError:
             f"model.name_or_path {where!r} is not a local directory, and as a Hugging Face Hub id it could not be "
             f"loaded: {first}"
         )
+    if p.is_dir() and not (p / "config.json").is_file():
+        return ConfigError(f"model.name_or_path {where!r} has no config.json: give a Hugging Face model directory "
+                           "(config.json, weights, tokenizer)")  # fmt: skip
+    if "custom code" in str(e) or "trust_remote_code" in str(e):
+        return ConfigError(f"model.name_or_path {where!r} is a model with its own code (config.json auto_map), "
+                           "which this model.name does not run: a masked diffusion LM with its own code (LLaDA, "
+                           "Dream) is model.name=hf_masked_dlm")  # fmt: skip
     return ConfigError(f"model: cannot load {where!r}: {first}")
 
 
@@ -386,11 +402,14 @@ def build_hf_denoiser(node: dict, ctx: BuildContext):
 def load_hf_quietly(tf, where, load):
     """`load()` (a transformers model load) without its progress bars (stderr stays for messages a user must read);
     a load that fails is a one-line ConfigError naming `where`."""
+    from safetensors import SafetensorError  # a truncated or corrupt weight file
+
     tf.utils.logging.disable_progress_bar()
     try:
         return load()
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"model: cannot load {where!r}: {str(e).splitlines()[0]}") from None
+    except (OSError, ValueError, SafetensorError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"model: cannot load {where!r}: {first}") from None
     finally:
         tf.utils.logging.enable_progress_bar()
 

@@ -93,6 +93,15 @@ def validate(cfg: DictConfig) -> None:
         cfg.eval.max_examples is None or cfg.eval.max_examples >= 1,
         f"eval.max_examples must be >= 1 or null (the whole split), got {cfg.eval.max_examples}",
     )
+    lora = t.get("lora")
+    if lora is not None:
+        _check(lora.r >= 0, f"train.lora.r must be >= 0 (0: no adapters, all weights train), got {lora.r}")
+        _check(lora.alpha > 0, f"train.lora.alpha must be > 0, got {lora.alpha}")
+        _check(
+            lora.r > 0 or not lora.target_modules,
+            f"train.lora.r=0 trains all weights, yet train.lora.target_modules={list(lora.target_modules or [])} "
+            "names layers to adapt: give a rank train.lora.r >= 1, or drop target_modules",
+        )
     _check(cfg.sample.num >= 0, f"sample.num must be >= 0, got {cfg.sample.num}")
     from tcsm.sampling.settings import sample_settings
 

@@ -193,11 +193,13 @@ def __getattr__(name: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    register()
     try:
+        register()
         from lm_eval.__main__ import cli_evaluate
     except ImportError as e:
-        raise ImportError("the lm-eval adapter needs the extra: pip install 'tcsm[lmeval]'") from e
+        print(f"tcsm lmeval: error: the lm-eval adapter needs the extra: pip install 'tcsm[lmeval]' ({e})",
+              file=sys.stderr)  # fmt: skip
+        return 2
     if argv is not None:
         sys.argv = ["lm_eval", *argv]
     import os

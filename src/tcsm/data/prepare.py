@@ -278,6 +278,9 @@ def prepare(
         tok = tokenizer_spec.resolve(tokenizer, eos=eos, train_docs=(d for d in read() if split_of(d, *fractions) == 0))
     else:
         tok = tokenizer_spec.resolve(tokenizer, eos=eos)
+    if int(tok.vocab_size) < 2:
+        raise DataError(f"tokenizer {tokenizer!r} has a vocabulary of {tok.vocab_size} token(s); shards need at least "
+                        "2 (is its vocabulary empty?)")  # fmt: skip
     if packing == "eos" and tok.eos_id is None:
         raise DataError(
             f"tokenizer {tokenizer!r} has no end-of-document token; name one with --eos TOKEN or use --packing pad"

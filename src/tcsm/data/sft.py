@@ -85,8 +85,24 @@ class ChatTemplate:
             raise DataError(f"chat template does not parse: {e}") from None
 
     def knows(self, role: str) -> bool:
-        """Whether the template names `role` (as a quoted string), the roles it can render distinctly."""
-        return f"'{role}'" in self.text or f'"{role}"' in self.text
+        """Whether the template renders a message of `role`: its content appears when the template is rendered on a
+        test conversation holding it (alone, or after a user turn, for templates that insist on the user first).
+        Reading the template's text would miss roles it renders through `{% else %}` or by name
+        (`'<|im_start|>' + message['role']`)."""
+        known = self.__dict__.setdefault("_known", {})
+        if role not in known:
+            probe = "\u27e6tcsm-role-probe\u27e7"
+            message = {"role": role, "content": probe}
+            contexts = ([message], [{"role": "user", "content": "q"}, message],
+                        [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}, message])
+            known[role] = any(self._shows(c, probe) for c in contexts)
+        return known[role]
+
+    def _shows(self, messages: list[dict], probe: str) -> bool:
+        try:
+            return probe in self.render(messages, add_generation_prompt=False)
+        except DataError:  # the template refuses this conversation (an order of roles it does not take)
+            return False
 
     def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         """The template's text for `messages`; DataError (one line) when the template fails while rendering (an

@@ -15,10 +15,11 @@ __all__ = ["evaluate_model", "prompted_bound"]
 
 
 @torch.no_grad()
-def prompted_bound(model, rows, path, *, batch_size, num_t, generator=None, bound=None, device=None) -> EvalResult:
+def prompted_bound(model, rows, path, *, batch_size, num_t, generator=None, bound=None, device=None,
+                   t_max=None) -> EvalResult:  # fmt: skip
     """The bound on −log p^θ(completion | prompt) of each record, in nats per completion token (padding included),
     from `nelbo_terms` with the prompt clean at every t (MATH.md §2.4); `rows.to_batch()` holds the prompt as
-    `cond_mask`."""
+    `cond_mask`. `t_max` < 1: the bound of the reversal stopped at t_max (MATH.md §9, "A time-blind denoiser")."""
     from tcsm.evaluation.likelihood import nelbo_terms
     from tcsm.models.modes import eval_mode
     from tcsm.paths.bounds import resolve_bound
@@ -32,9 +33,14 @@ def prompted_bound(model, rows, path, *, batch_size, num_t, generator=None, boun
         for s in range(0, N, int(batch_size)):
             x1 = batch.x1[s : s + int(batch_size)].to(device)
             cond = batch.cond_mask[s : s + int(batch_size)].to(device)
-            terms = nelbo_terms(model, x1, path, num_t=num_t, generator=generator, bound=bound, cond_mask=cond)
+            terms = nelbo_terms(model, x1, path, num_t=num_t, generator=generator, bound=bound, cond_mask=cond,
+                                t_max=t_max)  # fmt: skip
             nats.append((terms.double().mean(0) / (L - cond.sum(-1)).clamp_min(1)).cpu())
-    return EvalResult(summarise_nats(torch.cat(nats), L, f"{bound}, completion | prompt"), num_t=int(num_t))
+    label = bound if t_max is None else f"{bound}@t_max={float(t_max):g}"
+    out = EvalResult(summarise_nats(torch.cat(nats), L, f"{label}, completion | prompt"), num_t=int(num_t))
+    if t_max is not None:
+        out["t_max"] = float(t_max)
+    return out
 
 
 def evaluate_model(objective, model, data, path, e, *, generator=None, device=None, progress=False) -> EvalResult:
@@ -52,7 +58,7 @@ def evaluate_model(objective, model, data, path, e, *, generator=None, device=No
         return EvalResult.of(result, f"{type(objective).__name__}.evaluate")
     if getattr(data, "to_batch", None) is not None and getattr(data.to_batch(), "cond_mask", None) is not None:
         return prompted_bound(model, data, path, batch_size=e.batch_size, num_t=e.num_t, generator=generator,
-                              bound=e.bound, device=device)  # fmt: skip
+                              bound=e.bound, device=device, t_max=getattr(e, "t_max", None))  # fmt: skip
     from tcsm.evaluation.likelihood import evaluate_bound
 
     return evaluate_bound(

@@ -20,6 +20,7 @@ tokens, read that cache and give the canvas's logits. The canvas is tcsm's block
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +42,7 @@ class DiffusionGemmaDenoiserConfig(ModelConfig):
     block_length: int
     self_conditioning: bool = False
     time_conditioning: bool = False
+    hidden_size: int = 0  # the model's width, which sizes a DRE ratio head over it
 
 
 def check_canvas_fit(length: int, block_length: int, path_block_length: int | None = None) -> None:
@@ -90,7 +92,7 @@ class DiffusionGemmaDenoiser(nn.Module):
         self.layer_types = tuple(text.layer_types)
         self.cfg = DiffusionGemmaDenoiserConfig(
             self.vocab_size, self.vocab_size, int(text.max_position_embeddings), self.block_length,
-            bool(self_conditioning),
+            bool(self_conditioning), hidden_size=int(text.hidden_size),
         )  # fmt: skip
         # tcsm checkpoints hold the Hugging Face state dict as the model saves it (tied copies once, its own names),
         # so a checkpoint's model.safetensors and `save_pretrained`'s are the same file.
@@ -242,7 +244,9 @@ class DiffusionGemmaDenoiser(nn.Module):
         # generate() draws from torch's global stream: seed it from `generator`, leaving the caller's stream as it was
         seed = draw_seed(generator)
         devices = [device] if torch.device(device).type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
+        with torch.random.fork_rng(devices=devices), warnings.catch_warnings():
+            # generate() imports torch's compiler stack, whose import warns of torch.jit's deprecation: not the user's
+            warnings.filterwarnings("ignore", message=r".*torch\.jit", category=DeprecationWarning)
             torch.manual_seed(seed)
             out = self.hf.generate(prompt.to(device), max_new_tokens=new, max_denoising_steps=int(steps))
         seqs = out.sequences[:, 1:] if lead else out.sequences

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import warnings
 
 import torch
@@ -57,6 +58,11 @@ def add_adapters(model: nn.Module, *, r: int, alpha: float, dropout: float, targ
 
     names = [str(t) for t in target_modules]
     regex = len(names) == 1 and names[0].startswith("re:")
+    if regex:
+        try:
+            re.compile(names[0][3:])
+        except re.error as e:
+            raise ValueError(f"{names[0]!r} is not a regular expression: {e}") from None
     config = LoraConfig(r=int(r), lora_alpha=float(alpha), lora_dropout=float(dropout), bias="none",
                         target_modules=names[0][3:] if regex else names)  # fmt: skip
     with torch.random.fork_rng(devices=[]):

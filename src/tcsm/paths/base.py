@@ -94,7 +94,10 @@ class ProbabilityPath:
 
     def draw_times(self, draw, batch_size: int, length: int) -> Tensor:
         """The objective's times: `draw(n)` → n times in [0, 1); per sequence [B] on a full-sequence path, per
-        position [B, L] on a block path, each block at its own independent draw (MATH.md §9)."""
+        position [B, L] on a block path, each block at its own draw of `draw(B · num_blocks)` laid out sequence by
+        sequence (MATH.md §9). The blocks' times are independent only when `draw` draws i.i.d. times; with the
+        stratified or antithetic draws (the default) the blocks of one sequence take neighbouring cells of one grid,
+        so their times are correlated."""
         if self.block_length is None:
             return draw(batch_size)
         nb = self.num_blocks(length)

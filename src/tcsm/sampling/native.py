@@ -42,6 +42,10 @@ class Native(Sampler):
         prompt = _prompt(fixed, values)
         if prompt is None:
             prompt = torch.empty(num, 0, dtype=torch.long, device=device)
+        if prompt.shape[1] >= int(length):
+            raise ConfigError(f"the prompt ({prompt.shape[1]} tokens) fills the whole sample length {int(length)}: "
+                              "nothing is left to draw; ask for new tokens (--max-new-tokens N) or a longer "
+                              "--length")  # fmt: skip
         steps = int(self.settings.steps)
         tokens, calls = own(prompt, length, steps=steps, generator=generator, device=device)
         stats = SamplingStats(method=self.name, num_steps=steps, cached=True, times=torch.empty(0), num_calls=calls,

@@ -119,6 +119,20 @@ def refuse_foreign_dir(run_dir: str | Path | None) -> None:
         raise ConfigError(
             f"{str(run_dir)!r} holds {what}, not a run; write the run to its own directory (-o NEW_DIR)"
         )
+    outer = enclosing_run(run_dir)
+    if outer is not None:
+        raise ConfigError(f"{str(run_dir)!r} is inside the run {str(outer)!r}; a run goes in its own directory, "
+                          "not in another run's (-o NEW_DIR)")  # fmt: skip
+
+
+def enclosing_run(run_dir: str | Path | None) -> Path | None:
+    """The run directory (its config.yaml beside its checkpoints/) that holds `run_dir` somewhere below it, or None."""
+    if run_dir is None:
+        return None
+    for parent in Path(run_dir).expanduser().resolve().parents:
+        if (parent / "config.yaml").is_file() and (parent / "checkpoints").is_dir():
+            return parent
+    return None
 
 
 def clear_run(run_dir: str | Path) -> list[str]:

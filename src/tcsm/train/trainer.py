@@ -454,7 +454,8 @@ class Trainer:
 
     def _fit(self) -> dict:
         t, env = self.cfg.train, self.env
-        if self.env.is_main and self.run_dir is not None:
+        idle = self.step >= t.steps and not (t.steps == 0 and self.step == 0)  # a resume with nothing to do
+        if self.env.is_main and self.run_dir is not None and not idle:  # an idle resume leaves the run as it was
             (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg), encoding="utf-8")
             self._save_tokenizer()
             clean_leftovers(self.checkpoints.root)
@@ -511,6 +512,9 @@ class Trainer:
                         self.window_lost = False
                     self.logger.scalars("train", self.step, row)
                     self._bar.postfix(loss=f"{row['loss']:.4f}", lr=f"{row['lr']:.2e}")
+                    describe = getattr(self.objective, "log_line", None)  # an objective's own figures to watch
+                    if describe is not None and env.is_main:
+                        self._bar.write(f"step {self.step}: loss {row['loss']:.4f}, {describe(row)}")
                     self.window, self.window_steps, self.window_start = {}, 0, time.perf_counter()
                 self._bar.update(1, final=final)
                 did_eval = self._periodic(t.eval_every, final)

@@ -117,3 +117,40 @@ def test_chat_records_the_template_cannot_render_are_one_line(text_run, tmp_path
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "roles the chat template does not name" in err
+
+
+@pytest.mark.parametrize("template", [
+    # the assistant turn rendered through {% else %}: the template never names it
+    "{% for m in messages %}{% if m['role'] == 'user' %}Q: {{ m['content'] }}\n{% else %}A: {{ m['content'] }}\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}A: {% endif %}",
+    # the standard ChatML template: every role rendered by name
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + "
+    "'\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}",
+])  # fmt: skip
+def test_a_template_that_renders_a_role_knows_it_without_naming_it(template):
+    from tcsm.data.sft import ChatTemplate
+
+    t = ChatTemplate(template)
+    assert t.knows("user") and t.knows("assistant")
+
+
+def test_a_template_that_renders_no_such_role_does_not_know_it():
+    from tcsm.data.sft import ChatTemplate
+
+    t = ChatTemplate(TEMPLATE)
+    assert t.knows("user") and t.knows("assistant") and not t.knows("gpt") and not t.knows("system")
+    strict = ChatTemplate("{% if messages[0]['role'] != 'user' %}{{ raise_exception('user first') }}{% endif %}"
+                          "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")  # fmt: skip
+    assert strict.knows("assistant") and strict.knows("user")
+
+
+def test_the_reference_recipe_on_a_masked_run_names_whose_recipe_it_is(text_run, tmp_path, capsys):
+    """Not "set path.source=uniform", which the masked model then refuses in turn (a loop)."""
+    root, *_ = text_run
+    argv = ["finetune", "sft", "--from", str(root / "pre"), "--data", str(root / "sft.jsonl"), "--chat-template",
+            str(root / "chat.jinja"), "--steps", "1", "-o", str(tmp_path / "x"), "objective.recipe=reference", *FT]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "DiffusionGemma" in err and "objective.recipe=tcsm" in err
+    assert "path.source=uniform" not in err

@@ -200,6 +200,7 @@ def evaluate_energy_estimate(
             progress=progress,
         )
         out["bound"] = f"reference p^ref {out['bound']}; no energy-model estimate for the {path.kind} source"
+        out["reference_bpc"], out["reference_bpc_stderr"] = out["bpc"], out["bpc_stderr"]
         return out
     ns = sorted({int(n) for n in num_samples})
     N, L = data.shape

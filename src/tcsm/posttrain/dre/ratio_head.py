@@ -18,7 +18,30 @@ from torch import Tensor, nn
 from tcsm.models.config import TrunkConfig
 from tcsm.models.layers import build_trunk, init_weights, run_trunk, zero_init_
 
-__all__ = ["RatioHead", "RatioHeadConfig"]
+__all__ = ["RatioHead", "RatioHeadConfig", "head_config"]
+
+#: depth of a head over a reference with no tcsm trunk (a Hugging Face model): two layers of its hidden width
+_FOREIGN_DEPTH = 2
+
+
+def head_config(reference_cfg: Any, **overrides: Any) -> RatioHeadConfig:
+    """The head's config from its reference's: the trunk's fields where the reference is a tcsm denoiser; over a
+    model with no such trunk (it declares only `hidden_size`), a `_FOREIGN_DEPTH`-layer trunk of its hidden width
+    with the most heads (≤ 8) that split it into an even head dimension. `overrides` win."""
+    ref = reference_cfg.to_dict()
+    known = {f.name for f in fields(RatioHeadConfig)}
+    kw = {k: v for k, v in ref.items() if k in known}
+    if "d_model" not in kw and ref.get("hidden_size"):
+        kw["d_model"] = int(ref["hidden_size"])
+    kw.update(overrides)
+    if "d_model" not in kw:
+        raise ValueError("the reference model declares no width (d_model or hidden_size): set model.d_model, "
+                         "model.n_layers and model.n_heads of the ratio head")  # fmt: skip
+    kw.setdefault("n_layers", _FOREIGN_DEPTH)
+    if "n_heads" not in kw:
+        d = int(kw["d_model"])
+        kw["n_heads"] = next((h for h in (8, 4, 2, 1) if d % h == 0 and (d // h) % 2 == 0), 1)
+    return RatioHeadConfig(**kw)
 
 
 @dataclass
@@ -47,11 +70,7 @@ class RatioHead(nn.Module):
         """A head whose trunk starts as a copy of `reference`'s (a `Denoiser`) wherever names and shapes match;
         emb_1 starts as the reference's embedding of the clean tokens. The readout stays zero (f ≡ 0), and no
         tensor is shared, so training the head never moves the reference."""
-        ref_cfg = reference.cfg
-        known = {f.name for f in fields(RatioHeadConfig)}
-        kw = {k: v for k, v in ref_cfg.to_dict().items() if k in known}
-        kw.update(overrides)
-        head = cls(RatioHeadConfig(**kw))
+        head = cls(head_config(reference.cfg, **overrides))
         own = head.state_dict()
         src = reference.state_dict()
         copied = {

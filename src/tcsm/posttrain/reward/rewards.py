@@ -197,7 +197,15 @@ def _python_reward(target: str, **kwargs):
     if ":" not in target:
         raise ValueError(f"python reward {target!r} must be 'module:function'")
     mod, attr = target.split(":", 1)
-    fn = getattr(importlib.import_module(mod), attr)
+    try:
+        module = importlib.import_module(mod)
+    except Exception as e:  # noqa: BLE001 — the user's file: a syntax error or a failing import is one line
+        where = f" ({e.filename}, line {e.lineno})" if isinstance(e, SyntaxError) else ""
+        raise ValueError(f"python reward {target!r}: cannot import {mod!r}: {type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}{where}") from None  # fmt: skip
+    if not hasattr(module, attr):
+        raise ValueError(f"python reward {target!r}: module {mod!r} has no {attr!r}")
+    fn = getattr(module, attr)
     return CallableReward(fn(**kwargs) if kwargs else fn)
 
 

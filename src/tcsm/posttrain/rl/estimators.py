@@ -1,12 +1,17 @@
 """Sequence log-likelihood estimates ℓ ≈ log p^θ(completion | prompt) for policy gradients, behind one interface:
 `estimator(model, x, cond_mask, generator, sign=None) → ℓ [B]`, differentiable in the model's parameters.
-`cond_mask` [B, L] marks the prompt (None: no prompt); the randomness of an estimate is a function of `generator`
+`cond_mask` [B, L] marks the prompt (None: no prompt); `keep` [B, L] (None: all), the completion tokens whose terms
+count (d1 leaves out those after the first end-of-sequence token; the one-step and exact estimates take it, the
+ELBO's bound is over the whole completion); the randomness of an estimate is a function of `generator`
 alone, so two calls with equally seeded generators see the same noise (the ratio of the current to the old
 policy compares like with like).
 
 * `OneStepEstimate` (diffu-GRPO, d1): one denoiser call with every completion token at the source (all masked),
   each prompt token masked independently with probability `prompt_mask_prob`; ℓ = Σ_{i completion}
   log m^i_θ(x^i | x_masked). A biased, low-variance proxy: it scores each token as if it were the first revealed.
+  On a block model the denoiser reads the blocks before each block clean (its KV cache of x_1), so the estimate is a
+  product over blocks, Σ_b Σ_{i ∈ block b} log m^i_θ(x^i | x^{<b} clean, block b at the source): only the current
+  block's completion tokens are at the source, not the whole completion.
 * `ELBOEstimate` (tcsm's own bound, MATH.md §2.2–2.4): ℓ = −NELBO(completion | prompt), `num_t` stratified times
   (`evaluation.likelihood.nelbo` with the prompt as `cond_mask`), an unbiased estimate of a lower bound on
   log p^θ. With `upper` (SPG), rollouts with a negative advantage use SPG's evidence upper bound instead (`eubo`),
@@ -27,11 +32,21 @@ from tcsm.models.kinds import denoise, kind_of
 from tcsm.paths import ProbabilityPath
 from tcsm.paths.timesteps import T_MIN, stratified_times
 
-__all__ = ["ESTIMATORS", "ELBOEstimate", "ExactEstimate", "OneStepEstimate", "SequenceLogLikelihood", "eubo"]
+__all__ = ["ESTIMATORS", "ELBOEstimate", "ExactEstimate", "OneStepEstimate", "SequenceLogLikelihood", "eubo",
+           "through_first_eos"]
 
 
 def _completion(x: Tensor, cond_mask: Tensor | None) -> Tensor:
     return torch.ones_like(x, dtype=torch.bool) if cond_mask is None else ~cond_mask.to(torch.bool)
+
+
+def through_first_eos(x: Tensor, cond_mask: Tensor | None, eos_id: int) -> Tensor:
+    """[B, L] bool: the positions up to and including each row's first `eos_id` in its completion (every position of
+    a row without one); prompt positions are kept (they are not completion terms anyway)."""
+    comp = _completion(x, cond_mask)
+    hit = (x == int(eos_id)) & comp
+    before = torch.cumsum(hit.long(), -1) - hit.long()  # EOS tokens strictly before each position
+    return before == 0
 
 
 def _token_logprobs(logits: Tensor, x: Tensor) -> Tensor:
@@ -50,13 +65,15 @@ class SequenceLogLikelihood:
         """None if this estimate is defined for `model` on `path`, else why not (one line)."""
         return None
 
-    def __call__(self, model, x: Tensor, cond_mask: Tensor | None, generator=None, sign: Tensor | None = None) -> Tensor:
+    def __call__(self, model, x: Tensor, cond_mask: Tensor | None, generator=None, sign: Tensor | None = None,
+                 keep: Tensor | None = None) -> Tensor:  # fmt: skip
         raise NotImplementedError
 
 
 class OneStepEstimate(SequenceLogLikelihood):
     """d1's one-step estimate: completion at the source, prompt tokens masked with probability `prompt_mask_prob`,
-    ℓ = Σ_{i completion} log m^i_θ(x^i | x̃) at the source end t = T_MIN."""
+    ℓ = Σ_{i completion} log m^i_θ(x^i | x̃) at the source end t = T_MIN; on a block model each block's terms read
+    the blocks before it clean (see the module docstring)."""
 
     name = "one_step"
 
@@ -72,7 +89,7 @@ class OneStepEstimate(SequenceLogLikelihood):
             return f"prompt masking needs a mask token; the {path.kind} path has none (set prompt_mask_prob=0)"
         return None
 
-    def __call__(self, model, x, cond_mask, generator=None, sign=None):
+    def __call__(self, model, x, cond_mask, generator=None, sign=None, keep=None):
         B, L = x.shape
         comp = _completion(x, cond_mask)
         xin = torch.where(comp, self.path.prior_sample(B, L, device=x.device, generator=generator), x)
@@ -81,7 +98,7 @@ class OneStepEstimate(SequenceLogLikelihood):
             xin = torch.where(hide, torch.full_like(x, self.path.mask_id), xin)
         t = torch.full((B,), T_MIN, device=x.device)  # the source end (t = 0 exactly has α_0 = 0 in a log)
         logp = _token_logprobs(denoise(model, xin, t, x), x)
-        return (logp * comp).sum(-1)
+        return (logp * (comp if keep is None else comp & keep)).sum(-1)
 
 
 def eubo(model, x: Tensor, path: ProbabilityPath, *, num_t: int, beta: float, generator=None,
@@ -148,7 +165,7 @@ class ELBOEstimate(SequenceLogLikelihood):
                     f"{'' if path.block_length is None else f' with block_length={path.block_length}'} (set upper=none)")
         return None
 
-    def __call__(self, model, x, cond_mask, generator=None, sign=None):
+    def __call__(self, model, x, cond_mask, generator=None, sign=None, keep=None):
         lower = -nelbo(model, x, self.path, num_t=self.num_t, generator=generator, bound=self.bound,
                        cond_mask=cond_mask).float()  # fmt: skip
         if self.upper is None or sign is None or not bool((sign < 0).any()):
@@ -179,14 +196,15 @@ class ExactEstimate(SequenceLogLikelihood):
         return (f"the exact likelihood needs an autoregressive model or a block denoiser with path.block_length=1, "
                 f"this is {kind_of(model).description}")  # fmt: skip
 
-    def __call__(self, model, x, cond_mask, generator=None, sign=None):
+    def __call__(self, model, x, cond_mask, generator=None, sign=None, keep=None):
         if kind_of(model).is_autoregressive:
             logits = model(x)
         else:
             B, L = x.shape
             xt = torch.full_like(x, self.path.mask_id)
             logits = denoise(model, xt, torch.full((B, L), T_MIN, device=x.device), x)
-        return (_token_logprobs(logits, x) * _completion(x, cond_mask)).sum(-1)
+        comp = _completion(x, cond_mask)
+        return (_token_logprobs(logits, x) * (comp if keep is None else comp & keep)).sum(-1)
 
 
 #: `objective.estimator` → its class

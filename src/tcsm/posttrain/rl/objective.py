@@ -16,6 +16,7 @@ uninterrupted one exactly (one process: the checkpoint holds rank 0's buffer).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, fields
 
 import torch
@@ -30,7 +31,7 @@ from tcsm.models.kinds import kind_of
 from tcsm.models.modes import eval_mode
 from tcsm.posttrain.reward.rewards import RewardFn, evaluate_reward
 from tcsm.posttrain.rl.advantages import group_advantages
-from tcsm.posttrain.rl.estimators import ExactEstimate, SequenceLogLikelihood
+from tcsm.posttrain.rl.estimators import ExactEstimate, SequenceLogLikelihood, through_first_eos
 from tcsm.posttrain.rl.loss import grpo_loss
 from tcsm.sampling.settings import draw
 
@@ -71,12 +72,15 @@ class GRPOObjective:
     (`core.protocols.Samples`, e.g. left to right for an AR policy), None for the run's path sampler; `success`:
     the reward counted as a solved problem by the accuracy metric (`reward` None: an objective that only scores a
     saved run, `evaluate`); `prompt_len`: for batches without a
-    `cond_mask`, the leading positions taken as the prompt (0: unconditional groups)."""
+    `cond_mask`, the leading positions taken as the prompt (0: unconditional groups); `eos_id`: the end-of-sequence
+    token after whose first occurrence in a completion the tokens are left out of the loss, as d1 does (None, or
+    `keep_after_eos`: every completion token counts)."""
 
     def __init__(self, path, estimator: SequenceLogLikelihood, reward: RewardFn, *, settings, group_size: int,
                  clip_eps: float = 0.2, kl_coef: float = 0.0, reference=None, num_iterations: int = 1,
                  per_token: bool = True, scale_advantages: bool = True, sampler_owner=None,
-                 reward_chunk: int | None = None, success: float = 1.0, prompt_len: int = 0):  # fmt: skip
+                 reward_chunk: int | None = None, success: float = 1.0, prompt_len: int = 0,
+                 eos_id: int | None = None, keep_after_eos: bool = False):  # fmt: skip
         if int(group_size) < 2:
             raise ValueError(f"group_size must be >= 2 (advantages compare a prompt's rollouts), got {group_size}")
         if int(num_iterations) < 1:
@@ -90,6 +94,7 @@ class GRPOObjective:
         self.reference, self.num_iterations, self.per_token = reference, int(num_iterations), bool(per_token)
         self.scale_advantages, self.sampler_owner = bool(scale_advantages), sampler_owner
         self.reward_chunk, self.success, self.prompt_len = reward_chunk, float(success), int(prompt_len)
+        self.eos_id = None if eos_id is None or keep_after_eos else int(eos_id)
         self.step, self._calls = 0, 0
         self.buffer: list[RolloutGroup] = []
         self.device = torch.device("cpu")  # where a restored buffer goes
@@ -114,6 +119,10 @@ class GRPOObjective:
     def load_training_state(self, state: dict) -> None:
         self.step, self._calls = int(state["step"]), 0
         self.buffer = [RolloutGroup.from_state(g, self.device) for g in state["groups"]]
+
+    def _keep(self, tokens: Tensor, cmask: Tensor | None) -> Tensor | None:
+        """The completion tokens the loss scores: through the first end-of-sequence token (None: all)."""
+        return None if self.eos_id is None else through_first_eos(tokens, cmask, self.eos_id)
 
     # ------------------------------------------------------------------------------------------ rollouts
 
@@ -142,13 +151,14 @@ class GRPOObjective:
         seeds = torch.randint(0, _SEED_RANGE, (mu,), generator=generator, device=x1.device).cpu()
         cmask = cs if pinned else None
         sign = torch.sign(adv)
+        keep = self._keep(tokens, cmask)
         old = torch.zeros(mu, B * G, device=x1.device)
         for k in range(1, mu):
-            old[k] = self.estimator(model, tokens, cmask, _generator(seeds[k], x1.device), sign).float()
+            old[k] = self.estimator(model, tokens, cmask, _generator(seeds[k], x1.device), sign, keep=keep).float()
         ref = torch.zeros(0, B * G, device=x1.device)
         if self.reference is not None:
-            ref = torch.stack([self.estimator(self.reference, tokens, cmask, _generator(s, x1.device), sign).float()
-                               for s in seeds])  # fmt: skip
+            ref = torch.stack([self.estimator(self.reference, tokens, cmask, _generator(s, x1.device), sign,
+                                              keep=keep).float() for s in seeds])  # fmt: skip
         return RolloutGroup(tokens, cs, rewards, adv, seeds, old, ref)
 
     # ------------------------------------------------------------------------------------------ the loss
@@ -177,23 +187,39 @@ class GRPOObjective:
         pinned = bool(group.cond.any())
         cmask = group.cond if pinned else None
         sign = torch.sign(group.advantages)
-        logp = self.estimator(model, group.tokens, cmask, _generator(group.seeds[it], x1.device), sign).float()
+        keep = self._keep(group.tokens, cmask)
+        logp = self.estimator(model, group.tokens, cmask, _generator(group.seeds[it], x1.device), sign,
+                              keep=keep).float()  # fmt: skip
         old = logp.detach() if it == 0 else group.old_logp[it]
         ref = group.ref_logp[it] if group.ref_logp.shape[0] else None
-        n = (~group.cond).sum(-1) if self.per_token else None
+        scored = ~group.cond if keep is None else ~group.cond & keep
+        n = scored.sum(-1) if self.per_token else None
         terms = grpo_loss(logp, old, group.advantages, clip_eps=self.clip_eps, ref_logp=ref, kl_coef=self.kl_coef,
                           num_tokens=n)  # fmt: skip
         r = group.rewards
+        groups = r.view(-1, self.group_size)
+        flat = (groups == groups[:, :1]).all(-1).float()  # all rewards of the group equal: zero advantage, no gradient
+        if it == 0 and bool(flat.all()):
+            warnings.warn(f"GRPO step {self.step + 1}: every group's rewards are equal (zero advantages, no policy "
+                          "gradient); a harder or easier task, a larger --group-size or a denser reward gives signal",
+                          RuntimeWarning, stacklevel=2)  # fmt: skip
         metrics = {
             "loss": terms.loss.detach(),
             "reward": r.mean(),
+            "reward_std": r.std() if r.numel() > 1 else torch.zeros((), device=r.device),
             "accuracy": (r == self.success).float().mean(),
+            "flat_groups": flat.mean(),
             "kl": terms.kl,
             "clip_fraction": terms.clip_fraction,
             "adv_std": group.advantages.std() if r.numel() > 1 else torch.zeros((), device=r.device),
             "ratio": terms.ratio,
         }
         return terms.loss, metrics
+
+    def log_line(self, row: dict) -> str:
+        """The figures a user watches, from a log row of this objective's metrics (averaged over the log window)."""
+        return (f"reward {row['reward']:.4g} (std {row['reward_std']:.3g}), accuracy {row['accuracy']:.3f}, flat "
+                f"groups {100 * row['flat_groups']:.0f}%, kl {row['kl']:.3g}, clip fraction {row['clip_fraction']:.3f}")
 
     # ------------------------------------------------------------------------------------------ validation
 

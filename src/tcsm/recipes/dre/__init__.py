@@ -35,6 +35,9 @@ def _describe(args, report: dict) -> str:
             f"reference valid bound {report['reference_bpc']:.4f} ± {report['reference_bpc_stderr']:.4f} bits/token; "
             f"energy model IS estimate (not a bound; log Ẑ biased low, so optimistic) {est}"
         )
+    elif "finetuned_bpc" not in report:
+        text = (f"reference valid bound {report['reference_bpc']:.4f} ± {report['reference_bpc_stderr']:.4f} "
+                "bits/token; no energy-model estimate on this path (it needs the masked source)")  # fmt: skip
     else:
         ref = f"reference bound {report['reference_bpc']:.4f}, " if "reference_bpc" in report else ""
         text = f"{ref}fine-tuned bound {report['finetuned_bpc']:.4f} ± {report['finetuned_bpc_stderr']:.4f} bits/token"

@@ -12,7 +12,6 @@ A reference whose vocabulary or noise source differs from the run's is refused w
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -22,7 +21,7 @@ from tcsm.builders.registry import MODELS, OBJECTIVES, BuildContext, ReferenceUs
 from tcsm.core.errors import CheckpointError, ConfigError
 from tcsm.models.kinds import ENERGY, kind_of
 from tcsm.posttrain.dre.energy import EnergyModel
-from tcsm.posttrain.dre.ratio_head import RatioHead, RatioHeadConfig
+from tcsm.posttrain.dre.ratio_head import RatioHead, head_config
 from tcsm.targets.base import freeze
 
 __all__ = ["DREObjectiveConfig", "EnergyModelConfig"]
@@ -91,9 +90,7 @@ def build_energy_model(node: dict, ctx: BuildContext) -> EnergyModel:
         if node["init_from_reference"]:
             head = RatioHead.from_denoiser(reference, **overrides)
         else:
-            known = {f.name for f in dataclasses.fields(RatioHeadConfig)}
-            kw = {k: v for k, v in reference.cfg.to_dict().items() if k in known}
-            head = RatioHead(RatioHeadConfig(**{**kw, **overrides}))
+            head = RatioHead(head_config(reference.cfg, **overrides))
     except ValueError as e:
         raise ConfigError(f"model: {e}") from None
     return EnergyModel(reference, head)

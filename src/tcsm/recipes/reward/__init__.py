@@ -30,6 +30,8 @@ def _describe(args, report: dict) -> str:
         f"mean reward over {report['num_samples']} samples: pre-trained {report['pretrained_reward_mean']:.4g} "
         f"± {report['pretrained_reward_stderr']:.2g}, fine-tuned {report['finetuned_reward_mean']:.4g} "
         f"± {report['finetuned_reward_stderr']:.2g}"
+        + (f"; accuracy {report['pretrained_accuracy']:.3f} → {report['finetuned_accuracy']:.3f}"
+           if "finetuned_accuracy" in report else "")
     )
 
 

@@ -69,6 +69,8 @@ def reward_report(run_dir, num_samples: int, seed: int = 0) -> dict:
         out[f"{name}_reward_mean"] = float(r.mean())
         out[f"{name}_reward_stderr"] = float(r.std() / max(1, r.numel()) ** 0.5)
         out[f"{name}_example"] = data.decode(x[0])
+        if str(cfg.target.reward).startswith("task:"):  # a task's verifier: 1 solved, 0 not (as tcsm finetune rl)
+            out[f"{name}_accuracy"] = float((r == 1.0).double().mean())
     return out
 
 

@@ -13,15 +13,20 @@ logs and one-line errors — whose config is the source run's (data, path, model
 `-c`), then key=value overrides, then the flags below. The policy starts from the source run's (EMA) weights, which
 are also the frozen reference of the KL term. Each step draws --group-size rollouts per prompt of the batch with the
 run's sampler (`sample:`), scores them with --reward, and takes the clipped GRPO step on the --estimator's sequence
-log-likelihood: one_step (diffu-GRPO), elbo (the path's bound; --upper eubo|mix for SPG's sandwich) or exact (an
-autoregressive policy). The reward is given as for `tcsm finetune reward`, so both families run on one task reward:
+log-likelihood: one_step (d1's one-step estimate), elbo (the path's bound; --upper eubo|mix for SPG's sandwich) or
+exact (an autoregressive policy). By exact enumeration on a tiny policy, the one-step estimate's expected gradient has
+cosine 0.20-0.22 with the true policy gradient and the ELBO's 0.72-0.75 (docs/tasks.md). As d1 does, completion
+tokens after the first end-of-sequence token are left out of the loss (objective.keep_after_eos=true keeps them);
+unlike d1, advantages are divided by the group's std (objective.scale_advantages=false is d1's). The reward is given as for `tcsm finetune reward`, so both families run on one task reward:
 
     tcsm finetune rl --from runs/sft --reward task:sudoku --estimator one_step --group-size 8 --steps 200
     tcsm finetune rl --from runs/sft --reward task:countdown --estimator elbo --upper eubo -o runs/spg
     tcsm finetune reward --from runs/sft --reward task:sudoku --neighbourhood n1      # TCSM reward tuning
     tcsm finetune rl --resume -o runs/spg
 
-The log has reward, accuracy (share of rollouts with reward == objective.success), kl, clip_fraction and adv_std.
+Each log step prints the reward's mean and std, accuracy (share of rollouts with reward == objective.success), the
+share of flat groups (all rewards equal: no gradient; a step where every group is flat warns), kl and clip
+fraction; metrics.jsonl also has adv_std and ratio.
 After training, --eval-prompts N held-out prompts get one completion from the source and from the fine-tuned model;
 their mean reward and accuracy are printed and written to `rl_eval.json`.
 """
@@ -32,6 +37,13 @@ def _describe(args, report: dict) -> str:
         f"{report['num_prompts']} held-out prompts: reward {report['source_reward']:.4g} → "
         f"{report['finetuned_reward']:.4g}, accuracy {report['source_accuracy']:.3f} → {report['finetuned_accuracy']:.3f}"
     )
+
+
+def _check(args) -> None:
+    from tcsm.core.errors import ConfigError
+
+    if args.eval_prompts < 0:
+        raise ConfigError(f"--eval-prompts must be >= 0 (0: skip the report), got {args.eval_prompts}")
 
 
 RECIPE = RecipeSpec(
@@ -56,5 +68,6 @@ RECIPE = RecipeSpec(
     report="tcsm.recipes.rl.compose:report_of",
     report_file="rl_eval.json",
     describe=_describe,
+    check=_check,
     marks=("objective.name", "grpo"),
 )

@@ -65,7 +65,9 @@ def _reference(node: dict, ctx: BuildContext):
     from tcsm.posttrain.sft.reference import ReferenceBlockSFT
 
     if ctx.path.num_states != ctx.path.vocab_size:
-        raise ConfigError("objective.recipe=reference corrupts with uniform tokens: set path.source=uniform")
+        raise ConfigError("objective.recipe=reference is the published SFT recipe of uniform block-diffusion models "
+                          "(DiffusionGemma's); this run is on the masked source: leave objective.recipe=tcsm (the "
+                          "default)")  # fmt: skip
     try:
         loss = ReferenceBlockSFT(ctx.path.vocab_size, getattr(ctx.path, "block_length", None), eps=node["eps"],
                                  ar_weight=node["ar_weight"], self_cond_prob=node["self_cond_prob"])  # fmt: skip
