@@ -338,3 +338,34 @@ def test_a_block_model_refuses_what_does_not_fit_in_one_line(block_run, capsys, 
     code, _, err = _sample(capsys, block_run, *argv)
     lines = err.strip().splitlines()
     assert code != 0 and len(lines) == 1 and message in lines[0], err
+
+
+def test_an_output_file_tcsm_did_not_write_is_kept(run_dir, capsys, tmp_path):
+    book = tmp_path / "book.txt"
+    book.write_text("chapter one\n" * 5000)
+    code, _, err = _sample(capsys, run_dir, "-n", 1, "--steps", 2, "-o", book)
+    assert code != 0 and "--overwrite" in err and len(err.strip().splitlines()) == 1
+    assert book.read_text() == "chapter one\n" * 5000
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    code = main(["eval", str(run_dir), "--output", str(notes), "--num-t", "1", "--max-examples", "2"])
+    err = capsys.readouterr().err
+    assert code != 0 and "--overwrite" in err and notes.read_text() == "my notes\n"
+    code, _, err = _sample(capsys, run_dir, "-n", 1, "--steps", 2, "-o", book, "--overwrite")
+    assert code == 0, err
+    assert len(book.read_text().splitlines()) == 1
+
+
+def test_an_output_file_tcsm_wrote_is_replaced_in_one_line(run_dir, capsys, tmp_path):
+    dest = tmp_path / "s.jsonl"
+    for n in (2, 1):
+        code, _, err = _sample(capsys, run_dir, "-n", n, "--steps", 2, "-o", dest)
+        assert code == 0, err
+    assert "replacing" in err and "samples tcsm wrote" in err
+    assert len(dest.read_text().splitlines()) == 1
+    report = tmp_path / "r.json"
+    for _ in range(2):
+        code = main(["eval", str(run_dir), "--output", str(report), "--num-t", "1", "--max-examples", "2"])
+        err = capsys.readouterr().err
+        assert code == 0, err
+    assert "an eval report tcsm wrote" in err and json.loads(report.read_text())["step"] == 3

@@ -125,7 +125,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--placeholder", default="_", help="placeholder character of --infill (default '_')")
     p.add_argument("--format", choices=("text", "jsonl"), default=None,
                    help="output format (default: jsonl if --output ends in .jsonl, else text)")
-    p.add_argument("-o", "--output", default=None, help="output file (default: stdout)")
+    p.add_argument("-o", "--output", default=None,
+                   help="output file (default: stdout); a file tcsm did not write is kept unless --overwrite")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output file whatever wrote it")
     p.add_argument("--no-ema", action="store_true", help="use the raw weights instead of the EMA weights")
     p.add_argument("--no-cache", action="store_true",
                    help="call the network at every step even for a time-independent masked model")
@@ -289,7 +291,7 @@ def run(args) -> int:
         raise ValueError("give prompts, infilling templates or --infill-json, not several kinds at once")
     fmt = args.format or ("jsonl" if (args.output or "").endswith(".jsonl") else "text")
     if args.output:  # before any work: a bad path must not cost a sampling run
-        check_writable(args.output)
+        check_writable(args.output, overwrite=args.overwrite)
 
     device = resolve_device(args.device)
     loaded = load_checkpoint(args.checkpoint, device=device, ema=not args.no_ema)
