@@ -43,6 +43,7 @@ from tcsm.train.ema import EMA
 from tcsm.train.logs import LOGGERS, RunLogger, plot_curves
 from tcsm.train.optim import build_optimizer, lr_at, set_lr
 from tcsm.train.parallel import Parallel
+from tcsm.train.preempt import Preempted, catch_sigterm, sigterm_received
 from tcsm.train.rundir import clear_run, hold_run_dir, refuse_existing_run, refuse_overwriting_sources
 
 __all__ = ["Trainer", "stream_seed"]
@@ -76,15 +77,6 @@ def _with_absolute_data_paths(cfg):
 
     changed = absolute_paths(OmegaConf.to_container(cfg.data, resolve=True))
     return set_values(cfg, {f"data.{k}": v for k, v in changed.items()}) if changed else cfg
-
-
-def _refuse_moved_data(cfg, run_dir) -> None:
-    """A resumed run whose data files are gone (moved, deleted) is told the override that points it at their new
-    place, as `tcsm eval` is, instead of only that a file is not found."""
-    from tcsm.data import refuse_missing_data
-
-    refuse_missing_data(OmegaConf.to_container(cfg.data, resolve=True), f"run {str(run_dir)!r}",
-                        "resume with its new location as an override: --resume data.{key}=NEW_PATH")
 
 
 class Trainer:
@@ -447,7 +439,7 @@ class Trainer:
         directory's lock is released when it returns or fails (an earlier `fit` of this trainer may have freed it:
         it is taken again)."""
         try:
-            with hold_run_dir(self.run_dir, self.env.is_main):
+            with catch_sigterm(), hold_run_dir(self.run_dir, self.env.is_main):
                 return self._fit()
         finally:
             self._lock.release()
@@ -518,11 +510,14 @@ class Trainer:
                     self._eval_and_log(final)
                 if self._periodic(t.sample_every, final):
                     self._sample_and_log()
-                if self._periodic(t.save_every, final):
+                saved = self._periodic(t.save_every, final)
+                if saved:
                     self.save()
                 if did_eval:
                     barrier(env)
                     self.window_start = time.perf_counter()  # evaluation time is not training throughput
+                if not final and self._stop_requested():
+                    self._stop(saved)
         finally:
             self._bar.close()
             self._bar = None
@@ -531,6 +526,25 @@ class Trainer:
             plot_curves(self.run_dir, summary.get("floor_bpc")) if self.run_dir is not None else None
             self.logger.close()
         return summary
+
+    def _stop_requested(self) -> bool:
+        """Whether a SIGTERM reached this process (any rank, under torchrun: all ranks stop at the same step)."""
+        stop = sigterm_received()
+        if self.env.distributed:
+            import torch.distributed as dist
+
+            flag = torch.tensor([float(stop)], device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            stop = bool(flag.item())
+        return stop
+
+    def _stop(self, saved: bool) -> None:
+        """Preempted: keep the finished step as a checkpoint (unless it was just saved) and leave as Ctrl-C does."""
+        if not saved and self.checkpoints.root is not None:
+            self.save()
+        if self.env.is_main:
+            self.logger.close()
+        raise Preempted(self.step if self.checkpoints.root is not None else None)
 
     def _save_tokenizer(self) -> None:
         """tokenizer.json in the run directory for tokenizers that cannot be rebuilt from the checkpoint alone
