@@ -79,6 +79,15 @@ def _with_absolute_data_paths(cfg):
     return set_values(cfg, {f"data.{k}": v for k, v in changed.items()}) if changed else cfg
 
 
+def _refuse_moved_data(cfg, run_dir) -> None:
+    """A resumed run whose data files are gone (moved, deleted) is told the override that points it at their new
+    place, as `tcsm eval` is, instead of only that a file is not found."""
+    from tcsm.data import refuse_missing_data
+
+    refuse_missing_data(OmegaConf.to_container(cfg.data, resolve=True), f"run {str(run_dir)!r}",
+                        "resume with its new location as an override: --resume data.{key}=NEW_PATH")
+
+
 class Trainer:
     """Train `components` (data, path, model, target, objective) under the `optim` / `train` / `eval` / `sample`
     settings of `cfg` in `run_dir`; `resume` is a checkpoint path or True (the run's latest).
