@@ -70,13 +70,24 @@ def micro_batch_plan(t, world_size: int) -> tuple[int, int]:
     return micro, num_micro
 
 
-def _with_absolute_data_paths(cfg):
-    """The config with relative data file locations made absolute (tcsm.data.absolute_paths), so that the run's
-    saved config finds its data from any directory and after the run directory moves."""
+#: config keys other than the data's that name a local file or directory a run reads again when it is loaded
+RUN_PATH_KEYS = ("model.name_or_path", "reference.path", "train.init_from")
+
+
+def _with_absolute_paths(cfg):
+    """The config with relative file locations made absolute — the data's (tcsm.data.absolute_paths), the Hugging
+    Face model directory, the frozen reference and the run it starts from (when they name a local path; a Hub name
+    stays) — so that the run's saved config finds them from any directory and after the run directory moves."""
     from omegaconf import OmegaConf
 
-    changed = absolute_paths(OmegaConf.to_container(cfg.data, resolve=True))
-    return set_values(cfg, {f"data.{k}": v for k, v in changed.items()}) if changed else cfg
+    changed = {f"data.{k}": v for k, v in absolute_paths(OmegaConf.to_container(cfg.data, resolve=True)).items()}
+    for key in RUN_PATH_KEYS:
+        value = OmegaConf.select(cfg, key, default=None)
+        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+            local = Path(value).expanduser()
+            if local.exists():
+                changed[key] = str(local.resolve())
+    return set_values(cfg, changed) if changed else cfg
 
 
 def _refuse_moved_data(cfg, run_dir) -> None:
@@ -129,7 +140,7 @@ class Trainer:
                 refuse_overwriting_sources(run_dir, cfg)  # the run it starts from must survive the overwrite
             else:
                 refuse_existing_run(run_dir)
-        self.cfg = _with_absolute_data_paths(cfg)
+        self.cfg = _with_absolute_paths(cfg)
         self.device = self.env.device
         # (first step with a non-finite gradient, its loss); -1 while there is none (see _note_finite)
         self._defer_finite_check = self.device.type != "cpu"
