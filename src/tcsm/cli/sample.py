@@ -374,15 +374,16 @@ def run(args) -> int:
             raise ValueError(f"the tokenizer produced ids outside the model's {V}-token vocabulary")
 
     sampler = _run_sampler(loaded, model, path, device, args)
-    # the end of a sequence: --eos, else the run's, else the data's (task, SFT), else a block model's tokenizer's
+    if block:  # tcsm's block decoding stops a row at --eos, else the run's, else the tokenizer's
+        eos = sampler.settings.eos_id if args.eos is None else (None if args.eos == "none" else args.eos)
+        eos = getattr(tok, "eos_id", None) if eos is None and args.eos is None else eos
+        sampler.settings = dataclasses.replace(sampler.settings, eos_id=eos)
+    # where a sample's text ends: the same, else the data's end of sequence (task, SFT runs)
     eos_id = getattr(sampler.settings, "eos_id", None) if args.eos is None else (None if args.eos == "none" else args.eos)
     if eos_id is None and args.eos is None:
         eos_id = loaded.data_eos_id()
-        eos_id = getattr(tok, "eos_id", None) if eos_id is None and block else eos_id
     if eos_id is not None and not 0 <= eos_id < V:
         raise ValueError(f"--eos {eos_id} is not a token id of the {V}-token vocabulary")
-    if block:  # a block model stops decoding a row there
-        sampler.settings = dataclasses.replace(sampler.settings, eos_id=eos_id)
     settings = sampler.settings
     generator = torch.Generator(device=device).manual_seed(int(args.seed))
     chunks = [(g, min(args.batch_size, args.num_samples - s)) for g in groups
