@@ -119,7 +119,7 @@ def test_template_positions_for_a_multi_character_tokenizer():
         (["--prompt", "XYZ"], "outside the"),
         (["--length", "999"], "maximum length"),
         (["--infill", "a_", "--prompt", "a"], "not several"),
-        (["--eos", "3"], "full-sequence model"),
+        (["--eos", "99"], "not a token id"),
         (["--eos", "-1"], "token id >= 0 or none"),
         (["--max-new-tokens", "4", "--length", "8"], "without --length"),
         (["--max-new-tokens", "40"], "maximum length 32"),
@@ -308,8 +308,9 @@ def test_a_block_model_is_decoded_with_its_cache_after_prompts(block_run, capsys
                            "--prompt", "a", "--max-new-tokens", 6, "--eos", "none", "-o", dest)  # fmt: skip
     assert code == 0, err
     rows = [json.loads(line) for line in dest.read_text().splitlines()]
-    # 5 + 6 tokens round up to 3 blocks of 4, 1 + 6 to 2; the prompt's whole block is prefilled, not drawn
-    assert [len(r["tokens"]) for r in rows] == [12, 12, 8, 8] and all(r["block_length"] == 4 for r in rows)
+    # 5 + 6 tokens are drawn as 3 blocks of 4, 1 + 6 as 2, and cut to exactly 6 new tokens
+    assert [len(r["tokens"]) for r in rows] == [11, 11, 7, 7] and all(r["block_length"] == 4 for r in rows)
+    assert [r["length"] for r in rows] == [11, 11, 7, 7] and len(rows[0]["text"]) == 11
     assert rows[0]["text"].startswith("the c") and rows[3]["text"].startswith("a")
     assert rows[0]["method"] == "blocks+margin" and "2 steps per block of 4, 8 network calls" in err
 
@@ -338,3 +339,76 @@ def test_a_block_model_refuses_what_does_not_fit_in_one_line(block_run, capsys, 
     code, _, err = _sample(capsys, block_run, *argv)
     lines = err.strip().splitlines()
     assert code != 0 and len(lines) == 1 and message in lines[0], err
+
+
+def test_an_output_file_tcsm_did_not_write_is_kept(run_dir, capsys, tmp_path):
+    book = tmp_path / "book.txt"
+    book.write_text("chapter one\n" * 5000)
+    code, _, err = _sample(capsys, run_dir, "-n", 1, "--steps", 2, "-o", book)
+    assert code != 0 and "--overwrite" in err and len(err.strip().splitlines()) == 1
+    assert book.read_text() == "chapter one\n" * 5000
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    code = main(["eval", str(run_dir), "--output", str(notes), "--num-t", "1", "--max-examples", "2"])
+    err = capsys.readouterr().err
+    assert code != 0 and "--overwrite" in err and notes.read_text() == "my notes\n"
+    code, _, err = _sample(capsys, run_dir, "-n", 1, "--steps", 2, "-o", book, "--overwrite")
+    assert code == 0, err
+    assert len(book.read_text().splitlines()) == 1
+
+
+def test_an_output_file_tcsm_wrote_is_replaced_in_one_line(run_dir, capsys, tmp_path):
+    dest = tmp_path / "s.jsonl"
+    for n in (2, 1):
+        code, _, err = _sample(capsys, run_dir, "-n", n, "--steps", 2, "-o", dest)
+        assert code == 0, err
+    assert "replacing" in err and "samples tcsm wrote" in err
+    assert len(dest.read_text().splitlines()) == 1
+    report = tmp_path / "r.json"
+    for _ in range(2):
+        code = main(["eval", str(run_dir), "--output", str(report), "--num-t", "1", "--max-examples", "2"])
+        err = capsys.readouterr().err
+        assert code == 0, err
+    assert "an eval report tcsm wrote" in err and json.loads(report.read_text())["step"] == 3
+
+
+def test_max_new_tokens_reach_past_the_training_length_up_to_the_model_positions(block_run, capsys, tmp_path):
+    dest = tmp_path / "s.jsonl"  # trained on 24 tokens, the model has 32 positions
+    code, _, err = _sample(capsys, block_run, "-n", 1, "--steps", 1, "--prompt", "the c", "--max-new-tokens", 22,
+                           "--eos", "none", "-o", dest)  # fmt: skip
+    assert code == 0, err
+    assert [len(json.loads(line)["tokens"]) for line in dest.read_text().splitlines()] == [27]
+
+
+def test_eos_ends_a_full_sequence_sample(run_dir, capsys, tmp_path):
+    dest = tmp_path / "s.jsonl"
+    code, _, err = _sample(capsys, run_dir, "-n", 6, "--steps", 4, "--eos", 0, "-o", dest)  # id 0 is " "
+    assert code == 0, err
+    rows = [json.loads(line) for line in dest.read_text().splitlines()]
+    assert all(" " not in r["text"] and r["eos_id"] == 0 for r in rows)
+    assert any(len(r["tokens"]) < 24 and r["tokens"][-1] == 0 for r in rows)
+
+
+@pytest.fixture(scope="module")
+def task_run(tmp_path_factory):
+    """A 1-step run on the addition task, whose rows end with its end-of-sequence character."""
+    from train_helpers import tiny
+
+    root = tmp_path_factory.mktemp("sample_task")
+    argv = [o for o in tiny("data.kind=task", "data.task=addition", "data.options.digits=2", "data.num_train=32",
+                            "data.num_valid=4", "data.num_test=4", "train.steps=1", "train.eval_every=0",
+                            "train.sample_every=0", "sample.num=0", synthetic=False) if not o.startswith("data.seq_len")]
+    assert main(["train", "-o", str(root / "add"), *argv]) == 0
+    return root / "add"
+
+
+def test_a_task_run_stops_at_its_data_end_of_sequence_by_default(task_run, capsys, tmp_path):
+    from tcsm.data.tasks.base import EOS
+
+    dest = tmp_path / "s.jsonl"
+    code, _, err = _sample(capsys, task_run, "-n", 16, "--steps", 2, "--prompt", "12+34=", "-o", dest)
+    assert code == 0, err
+    rows = [json.loads(line) for line in dest.read_text().splitlines()]
+    eos = rows[0]["eos_id"]
+    assert eos is not None and all(EOS not in r["text"] for r in rows)
+    assert all(eos not in r["tokens"][:-1] for r in rows)

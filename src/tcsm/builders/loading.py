@@ -49,6 +49,20 @@ class LoadedCheckpoint:
         """The run's DataBundle (reads the data files named in the config)."""
         return build_data(self.config)
 
+    def data_eos_id(self) -> int | None:
+        """The end-of-sequence id of the run's data when its rows end with one — a task's or prompted records'
+        completion runs to it — else None (also when the data files are gone: nothing to stop at is then known)."""
+        from tcsm.data.base import DataError
+        from tcsm.data.prompted import PROMPTED_KINDS
+
+        if self.config.data.get("kind") not in (*PROMPTED_KINDS, "task"):
+            return None
+        try:
+            eos = getattr(self.build_data(), "eos_id", None)
+        except (DataError, OSError):
+            return None
+        return None if eos is None else int(eos)
+
     def __iter__(self):  # `model, config, *_ = load_checkpoint(...)`
         return iter((self.model, self.config, self.step, self.directory))
 

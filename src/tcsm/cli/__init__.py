@@ -120,6 +120,11 @@ def _resume_hint(argv: list[str], run_dir: str | None) -> str:
     return f"; resume with `{prefix} {' '.join(words)} -o {run_dir} --resume`"
 
 
+def _preempted(e: BaseException) -> bool:
+    preempt = sys.modules.get("tcsm.train.preempt")  # loaded by whatever trained
+    return preempt is not None and isinstance(e, preempt.Preempted)
+
+
 def _say_interrupted(argv: list[str], e: KeyboardInterrupt) -> None:
     """One line for Ctrl-C (or a rank whose launcher died): what happened and how to resume. Under torchrun rank 0
     speaks for the job."""
@@ -127,6 +132,8 @@ def _say_interrupted(argv: list[str], e: KeyboardInterrupt) -> None:
         return
     gone = getattr(sys.modules.get("tcsm.train.distributed"), "launcher_gone", None)
     what = f"stopped: its launcher (pid {gone}) is gone" if gone else "interrupted"
+    if _preempted(e):
+        what = "stopped by SIGTERM" + (f" after step {e.step}, saved as a checkpoint" if e.step is not None else "")
     line = f"tcsm {argv[0]}: {what}{_resume_hint(argv, getattr(e, 'run_dir', None))}"
     launcher = os.getppid()
     if "LOCAL_WORLD_SIZE" in os.environ and not gone and os.path.isdir(f"/proc/{launcher}"):
@@ -177,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args._run(args) or 0)
     except KeyboardInterrupt as e:
         _say_interrupted(argv, e)
-        return 130
+        return 143 if _preempted(e) else 130
     except _user_errors() as e:
         if os.environ.get("TCSM_TRACEBACK"):
             raise

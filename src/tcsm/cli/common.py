@@ -108,10 +108,12 @@ def check_overwrite(args) -> None:
     claim_run_dir(args.out, resume=resume, overwrite=True)  # checks only: the recipe's Trainer replaces the run
 
 
-def check_writable(path) -> None:
+def check_writable(path, *, overwrite: bool = False) -> None:
     """Fail before any work if `path` cannot be written as an output file (a missing folder, a directory, no
-    permission); an existing file is left as it is."""
+    permission) or holds a file tcsm did not write (kept unless `overwrite`); a file tcsm wrote is replaced, said in
+    one line."""
     import os
+    import sys
 
     from tcsm.core.errors import ConfigError
 
@@ -121,6 +123,12 @@ def check_writable(path) -> None:
     if not p.parent.is_dir():
         raise ConfigError(f"cannot write output {str(p)!r}: its directory {str(p.parent)!r} does not exist")
     existed = p.exists()
+    if existed and not overwrite:
+        what = written_by_tcsm(p)
+        if what is None:
+            raise ConfigError(f"output {str(p)!r} exists and is not a file tcsm wrote (samples as JSON lines, an eval "
+                              f"report); give --overwrite to replace it, or another file name")
+        print(f"tcsm: replacing {str(p)!r} ({what} tcsm wrote)", file=sys.stderr)
     try:
         with open(p, "a", encoding="utf-8"):
             pass
@@ -128,6 +136,35 @@ def check_writable(path) -> None:
         raise ConfigError(f"cannot write output {str(p)!r}: {e.strerror or e}") from None
     if not existed:
         os.unlink(p)
+
+
+_RECOGNISED_BYTES = 1 << 28  # a larger file is not read to recognise it: it is kept unless --overwrite
+
+
+def written_by_tcsm(path) -> str | None:
+    """What `path` is when tcsm wrote it — "samples" (`tcsm sample --format jsonl`: every line a sample record of a
+    checkpoint) or "an eval report" (`tcsm eval --output`: one JSON object naming its checkpoint and step) — else
+    None. A text file of samples carries no mark and is not recognised."""
+    p = Path(path)
+    try:
+        if not p.is_file() or p.stat().st_size > _RECOGNISED_BYTES:
+            return None
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    try:
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except ValueError:
+        rows = None
+    if rows and all(isinstance(r, dict) and {"checkpoint", "text", "tokens"} <= r.keys() for r in rows):
+        return "samples"
+    try:
+        whole = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(whole, dict) and {"checkpoint", "step"} <= whole.keys():
+        return "an eval report"
+    return None
 
 
 def write_json_report(path, report: dict) -> None:

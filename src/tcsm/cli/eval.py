@@ -66,7 +66,9 @@ def _add_bound_arguments(p: argparse.ArgumentParser) -> None:
         "--precision", choices=("fp32", "bf16"), default="fp32", help="matmul precision (default fp32)"
     )
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    p.add_argument("--output", help="also write the JSON result to this file")
+    p.add_argument("--output", help="also write the JSON result to this file (a file tcsm did not write is kept "
+                   "unless --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output file whatever wrote it")
 
 
 def build_run_data(ckpt):
@@ -90,7 +92,7 @@ def _run_bound(args) -> int:
     from tcsm.builders.assemble import build_objective_for_checkpoint
     from tcsm.builders.components import DataInfo
     from tcsm.builders.loading import load_checkpoint
-    from tcsm.cli.common import check_writable, format_bound, jsonable
+    from tcsm.cli.common import format_bound, jsonable
     from tcsm.core.errors import ConfigError
     from tcsm.core.precision import autocast
     from tcsm.evaluation.run import evaluate_model
@@ -116,8 +118,6 @@ def _run_bound(args) -> int:
         overrides.append(f"eval.ema={args.weights == 'ema'}")
     if args.log_z_samples is not None:
         overrides.append(f"objective.log_z_samples=[{_positive_list(args.log_z_samples, '--log-z-samples')}]")
-    if args.output:  # before any work
-        check_writable(args.output)
     device = resolve_device(args.device)
     ckpt = load_checkpoint(args.checkpoint, device=device, overrides=overrides, ema=True)
     e = ckpt.config.eval
@@ -242,7 +242,7 @@ def run(args) -> int:
     if args.output:  # every mode: a bad --output fails before the work, not after it
         from tcsm.cli.common import check_writable
 
-        check_writable(args.output)
+        check_writable(args.output, overwrite=args.overwrite)
     if getattr(args, "zeroshot", None):
         return _run_zeroshot(args)
     if getattr(args, "genppl", False):

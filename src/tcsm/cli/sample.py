@@ -11,9 +11,10 @@ Conditioning (MATH.md §6; `tcsm.sampling.sample` pins the given tokens from t =
   e.g. `[464, null, null, 3332]`, or objects {"tokens": [...]}.
 
 A block model (trained with path.block_length) is decoded block by block with its KV cache, `--method` inside each
-block and `--steps` per block; `--max-new-tokens N` draws N tokens after each prompt (rounded up to whole blocks)
-and a sample stops at its first generated end-of-sequence token (`--eos`, by default the run's sample.eos_id or the
-tokenizer's EOS): its text ends there.
+block and `--steps` per block. `--max-new-tokens N` returns exactly N tokens after each prompt (a block model draws
+its last block whole and the sample is cut), as long as the model's positions allow. A sample ends at its first
+generated end-of-sequence token (`--eos`; by default the run's sample.eos_id, else the data's end-of-sequence
+token in a task or SFT run, else a block model's tokenizer's EOS): its text ends there.
 
 Output: `--format text` (one sample per line, newlines inside a sample written as "\\n") or `jsonl` (one JSON
 object per sample with its text, tokens and conditioning), to `--output` or stdout.
@@ -111,11 +112,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--length", type=_positive_int, default=None,
                    help="sequence length (default: the training sequence length)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=None, metavar="N",
-                   help="draw N tokens after each prompt (without one: N tokens), rounded up to whole blocks for a "
-                        "block model (instead of --length)")
+                   help="exactly N new tokens after each prompt (without one: N tokens; a block model draws its "
+                        "last block whole and cuts it), up to the model's positions (instead of --length)")
     p.add_argument("--eos", type=_token_id_or_none, default=None, metavar="ID",
-                   help="block models: stop a sample at this generated token id, or none (default: the run's "
-                        "sample.eos_id, else the tokenizer's end-of-sequence token when it has one)")
+                   help="end a sample at this generated token id (a block model stops decoding there), or none "
+                        "(default: the run's sample.eos_id, else the data's end-of-sequence token (task and SFT runs), "
+                        "else for a block model the tokenizer's)")
     p.add_argument("--batch-size", type=_positive_int, default=16, help="sequences per sampler call (memory)")
     p.add_argument("--prompt", action="append", default=[], metavar="TEXT", help="prefix prompt (repeatable)")
     p.add_argument("--infill", action="append", default=[], metavar="TEMPLATE",
@@ -125,7 +127,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--placeholder", default="_", help="placeholder character of --infill (default '_')")
     p.add_argument("--format", choices=("text", "jsonl"), default=None,
                    help="output format (default: jsonl if --output ends in .jsonl, else text)")
-    p.add_argument("-o", "--output", default=None, help="output file (default: stdout)")
+    p.add_argument("-o", "--output", default=None,
+                   help="output file (default: stdout); a file tcsm did not write is kept unless --overwrite")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output file whatever wrote it")
     p.add_argument("--no-ema", action="store_true", help="use the raw weights instead of the EMA weights")
     p.add_argument("--no-cache", action="store_true",
                    help="call the network at every step even for a time-independent masked model")
@@ -206,7 +210,8 @@ def _read_infill_json(path: str, length: int, vocab_size: int) -> list[tuple[lis
 
 
 def generation_length(prompt_len: int, max_new_tokens: int, block: int | None) -> int:
-    """The sample length for `max_new_tokens` after a prompt: their sum, rounded up to whole blocks of `block`."""
+    """The length drawn for `max_new_tokens` after a prompt: their sum, rounded up to whole blocks of `block` (the
+    last block is drawn whole; the sample is then cut to the sum)."""
     n = int(prompt_len) + int(max_new_tokens)
     return -(-n // block) * block if block else n
 
@@ -299,7 +304,7 @@ def run(args) -> int:
         raise ValueError("give prompts, infilling templates or --infill-json, not several kinds at once")
     fmt = args.format or ("jsonl" if (args.output or "").endswith(".jsonl") else "text")
     if args.output:  # before any work: a bad path must not cost a sampling run
-        check_writable(args.output)
+        check_writable(args.output, overwrite=args.overwrite)
 
     device = resolve_device(args.device)
     loaded = load_checkpoint(args.checkpoint, device=device, ema=not args.no_ema)
@@ -335,9 +340,6 @@ def run(args) -> int:
     if block and args.block_length:
         raise ValueError(f"--block-length decodes a full-sequence model in uncached blocks; {loaded.directory} holds a "
                          f"block model, decoded by its own blocks of {block} with its KV cache: leave it out")
-    if args.eos is not None and not block:
-        raise ValueError(f"--eos stops the block decoding of a block model (trained with path.block_length); "
-                         f"{loaded.directory} holds a full-sequence model")
     if args.max_new_tokens is not None and (args.length is not None or args.infill or args.infill_json):
         raise ValueError("--max-new-tokens sets the length after a prompt: give it without --length, --infill or "
                          "--infill-json")
@@ -349,7 +351,7 @@ def run(args) -> int:
     tok = load_tokenizer(loaded)
 
     def length_after(prompt_len: int) -> int:
-        """The sample length for a prompt of `prompt_len` tokens: `length`, or the prompt and --max-new-tokens
+        """The length drawn for a prompt of `prompt_len` tokens: `length`, or the prompt and --max-new-tokens
         rounded up to whole blocks."""
         if args.max_new_tokens is None:
             return length
@@ -368,7 +370,8 @@ def run(args) -> int:
             if len(ids) > n:
                 raise ValueError(f"prompt {text[:30]!r} is {len(ids)} tokens long but samples have length {n}")
             fixed = [True] * len(ids) + [False] * (n - len(ids))
-            groups.append({"fixed": fixed, "values": ids + [0] * (n - len(ids)), "info": {"prompt": text}})
+            groups.append({"fixed": fixed, "values": ids + [0] * (n - len(ids)), "info": {"prompt": text},
+                           "keep": None if args.max_new_tokens is None else len(ids) + args.max_new_tokens})
     elif args.infill:
         for text in args.infill:
             fixed, values = template_positions(text, tok.encode, args.placeholder, length)
@@ -377,19 +380,24 @@ def run(args) -> int:
         for fixed, values, toks in _read_infill_json(args.infill_json, length, V):
             groups.append({"fixed": fixed, "values": values, "info": {"template_tokens": toks}})
     else:
-        groups.append({"fixed": None, "values": None, "info": {}, "length": length_after(0)})
+        groups.append({"fixed": None, "values": None, "info": {}, "length": length_after(0), "keep": args.max_new_tokens})
     for g in groups:
         g["length"] = g.get("length") or len(g["fixed"])
         if g["values"] is not None and any(v >= V for v in g["values"]):
             raise ValueError(f"the tokenizer produced ids outside the model's {V}-token vocabulary")
 
     sampler = _run_sampler(loaded, model, path, device, args)
-    if block:  # stop at the end of a sequence: --eos, else the run's, else the tokenizer's
+    if block:  # tcsm's block decoding stops a row at --eos, else the run's, else the tokenizer's
         eos = sampler.settings.eos_id if args.eos is None else (None if args.eos == "none" else args.eos)
         eos = getattr(tok, "eos_id", None) if eos is None and args.eos is None else eos
         sampler.settings = dataclasses.replace(sampler.settings, eos_id=eos)
+    # where a sample's text ends: the same, else the data's end of sequence (task, SFT runs)
+    eos_id = getattr(sampler.settings, "eos_id", None) if args.eos is None else (None if args.eos == "none" else args.eos)
+    if eos_id is None and args.eos is None:
+        eos_id = loaded.data_eos_id()
+    if eos_id is not None and not 0 <= eos_id < V:
+        raise ValueError(f"--eos {eos_id} is not a token id of the {V}-token vocabulary")
     settings = sampler.settings
-    eos_id = getattr(settings, "eos_id", None)
     generator = torch.Generator(device=device).manual_seed(int(args.seed))
     chunks = [(g, min(args.batch_size, args.num_samples - s)) for g in groups
               for s in range(0, args.num_samples, args.batch_size)]
@@ -416,10 +424,11 @@ def run(args) -> int:
             spec[key] += int(getattr(stats, "counts", {}).get(name, 0))
         taken = max(taken, getattr(stats, "num_steps", 0))
         for row in tokens.cpu().tolist():
+            row = row[: g.get("keep") or len(row)]  # exactly --max-new-tokens: the last block was drawn whole
             end = first_generated(row, g["fixed"], eos_id)
             text, row = (row, row) if end is None else (row[:end], row[: end + 1])  # the text ends before the EOS
             records.append({"index": len(records), **g["info"], "text": readable_text(tok, text), "tokens": row,
-                            "length": g["length"]})  # fmt: skip
+                            "length": g.get("keep") or g["length"]})  # fmt: skip
     bar.close()
     elapsed = time.perf_counter() - t0
     if settings.method == "threshold" and not sampler.own:  # its steps follow from the threshold: the most taken
@@ -429,13 +438,15 @@ def run(args) -> int:
             "method": stats.method, "steps": steps, "grid": settings.grid, "temperature": settings.temperature,
             "top_p": settings.top_p, "seed": args.seed}
     if block:
-        meta.update(block_length=block, eos_id=eos_id)
+        meta.update(block_length=block)
+    if eos_id is not None or block:
+        meta.update(eos_id=eos_id)
     lines = [json.dumps({**r, **meta}, ensure_ascii=False) if fmt == "jsonl" else _escape(r["text"]) for r in records]
     if args.output:
         write_atomically(args.output, "".join(line + "\n" for line in lines))
     else:
         sys.stdout.write("".join(line + "\n" for line in lines))
-    sizes = sorted({g["length"] for g in groups})
+    sizes = sorted({g.get("keep") or g["length"] for g in groups})
     sizes = f"length {sizes[0]}" if len(sizes) == 1 else f"lengths {sizes[0]}-{sizes[-1]}"
     print(
         f"tcsm sample: {len(records)} samples of {sizes} from {loaded.directory} (step {loaded.step}, "

@@ -19,6 +19,7 @@ def fit(cfg, run_dir, resume=None, log: Callable[[str], None] | None = None, ove
     import torch.distributed as dist
 
     from tcsm.train.distributed import setup_distributed, teardown_distributed
+    from tcsm.train.preempt import catch_sigterm
     from tcsm.train.rundir import hold_run_dir
     from tcsm.train.trainer import Trainer
 
@@ -29,7 +30,8 @@ def fit(cfg, run_dir, resume=None, log: Callable[[str], None] | None = None, ove
             dist.broadcast_object_list(box, src=0)
             run_dir = box[0]
         # Rank 0 holds the run directory until its summary is written (tcsm.train.rundir: one writer per run).
-        with _names_run_dir(run_dir), hold_run_dir(run_dir, env.is_main):
+        # A SIGTERM while the run is built is kept for the first step boundary (tcsm.train.preempt).
+        with catch_sigterm(), _names_run_dir(run_dir), hold_run_dir(run_dir, env.is_main):
             trainer = Trainer.from_config(cfg, run_dir, resume=resume, env=env, log=log, overwrite=overwrite)
             summary = trainer.fit()
             if env.is_main:
@@ -43,7 +45,7 @@ def fit(cfg, run_dir, resume=None, log: Callable[[str], None] | None = None, ove
 
 @contextmanager
 def _names_run_dir(run_dir):
-    """A Ctrl-C (KeyboardInterrupt) leaving `fit` carries the run directory, for the CLI's "resume with" line."""
+    """A Ctrl-C or SIGTERM (KeyboardInterrupt, Preempted) leaving `fit` carries the run directory, for the CLI's "resume with" line."""
     try:
         yield
     except KeyboardInterrupt as e:

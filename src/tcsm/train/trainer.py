@@ -43,6 +43,7 @@ from tcsm.train.ema import EMA
 from tcsm.train.logs import LOGGERS, RunLogger, plot_curves
 from tcsm.train.optim import build_optimizer, lr_at, set_lr
 from tcsm.train.parallel import Parallel
+from tcsm.train.preempt import Preempted, catch_sigterm, sigterm_received
 from tcsm.train.rundir import clear_run, hold_run_dir, refuse_existing_run, refuse_overwriting_sources
 
 __all__ = ["Trainer", "stream_seed"]
@@ -69,13 +70,24 @@ def micro_batch_plan(t, world_size: int) -> tuple[int, int]:
     return micro, num_micro
 
 
-def _with_absolute_data_paths(cfg):
-    """The config with relative data file locations made absolute (tcsm.data.absolute_paths), so that the run's
-    saved config finds its data from any directory and after the run directory moves."""
+#: config keys other than the data's that name a local file or directory a run reads again when it is loaded
+RUN_PATH_KEYS = ("model.name_or_path", "reference.path", "train.init_from")
+
+
+def _with_absolute_paths(cfg):
+    """The config with relative file locations made absolute — the data's (tcsm.data.absolute_paths), the Hugging
+    Face model directory, the frozen reference and the run it starts from (when they name a local path; a Hub name
+    stays) — so that the run's saved config finds them from any directory and after the run directory moves."""
     from omegaconf import OmegaConf
 
-    changed = absolute_paths(OmegaConf.to_container(cfg.data, resolve=True))
-    return set_values(cfg, {f"data.{k}": v for k, v in changed.items()}) if changed else cfg
+    changed = {f"data.{k}": v for k, v in absolute_paths(OmegaConf.to_container(cfg.data, resolve=True)).items()}
+    for key in RUN_PATH_KEYS:
+        value = OmegaConf.select(cfg, key, default=None)
+        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+            local = Path(value).expanduser()
+            if local.exists():
+                changed[key] = str(local.resolve())
+    return set_values(cfg, changed) if changed else cfg
 
 
 def _refuse_moved_data(cfg, run_dir) -> None:
@@ -128,7 +140,7 @@ class Trainer:
                 refuse_overwriting_sources(run_dir, cfg)  # the run it starts from must survive the overwrite
             else:
                 refuse_existing_run(run_dir)
-        self.cfg = _with_absolute_data_paths(cfg)
+        self.cfg = _with_absolute_paths(cfg)
         self.device = self.env.device
         # (first step with a non-finite gradient, its loss); -1 while there is none (see _note_finite)
         self._defer_finite_check = self.device.type != "cpu"
@@ -447,7 +459,7 @@ class Trainer:
         directory's lock is released when it returns or fails (an earlier `fit` of this trainer may have freed it:
         it is taken again)."""
         try:
-            with hold_run_dir(self.run_dir, self.env.is_main):
+            with catch_sigterm(), hold_run_dir(self.run_dir, self.env.is_main):
                 return self._fit()
         finally:
             self._lock.release()
@@ -522,11 +534,14 @@ class Trainer:
                     self._eval_and_log(final)
                 if self._periodic(t.sample_every, final):
                     self._sample_and_log()
-                if self._periodic(t.save_every, final):
+                saved = self._periodic(t.save_every, final)
+                if saved:
                     self.save()
                 if did_eval:
                     barrier(env)
                     self.window_start = time.perf_counter()  # evaluation time is not training throughput
+                if not final and self._stop_requested():
+                    self._stop(saved)
         finally:
             self._bar.close()
             self._bar = None
@@ -535,6 +550,25 @@ class Trainer:
             plot_curves(self.run_dir, summary.get("floor_bpc")) if self.run_dir is not None else None
             self.logger.close()
         return summary
+
+    def _stop_requested(self) -> bool:
+        """Whether a SIGTERM reached this process (any rank, under torchrun: all ranks stop at the same step)."""
+        stop = sigterm_received()
+        if self.env.distributed:
+            import torch.distributed as dist
+
+            flag = torch.tensor([float(stop)], device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            stop = bool(flag.item())
+        return stop
+
+    def _stop(self, saved: bool) -> None:
+        """Preempted: keep the finished step as a checkpoint (unless it was just saved) and leave as Ctrl-C does."""
+        if not saved and self.checkpoints.root is not None:
+            self.save()
+        if self.env.is_main:
+            self.logger.close()
+        raise Preempted(self.step if self.checkpoints.root is not None else None)
 
     def _save_tokenizer(self) -> None:
         """tokenizer.json in the run directory for tokenizers that cannot be rebuilt from the checkpoint alone
