@@ -69,4 +69,4 @@ def teacher_law_from(states: NoisyStates, denoiser, x, K: int, k: int, window: i
 
 
 def tv(p, q) -> float:
-    return 0.5 * float((p - q).abs().sum())
+    return 0.5 * float((p - q).detach().abs().sum())

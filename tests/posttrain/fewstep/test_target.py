@@ -177,3 +177,35 @@ def test_bad_settings_are_refused(dist):
         MultiStepTarget(teacher, 4, 2, form="joint")
     with pytest.raises(ValueError, match="window"):
         MultiStepTarget(teacher, 4, 2, window=0)
+
+
+@pytest.mark.parametrize("source", ["masked", "uniform"])
+def test_on_a_block_model_every_block_reaches_the_law_of_its_own_rollout_given_its_clean_prefix(source):
+    """Blocks of 2 of a length-4 sequence, each from its own grid point, in one batched rollout of the exact block
+    posterior: block b reaches the law of the block sampler from its x_t^b given the clean prefix x_1^{<b}."""
+    from tcsm.evaluation.exact import ExactBlockDenoiser
+    from tcsm.paths import make_path
+
+    d = EnumerableDistribution.random(V, 4, seed=5, concentration=1.0)
+    path = make_path(source, V, block_length=2)
+    teacher = ExactBlockDenoiser(d, path, 2)
+    K, n = 4, 20000
+    x1 = torch.tensor([1, 0, 0, 1])
+    xt = torch.tensor([V, 1, V, V]) if source == "masked" else torch.tensor([1, 1, 0, 1])
+    start = torch.tensor([2, 2, 1, 1])
+    g = torch.Generator().manual_seed(0)
+    out, _, calls = teacher_rollout(teacher, path, xt.expand(n, 4).clone(), start.expand(n, 4), K,
+                                    x1=x1.expand(n, 4), generator=g)  # fmt: skip
+    states = NoisyStates(path, 2)
+    assert (calls == K - 1).all()
+    for b, prefix in ((0, x1[:0]), (1, x1[:2])):
+        def block(xs, t, prefix=prefix):
+            return teacher.block_marginals(xs, t, prefix.expand(xs.shape[0], -1)).log().clamp_min(-700.0)
+
+        law = states.clean_law(teacher_law_from(states, block, xt[2 * b : 2 * b + 2], K, int(start[2 * b])))
+        got = out[:, 2 * b : 2 * b + 2]
+        empirical = torch.bincount(states.index(got), minlength=len(states.all)).double()[states.clean] / n
+        assert tv(empirical, law) < _floor(law, n), b
+    objective = Objective(path, MultiStepTarget(teacher, K, 2), loss="distrib", divergence="kl", weighting="uniform")
+    loss, metrics = objective(teacher, Batch(x1=d.sample(64, generator=g)), g)  # per-block times through the target
+    assert torch.isfinite(loss) and float(metrics["target/teacher_calls"]) >= 1

@@ -30,19 +30,24 @@ FORMS = ("conditionals", "draws")
 def teacher_rollout(teacher, path, xt: Tensor, start: Tensor, num_steps: int, *, movable: Tensor | None = None,
                     window: int | None = None, generator: torch.Generator | None = None, temperature: float = 1.0,
                     x1: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-    """(x̂_1 [B, L], log conditionals [B, L, V] float64, teacher calls per row [B]): row b runs the teacher's sampler
-    on the uniform grid of `num_steps` steps from x_t = `xt[b]` at t_{start[b]} to 1 (MATH.md §10). `movable` [B, L]:
-    positions the sampler may change (default `path.free(xt)`; conditioning positions are not). `window`: the teacher
-    takes at most this many steps of its grid and then the last step to t = 1 (SDTT's two-step window is 2; None:
-    its whole remaining grid). `x1` is what a block teacher reads its clean context from. Off `movable` the
-    conditionals are uniform (no loss is taken there)."""
+    """(x̂_1 [B, L], log conditionals [B, L, V] float64, teacher calls per row [B]): the teacher's sampler on the
+    uniform grid of `num_steps` steps from x_t = `xt` at t_{start} to 1 (MATH.md §10). `start` is per row [B], or on a
+    block path per position [B, L] (constant within a block): every block runs its own rollout, all in lock step, the
+    block model reading each block's clean prefix from `x1` (MATH.md §9). `movable` [B, L]: positions the sampler may
+    change (default `path.free(xt)`; conditioning positions are not). `window`: at most this many steps of the grid,
+    then the step to t = 1 (SDTT's window is 2; None: the whole remaining grid). Off `movable` the conditionals are
+    uniform (no loss is taken there)."""
     B, L = xt.shape
     V = path.vocab_size
     K = int(num_steps)
     grid = time_grid(K, device=xt.device)
     start = start.to(device=xt.device, dtype=torch.long)
     if ((start < 0) | (start >= K)).any():
-        raise ValueError(f"grid starts must lie in [0, {K}), got {start.tolist()}")
+        raise ValueError(f"grid starts must lie in [0, {K}), got {start.unique().tolist()}")
+    blocks = kind_of(teacher).blocks
+    if blocks and x1 is None:
+        raise ValueError("a block teacher reads each block's clean prefix: pass x1")
+    start = start.reshape(B, -1).expand(B, L) if start.dim() == 2 else start.reshape(B, 1).expand(B, L)
     end = torch.full_like(start, K) if window is None else torch.clamp(start + int(window) + 1, max=K)
     movable = path.free(xt) if movable is None else movable & path.free(xt)
     x = xt.clone()
@@ -50,28 +55,31 @@ def teacher_rollout(teacher, path, xt: Tensor, start: Tensor, num_steps: int, *,
     calls = torch.zeros(B, dtype=torch.long, device=xt.device)
     time_dtype = torch.get_default_dtype()
     for k in range(int(start.min()), K):
-        rows = ((start <= k) & (k < end)).nonzero().squeeze(1)
+        on = (start <= k) & (k < end)  # [B, L]: the positions whose rollout takes step k
+        rows = on.any(-1).nonzero().squeeze(1)
         if rows.numel() == 0:
             continue
-        last = end[rows] == k + 1  # this row's last step: to t = 1, where every movable token takes its draw
-        t = grid[k].expand(rows.numel())
-        s = torch.where(last, torch.ones_like(t), grid[k + 1].expand(rows.numel()))
+        on_r, st_r, en_r = on[rows], start[rows], end[rows]
+        last = en_r == k + 1  # the rollout's last step: to t = 1, where every movable token takes its draw
+        t = grid[torch.clamp(torch.full_like(st_r, k), st_r, en_r - 1)]  # off `on`: any time of that block's grid
+        s = torch.where(last, torch.ones_like(t), grid[min(k + 1, K)])
         xr = x[rows]
-        logits = denoise(teacher, xr, t.to(time_dtype), None if x1 is None else x1[rows])
+        t_in = t if blocks else t[:, 0]
+        logits = denoise(teacher, xr, t_in.to(time_dtype), x1[rows] if blocks else None)
         lp = adjust_log_probs(logits, temperature)  # float64 log m^i(· | x_t)
         calls[rows] += 1
-        free = movable[rows] & path.free(xr)
-        if path.absorbing or bool(last.all()):
+        free = movable[rows] & path.free(xr) & on_r
+        if path.absorbing or bool(last[on_r].all()):
             # reveal with probability λ_{t→s} (λ = 1 at s = 1), the drawn token from m^i (MATH.md §6.1 = §6.2)
-            lam = path.jump_prob(t, s).reshape(-1, 1)
+            lam = path.jump_prob(t, s)
             u = torch.rand(xr.shape, dtype=torch.float64, device=xt.device, generator=generator)
             move = free & (u < lam)
             new = torch.where(move, categorical(lp, generator), xr)
         else:
             # the analytic bridge x_s^i ~ Σ_a m^i(a) B(· | x_t^i, a) (MATH.md §6.2); rows at their last step take x̂
-            bridge = path.bridge(xr, t, s, lp.exp())
+            bridge = path.bridge(xr, t if blocks else t[:, 0], s if blocks else s[:, 0], lp.exp())
             new = torch.where(free, categorical(torch.log(bridge), generator), xr)
-            move = free & last.reshape(-1, 1)  # the last step redraws every movable token; earlier ones are overwritten
+            move = free & last  # the last step redraws every movable token; earlier ones are overwritten
         # the conditional a token was drawn from at the last step that set it: that step's m^i
         rec = log_cond[rows]
         rec[move] = lp[move]
@@ -104,9 +112,6 @@ class MultiStepTarget(Target):
             raise ValueError(f"form must be one of {list(FORMS)}, got {form!r}")
         if window is not None and int(window) < 1:
             raise ValueError(f"window must be >= 1 or null, got {window}")
-        if kind_of(teacher).blocks:
-            raise ValueError("a block model's teacher rollout (steps per block) is not implemented; "
-                             "distil a full-sequence model")  # fmt: skip
         self.teacher = freeze(teacher)
         self.teacher_steps, self.student_steps = K, Ks
         self.window = None if window is None else int(window)
@@ -115,15 +120,14 @@ class MultiStepTarget(Target):
 
     def __call__(self, batch, t, path, generator=None, *, model=None):
         batch = as_batch(batch)
-        if t.dim() != 1:
-            raise ValueError("the multi-step target needs one time per sequence")
         j = grid_start(t, self.student_steps)
         ratio = self.teacher_steps // self.student_steps
         ts = (j.double() / self.student_steps).to(t.dtype)
         xt = batch.noised(path, batch.x1, ts, generator)
         movable = batch.scored(path, xt)
         x1, log_cond, calls = teacher_rollout(self.teacher, path, xt, j * ratio, self.teacher_steps, movable=movable,
-                                              window=self.window, generator=generator, temperature=self.temperature)  # fmt: skip
+                                              window=self.window, generator=generator, temperature=self.temperature,
+                                              x1=batch.x1)  # fmt: skip
         x1 = torch.where(movable, x1, batch.x1)
         log_q = log_cond.float() if self.form == "conditionals" else None
         stats = {"teacher_calls": calls.float().mean().detach()}

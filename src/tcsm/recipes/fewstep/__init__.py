@@ -19,7 +19,8 @@ A round's teacher is the previous round's student:
     tcsm finetune fewstep --from runs/fs8 --teacher-steps 8 -o runs/fs4          # 8 -> 4 steps
     tcsm finetune fewstep --from runs/teacher --teacher-steps 16 --window 2 --form draws --loss score
 
-Masked and uniform sources; full-sequence models only (a block model's per-block rollout is not implemented).
+Masked and uniform sources; full-sequence and block models (K steps per block, each block's rollout given its clean
+prefix; a DiffusionGemma run is a block model, but distilling one has not been tried).
 """
 
 RECIPE = RecipeSpec(
