@@ -43,12 +43,34 @@ def _args(argv=None):
     ap.add_argument("--num-samples", type=int, default=32)
     ap.add_argument("--work-dir", default="runs/fewstep-bench")
     ap.add_argument("--eval-only", action="store_true", help="evaluate the rounds already in --work-dir, train none")
+    ap.add_argument("--probe-steps", type=int, default=5,
+                    help="pre-training steps of the teacher's own config at --batch-size, timed as the unit of cost (0: skip)")
     ap.add_argument("--out", default=None)
     return ap.parse_args(argv)
 
 
 def _log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class StepClock:
+    """CPU time at each step's end: the steps' own cost, without building the run or loading the teacher."""
+
+    def __init__(self):
+        self.marks: list[tuple[int, float]] = []
+
+    def on_fit_start(self, info) -> None:
+        pass
+
+    def on_step_end(self, info) -> None:
+        self.marks.append((int(info.step), time.process_time()))
+
+    def per_step(self) -> float | None:
+        """CPU seconds per step after the first (which also warms up)."""
+        if len(self.marks) < 2:
+            return None
+        (s0, c0), (s1, c1) = self.marks[0], self.marks[-1]
+        return (c1 - c0) / (s1 - s0)
 
 
 def train_round(source: Path, teacher_steps: int, run_dir: Path, args) -> dict:
@@ -68,12 +90,33 @@ def train_round(source: Path, teacher_steps: int, run_dir: Path, args) -> dict:
         return json.loads(done.read_text())
     resume = (run_dir / "checkpoints").is_dir()
     t0, c0 = time.perf_counter(), time.process_time()
-    Trainer.from_config(cfg, run_dir, log=_log, resume=True if resume else None).fit()
+    clock = StepClock()
+    Trainer.from_config(cfg, run_dir, log=_log, resume=True if resume else None, callbacks=[clock]).fit()
     cost = {"cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - t0, "resumed": resume,
+            "cpu_s_per_step": clock.per_step(),
             "teacher_steps": teacher_steps, "student_steps": teacher_steps // 2, "optimizer_steps": args.round_steps,
             "batch_size": args.batch_size, "window": args.window, "form": args.form}  # fmt: skip
     done.write_text(json.dumps(cost))
     return cost
+
+
+def probe_pretraining(teacher: Path, run_dir: Path, args) -> dict | None:
+    """CPU seconds per step of the teacher's own pre-training objective at the rounds' batch size, from a fresh model
+    (`--probe-steps` steps after one untimed warm-up step): the unit a round's cost is stated in."""
+    from tcsm.builders.config import load_config
+    from tcsm.builders.source import source_run
+    from tcsm.train.trainer import Trainer
+
+    if args.probe_steps <= 0:
+        return None
+    _, base = source_run(teacher, "fewstep")
+    overrides = [f"train.batch_size={args.batch_size}", "train.threads=1", "train.device=cpu", "train.progress=false",
+                 "train.tensorboard=false", "train.save_every=0", "train.eval_every=0", "train.sample_every=0",
+                 "sample.num=0", "train.log_every=1000"]  # fmt: skip
+    cfg = load_config(None, [*overrides, f"train.steps={1 + args.probe_steps}", "train.out_dir=null"], base=base)
+    clock = StepClock()
+    Trainer.from_config(cfg, run_dir, log=lambda m: None, overwrite=True, callbacks=[clock]).fit()
+    return {"cpu_s_per_step": clock.per_step(), "batch_size": args.batch_size, "steps": args.probe_steps}
 
 
 def evaluate(models: dict, judge, steps: list[int], seeds: list[int], args) -> list[dict]:
@@ -134,6 +177,12 @@ def main(argv=None) -> None:
         runs[f"round{r}"] = run_dir
         source, K = run_dir, K // 2
 
+    probe = None if args.eval_only else probe_pretraining(Path(args.teacher), work / "pretrain_probe", args)
+    if probe:
+        _log(f"pre-training step (teacher config, batch {args.batch_size}): {probe['cpu_s_per_step']:.2f} CPU-s")
+        for c in costs:
+            if c.get("cpu_s_per_step"):
+                c["pretraining_steps_per_step"] = c["cpu_s_per_step"] / probe["cpu_s_per_step"]
     device = torch.device("cpu")
     models = {"teacher": load_checkpoint(args.teacher, device=device)}
     models.update({name: load_checkpoint(d, device=device) for name, d in runs.items()})
@@ -145,7 +194,7 @@ def main(argv=None) -> None:
     result = {
         "teacher": str(models["teacher"].directory), "teacher_step": models["teacher"].step, "judge": judge.name,
         "data": models["teacher"].build_data().label, "num_samples": args.num_samples, "seeds": seeds,
-        "teacher_pretraining": teacher_cost, "rounds": costs, "summary": summary(rows), "rows": rows,
+        "teacher_pretraining": teacher_cost, "pretraining_probe": probe, "rounds": costs, "summary": summary(rows), "rows": rows,
         "load_average": os.getloadavg(), "args": vars(args),
     }  # fmt: skip
     for row in result["summary"]:
