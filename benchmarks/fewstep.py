@@ -189,11 +189,18 @@ def main(argv=None) -> None:
     judge = load_scorer_lm(args.judge, device)
     steps = [int(k) for k in args.eval_steps.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
+    from tcsm.evaluation import generative_perplexity, sample_entropy
+
+    data = models["teacher"].build_data()
+    real = data.test[: args.num_samples].long()  # the data's own values under the same judge: the floor to approach
+    data_row = {"gen_ppl": generative_perplexity(judge, token_ids=real, batch_size=32).gen_ppl,
+                "entropy": sample_entropy(real)["entropy_mean"], "num": int(real.shape[0])}  # fmt: skip
+    _log(f"data (test): gen-PPL {data_row['gen_ppl']:.3f}  entropy {data_row['entropy']:.4f}")
     rows = evaluate(models, judge, steps, seeds, args)
     teacher_cost = json.loads(Path(args.teacher_cost).read_text()) if args.teacher_cost else None
     result = {
         "teacher": str(models["teacher"].directory), "teacher_step": models["teacher"].step, "judge": judge.name,
-        "data": models["teacher"].build_data().label, "num_samples": args.num_samples, "seeds": seeds,
+        "data": data.label, "data_test": data_row, "num_samples": args.num_samples, "seeds": seeds,
         "teacher_pretraining": teacher_cost, "pretraining_probe": probe, "rounds": costs, "summary": summary(rows), "rows": rows,
         "load_average": os.getloadavg(), "args": vars(args),
     }  # fmt: skip
