@@ -169,7 +169,7 @@ def test_method_math_is_below_its_recipe():
     and every method has both."""
     methods = sorted(p.name for p in (PACKAGE / "posttrain").iterdir() if (p / "__init__.py").is_file())
     recipes = sorted(p.name for p in (PACKAGE / "recipes").iterdir() if (p / "__init__.py").is_file())
-    assert methods == recipes == ["distill", "dre", "preference", "reward", "rl", "sft"], (methods, recipes)
+    assert methods == recipes == ["distill", "dre", "fewstep", "preference", "reward", "rl", "sft"], (methods, recipes)
     assert _layer("tcsm.posttrain.dre.losses") < _layer("tcsm.builders.models") < _layer("tcsm.recipes.dre")
 
 

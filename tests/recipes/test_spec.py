@@ -20,7 +20,7 @@ NAMES = ["distill", "dre", "preference", "reward", "sft"]
 
 
 def test_the_recipes_are_the_folders():
-    assert [s.name for s in all_recipes()] == sorted([*NAMES, "rl"])  # rl came after the recorded flags
+    assert [s.name for s in all_recipes()] == sorted([*NAMES, "rl", "fewstep"])  # rl, fewstep came after the recorded flags
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -1,0 +1,4 @@
+"""Few-step distillation, the math (MATH.md §10): `target` (`teacher_rollout`: the teacher's K-step sampler run from
+x_t on its grid, with the conditional each token was last drawn from; `MultiStepTarget`: p_{1|t}^{teacher,K} as a
+TCSM target on the student's grid, one rollout per x_t cached for the batch). Its recipe (`tcsm finetune fewstep`)
+is `tcsm.recipes.fewstep`."""

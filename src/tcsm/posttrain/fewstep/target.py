@@ -1,0 +1,143 @@
+"""The multi-step teacher target p_{1|t}^{T,K}(x_1 | x_t) (MATH.md §10): the law of the x_1 that the teacher's K-step
+sampler reaches when started from x_t at a point t = t_k of its grid t_k = k/K.
+
+`teacher_rollout` runs that sampler — the ancestral step of `tcsm.sampling.samplers` (MATH.md §6.1 / §6.2: for the
+masked source a reveal with probability λ_{t→s}, for other sources the analytic bridge), every row from its own grid
+point — and returns the x_1 it reaches and, per position, the teacher's conditional that token was drawn from at the
+last step that set it (masked: the step that revealed it; uniform: the last step, which redraws every position).
+Given the rollout so far that token is distributed as that conditional, so averaging it over rollouts gives the
+per-position marginal of p_{1|t}^{T,K} with less variance than the drawn token (Rao–Blackwell; SDTT's "teacher's
+final-step logits"). `MultiStepTarget` draws x_t from data at the student's grid times, rolls the teacher out once
+per x_t (the cache every loss term of the batch uses) and hands the objective either form."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from tcsm.core.batch import as_batch
+from tcsm.models.kinds import denoise, kind_of
+from tcsm.sampling.common import adjust_log_probs, categorical, time_grid
+from tcsm.targets.base import Target, TargetBatch, freeze
+
+__all__ = ["FORMS", "MultiStepTarget", "grid_start", "teacher_rollout"]
+
+#: how the target reaches the loss: the teacher's conditionals (explicit log q) or its drawn tokens (Monte Carlo)
+FORMS = ("conditionals", "draws")
+
+
+@torch.no_grad()
+def teacher_rollout(teacher, path, xt: Tensor, start: Tensor, num_steps: int, *, movable: Tensor | None = None,
+                    window: int | None = None, generator: torch.Generator | None = None, temperature: float = 1.0,
+                    x1: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """(x̂_1 [B, L], log conditionals [B, L, V] float64, teacher calls per row [B]): the teacher's sampler on the
+    uniform grid of `num_steps` steps from x_t = `xt` at t_{start} to 1 (MATH.md §10). `start` is per row [B], or on a
+    block path per position [B, L] (constant within a block): every block runs its own rollout, all in lock step, the
+    block model reading each block's clean prefix from `x1` (MATH.md §9). `movable` [B, L]: positions the sampler may
+    change (default `path.free(xt)`; conditioning positions are not). `window`: at most this many steps of the grid,
+    then the step to t = 1 (SDTT's window is 2; None: the whole remaining grid). Off `movable` the conditionals are
+    uniform (no loss is taken there)."""
+    B, L = xt.shape
+    V = path.vocab_size
+    K = int(num_steps)
+    grid = time_grid(K, device=xt.device)
+    start = start.to(device=xt.device, dtype=torch.long)
+    if ((start < 0) | (start >= K)).any():
+        raise ValueError(f"grid starts must lie in [0, {K}), got {start.unique().tolist()}")
+    blocks = kind_of(teacher).blocks
+    if blocks and x1 is None:
+        raise ValueError("a block teacher reads each block's clean prefix: pass x1")
+    start = start.reshape(B, -1).expand(B, L) if start.dim() == 2 else start.reshape(B, 1).expand(B, L)
+    end = torch.full_like(start, K) if window is None else torch.clamp(start + int(window) + 1, max=K)
+    movable = path.free(xt) if movable is None else movable & path.free(xt)
+    x = xt.clone()
+    log_cond = torch.full((B, L, V), -float(torch.log(torch.tensor(float(V)))), dtype=torch.float64, device=xt.device)
+    calls = torch.zeros(B, dtype=torch.long, device=xt.device)
+    time_dtype = torch.get_default_dtype()
+    for k in range(int(start.min()), K):
+        on = (start <= k) & (k < end)  # [B, L]: the positions whose rollout takes step k
+        rows = on.any(-1).nonzero().squeeze(1)
+        if rows.numel() == 0:
+            continue
+        on_r, st_r, en_r = on[rows], start[rows], end[rows]
+        last = en_r == k + 1  # the rollout's last step: to t = 1, where every movable token takes its draw
+        t = grid[torch.clamp(torch.full_like(st_r, k), st_r, en_r - 1)]  # off `on`: any time of that block's grid
+        s = torch.where(last, torch.ones_like(t), grid[min(k + 1, K)])
+        xr = x[rows]
+        t_in = t if blocks else t[:, 0]
+        logits = denoise(teacher, xr, t_in.to(time_dtype), x1[rows] if blocks else None)
+        lp = adjust_log_probs(logits, temperature)  # float64 log m^i(· | x_t)
+        calls[rows] += 1
+        free = movable[rows] & path.free(xr) & on_r
+        if path.absorbing or bool(last[on_r].all()):
+            # reveal with probability λ_{t→s} (λ = 1 at s = 1), the drawn token from m^i (MATH.md §6.1 = §6.2)
+            lam = path.jump_prob(t, s)
+            u = torch.rand(xr.shape, dtype=torch.float64, device=xt.device, generator=generator)
+            move = free & (u < lam)
+            new = torch.where(move, categorical(lp, generator), xr)
+        else:
+            # the analytic bridge x_s^i ~ Σ_a m^i(a) B(· | x_t^i, a) (MATH.md §6.2); rows at their last step take x̂
+            bridge = path.bridge(xr, t if blocks else t[:, 0], s if blocks else s[:, 0], lp.exp())
+            new = torch.where(free, categorical(torch.log(bridge), generator), xr)
+            move = free & last  # the last step redraws every movable token; earlier ones are overwritten
+        # the conditional a token was drawn from at the last step that set it: that step's m^i
+        rec = log_cond[rows]
+        rec[move] = lp[move]
+        log_cond[rows] = rec
+        x[rows] = new
+    if (x >= V).any():
+        raise RuntimeError("the teacher's rollout left noise-only ids (masks): its grid must end at t = 1")
+    return x, log_cond, calls
+
+
+def grid_start(t: Tensor, student_steps: int) -> Tensor:
+    """j = ⌊t·K_s⌋ ∈ [0, K_s): the student's grid point at or below each t (MATH.md §10)."""
+    Ks = int(student_steps)
+    return (t.double() * Ks).floor().clamp(0, Ks - 1).long()
+
+
+class MultiStepTarget(Target):
+    """p_{1|t}^{T,K} at the student's grid times (MATH.md §10). A call snaps each row's t down to the student's grid
+    t_j = j/K_s, draws x_t from the batch's clean data (the proposal h of the data), runs the frozen teacher's
+    `teacher_steps`-step sampler from x_t once (`teacher_rollout`: K/K_s of its steps per student step) and returns
+    its x̂_1 with, for `form="conditionals"`, the conditionals the tokens were drawn from as `log_q`. Stats: the
+    teacher's network calls per row."""
+
+    def __init__(self, teacher, teacher_steps: int, student_steps: int, *, window: int | None = None,
+                 form: str = "conditionals", temperature: float = 1.0):  # fmt: skip
+        K, Ks = int(teacher_steps), int(student_steps)
+        if Ks < 1 or K < Ks or K % Ks:
+            raise ValueError(f"teacher_steps ({K}) must be a multiple of student_steps ({Ks}) >= 1")
+        if form not in FORMS:
+            raise ValueError(f"form must be one of {list(FORMS)}, got {form!r}")
+        if window is not None and int(window) < 1:
+            raise ValueError(f"window must be >= 1 or null, got {window}")
+        self.teacher = freeze(teacher)
+        self.teacher_steps, self.student_steps = K, Ks
+        self.window = None if window is None else int(window)
+        self.form = form
+        self.temperature = float(temperature)
+
+    def __call__(self, batch, t, path, generator=None, *, model=None):
+        batch = as_batch(batch)
+        j = grid_start(t, self.student_steps)
+        ratio = self.teacher_steps // self.student_steps
+        ts = (j.double() / self.student_steps).to(t.dtype)
+        xt = batch.noised(path, batch.x1, ts, generator)
+        movable = batch.scored(path, xt)
+        x1, log_cond, calls = teacher_rollout(self.teacher, path, xt, j * ratio, self.teacher_steps, movable=movable,
+                                              window=self.window, generator=generator, temperature=self.temperature,
+                                              x1=batch.x1)  # fmt: skip
+        x1 = torch.where(movable, x1, batch.x1)
+        log_q = log_cond.float() if self.form == "conditionals" else None
+        stats = {"teacher_calls": calls.float().mean().detach()}
+        return TargetBatch(xt=xt, t=ts, x1=x1, loss_mask=movable, log_q=log_q, stats=stats)
+
+    def to(self, device):
+        if isinstance(self.teacher, torch.nn.Module):
+            self.teacher.to(device)
+        return self
+
+    def __repr__(self) -> str:
+        return (f"MultiStepTarget(teacher_steps={self.teacher_steps}, student_steps={self.student_steps}, "
+                f"window={self.window}, form={self.form!r})")

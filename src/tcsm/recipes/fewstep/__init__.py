@@ -1,0 +1,42 @@
+"""Few-step distillation, the recipe (MATH.md §10): `builder` (the `target.name: fewstep` schema and registry entry),
+`compose` (one round's run config from the teacher run), and `RECIPE`, the command `tcsm finetune fewstep`. The
+method's math is `tcsm.posttrain.fewstep`."""
+
+from __future__ import annotations
+
+from tcsm.recipes.spec import Flag, RecipeSpec
+
+DOC = """`tcsm finetune fewstep`: one step-halving round of few-step distillation (MATH.md §10).
+
+The student, initialised from the teacher, learns per x_t the law of x_1 that the teacher's K-step sampler reaches
+from x_t (p^{T,K}_{1|t}), at the grid times of its own K/2 steps; one teacher rollout per x_t is cached for the
+batch. The run is an ordinary `tcsm train` run whose config is the teacher run's (data, path, model), then the
+`finetune-fewstep` preset (or `-c`), then key=value overrides, then the flags below; its `sample.steps` is the
+student's, so `tcsm sample` of the student uses the steps it was distilled for unless --steps says otherwise.
+A round's teacher is the previous round's student:
+
+    tcsm finetune fewstep --from runs/teacher --teacher-steps 16 -o runs/fs8     # 16 -> 8 steps
+    tcsm finetune fewstep --from runs/fs8 --teacher-steps 8 -o runs/fs4          # 8 -> 4 steps
+    tcsm finetune fewstep --from runs/teacher --teacher-steps 16 --window 2 --form draws --loss score
+
+Masked and uniform sources; full-sequence and block models (K steps per block, each block's rollout given its clean
+prefix; a DiffusionGemma run is a block model, but distilling one has not been tried).
+"""
+
+RECIPE = RecipeSpec(
+    name="fewstep",
+    help="few-step distillation: a K/2-step student learns the teacher's K-step sampler (MATH.md §10)",
+    doc=DOC,
+    preset="finetune-fewstep",
+    compose="tcsm.recipes.fewstep.compose:compose",
+    source_help="teacher run, checkpoints or step_* directory (the teacher and the student's start)",
+    flags=(
+        Flag("target.teacher_steps", minimum=2),
+        Flag("target.student_steps", minimum=1),
+        Flag("target.window", minimum=1),
+        Flag("target.form"),
+        Flag("objective.loss"),
+        Flag("objective.divergence"),
+    ),
+    marks=("target.name", "fewstep"),
+)

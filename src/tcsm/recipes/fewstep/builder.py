@@ -1,0 +1,59 @@
+"""Few-step distillation's builder (MATH.md §10): `target.name: fewstep`, the multi-step teacher target around the
+run's frozen model (the teacher, `reference.path`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tcsm.builders.registry import TARGETS, ReferenceUse
+from tcsm.core.errors import ConfigError
+from tcsm.posttrain.fewstep.target import FORMS, MultiStepTarget
+
+__all__ = ["FewStepTargetConfig", "build_fewstep_target", "student_steps_of"]
+
+
+@dataclass
+class FewStepTargetConfig:
+    """The teacher is the run's frozen model, `reference.path`; the student samples with `student_steps`."""
+
+    name: str = "fewstep"
+    teacher_steps: int = field(default=16, metadata={"help": "K: the teacher's sampler steps whose law the student learns"})
+    student_steps: int | None = field(default=None, metadata={
+        "help": "the student's sampler steps, a divisor of teacher_steps (null: teacher_steps / 2, one step-halving round)"})
+    window: int | None = field(default=None, metadata={
+        "help": "teacher steps per rollout before its step to t = 1 (null: its whole grid from x_t; 2: SDTT's window)"})
+    form: str = field(default="conditionals", metadata={
+        "help": "conditionals (the teacher's conditional of each reached token: explicit q, any divergence) | draws "
+                "(the reached tokens: Monte Carlo, distrib KL or the score losses)", "choices": FORMS})
+    temperature: float = field(default=1.0, metadata={"help": "the teacher sampler's temperature"})
+
+
+def student_steps_of(node) -> int:
+    """The student's step count a `target.fewstep` section asks for."""
+    K = int(node["teacher_steps"])
+    Ks = node.get("student_steps")
+    return K // 2 if Ks is None else int(Ks)
+
+
+def build_fewstep_target(node: dict, ctx) -> MultiStepTarget:
+    """`target.name: fewstep`: p^{T,K}_{1|t} of the frozen teacher at the student's grid times (MATH.md §10)."""
+    teacher = ctx.reference
+    if teacher is None:
+        raise ConfigError("reference.path must name the teacher run (tcsm finetune fewstep --from RUN)")
+    if int(node["teacher_steps"]) < 2:
+        raise ConfigError(f"target.teacher_steps must be >= 2, got {node['teacher_steps']}")
+    try:
+        return MultiStepTarget(teacher, int(node["teacher_steps"]), student_steps_of(node), window=node["window"],
+                               form=node["form"], temperature=float(node["temperature"]))  # fmt: skip
+    except ValueError as e:
+        raise ConfigError(f"target fewstep: {e}") from None
+
+
+TARGETS.register(
+    "fewstep",
+    build_fewstep_target,
+    schema=FewStepTargetConfig,
+    overwrite=True,
+    reference=ReferenceUse("reference.path (the teacher)"),
+    help="the law of x_1 the teacher's K-step sampler reaches from x_t, at the student's grid times (MATH.md §10)",
+)
