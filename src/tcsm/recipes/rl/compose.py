@@ -12,8 +12,8 @@ from tcsm.core.errors import ConfigError
 from tcsm.data.prompted import held_out_rows
 from tcsm.data.tasks import run_task_options
 from tcsm.models.kinds import family_of_name
-from tcsm.posttrain.reward.rewards import evaluate_reward, make_reward
 from tcsm.recipes.spec import lazy_report
+from tcsm.rewards.functions import evaluate_reward, make_reward
 from tcsm.sampling.settings import draw, sample_settings
 
 __all__ = ["compose", "report_of", "rl_config", "rl_report"]
