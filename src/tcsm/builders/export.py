@@ -21,6 +21,7 @@ the files that export wrote (the manifest's `written`).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -184,10 +185,7 @@ def export(
         if where is not None and (where / "summary.json").is_file():
             summary = json.loads((where / "summary.json").read_text(encoding="utf-8"))
             break
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".tmp-export-{out.name}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    with _built_aside(out) as tmp:
         notes = exporter.write(tmp, ck, model, hf, run_dir)
         (tmp / "sampling_config.json").write_text(json.dumps(hf["sampling"], indent=1) + "\n", encoding="utf-8")
         notes += exporter.notes(hf)
@@ -206,14 +204,25 @@ def export(
         fsync_dir(tmp)
         _swap_in(tmp, out, others)
         fsync_dir(out.parent)
-    except (OSError, SafetensorError) as e:  # e.g. a full disk: one line, the earlier export untouched
+    _say_notes(notes, log)
+    return out
+
+
+@contextlib.contextmanager
+def _built_aside(out: Path):
+    """A hidden temporary directory beside `out` to build the export in, removed on any failure; a failure to write
+    (e.g. a full disk) is one CheckpointError line, and whatever `out` held is untouched."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".tmp-export-{out.name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        yield tmp
+    except (OSError, SafetensorError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(_write_failure(out, e)) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _say_notes(notes, log)
-    return out
 
 
 def _say_notes(notes: list[str], log) -> None:
@@ -227,20 +236,11 @@ def _export_adapter(ck, out: Path, log) -> Path:
     """A LoRA run's adapters as PEFT's adapter directory, written whole or not at all into a new or empty `out`."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f"a LoRA adapter is exported into a new or empty directory; {str(out)!r} is not one")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".tmp-export-{out.name}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    with _built_aside(out) as tmp:
         notes = write_adapter(tmp, ck.model, ck.config)
         fsync_dir(tmp)
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(_write_failure(out, e)) from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     _say_notes(notes, log)
     return out

@@ -65,7 +65,7 @@ def add_field_flags(p, schema: type, *, dest: str, aliases: dict | None = None, 
                 if optional:
                     kwargs["type"] = lambda text: None if text.lower() in NONE_WORDS else text
             if (choices or {}).get(f.name):
-                kwargs["choices"] = tuple(choices[f.name]) + ((None,) if optional else ())
+                kwargs["choices"] = tuple(choices[f.name])
                 kwargs["metavar"] = f.name.upper()
             else:
                 kwargs["metavar"] = f.name.upper()
