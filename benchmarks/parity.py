@@ -9,6 +9,9 @@ compile and progress off, and comparing every metric they write, number for numb
     python benchmarks/parity.py --src src --workdir /tmp/p2 --out after.json
     python benchmarks/parity.py --compare before.json after.json [--tol 1e-6]     # table; exit 1 on a difference
 
+`--only quickstart,train_text,...` runs (or compares) those commands alone: a command that reads another's run
+needs that one in the list too (the recipes read train_text's, train_synthetic's or train_causal's).
+
 `--src` is the source tree whose CLI runs (`PYTHONPATH=<src> <python> -m tcsm.cli ...`, OMP/MKL_NUM_THREADS=1);
 `--python` the interpreter (default: this one). The workdir must not exist; it keeps every run for inspection.
 
@@ -151,7 +154,7 @@ def read_metrics(path: Path) -> dict[str, float]:
     return leaves(json.loads(path.read_text()))
 
 
-def run_all(src: Path, work: Path, python: str) -> dict:
+def run_all(src: Path, work: Path, python: str, only: set[str] | None = None) -> dict:
     work.mkdir(parents=True, exist_ok=False)
     write_inputs(work)
     env = {**os.environ, "PYTHONPATH": str(src.resolve()), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
@@ -160,6 +163,8 @@ def run_all(src: Path, work: Path, python: str) -> dict:
                     "digests": {}, "seconds": {}}  # fmt: skip
     start = time.time()
     for name, argv, files in commands():
+        if only is not None and name not in only:
+            continue
         t0 = time.time()
         done = subprocess.run(
             [python, "-m", "tcsm.cli", *argv], cwd=work, env=env, capture_output=True, text=True, check=False
@@ -190,12 +195,12 @@ def _same(x: float | None, y: float | None, tol: float) -> bool:
     return abs(x - y) <= tol or abs(x - y) <= tol * max(abs(x), abs(y))
 
 
-def compare(a: dict, b: dict, tol: float) -> int:
+def compare(a: dict, b: dict, tol: float, only: set[str] | None = None) -> int:
     """Print every compared metric (before, after, |diff|) and return 1 if any differs beyond tol (absolute or
     relative) or is missing on one side."""
     bad = n = 0
     print(f"{'command':22s} {'metric':48s} {'before':>22s} {'after':>22s} {'|diff|':>10s}")
-    for name in sorted(set(a["metrics"]) | set(b["metrics"])):
+    for name in sorted(n for n in set(a["metrics"]) | set(b["metrics"]) if only is None or n in only):
         ma, mb = a["metrics"].get(name, {}), b["metrics"].get(name, {})
         for key in sorted(k for k in set(ma) | set(mb) if not unstable(k)):
             n += 1
@@ -206,7 +211,7 @@ def compare(a: dict, b: dict, tol: float) -> int:
             print(f"{name:22s} {key:48s} {x!r:>22} {y!r:>22} {diff:10.3g}{'' if ok else '  DIFF'}")
     da, db = a.get("digests"), b.get("digests")
     if da is not None and db is not None:
-        for key in sorted(set(da) | set(db)):
+        for key in sorted(k for k in set(da) | set(db) if only is None or k.split(":")[0] in only):
             n += 1
             ok = da.get(key) == db.get(key)
             bad += not ok
@@ -231,12 +236,14 @@ def main(argv=None) -> int:
     p.add_argument("--python", default=sys.executable, help="interpreter with tcsm's dependencies")
     p.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"))
     p.add_argument("--tol", type=float, default=1e-6, help="tolerance of --compare (absolute or relative)")
+    p.add_argument("--only", metavar="NAMES", help="comma-separated commands to run or compare (default: all)")
     args = p.parse_args(argv)
+    only = set(args.only.split(",")) if args.only else None
     if args.compare:
-        return compare(*(json.loads(f.read_text()) for f in args.compare), args.tol)
+        return compare(*(json.loads(f.read_text()) for f in args.compare), args.tol, only)
     if not args.out or not args.workdir:
         p.error("give --out and --workdir (or --compare A B)")
-    result = run_all(args.src, args.workdir, args.python)
+    result = run_all(args.src, args.workdir, args.python, only)
     args.out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     print(f"wrote {args.out} ({result['seconds']['total']} s)")
     return 0

@@ -96,7 +96,7 @@ def make_pairs(pre, data, path, args, out: Path) -> dict:
     stats_file = out.with_suffix(".stats.json")
     if out.is_file() and stats_file.is_file():
         return json.loads(stats_file.read_text())
-    from tcsm.posttrain.reward.rewards import make_reward
+    from tcsm.rewards.functions import make_reward
     from tcsm.recipes.preference.compose import sample_pairs, write_pairs
 
     start = clock()

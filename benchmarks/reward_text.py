@@ -228,7 +228,7 @@ class Judge:
     """VADER reward and continuation gen-PPL under the project's causal scorer LM."""
 
     def __init__(self, ref_model, data, prompt_len: int):
-        from tcsm.posttrain.reward.rewards import make_reward
+        from tcsm.rewards.functions import make_reward
 
         self.ref, self.data, self.P = ref_model.eval(), data, prompt_len
         self.reward = make_reward("vader", decode=data.decode)
@@ -245,7 +245,7 @@ class Judge:
         return torch.cat(out).double()
 
     def score(self, x: torch.Tensor) -> dict:
-        from tcsm.posttrain.reward.rewards import evaluate_reward
+        from tcsm.rewards.functions import evaluate_reward
 
         r = evaluate_reward(self.reward, x).double()
         nll = self.nll(x)

@@ -24,6 +24,7 @@ LAYERS = [
     "paths",  # sources, schedules, t draws, bound integrands
     "models",  # networks
     "data",  # every data kind
+    "rewards",  # reward functions of token sequences, shared by the post-training methods
     "sampling",  # samplers
     "targets",  # what p_{1|t} to match
     "objectives",  # losses, divergences, weightings, the composed objective
@@ -190,3 +191,4 @@ def test_benchmark_scripts_start(script):
         [sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120, cwd=ROOT, check=False
     )
     assert done.returncode == 0, done.stderr[-2000:]
+    assert "usage:" in done.stdout, f"{script.name} --help printed no usage: it does not parse its arguments"

@@ -110,17 +110,17 @@ def test_template_positions_for_a_multi_character_tokenizer():
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--steps", "0"], "positive integer"),
-        (["--steps", "ten"], "positive integer"),
-        (["--top-p", "1.5"], "(0.0, 1.0]"),
-        (["--temperature", "0"], "number in"),
-        (["--method", "gibbs"], "unknown --method"),
+        (["--steps", "0"], "sample.steps must be >= 1"),
+        (["--steps", "ten"], "expected an integer"),
+        (["--top-p", "1.5"], "top_p must be in (0, 1]"),
+        (["--temperature", "0"], "temperature must be > 0"),
+        (["--method", "gibbs"], "invalid choice"),
         (["--prompt", "the cat sat on the mat and the dog"], "tokens long"),
         (["--prompt", "XYZ"], "outside the"),
         (["--length", "999"], "maximum length"),
         (["--infill", "a_", "--prompt", "a"], "not several"),
         (["--eos", "99"], "not a token id"),
-        (["--eos", "-1"], "token id >= 0 or none"),
+        (["--eos", "-1"], "token id >= 0 or"),
         (["--max-new-tokens", "4", "--length", "8"], "without --length"),
         (["--max-new-tokens", "40"], "maximum length 32"),
     ],
@@ -412,3 +412,31 @@ def test_a_task_run_stops_at_its_data_end_of_sequence_by_default(task_run, capsy
     eos = rows[0]["eos_id"]
     assert eos is not None and all(EOS not in r["text"] for r in rows)
     assert all(eos not in r["tokens"][:-1] for r in rows)
+
+
+def test_overrides_of_the_sample_section_act_as_the_flags_do(run_dir, capsys, tmp_path):
+    by_flag, by_key = tmp_path / "flag.jsonl", tmp_path / "key.jsonl"
+    assert _sample(capsys, run_dir, "-n", 2, "--steps", 4, "--temperature", 0.9, "-o", by_flag)[0] == 0
+    code, _, err = _sample(capsys, run_dir, "sample.temperature=0.9", "sample.steps=4", "-n", 2, "-o", by_key)
+    assert code == 0, err
+    rows = [json.loads(line) for line in by_key.read_text().splitlines()]
+    assert rows[0]["temperature"] == 0.9 and rows[0]["steps"] == 4
+    assert [r["tokens"] for r in rows] == [json.loads(line)["tokens"] for line in by_flag.read_text().splitlines()]
+
+
+def test_print_config_shows_the_section_the_draw_uses(run_dir, capsys):
+    code, out, _ = _sample(capsys, run_dir, "--steps", 7, "sample.top_p=0.5", "--print-config")
+    assert code == 0 and "sample:" in out and "steps: 7" in out and "top_p: 0.5" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train.steps=3"], "overrides of the sample: section"),
+    (["sample.nope=1"], "not a sampler setting"),
+    (["sample.temperature=0"], "temperature must be > 0"),
+    (["--sir-k", "3"], "sir sampler"),
+    (["--method", "joint", "--temperature", "0.5"], "not a setting of the joint sampler"),
+])  # fmt: skip
+def test_keys_no_sampler_of_the_run_reads_are_refused_in_one_line(run_dir, capsys, argv, message):
+    code, _, err = _sample(capsys, run_dir, *argv)
+    lines = err.strip().splitlines()
+    assert code != 0 and len(lines) == 1 and message in lines[0], err

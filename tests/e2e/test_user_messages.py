@@ -59,7 +59,7 @@ def test_a_lora_target_that_is_no_regular_expression_is_one_line(tmp_path, capsy
 def test_a_reward_file_with_a_syntax_error_is_one_line(tmp_path, capsys, monkeypatch):
     (tmp_path / "rw_bad.py").write_text("def r(texts):\n    return [1.0 for t in texts\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    from tcsm.posttrain.reward.rewards import make_reward
+    from tcsm.rewards.functions import make_reward
 
     with pytest.raises(ValueError, match=r"cannot import 'rw_bad': SyntaxError.*rw_bad\.py, line \d"):
         make_reward("python:rw_bad:r")

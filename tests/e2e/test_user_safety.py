@@ -513,7 +513,7 @@ def test_reward_domains_against_data_kinds():
 
     from tcsm.builders.config import load_config
     from tcsm.core.errors import ConfigError
-    from tcsm.recipes.reward.builder import check_reward_domain
+    from tcsm.rewards.domain import check_reward_domain
 
     grid = SimpleNamespace(config=load_config("demo-grid"), vocab_size=128, seq_len=2)
     text = SimpleNamespace(config=load_config("text8-prefix-small"), vocab_size=27, seq_len=256)

@@ -59,7 +59,7 @@ def test_every_sampler_declares_its_settings_and_they_make_the_section():
     schema = {f.name for f in dataclasses.fields(SampleConfig)}
     for cls in registry.all_sampler_classes():
         own = {f.name for f in dataclasses.fields(cls.settings_type)}
-        assert issubclass(cls.settings_type, SamplerSettings) and own <= section <= schema, cls
+        assert issubclass(cls.settings_type, registry.Settings) and own <= section <= schema, cls
         assert all(f.metadata.get("help") for f in dataclasses.fields(cls.settings_type)), cls
     # a key only one sampler uses is that sampler's, not every sampler's
     assert "threshold" in {f.name for f in dataclasses.fields(sampler_class("threshold").settings_type)}
@@ -216,6 +216,8 @@ def test_the_old_builders_sampler_module_still_imports():
 class _SIRObjective:
     """An objective that brings its own sampler (`Samples`): SIR with a fixed energy over the given reference."""
 
+    sampler = "sir"
+
     def __init__(self, path):
         self.path, self.seen = path, None
 
@@ -235,14 +237,14 @@ def _energy(x1, xt, t):
 
 def test_the_objectives_own_sampler_draws_what_sir_draws_with_the_sections_keys(one_thread):
     from tcsm.posttrain.dre.sir import sample_sir
-    from tcsm.sampling.own import OwnSettings
+    from tcsm.posttrain.dre.sampler import SIRSettings
 
     model, path = _Logits(), MaskedPath(V)
     objective = _SIRObjective(path)
     section = sample_settings({"method": "euler", "steps": 6, "sir_k": 3, "sir_window": [0.2, 0.9],
                                "sir_temperature": 0.5, "grid": "cosine"})  # fmt: skip
     x, stats = draw(model, path, 4, L, section, objective=objective, generator=torch.Generator().manual_seed(5))
-    assert type(objective.seen) is OwnSettings and objective.seen.sir_window == (0.2, 0.9)  # method is not its key
+    assert type(objective.seen) is SIRSettings and objective.seen.sir_window == (0.2, 0.9)  # method is not its key
     ref, ref_stats = sample_sir(model, _energy, path, batch_size=4, length=L, num_steps=6, num_candidates=3,
                                 window=(0.2, 0.9), temperature=0.5, grid="cosine",
                                 generator=torch.Generator().manual_seed(5), return_stats=True)  # fmt: skip

@@ -144,3 +144,12 @@ def test_the_config_loader_and_set_values_read_dres_old_key(capsys, monkeypatch)
     assert set_values(cfg, {"objective.loss": "gkl"}).objective.bregman == "gkl"
     assert load_config("synthetic", ["objective.loss=score"]).objective.loss == "score"
     assert capsys.readouterr().err == ""
+
+
+def test_every_old_name_has_a_removal_release():
+    """CONTRIBUTING.md "Old names": code-only names go at the next minor release, names a saved run can hold later."""
+    names = [*migration.MOVED_MODULES, *migration.RENAMED_NAMES, *migration.MOVED_KEYS, *migration.MOVED_PRESETS]
+    assert all(migration.removal_release(n) in (migration.CODE_NAMES_UNTIL, migration.SAVED_NAMES_UNTIL) for n in names)
+    assert migration.removal_release("tcsm.batch") == migration.CODE_NAMES_UNTIL
+    assert migration.removal_release("objective.sir_k") == migration.SAVED_NAMES_UNTIL
+    assert migration.removal_release("tcsm.posttrain.reward.rewards") == migration.SAVED_NAMES_UNTIL

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tcsm.builders.components import build_path
 from tcsm.builders.config import load_config
+from tcsm.builders.exporters import EXPORTERS, Exporter
 from tcsm.builders.registry import MODELS, BuildContext
 from tcsm.core.errors import ConfigError
 
@@ -103,6 +104,34 @@ def write_native(directory: Path, model, config: dict) -> None:
     from tcsm.builders.models import save_pretrained_with_config
 
     save_pretrained_with_config(directory, model, config)
+
+
+@EXPORTERS.register
+class DiffusionGemmaExporter(Exporter):
+    """The model's own directory (transformers loads it as it is, no trust_remote_code) with tcsm's keys and the
+    run's tokenizer; its own config names its special tokens."""
+
+    name = MODEL_TYPE
+    names_special_ids = False
+
+    def config(self, ck, model) -> dict:
+        return native_config(model, self.native_keys(ck, model))
+
+    def write_weights(self, tmp: Path, model, hf: dict) -> None:
+        write_native(tmp, model, hf)
+
+    def card_lines(self, hf: dict) -> list[str]:
+        return [
+            "```python",
+            "from transformers import DiffusionGemmaForBlockDiffusion   # no trust_remote_code: the model's own files",
+            "model = DiffusionGemmaForBlockDiffusion.from_pretrained(DIR)",
+            "out = model.generate(prompt_ids, max_new_tokens=N)",
+            "```",
+            *super().card_lines(hf),
+        ]
+
+    def notes(self, hf: dict) -> list[str]:
+        return []  # transformers loads its own directory
 
 
 def is_native_directory(path) -> bool:

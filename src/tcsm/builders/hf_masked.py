@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from tcsm.builders.exporters import EXPORTERS, Exporter
 from tcsm.builders.registry import MODELS, BuildContext
 from tcsm.core.errors import ConfigError
 
@@ -137,3 +138,29 @@ def write_native(directory: Path, model, config: dict, source: str | None) -> li
         if f.is_file() and (f.suffix == ".py" or f.name in TOKENIZER_FILES):
             shutil.copyfile(f, directory / f.name)
     return []
+
+
+@EXPORTERS.register
+class HFMaskedExporter(Exporter):
+    """The model's own directory, loaded by its own modeling code (its tokenizer and special ids are the
+    directory's own)."""
+
+    name = "hf_masked_dlm"
+
+    def config(self, ck, model) -> dict:
+        return native_config(model, self.native_keys(ck, model))
+
+    def write(self, tmp: Path, ck, model, hf: dict, run_dir) -> list[str]:
+        return write_native(tmp, model, hf, ck.config.model.get("name_or_path"))
+
+    def card_lines(self, hf: dict) -> list[str]:
+        return [
+            "```python",
+            "from transformers import AutoModel   # the model's own modeling code, as the directory it came from",
+            "model = AutoModel.from_pretrained(DIR, trust_remote_code=True)",
+            "logits = model(input_ids=x).logits   # x holds mask_token_id at masked positions",
+            "```",
+        ]
+
+    def adapter_base_line(self, model) -> str:
+        return "AutoModel.from_pretrained(BASE, trust_remote_code=True)"

@@ -132,7 +132,7 @@ def load_scorer_lm(path: str, device):
     if (p / "config.json").is_file():
         return ScorerLM.from_pretrained(p, device=device)
     ref = load_checkpoint(p, device=device)
-    if kind_of(ref.model).sampler != "left_to_right":
+    if not kind_of(ref.model).is_autoregressive:
         raise ValueError(f"--scorer {path!r} is neither a Hugging Face model directory nor a causal-LM checkpoint")
     data = ref.build_data()
     return ScorerLM.from_tcsm(ref.model, data.tokenizer, eos_id=data.eos_id, device=device, name=str(p))

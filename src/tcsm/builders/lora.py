@@ -95,9 +95,9 @@ def write_adapter(directory: Path, model, cfg) -> list[str]:
     base = adapter_base(cfg)
     peft_model.peft_config["default"].base_model_name_or_path = base
     peft_model.save_pretrained(str(directory), save_embedding_layers=False)  # tcsm never resizes the vocabulary
-    hf = hasattr(model, "hf")
-    load = ("AutoModel.from_pretrained(BASE, trust_remote_code=True)" if cfg.model.get("name") == "hf_masked_dlm"
-            else "tcsm.from_pretrained(BASE).hf" if hf else "tcsm.from_pretrained(BASE)")  # fmt: skip
+    from tcsm.builders.exporters import exporter_of
+
+    load = exporter_of(model).adapter_base_line(model)  # the family's own loading line
     (directory / "README.md").write_text("\n".join([
         "# LoRA adapter (tcsm)", "",
         (f"Rank {cfg.train.lora.r}, α = {cfg.train.lora.alpha}, layers {list(cfg.train.lora.target_modules)}; "

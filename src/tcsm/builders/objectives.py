@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -11,14 +12,37 @@ from tcsm.core.errors import ConfigError
 from tcsm.models.kinds import kind_of
 from tcsm.objectives.lm import LM_LOSSES, MaskedLMLoss
 
-__all__ = ["LMObjectiveConfig", "SEDDObjectiveConfig", "TCSMObjectiveConfig"]
+__all__ = ["LMObjectiveConfig", "LossOptions", "SEDDObjectiveConfig", "TCSMObjectiveConfig"]
 
 
 # --------------------------------------------------------------------------------------------------- objective
 
 
 @dataclass
-class TCSMObjectiveConfig:
+class LossOptions:
+    """The per-position loss's options (`objectives.losses`), typed keys of the `objective:` section so that they
+    show in `tcsm train --help` and can be flags; null leaves the loss's own default. A loss that does not take an
+    option given here says so in one line (`Objective` checks the options against the loss)."""
+
+    clamp: Optional[float] = field(  # noqa: UP045 (OmegaConf structured configs need Optional)
+        default=None, metadata={"help": "floor of the loss's log-probabilities (null: the loss's default; -inf: none)"}
+    )
+    bregman: Optional[str] = field(  # noqa: UP045
+        default=None, metadata={"help": "score loss: Bregman generator, a BREGMAN name: gkl | squared | is | logistic (null: gkl)"}
+    )
+    tilt: Optional[bool] = field(  # noqa: UP045
+        default=None, metadata={"help": "score loss, Monte Carlo target: the kernel-tilted estimator (null: off)"}
+    )
+    weight_cap: Optional[str] = field(  # noqa: UP045
+        default=None, metadata={"help": "score loss: importance-weight cap c, a number | V | inf (null: V; MATH.md §3.6)"}
+    )
+    paper_scale: Optional[bool] = field(  # noqa: UP045
+        default=None, metadata={"help": "score loss: the paper's scale of the score loss (null: false)"}
+    )
+
+
+@dataclass
+class TCSMObjectiveConfig(LossOptions):
     name: str = "tcsm"
     loss: str = field(
         default="distrib", metadata={"help": "per-position loss: distrib | score | a LOSSES name"}
@@ -38,7 +62,9 @@ class TCSMObjectiveConfig:
         },
     )
     kwargs: dict[str, Any] = field(
-        default_factory=dict, metadata={"help": "extra loss arguments, e.g. {clamp: -30}"}
+        default_factory=dict,
+        metadata={"help": "extra arguments of a user's loss (`loss: module:function`); the built-in losses' options "
+                          "are the keys above (objective.kwargs.clamp is read as objective.clamp, with a note)"},
     )
 
 
@@ -48,6 +74,13 @@ def build_tcsm_objective(node: dict, ctx: BuildContext):
     from tcsm.objectives import Objective
 
     kwargs = dict(node.pop("kwargs") or {})
+    typed = [f.name for f in dataclasses.fields(LossOptions)]
+    for key in sorted(set(kwargs) & set(typed)):  # the untyped form of a typed option: read, with a note
+        print(f"tcsm: note: objective.kwargs.{key} is now objective.{key} (read as objective.{key}={kwargs[key]!r})",
+              file=sys.stderr)  # fmt: skip
+    kwargs.update({k: node.pop(k) for k in typed if node.get(k) is not None})
+    for k in typed:
+        node.pop(k, None)
     divergence = node.pop("divergence")
     if divergence is not None:
         kwargs["divergence"] = divergence

@@ -130,7 +130,7 @@ def _run_bound(args) -> int:
         raise ConfigError(f"data sequences have length {data.seq_len} but the model allows at most {max_len}")
     x = data.split(e.split)
     objective = build_objective_for_checkpoint(ckpt.config, ckpt.model, data, device)
-    energy = kind_of(ckpt.model).likelihood == "estimate"  # an energy model's IS estimate (MATH.md §6.3)
+    energy = kind_of(ckpt.model).estimated_likelihood  # an energy model's IS estimate (MATH.md §6.3)
     # An energy run's estimate costs ~n(1 + L/2) energy calls per sequence and time: by default, as many sequences as
     # its training evaluated (a run that evaluated none: the finetune-dre preset's 64), not the whole split.
     limit = e.max_examples or ((int(ckpt.config.train.eval_examples) or 64) if energy else None)
@@ -138,8 +138,9 @@ def _run_bound(args) -> int:
         x = x[:limit]
     if x.shape[0] == 0:
         raise ConfigError(f"the {e.split} split is empty")
-    if energy and not args.json:
-        print(_energy_cost_line(objective, x, data.split(e.split).shape[0], e), file=sys.stderr, flush=True)
+    cost = getattr(objective, "evaluation_cost", None)  # an `Evaluates` that is costly says what it will cost
+    if cost is not None and not args.json:
+        print(_cost_line(cost, x, data.split(e.split).shape[0], e), file=sys.stderr, flush=True)
     generator = torch.Generator(device=device).manual_seed(e.seed)
     with autocast(device, args.precision):
         result = evaluate_model(
@@ -186,19 +187,11 @@ def _positive_list(text: str, flag: str) -> str:
     return ",".join(map(str, values))
 
 
-def _energy_cost_line(objective, x, split_size: int, e) -> str:
-    """What the energy model's estimate will cost, before it starts, and how to change it."""
-    from tcsm.posttrain.dre.likelihood import energy_estimate_cost
-
+def _cost_line(cost, x, split_size: int, e) -> str:
+    """What the objective's own evaluation will cost, before it starts, and how to change it."""
     N, L = x.shape
-    ns = objective.log_z_samples
-    rows = energy_estimate_cost(objective.path, N, L, objective.eval_num_t, max(ns))
     which = f"the first {N} of {split_size}" if N < split_size else f"all {N}"
-    return (
-        f"energy-model estimate on {which} {e.split} sequences x {objective.eval_num_t} times x n={max(ns)} reference "
-        f"draws: about {rows:,.0f} energy calls (a pre-trained bound: {N * e.num_t:,}); more with --max-examples, "
-        "--num-t, --log-z-samples"
-    )
+    return f"{cost(N, L, f'{which} {e.split} sequences')} (a pre-trained bound: {N * e.num_t:,}); more with --max-examples, --num-t, --log-z-samples"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -45,7 +45,7 @@ def run_task(args) -> int:
     device = resolve_device(args.device)
     ckpt = load_checkpoint(args.checkpoint, device=device, ema=args.weights != "model", overrides=list(args.overrides))
     kind = kind_of(ckpt.model)
-    if kind.sampler in ("none", "sir"):
+    if not (kind.is_denoiser or kind.is_autoregressive):
         raise ConfigError(f"{ckpt.directory} holds {kind.description}: --task needs a model that completes prompts "
                           "(a diffusion denoiser or a causal LM)")  # fmt: skip
     task = make_task(args.task, **run_task_options(ckpt.config.data).get(args.task, {}))
@@ -73,7 +73,7 @@ def run_task(args) -> int:
         with autocast(device, args.precision):
             acc = task_accuracy(complete, task, reward, n, batch_size=batch, confidence=args.confidence)
         seconds = time.perf_counter() - t0
-        own = kind.sampler == "left_to_right"
+        own = kind.is_autoregressive
         row = {**acc.to_dict(), "method": complete.method, "steps": length - task.prompt_len if own else settings.steps,
                "temperature": settings.temperature, "top_p": settings.top_p, "network_calls": complete.calls,
                "seconds": seconds}  # fmt: skip

@@ -2,7 +2,7 @@
 write chosen / rejected pairs as JSON lines for `tcsm finetune preference` (MATH.md §5.3).
 
 Each pair is the best and the worst of `--group` samples drawn with the same prompt (or none), under any reward
-of tcsm.posttrain.reward.rewards: `vader`, `profanity`, `hf:PATH[,label=1]` (a local classifier), `grid`, `python:module:function`.
+of tcsm.rewards.functions: `vader`, `profanity`, `hf:PATH[,label=1]` (a local classifier), `grid`, `python:module:function`.
 Groups whose rewards tie are redrawn. Every line holds `prompt`, `chosen`, `rejected` (the response texts, after
 the prompt), the two rewards, and the sampled token ids with the tokenizer they belong to (a run with the
 same tokenizer trains on exactly the judged tokens; tcsm.data.pairs):
@@ -50,8 +50,8 @@ def run(args) -> int:
 
     from tcsm.builders.loading import load_checkpoint
     from tcsm.core.errors import ConfigError
-    from tcsm.posttrain.reward.rewards import make_reward
     from tcsm.recipes.preference.compose import sample_pairs, write_pairs
+    from tcsm.rewards.functions import make_reward
     from tcsm.sampling.settings import sample_settings
     from tcsm.train.distributed import resolve_device
 
@@ -70,7 +70,7 @@ def run(args) -> int:
     from types import SimpleNamespace
 
     from tcsm.data.tasks import run_task_options
-    from tcsm.recipes.reward.builder import check_reward_domain
+    from tcsm.rewards.domain import check_reward_domain
 
     shape = SimpleNamespace(config=ck.config, vocab_size=int(data.vocab_size), seq_len=int(data.seq_len))
     check_reward_domain(args.reward, shape, what="--reward ")  # before any sampling: a grid reward on text is noise

@@ -28,6 +28,7 @@ import json
 import sys
 import time
 import types
+from dataclasses import dataclass, field
 
 HELP = "draw samples from a trained checkpoint (prompts, infilling, temperature, top-p)"
 
@@ -37,88 +38,53 @@ def _one_line_error(self, message: str):
     self.exit(2, f"tcsm sample: error: {message}\n")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
+def _positive(name: str, value) -> tuple[bool, str]:
+    return value is None or int(value) >= 1, f"--{name.replace('_', '-')} must be a positive integer, got {value}"
 
 
-def _method(text: str) -> str:
-    from tcsm.sampling.registry import sampler_names
+@dataclass(frozen=True)
+class SampleCommand:
+    """The command's own options (what to draw and where), besides the run's `sample:` section: a flag each."""
 
-    if text not in sampler_names():
-        raise argparse.ArgumentTypeError(f"unknown --method {text!r}; choose one of {', '.join(sampler_names())}")
-    return text
+    num_samples: int = field(default=4, metadata={"help": "samples (per prompt / template when given); default 4"})
+    seed: int = field(default=0, metadata={"help": "seed of every random draw (default 0)"})
+    length: int | None = field(default=None, metadata={"help": "sequence length (default: the training length)"})
+    max_new_tokens: int | None = field(default=None, metadata={
+        "help": "exactly N new tokens after each prompt (without one: N tokens; a block model draws its last block "
+                "whole and cuts it), up to the model's positions (instead of --length)"})  # fmt: skip
+    batch_size: int = field(default=16, metadata={"help": "sequences per sampler call (memory)"})
+    device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | cuda:N"})
+    ema: bool = field(default=True, metadata={"help": "the EMA weights (else the raw ones) when the run kept them"})
+    progress: bool = field(default=True, metadata={"help": "the progress bar"})
 
-
-def _token_id_or_none(text: str) -> int | str:
-    if text == "none":
-        return text
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a token id >= 0 or none, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected a token id >= 0 or none, got {text!r}")
-    return v
-
-
-def _float_in(lo: float, hi: float, lo_open: bool = True):
-    def parse(text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        ok = (v > lo if lo_open else v >= lo) and v <= hi
-        if not ok:
-            raise argparse.ArgumentTypeError(f"expected a number in {'(' if lo_open else '['}{lo}, {hi}], got {text!r}")
-        return v
-
-    return parse
+    def __post_init__(self):
+        for name in ("num_samples", "length", "max_new_tokens", "batch_size"):
+            ok, msg = _positive(name, getattr(self, name))
+            if not ok:
+                raise ValueError(msg)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.error = types.MethodType(_one_line_error, p)
-    p.epilog = __doc__.split("\n\n", 1)[1] + "\nExample: tcsm sample runs/my-run -n 8 --steps 256 --prompt 'the cat' -o s.jsonl"
-    p.add_argument("checkpoint", help="run directory, checkpoints directory or step_* directory")
-    p.add_argument("-n", "--num-samples", type=_positive_int, default=4,
-                   help="samples (per prompt / template when given); default 4")
-    p.add_argument("--steps", type=_positive_int, default=None,
-                   help="sampler steps K, per block for a block model (default: the run's sample.steps; a causal LM "
-                        "run takes one step per position)")
+def _sampler_help() -> str:
     from tcsm.sampling.registry import sampler_class, sampler_names
 
     names = sampler_names()
     orders = ", ".join(n for n in names if sampler_class(n).steps_at_most_positions)
-    p.add_argument("--method", default=None, choices=names, type=_method, metavar="METHOD",
-                   help=f"sampler: {' | '.join(names)} (default: the run's sample.method, else ancestral for masked, "
-                        f"analytic for uniform; {orders} are decoding orders for masked models)")
-    p.add_argument("--block-length", type=_positive_int, default=None,
-                   help="masked full-sequence models: decode blocks of this many positions left to right, uncached, "
-                        "--method inside each (default: the run's sample.block_length; block models decode their own)")
-    p.add_argument("--threshold", type=_float_in(0.0, 1.0), default=None,
-                   help="--method threshold: unmask every position whose confidence exceeds this, in (0, 1] "
-                        "(default: the run's sample.threshold)")
-    p.add_argument("--grid", default=None, help="time grid: uniform | cosine (default: the run's sample.grid)")
-    p.add_argument("--temperature", type=_float_in(0.0, float("inf")), default=None,
-                   help="softmax temperature > 0 (default: the run's sample.temperature)")
-    p.add_argument("--top-p", type=_float_in(0.0, 1.0), default=None,
-                   help="nucleus mass in (0, 1]; 1 = off (default: the run's sample.top_p)")
-    p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
-    p.add_argument("--length", type=_positive_int, default=None,
-                   help="sequence length (default: the training sequence length)")
-    p.add_argument("--max-new-tokens", type=_positive_int, default=None, metavar="N",
-                   help="exactly N new tokens after each prompt (without one: N tokens; a block model draws its "
-                        "last block whole and cuts it), up to the model's positions (instead of --length)")
-    p.add_argument("--eos", type=_token_id_or_none, default=None, metavar="ID",
-                   help="end a sample at this generated token id (a block model stops decoding there), or none "
-                        "(default: the run's sample.eos_id, else the data's end-of-sequence token (task and SFT runs), "
-                        "else for a block model the tokenizer's)")
-    p.add_argument("--batch-size", type=_positive_int, default=16, help="sequences per sampler call (memory)")
+    return (f"sampler: {' | '.join(names)} (default: the run's sample.method, else ancestral for masked, analytic for "
+            f"uniform; {orders} are decoding orders for masked models)")  # fmt: skip
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from tcsm.cli.fields import add_field_flags
+    from tcsm.sampling.registry import sampler_names
+    from tcsm.sampling.settings import SampleSettings
+
+    p.error = types.MethodType(_one_line_error, p)
+    p.epilog = __doc__.split("\n\n", 1)[1] + ("\nExample: tcsm sample runs/my-run -n 8 --steps 256 --prompt 'the cat' "
+                                               "-o s.jsonl sample.temperature=0.9")  # fmt: skip
+    p.add_argument("checkpoint", help="run directory, checkpoints directory or step_* directory")
+    p.add_argument("overrides", nargs="*", metavar="sample.key=value",
+                   help="settings of the run's sample: section, e.g. sample.temperature=0.9 (as the flags below)")
+    p.add_argument("--print-config", action="store_true", help="print the sample: section this draw uses and exit")
     p.add_argument("--prompt", action="append", default=[], metavar="TEXT", help="prefix prompt (repeatable)")
     p.add_argument("--infill", action="append", default=[], metavar="TEMPLATE",
                    help="infilling template; placeholder characters mark the positions to fill (repeatable)")
@@ -130,23 +96,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", default=None,
                    help="output file (default: stdout); a file tcsm did not write is kept unless --overwrite")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output file whatever wrote it")
-    p.add_argument("--no-ema", action="store_true", help="use the raw weights instead of the EMA weights")
-    p.add_argument("--no-cache", action="store_true",
-                   help="call the network at every step even for a time-independent masked model")
-    p.add_argument("--final-argmax", action="store_true", help="take the most likely token at the last step")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    p.add_argument("--sir-k", type=_positive_int, default=None,
-                   help="energy-model runs (tcsm finetune dre): SIR candidates per step (default: the run's sample.sir_k)")
-    p.add_argument("--sir-window", nargs=2, type=_float_in(0.0, 1.0, lo_open=False), default=None,
-                   metavar=("LO", "HI"), help="energy-model runs: α_t window of the SIR steps (default: the run's)")
-    p.add_argument("--drafter", default=None, metavar="PATH",
-                   help="--method speculative: the drafter's run / checkpoint / exported directory, an AR LM or a "
-                        "masked denoiser (default: the run's sample.drafter, else the model drafts from its last pass)")
-    p.add_argument("--draft-length", type=_positive_int, default=None,
-                   help="--method speculative: positions drafted per model pass (default: the run's sample.draft_length)")
-    p.add_argument("--sir-temperature", type=_float_in(0.0, float("inf")), default=None,
-                   help="energy-model runs: SIR selection ∝ softmax(f / T) (default: the run's sample.sir_temperature)")
+    add_field_flags(p, SampleCommand, dest="command", aliases={"num_samples": ("-n",)})
+    group = p.add_argument_group("sampler settings (the run's sample: section; default: the run's own values)")
+    add_field_flags(group, SampleSettings, dest="sample", aliases={"eos_id": ("--eos",)},
+                    choices={"method": sampler_names()})
+    group._group_actions[0].help = _sampler_help()
 
 
 # --------------------------------------------------------------------------------------------------- conditioning
@@ -259,105 +213,165 @@ def _escape(text: str) -> str:
 # --------------------------------------------------------------------------------------------------- run
 
 
-def _run_sampler(loaded, model, path, device, args):
-    """The run's sampler (`tcsm.sampling.settings`: the same one its training samples used) with the flags given.
-    A run whose objective cannot be rebuilt here (e.g. its reference run is gone) has no sampler of its own: only
-    energy-model and causal-LM runs do, and their objectives read nothing but the model."""
+def _sample_keys(args) -> dict:
+    """{key: value} of the run's `sample:` section that this command line sets: the sampler flags, then the
+    `sample.key=value` overrides (parsed as every config override is)."""
+    from omegaconf import OmegaConf
+
+    from tcsm.cli.fields import given
+    from tcsm.core.errors import ConfigError
+    from tcsm.sampling.settings import SampleSettings
+
+    values = given(args, "sample")
+    known = [f.name for f in dataclasses.fields(SampleSettings)]
+    for item in args.overrides:
+        key, eq, _ = item.partition("=")
+        section, _, leaf = key.partition(".")
+        if not eq or section != "sample" or "." in leaf:
+            raise ConfigError(f"tcsm sample takes overrides of the sample: section (sample.key=value), got {item!r}")
+        if leaf not in known:
+            raise ConfigError(f"{key} is not a sampler setting; the sample: section's are {', '.join(known)}")
+        try:
+            values[leaf] = OmegaConf.to_container(OmegaConf.from_dotlist([item]))["sample"][leaf]
+        except Exception as e:  # noqa: BLE001  (OmegaConf's grammar errors: one line)
+            raise ConfigError(f"cannot read the override {item!r}: {str(e).splitlines()[0]}") from None
+    return values
+
+
+def _chosen_sampler(kind, method: str | None):
+    """The registered sampler class that draws from a model of `kind`: the one its objective brings, else `method`'s
+    (`sampling.settings.DEFAULT_METHOD` when None), or `method`'s when it replaces the objective's (speculative
+    decoding)."""
+    from tcsm.sampling.registry import own_sampler_class, sampler_class
+    from tcsm.sampling.settings import DEFAULT_METHOD
+
+    cls = sampler_class(method or DEFAULT_METHOD)
+    if kind.own_sampler and not cls.replaces_own:  # speculative decoding verifies an AR model itself
+        return own_sampler_class(kind.own_sampler)
+    return cls
+
+
+def _check_keys_read(given: dict, cls, kind) -> None:
+    """Every key the command line sets is one the chosen sampler (or block decoding) reads: a setting no sampler of
+    this run reads would be silently ignored."""
+    from tcsm.cli.fields import flag_name
+    from tcsm.sampling.blocks import BlockDecodeSettings
+    from tcsm.sampling.registry import all_sampler_classes
+    from tcsm.sampling.settings import SampleSettings
+
+    reads = {f.name for f in dataclasses.fields(cls.settings_type)} | {"eos_id"}  # every sample's text ends at EOS
+    if not cls.own:
+        reads |= {"method"} | {f.name for f in dataclasses.fields(BlockDecodeSettings)}
+    schema = {f.name: f for f in dataclasses.fields(SampleSettings)}
+    for key in given:
+        if key in reads:
+            continue
+        owners = [c for c in all_sampler_classes() if key in {f.name for f in dataclasses.fields(c.settings_type)}]
+        path_owners = [c.name for c in owners if not c.own]
+        where = [f"the {c.name} sampler ({c.help})" for c in owners if c.own]
+        where += [f"--method {' | '.join(path_owners)}"] if path_owners else []
+        raise ValueError(
+            f"{flag_name(schema[key])} (sample.{key}) is not a setting of the {cls.name} sampler, which draws from "
+            f"{kind.description} here" + (f"; it is a setting of {', '.join(where)}" if where else "")
+            + f"; this sampler reads {', '.join(sorted(reads))}"
+        )
+
+
+def _objective_of(loaded, model, device, cls):
+    """The run's objective when the sampler is one an objective brings (SIR, left to right); None otherwise. A run
+    whose objective cannot be rebuilt here (its reference run is gone) is drawn by `sample.method`'s sampler."""
+    if not cls.own:
+        return None
     from tcsm.builders.assemble import build_objective_for_checkpoint
     from tcsm.builders.components import DataInfo
     from tcsm.core.errors import TCSMError
-    from tcsm.sampling.settings import build_sampler
 
     try:
-        objective = build_objective_for_checkpoint(loaded.config, model, DataInfo(**loaded.data_info), device)
+        return build_objective_for_checkpoint(loaded.config, model, DataInfo(**loaded.data_info), device)
     except TCSMError:
-        objective = None
-    sampler = build_sampler(
-        loaded.config, model, path, objective, steps=args.steps, method=args.method, grid=args.grid,
-        temperature=args.temperature, top_p=args.top_p, final_argmax=args.final_argmax or None,
-        cache=False if args.no_cache else None, sir_k=args.sir_k,
-        sir_window=None if args.sir_window is None else tuple(args.sir_window), sir_temperature=args.sir_temperature,
-        block_length=args.block_length, threshold=args.threshold, drafter=args.drafter, draft_length=args.draft_length,
-    )  # fmt: skip
-    if sampler.settings.drafter and (sampler.settings.method or "") == "speculative":
-        from tcsm.builders.loading import load_drafter
-
-        sampler.drafter_model = load_drafter(sampler.settings.drafter, device, path.vocab_size)
-    return sampler
+        return None
 
 
 def run(args) -> int:
     import torch
 
+    from tcsm.builders.config import to_dict
     from tcsm.builders.loading import load_checkpoint
     from tcsm.cli.common import check_writable
+    from tcsm.cli.fields import given as given_flags
+    from tcsm.core.errors import ConfigError
     from tcsm.core.progress import WorkProgress
     from tcsm.data.base import readable_text
-    from tcsm.sampling.common import GRIDS, row_evaluations
+    from tcsm.models.kinds import kind_of
+    from tcsm.sampling.common import row_evaluations
+    from tcsm.sampling.settings import RunSampler, sample_settings
     from tcsm.storage.fileio import write_atomically
     from tcsm.train.distributed import resolve_device
 
-    if args.grid is not None and args.grid not in GRIDS:
-        raise ValueError(f"unknown --grid {args.grid!r}; choose uniform or cosine")
+    try:
+        cmd = SampleCommand(**given_flags(args, "command"))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    given = _sample_keys(args)
     conditioned = bool(args.prompt) + bool(args.infill) + bool(args.infill_json)
     if conditioned > 1:
         raise ValueError("give prompts, infilling templates or --infill-json, not several kinds at once")
     fmt = args.format or ("jsonl" if (args.output or "").endswith(".jsonl") else "text")
-    if args.output:  # before any work: a bad path must not cost a sampling run
+    if args.output and not args.print_config:  # before any work: a bad path must not cost a sampling run
         check_writable(args.output, overwrite=args.overwrite)
 
-    device = resolve_device(args.device)
-    loaded = load_checkpoint(args.checkpoint, device=device, ema=not args.no_ema)
+    device = resolve_device(cmd.device)
+    loaded = load_checkpoint(args.checkpoint, device=device, ema=cmd.ema)
     model, path = loaded.model, loaded.build_path()
-    from tcsm.models.kinds import kind_of
-
     kind = kind_of(model)
-    sir = kind.sampler == "sir"  # strategy-(ii) DRE run: SIR over its frozen reference (MATH.md §6.3)
-    if kind.sampler == "none":
+    if not kind.draws_sequences:
         family = str(loaded.config.model.get("name", kind.family))
         raise ValueError(f"{loaded.directory} holds a {family} LM: its single-site conditionals "
                          "p(x^i | x^≠i) give no sampler of whole sequences (it is a teacher for target.name=parametric)")
-    ar = kind.sampler == "left_to_right"  # a causal LM (an AR teacher): drawn left to right, prompts first
-    if ar and (args.infill or args.infill_json):
-        raise ValueError("a causal LM run is sampled left to right: it can continue a --prompt, not fill a template "
-                         "(--infill / --infill-json need a diffusion run)")
-    from tcsm.sampling.registry import sampler_class
-
-    verifies = bool(args.method) and sampler_class(args.method).replaces_own  # speculative decoding of the AR model
-    if ar and ((args.method and not verifies) or args.final_argmax or args.grid or args.no_cache or args.steps
-               or args.block_length or args.threshold is not None):
-        raise ValueError("a causal LM run is sampled left to right, one token per step: --steps, --method, --grid, "
-                         "--final-argmax, --no-cache, --block-length and --threshold are diffusion sampler options")
-    if sir and (args.method or args.temperature is not None or args.top_p is not None or args.final_argmax):
-        raise ValueError("an energy model is sampled by SIR: use --sir-k/--sir-window/--sir-temperature, not --method/"
-                         "--temperature/--top-p/--final-argmax")
-    if not sir and (args.sir_k is not None or args.sir_window is not None or args.sir_temperature is not None):
-        raise ValueError(f"--sir-k, --sir-window and --sir-temperature sample an energy model (tcsm finetune dre "
-                         f"strategy ii); {loaded.directory} holds a {type(model).__name__}")
-    if sir and args.sir_window is not None and args.sir_window[0] > args.sir_window[1]:
-        raise ValueError(f"--sir-window needs LO <= HI, got {args.sir_window[0]} {args.sir_window[1]}")
+    section = {**to_dict(loaded.config.sample), **given}
+    sample_settings(section)  # every sampler validates its own keys, before the model's checks
+    cls = _chosen_sampler(kind, section.get("method"))
+    _check_keys_read(given, cls, kind)
+    if cls.prompts_only and (args.infill or args.infill_json):
+        raise ValueError(f"{kind.description} is sampled left to right: it can continue a --prompt, not fill a "
+                         "template (--infill / --infill-json need a diffusion run)")  # fmt: skip
     block = int(model.block_length) if kind.blocks else None  # decoded block by block with its KV cache
-    if block and args.block_length:
+    if block and given.get("block_length") is not None:
         raise ValueError(f"--block-length decodes a full-sequence model in uncached blocks; {loaded.directory} holds a "
                          f"block model, decoded by its own blocks of {block} with its KV cache: leave it out")
-    if args.max_new_tokens is not None and (args.length is not None or args.infill or args.infill_json):
+    if cmd.max_new_tokens is not None and (cmd.length is not None or args.infill or args.infill_json):
         raise ValueError("--max-new-tokens sets the length after a prompt: give it without --length, --infill or "
                          "--infill-json")
     V = path.vocab_size
-    length = args.length or int(loaded.data_info["seq_len"])
+    length = cmd.length or int(loaded.data_info["seq_len"])
     max_len = getattr(getattr(model, "cfg", None), "max_len", None)
     if max_len is not None and length > max_len:
         raise ValueError(f"--length {length} exceeds the model's maximum length {max_len}")
     tok = load_tokenizer(loaded)
+    if block and "eos_id" not in given and section.get("eos_id") is None:  # stop at the tokenizer's end of text
+        section["eos_id"] = getattr(tok, "eos_id", None)
+    # where a sample's text ends: the same, else the data's end of sequence (task, SFT runs); only block decoding
+    # stops there, so a full-sequence model's sampler does not get it
+    eos_id = section.get("eos_id") if block else section.pop("eos_id", None)
+    if eos_id is None and "eos_id" not in given:
+        eos_id = loaded.data_eos_id()
+    if eos_id is not None and not 0 <= eos_id < V:
+        raise ValueError(f"--eos {eos_id} is not a token id of the {V}-token vocabulary")
+    settings = sample_settings(section)
+    if args.print_config:
+        from omegaconf import OmegaConf
+
+        print(OmegaConf.to_yaml({"sample": to_dict(OmegaConf.create(dataclasses.asdict(settings)))}), end="")
+        return 0
 
     def length_after(prompt_len: int) -> int:
         """The length drawn for a prompt of `prompt_len` tokens: `length`, or the prompt and --max-new-tokens
         rounded up to whole blocks."""
-        if args.max_new_tokens is None:
+        if cmd.max_new_tokens is None:
             return length
-        n = generation_length(prompt_len, args.max_new_tokens, block)
+        n = generation_length(prompt_len, cmd.max_new_tokens, block)
         if max_len is not None and n > max_len:
-            raise ValueError(f"--max-new-tokens {args.max_new_tokens} after {prompt_len} prompt tokens needs length {n}, "
+            raise ValueError(f"--max-new-tokens {cmd.max_new_tokens} after {prompt_len} prompt tokens needs length {n}, "
                              f"beyond the model's maximum length {max_len}")  # fmt: skip
         return n
 
@@ -371,7 +385,7 @@ def run(args) -> int:
                 raise ValueError(f"prompt {text[:30]!r} is {len(ids)} tokens long but samples have length {n}")
             fixed = [True] * len(ids) + [False] * (n - len(ids))
             groups.append({"fixed": fixed, "values": ids + [0] * (n - len(ids)), "info": {"prompt": text},
-                           "keep": None if args.max_new_tokens is None else len(ids) + args.max_new_tokens})
+                           "keep": None if cmd.max_new_tokens is None else len(ids) + cmd.max_new_tokens})
     elif args.infill:
         for text in args.infill:
             fixed, values = template_positions(text, tok.encode, args.placeholder, length)
@@ -380,31 +394,26 @@ def run(args) -> int:
         for fixed, values, toks in _read_infill_json(args.infill_json, length, V):
             groups.append({"fixed": fixed, "values": values, "info": {"template_tokens": toks}})
     else:
-        groups.append({"fixed": None, "values": None, "info": {}, "length": length_after(0), "keep": args.max_new_tokens})
+        groups.append({"fixed": None, "values": None, "info": {}, "length": length_after(0), "keep": cmd.max_new_tokens})
     for g in groups:
         g["length"] = g.get("length") or len(g["fixed"])
         if g["values"] is not None and any(v >= V for v in g["values"]):
             raise ValueError(f"the tokenizer produced ids outside the model's {V}-token vocabulary")
 
-    sampler = _run_sampler(loaded, model, path, device, args)
-    if block:  # tcsm's block decoding stops a row at --eos, else the run's, else the tokenizer's
-        eos = sampler.settings.eos_id if args.eos is None else (None if args.eos == "none" else args.eos)
-        eos = getattr(tok, "eos_id", None) if eos is None and args.eos is None else eos
-        sampler.settings = dataclasses.replace(sampler.settings, eos_id=eos)
-    # where a sample's text ends: the same, else the data's end of sequence (task, SFT runs)
-    eos_id = getattr(sampler.settings, "eos_id", None) if args.eos is None else (None if args.eos == "none" else args.eos)
-    if eos_id is None and args.eos is None:
-        eos_id = loaded.data_eos_id()
-    if eos_id is not None and not 0 <= eos_id < V:
-        raise ValueError(f"--eos {eos_id} is not a token id of the {V}-token vocabulary")
-    settings = sampler.settings
-    generator = torch.Generator(device=device).manual_seed(int(args.seed))
-    chunks = [(g, min(args.batch_size, args.num_samples - s)) for g in groups
-              for s in range(0, args.num_samples, args.batch_size)]
-    steps = length if ar else settings.steps  # a causal LM draws one position per step
-    # steps per chunk: a causal LM one per position, a block model `steps` per block
-    per_chunk = [g["length"] if ar else g["length"] // block * steps if block else steps for g, _ in chunks]
-    bar = WorkProgress(sum(per_chunk), "sampling", "steps", enabled=not args.no_progress)
+    sampler = RunSampler(model, path, _objective_of(loaded, model, device, cls), settings)
+    if getattr(settings, "drafter", None) and "drafter" in {f.name for f in dataclasses.fields(cls.settings_type)}:
+        from tcsm.builders.loading import load_drafter
+
+        sampler.drafter_model = load_drafter(settings.drafter, device, path.vocab_size)
+    generator = torch.Generator(device=device).manual_seed(int(cmd.seed))
+    chunks = [(g, min(cmd.batch_size, cmd.num_samples - s)) for g in groups
+              for s in range(0, cmd.num_samples, cmd.batch_size)]
+    per_position = (sampler.own and "steps" not in {f.name for f in dataclasses.fields(cls.settings_type)}) or bool(
+        kind.own_sampler and cls.replaces_own)  # an AR model's speculative decoding: positions, not path steps
+    steps = length if per_position else settings.steps  # a left-to-right draw takes one position per step
+    # steps per chunk: one per position, a block model `steps` per block
+    per_chunk = [g["length"] if per_position else g["length"] // block * steps if block else steps for g, _ in chunks]
+    bar = WorkProgress(sum(per_chunk), "sampling", "steps", enabled=cmd.progress)
     t0 = time.perf_counter()
     records, calls, evals, taken = [], 0, 0, 0
     spec = {"passes": 0, "drafted": 0, "accepted": 0}  # speculative decoding's counts
@@ -431,12 +440,12 @@ def run(args) -> int:
                             "length": g.get("keep") or g["length"]})  # fmt: skip
     bar.close()
     elapsed = time.perf_counter() - t0
-    if settings.method == "threshold" and not sampler.own:  # its steps follow from the threshold: the most taken
+    if not cls.fixed_steps and not sampler.own:  # its steps follow from its settings: the most taken
         steps = taken
 
     meta = {"checkpoint": str(loaded.directory), "step": loaded.step, "weights": loaded.weights,
             "method": stats.method, "steps": steps, "grid": settings.grid, "temperature": settings.temperature,
-            "top_p": settings.top_p, "seed": args.seed}
+            "top_p": settings.top_p, "seed": cmd.seed}
     if block:
         meta.update(block_length=block)
     if eos_id is not None or block:

@@ -8,7 +8,7 @@ protocols and checked with `isinstance`, never discovered by attribute probing:
   is handed to the objective (or its target) once, by its constructor, when the run is built; no call passes it.
 * `Evaluates`: the objective brings its own validation metric (an LM's NLL instead of a diffusion bound);
 * `Samples`: the objective brings its own sampler (an AR model, SIR over an energy model), or says it has none
-  (returns no tokens); it receives the run's `tcsm.sampling.own.OwnSettings` and any pinned positions;
+  (returns no tokens); it receives the settings of the registered sampler its `sampler` attribute names (default "own") and any pinned positions;
 * `TrainerCallback`: something of the run (an objective, a target) wants to act at fixed points of training,
   e.g. refresh a previous-iterate reference or a sample pool. The trainer calls every callback it is given;
 * `KeepsState`: an objective or target carries state across steps that an exact resume needs (a rollout buffer);
@@ -39,7 +39,9 @@ class Evaluates(Protocol):
         self, model, data: Tensor, *, batch_size: int, generator=None, device=None, progress=False
     ) -> dict:
         """`progress` (optional: an evaluator may leave it out): the caller wants progress on stderr, which an
-        evaluation that can take minutes should show."""
+        evaluation that can take minutes should show. An evaluation that is costly also offers
+        `evaluation_cost(num_sequences, length, which) -> str`: one line saying what it will cost, which `tcsm eval`
+        prints before it starts (`which` names the sequences, e.g. "the first 64 of 512 valid sequences")."""
         ...
 
 
@@ -58,7 +60,7 @@ class Samples(Protocol):
         values=None,
     ) -> tuple[Tensor | None, Any]:
         """(tokens [num, length] or None when the model has no sampler, stats with `.method` and `.num_calls`).
-        `settings`: the run's `tcsm.sampling.own.OwnSettings` (None: their defaults); `fixed` / `values` [num, length] pin
+        `settings`: the run's settings of the sampler it names (None: their defaults); `fixed` / `values` [num, length] pin
         positions (a prompt, an infilling template), or raise ValueError if this sampler cannot honour them."""
         ...
 

@@ -18,8 +18,9 @@ class ModelKind:
     #: "denoiser" (p^θ_{1|t}), "mlm" / "causal" / "hollow" (LMs of the data p_1), "energy" (p^ref · e^f)
     family: str
     #: "path": the diffusion samplers; "blocks": block by block with a KV cache, a path sampler inside each block
-    #: (MATH.md §9); "left_to_right": an autoregressive draw; "sir": SIR over the reference (MATH.md §6.3); "none":
-    #: no sampler of whole sequences (single-site conditionals only)
+    #: (MATH.md §9); "none": no sampler of whole sequences (single-site conditionals only); any other value names the
+    #: registered sampler its objective brings (`own_sampler`): "left_to_right" (an autoregressive draw), "sir" (SIR
+    #: over the reference, MATH.md §6.3)
     sampler: str
     #: what `tcsm export` writes ("denoiser" | "hf_denoiser" | "energy"), or None: not exportable
     export: str | None
@@ -42,6 +43,22 @@ class ModelKind:
     def is_autoregressive(self) -> bool:
         """An autoregressive LM: its sequence likelihood is exact, Π_i p(x^i | x^{<i})."""
         return self.family == "causal"
+
+    @property
+    def estimated_likelihood(self) -> bool:
+        """Whether `tcsm eval` reports an importance-sampling estimate (costly), not a bound or an exact NLL."""
+        return self.likelihood == "estimate"
+
+    @property
+    def draws_sequences(self) -> bool:
+        """Whether the model has a sampler of whole sequences (an LM of single-site conditionals has none)."""
+        return self.sampler != "none"
+
+    @property
+    def own_sampler(self) -> str | None:
+        """The registered sampler the model's objective brings (`sampling.registry`, e.g. "sir", "left_to_right"),
+        or None: the run's `sample.method` chooses among the path samplers (inside each block for a block model)."""
+        return None if self.sampler in ("path", "blocks", "none") else self.sampler
 
     @property
     def is_denoiser(self) -> bool:

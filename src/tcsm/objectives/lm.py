@@ -150,6 +150,8 @@ class AutoregressiveLoss(_OnePassLoss):
     """−(1/(B·L)) Σ_b log p^AR(x_b) = mean next-token NLL (nats per token; MATH.md §4)."""
 
     metric = "ar-nll"
+    #: the registered sampler `sample` implements (`tcsm.sampling.own`)
+    sampler = "left_to_right"
 
     @torch.no_grad()
     def sample(self, model, num: int, length: int, generator=None, device=None, *, settings=None, fixed=None,

@@ -139,7 +139,7 @@ def score_loss(
     `divergence` is an alias of `bregman` (so that `Objective(divergence=...)` reaches it).
 
     `tilt` (Monte Carlo target only; default off — the capped untilted estimator below trains better on the
-    uniform source at equal CPU time, docs/benchmarks.md "At an equal CPU-hour budget"; `objective.kwargs.tilt=true`
+    uniform source at equal CPU time, docs/benchmarks.md "At an equal CPU-hour budget"; `objective.tilt=true`
     selects it): the kernel-tilted estimator (k_min/k_z) ℓ_φ(m̃, z) with
     m̃ ∝ m/k, k_y = k_t(x_t^i | y). Since q^i ∝ p_1(· | x_1^{≠i}) k (MATH.md §1.3), z ~ q^i reweighted by
     k_min/k_z is z ~ r ∝ q^i/k = p_1(· | x_1^{≠i}), so by §3.4 applied to (r, m̃) its expectation is

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Flag", "Option", "RecipeSpec", "all_recipes", "call_named", "flag_field", "lazy_report", "recipe", "recipe_of"]
+__all__ = ["Flag", "Option", "RecipeSpec", "all_recipes", "call_named", "flag_field", "from_source", "lazy_report", "recipe", "recipe_of"]
 
 
 @dataclass(frozen=True)
@@ -47,32 +47,60 @@ class Option:
 
 @dataclass(frozen=True)
 class RecipeSpec:
+    """A recipe states only what differs from the conventions: `preset` finetune-<name>, `compose`
+    tcsm.recipes.<name>.compose:compose, a `report` named by its function in that module ("report_of") written to
+    <name>_eval.json, runs marked by objective.name = <name>, and a pre-trained source run."""
+
     name: str  # `tcsm finetune <name>`
     help: str  # one line for `tcsm finetune --help`
     doc: str  # the command's description (`tcsm finetune <name> --help`)
-    preset: str  # its default `-c`, and the label of its default run directory
-    compose: str  # "module:function" (args, config name, {key: value}) → run config, from the source run
-    source_help: str  # what --from names
+    preset: str = ""  # its default `-c`, and the label of its default run directory ("": finetune-<name>)
+    #: "module:function" (args, config name, {key: value}) → run config, from the source run ("": the convention)
+    compose: str = ""
+    source_help: str = "pre-trained run, checkpoints or step_* directory"  # what --from names
     flags: tuple[Flag, ...] = ()
     options: tuple[Option, ...] = ()
     #: what the data-kind flags (`data.*`) are keys of: the data kind the recipe composes
     data_kind: str | None = None
-    #: "module:function" (args) → Callable[[run_dir], dict] | None: the report made after training (None: off)
+    #: "module:function" (args) → Callable[[run_dir], dict] | None: the report made after training (None: off); a
+    #: bare function name is one of the recipe's compose module
     report: str | None = None
-    report_file: str = ""
+    report_file: str = ""  # "": <name>_eval.json when there is a report
     describe: Callable[[Any, dict], str] = lambda args, report: ""
     #: (args, run_dir, cfg, the run's final summary) → a line printed after training, or None
     summarize: Callable[[Any, Any, Any, dict], str | None] | None = None
     check: Callable[[Any], None] | None = None  # (args) → raise ConfigError on a bad combination, before any work
     before_training: Callable[[Any, Any], None] | None = None  # (args, cfg): checks that need the config
-    #: (config key, value) that marks a run of this recipe (a resumed run must be one)
+    #: (config key, value) that marks a run of this recipe (a resumed run must be one); ("", ""): objective.name
     marks: tuple[str, str] = ("", "")
     command: tuple[str, ...] = ()  # the command words; default ("finetune", name)
     source_flag: tuple[str, ...] = ("--from", "-k", "--checkpoint")
 
+    def __post_init__(self):
+        module = f"tcsm.recipes.{self.name}.compose"
+        conventions = {
+            "preset": self.preset or f"finetune-{self.name}",
+            "compose": self.compose or f"{module}:compose",
+            "report": self.report if not self.report or ":" in self.report else f"{module}:{self.report}",
+            "report_file": self.report_file or (f"{self.name}_eval.json" if self.report else ""),
+            "marks": self.marks if self.marks[0] else ("objective.name", self.name),
+        }
+        for key, value in conventions.items():
+            object.__setattr__(self, key, value)
+
     @property
     def words(self) -> tuple[str, ...]:
         return self.command or ("finetune", self.name)
+
+
+def from_source(args, build: Callable, config: str, values: dict, what: str, command: str, flag: str = "--from"):
+    """`build(source run, config, overrides, values)`: a recipe's run config composed from its source run, which the
+    command line must name (ConfigError in one line otherwise)."""
+    from tcsm.core.errors import ConfigError
+
+    if not args.checkpoint:
+        raise ConfigError(f"give {what}: tcsm {command} {flag} RUN_DIR (or --resume -o DIR)")
+    return build(args.checkpoint, config, args.overrides, values)
 
 
 def call_named(spec: str, *args, **kwargs):

@@ -13,7 +13,7 @@ from torch import Tensor
 from tcsm.paths import ProbabilityPath
 
 __all__ = ["GRIDS", "CallCount", "adjust_log_probs", "as_grid", "categorical", "denoise_rows", "jump_prob",
-           "prefix_condition", "row_evaluations", "time_grid"]
+           "pinned_positions", "prefix_condition", "row_evaluations", "time_grid"]
 
 GRIDS = ("uniform", "cosine")
 
@@ -117,4 +117,15 @@ def prefix_condition(prompt: Tensor, batch_size: int, length: int) -> tuple[Tens
     values[:, :P] = prompt
     fixed = torch.zeros(batch_size, length, dtype=torch.bool, device=prompt.device)
     fixed[:, :P] = True
+    return fixed, values
+
+
+def pinned_positions(fixed, values, B: int, L: int, device) -> tuple[Tensor, Tensor]:
+    """(fixed [B, L] bool, values [B, L] long) on `device`: the positions a sampler keeps and their tokens (none
+    pinned when `fixed` is None), broadcast to the batch."""
+    if fixed is None:
+        fixed = torch.zeros(B, L, dtype=torch.bool, device=device)
+        values = torch.zeros(B, L, dtype=torch.long, device=device)
+    fixed = torch.as_tensor(fixed, dtype=torch.bool, device=device).expand(B, L)
+    values = torch.as_tensor(values, dtype=torch.long, device=device).expand(B, L)
     return fixed, values

@@ -46,7 +46,7 @@ import torch
 from torch import Tensor
 
 from tcsm.paths import ProbabilityPath
-from tcsm.sampling.common import adjust_log_probs, as_grid, categorical, denoise_rows
+from tcsm.sampling.common import adjust_log_probs, as_grid, categorical, denoise_rows, pinned_positions
 from tcsm.sampling.samplers import SamplingStats, _infer_device
 
 __all__ = ["COUNTED", "DECODERS", "TIE_DECIMALS", "check_decoding", "count_schedule", "decode"]
@@ -152,11 +152,7 @@ def decode(
     if not temperature > 0 or not 0.0 < top_p <= 1.0:
         raise ValueError(f"temperature must be > 0 and top_p in (0, 1], got {temperature}, {top_p}")
     device = torch.device(device if device is not None else _infer_device(denoiser, values))
-    if fixed is None:
-        fixed = torch.zeros(B, L, dtype=torch.bool, device=device)
-        values = torch.zeros(B, L, dtype=torch.long, device=device)
-    fixed = torch.as_tensor(fixed, dtype=torch.bool, device=device).expand(B, L)
-    values = torch.as_tensor(values, dtype=torch.long, device=device).expand(B, L)
+    fixed, values = pinned_positions(fixed, values, B, L, device)
     V, mask = path.vocab_size, path.mask_id
     x = torch.where(fixed, values, torch.full((B, L), mask, dtype=torch.long, device=device))
     bl = L // nb

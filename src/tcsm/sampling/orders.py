@@ -75,6 +75,7 @@ class Threshold(_Order):
     name = "threshold"
     help = "unmask every position whose confidence exceeds `threshold` (at most `steps` steps)"
     settings_type = ThresholdSettings
+    fixed_steps = False
 
     def order_settings(self) -> dict:
         return {"threshold": self.settings.threshold}

@@ -12,11 +12,13 @@ from typing import ClassVar
 from tcsm.sampling.common import GRIDS
 from tcsm.sampling.samplers import may_cache
 
-__all__ = ["SAMPLERS", "DrawSettings", "Sampler", "SamplerSettings", "register_sampler", "sampler_class", "sampler_names"]
+__all__ = ["SAMPLERS", "DrawSettings", "ObjectiveSampler", "Sampler", "SamplerSettings", "Settings", "own_sampler_class", "register_sampler",
+           "sampler_class", "sampler_names"]  # fmt: skip
 
-#: the modules whose import registers the built-in samplers (imported before any name is looked up)
+#: the modules whose import registers the built-in samplers (imported before any name is looked up); a method's own
+#: sampler registers from its package (`tcsm.posttrain.dre.sampler`: SIR), loaded by name like a user's plugin
 HOMES = ("tcsm.sampling.path_samplers", "tcsm.sampling.orders", "tcsm.sampling.own", "tcsm.sampling.native",
-         "tcsm.sampling.speculative")
+         "tcsm.sampling.speculative", "tcsm.posttrain.dre.sampler")  # fmt: skip
 
 
 def _help(text: str) -> dict:
@@ -24,8 +26,21 @@ def _help(text: str) -> dict:
 
 
 @dataclass(frozen=True)
-class SamplerSettings:
-    """What every sampler takes: K steps on a time grid, and whether it may reuse a row's model output."""
+class Settings:
+    """A sampler's settings: frozen fields with their help, each sampler validating its own (`checks`)."""
+
+    def checks(self) -> list[tuple[bool, str]]:
+        return []
+
+    def __post_init__(self):
+        for ok, msg in self.checks():
+            if not ok:
+                raise ValueError(msg)
+
+
+@dataclass(frozen=True)
+class SamplerSettings(Settings):
+    """What every path sampler takes: K steps on a time grid, and whether it may reuse a row's model output."""
 
     steps: int = field(default=128, metadata=_help("sampler steps (block models: steps per block)"))
     grid: str = field(default="uniform", metadata=_help("time grid: uniform | cosine"))
@@ -42,11 +57,6 @@ class SamplerSettings:
             (self.engine in ENGINES, f"engine must be one of {list(ENGINES)}, got {self.engine!r}"),
             (self.grid in GRIDS, f"grid must be one of {list(GRIDS)}, got {self.grid!r}"),
         ]
-
-    def __post_init__(self):
-        for ok, msg in self.checks():
-            if not ok:
-                raise ValueError(msg)
 
     def time_independent(self, model, path) -> bool:
         """Whether the sampler may reuse a row's denoiser output while its x_t is unchanged (`may_cache`)."""
@@ -87,6 +97,10 @@ class Sampler:
     #: a whole-sequence decoder of a block model whose draws may be cut at `eos_id` afterwards (the law of the text up
     #: to the first EOS is the same as stopping there)
     cut_at_eos: ClassVar[bool] = False
+    #: takes exactly `steps` steps (False: its settings decide how many, at most `steps`)
+    fixed_steps: ClassVar[bool] = True
+    #: continues a prompt (a fixed prefix) only: it cannot fill a template
+    prompts_only: ClassVar[bool] = False
 
     def __init__(self, settings: SamplerSettings | None = None):
         self.settings = settings if settings is not None else self.settings_type()
@@ -105,6 +119,18 @@ class Sampler:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.settings})"
+
+
+class ObjectiveSampler(Sampler):
+    """A sampler the run's objective brings (`core.protocols.Samples`): its `sample` draws with these settings."""
+
+    own = True
+
+    def __call__(self, model, path, num, length, *, objective=None, generator=None, device=None, fixed=None,
+                 values=None, callback=None, chunk_size=None, record_steps=None):  # fmt: skip
+        return objective.sample(
+            model, num, length, generator=generator, device=device, settings=self.settings, fixed=fixed, values=values
+        )
 
 
 SAMPLERS: dict[str, type[Sampler]] = {}
@@ -139,6 +165,16 @@ def sampler_class(name: str) -> type[Sampler]:
     cls = SAMPLERS.get(name)
     if cls is None or cls.own:
         raise ValueError(f"method must be one of {list(sampler_names())}, got {name!r}")
+    return cls
+
+
+def own_sampler_class(name: str) -> type[Sampler]:
+    """The sampler an objective (or a model kind's `own_sampler`) names, registered with `own = True`."""
+    _import_homes()
+    cls = SAMPLERS.get(name)
+    if cls is None or not cls.own:
+        raise ValueError(f"no objective's own sampler is registered as {name!r}; known: "
+                         f"{[n for n, c in SAMPLERS.items() if c.own]}")  # fmt: skip
     return cls
 
 

@@ -6,7 +6,8 @@ report's step count or a command line's flags), `draw` turns (model, path, objec
 the recipe reports all go through here, so a run samples the same way everywhere.
 
 An objective that brings its own sampler declares it (`tcsm.core.protocols.Samples`: SIR over an energy model,
-left to right for an autoregressive model) and receives the section's `OwnSettings`; otherwise the sampler named
+left to right for an autoregressive model), names it (`sampler = "sir"`) and receives that sampler's settings from the
+section; otherwise the sampler named
 by `method` (None: `ancestral`) runs. A block model (`kind_of(model).blocks`) is decoded block by block with its KV
 cache (`sampling.blocks`), that sampler inside each block and `steps` per block; `eos_id` stops its rows."""
 
@@ -25,8 +26,13 @@ from tcsm.core.protocols import Samples
 from tcsm.models.kinds import kind_of
 from tcsm.sampling.blocks import BlockDecodeSettings, _fill_after_eos, decode_blocks
 from tcsm.sampling.common import prefix_condition
-from tcsm.sampling.own import OwnSampler
-from tcsm.sampling.registry import Sampler, all_sampler_classes, sampler_class, sampler_names
+from tcsm.sampling.registry import (
+    Sampler,
+    all_sampler_classes,
+    own_sampler_class,
+    sampler_class,
+    sampler_names,
+)
 
 __all__ = [
     "DEFAULT_METHOD", "RunSampler", "SampleSettings", "build_sampler", "draw", "draw_pool", "make_sampler",
@@ -59,11 +65,11 @@ def _section_type() -> type:
     def __post_init__(self):
         if self.method is not None and self.method not in sampler_names():
             raise ValueError(f"method must be one of {list(sampler_names())}, got {self.method!r}")
-        for cls in all_sampler_classes():  # every sampler's settings validate their own keys
-            cls.from_section(self)
+        for cls in all_sampler_classes():  # every sampler's settings validate (and normalise) their own keys
+            own = cls.from_section(self).settings
+            for f in fields(own):
+                object.__setattr__(self, f.name, getattr(own, f.name))
         BlockDecodeSettings(**{f.name: getattr(self, f.name) for f in fields(BlockDecodeSettings)})
-        if "sir_window" in self.__dataclass_fields__:
-            object.__setattr__(self, "sir_window", tuple(float(v) for v in self.sir_window))
 
     doc = ("A run's `sample:` section: `method` and every registered sampler's settings (`section_fields`). "
            "`make_sampler` picks the sampler and gives it the keys it declares.")  # fmt: skip
@@ -101,12 +107,13 @@ def sample_settings(section, **overrides) -> SampleSettings:
 
 
 def make_sampler(settings, objective=None, drafter_model=None) -> Sampler:
-    """The sampler a section chooses: the objective's own when it declares `Samples` (unless `method` names a sampler
-    that replaces it: speculative decoding), else `method`'s. `drafter_model`: the model `sample.drafter` names,
-    loaded by the caller (`tcsm.builders.loading.load_drafter`), for the speculative sampler."""
+    """The sampler a section chooses: the objective's own when it declares `Samples` (the registered sampler its
+    `sampler` attribute names, else "own") unless `method` names a sampler that replaces it (speculative decoding),
+    else `method`'s. `drafter_model`: the model `sample.drafter` names, loaded by the caller
+    (`tcsm.builders.loading.load_drafter`), for the speculative sampler."""
     cls = sampler_class(settings.method or DEFAULT_METHOD)
     if isinstance(objective, Samples) and not cls.replaces_own:
-        return OwnSampler.from_section(settings)
+        return own_sampler_class(getattr(objective, "sampler", "own")).from_section(settings)
     sampler = cls.from_section(settings)
     if drafter_model is not None:
         if not hasattr(sampler, "drafter_model"):

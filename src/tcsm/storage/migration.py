@@ -24,6 +24,24 @@ from tcsm.core.errors import ConfigError
 if TYPE_CHECKING:  # omegaconf is imported where a config is read, so that `import tcsm` stays cheap
     from omegaconf import DictConfig
 
+#: the release in which an old name here stops being read (CONTRIBUTING.md "Old names"): names only code can hold
+#: (MOVED_MODULES, RENAMED_NAMES, renamed methods) go at the next minor release; names a saved run or a config can
+#: hold (MOVED_KEYS, MOVED_ENTRY_KEYS, MOVED_PRESETS, MOVED_VALUES, saved configs' missing fields) two releases on
+CODE_NAMES_UNTIL = "0.2.0"
+SAVED_NAMES_UNTIL = "0.3.0"
+#: old name → its removal release where the rule above does not decide it
+REMOVED_IN: dict[str, str] = {
+    "tcsm.posttrain.reward.rewards": SAVED_NAMES_UNTIL,  # a saved reward spec may name it (python:module:function)
+}
+
+
+def removal_release(name: str) -> str:
+    """The release that stops reading the old name `name` (a module path, a name, a config key, a preset)."""
+    if name in REMOVED_IN:
+        return REMOVED_IN[name]
+    return CODE_NAMES_UNTIL if name in MOVED_MODULES or name in RENAMED_NAMES else SAVED_NAMES_UNTIL
+
+
 #: old module → the module(s) that now hold its names, searched in order.
 MOVED_MODULES: dict[str, tuple[str, ...]] = {
     "tcsm.batch": ("tcsm.core.batch",),
@@ -45,6 +63,7 @@ MOVED_MODULES: dict[str, tuple[str, ...]] = {
     "tcsm.posttrain.preference.pairs": ("tcsm.data.pairs",),
     "tcsm.posttrain.sft.data": ("tcsm.data.sft",),
     "tcsm.builders.sampler": ("tcsm.sampling.settings",),
+    "tcsm.posttrain.reward.rewards": ("tcsm.rewards.functions",),
     **{f"tcsm.posttrain.{m}.builder": (f"tcsm.recipes.{m}.builder",) for m in ("dre", "preference", "reward", "sft", "distill")},
     **{f"tcsm.posttrain.{m}.recipe": (f"tcsm.recipes.{m}.compose",) for m in ("dre", "preference", "reward", "sft", "distill")},
 }

@@ -42,6 +42,7 @@ __all__ = [
     "TaylorARScore",
     "TopKARScore",
     "TopKNgramARScore",
+    "estimator_options",
     "first_occurrence",
     "make_ar_estimator",
     "missed_mass",
@@ -324,6 +325,14 @@ AR_ESTIMATORS = NameTable(
     "AR score estimator",
     {"exact": ExactARScore, "topk": TopKARScore, "topk_ngram": TopKNgramARScore, "taylor": TaylorARScore},
 )
+
+
+def estimator_options(name: str) -> frozenset[str]:
+    """The keyword options the estimator registered as `name` takes: its constructor's parameters (read from the
+    class, so no table of options is kept beside it)."""
+    import inspect
+
+    return frozenset(inspect.signature(AR_ESTIMATORS.lookup(name)).parameters)
 
 
 def make_ar_estimator(name: str | ARScoreEstimator = "exact", **kwargs) -> ARScoreEstimator:

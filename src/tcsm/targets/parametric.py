@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
-from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -26,7 +25,7 @@ from torch import Tensor, nn
 from tcsm.core.names import NameTable
 from tcsm.models.kinds import kind_of
 from tcsm.paths import ProbabilityPath
-from tcsm.targets.ar import ARScoreEstimate, ARScoreEstimator, make_ar_estimator, sample_ar
+from tcsm.targets.ar import ARScoreEstimate, ARScoreEstimator, estimator_options, make_ar_estimator, sample_ar
 from tcsm.targets.base import ConditionalTarget, TargetBatch
 
 __all__ = [
@@ -127,16 +126,14 @@ class ARTeacher(Teacher):
     """p^AR(y | x^{≠i}) = softmax_y ℓ^i(y) with ℓ from an `ARScoreEstimator` (MATH.md §4, §5.4)."""
 
     OPTIONS = ("estimator", "k", "temperature", "max_tokens")
-    #: options an estimator has no use for (exact: no Top-K nor temperature; Taylor: no K nor token budget)
-    UNUSED: ClassVar[dict[str, tuple[str, ...]]] = {
-        "exact": ("k", "temperature"), "topk": ("temperature",), "taylor": ("k", "max_tokens"),
-    }  # fmt: skip
 
     @classmethod
     def accepted(cls, options: dict) -> dict:
+        """The options the chosen estimator takes (`targets.ar.estimator_options`: exact has no Top-K nor
+        temperature, Taylor no K nor token budget)."""
         opts = super().accepted(options)
-        drop = cls.UNUSED.get(opts.get("estimator", "exact"), ())
-        return {k: v for k, v in opts.items() if k not in drop}
+        takes = estimator_options(opts.get("estimator", "exact"))
+        return {k: v for k, v in opts.items() if k == "estimator" or k in takes}
 
     def __init__(
         self,

@@ -11,7 +11,7 @@ import torch
 from tcsm import objectives
 from tcsm.evaluation.exact import EnumerableDistribution
 from tcsm.paths import MaskedPath, UniformPath
-from tcsm.posttrain.reward.rewards import CallableReward, GridReward, evaluate_reward, make_reward
+from tcsm.rewards.functions import CallableReward, GridReward, evaluate_reward, make_reward
 from tcsm.posttrain.reward.targets import (
     RewardFullTarget,
     RewardN1Target,
@@ -373,7 +373,7 @@ def test_grid_reward_and_specs():
     r2 = make_reward("grid:width=16,right=-3")
     assert r2(torch.tensor([[7, 0], [8, 0]])).tolist() == [0.0, -3.0]
     assert make_reward({"name": "grid", "width": 16})(torch.tensor([[9, 1]])).item() == -1e5
-    fn = make_reward("python:tcsm.posttrain.reward.rewards:GridReward,width=4")
+    fn = make_reward("python:tcsm.rewards.functions:GridReward,width=4")
     assert fn(torch.tensor([[3, 0]])).item() == -1e5
     assert evaluate_reward(r, x.reshape(2, 2, 2), chunk_size=1).shape == (2, 2)
     with pytest.raises(ValueError, match="unknown reward"):

@@ -30,7 +30,7 @@ from tcsm.models.kinds import denoise
 from tcsm.paths import ProbabilityPath
 from tcsm.paths.timesteps import sample_times
 from tcsm.posttrain.dre.energy import EnergyModel
-from tcsm.posttrain.dre.likelihood import evaluate_energy_estimate
+from tcsm.posttrain.dre.likelihood import energy_estimate_cost, evaluate_energy_estimate
 from tcsm.posttrain.dre.losses import (
     DRE_LOSSES,
     draw_reference_samples,
@@ -197,6 +197,9 @@ class EnergyObjective(_DRE):
     config's `sample:` section: `sir_k` candidates inside `sir_window`, `sir_temperature`).
     """
 
+    #: the registered sampler `sample` implements (`tcsm.posttrain.dre.sampler`)
+    sampler = "sir"
+
     def __init__(
         self,
         path: ProbabilityPath,
@@ -249,6 +252,14 @@ class EnergyObjective(_DRE):
             progress=progress,
         )
 
+    def evaluation_cost(self, num_sequences: int, length: int, which: str) -> str:
+        """What `evaluate` on `num_sequences` sequences of `length` tokens (`which`, for the message) will cost: the
+        IS estimate's energy calls (`likelihood.energy_estimate_cost`), in one line."""
+        ns = max(self.log_z_samples)
+        rows = energy_estimate_cost(self.path, num_sequences, length, self.eval_num_t, ns)
+        return (f"energy-model estimate on {which} x {self.eval_num_t} times x n={ns} reference draws: about "
+                f"{rows:,.0f} energy calls")  # fmt: skip
+
     def sample(
         self,
         model,
@@ -261,11 +272,11 @@ class EnergyObjective(_DRE):
         fixed=None,
         values=None,
     ):
-        """SIR over the energy model's frozen reference (MATH.md §6.3) with the run's `OwnSettings`: `steps`,
+        """SIR over the energy model's frozen reference (MATH.md §6.3) with the run's `SIRSettings`: `steps`,
         `grid`, `sir_k` candidates inside `sir_window`, selection temperature `sir_temperature`."""
-        from tcsm.sampling.own import OwnSettings
+        from tcsm.posttrain.dre.sampler import SIRSettings
 
-        s = settings or OwnSettings()
+        s = settings or SIRSettings()
         net = self._energy_model(model)
         return sample_sir(
             net.reference,

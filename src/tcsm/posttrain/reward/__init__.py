@@ -1,3 +1,3 @@
 """Reward fine-tuning, the math (MATH.md §5.2): `targets` (N^1 tilted conditionals, N^full self-normalised
-importance weights), `rewards` (reward functions: grid, VADER, profanity, HF classifiers, Python callables). Its recipe
+importance weights); the reward functions are shared by every method (`tcsm.rewards`). Its recipe
 (`tcsm finetune reward`; the grid demo is `tcsm demo grid`) is `tcsm.recipes.reward`."""

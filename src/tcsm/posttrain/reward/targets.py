@@ -36,7 +36,7 @@ from tcsm.core.batch import Batch, as_batch
 from tcsm.models.kinds import denoise
 from tcsm.models.modes import eval_mode
 from tcsm.paths import ProbabilityPath
-from tcsm.posttrain.reward.rewards import RewardFn, evaluate_reward
+from tcsm.rewards.functions import RewardFn, evaluate_reward
 from tcsm.targets.base import Target, TargetBatch, freeze
 
 __all__ = [

@@ -23,17 +23,23 @@ policy compares like with like).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field, fields
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
+from tcsm.core.parts import Parts
 from tcsm.evaluation.likelihood import nelbo
 from tcsm.models.kinds import denoise, kind_of
 from tcsm.paths import ProbabilityPath
 from tcsm.paths.timesteps import T_MIN, stratified_times
 
-__all__ = ["ESTIMATORS", "ELBOEstimate", "ExactEstimate", "OneStepEstimate", "SequenceLogLikelihood", "eubo",
-           "through_first_eos"]
+__all__ = ["ESTIMATORS", "ELBOEstimate", "ELBOSettings", "ExactEstimate", "NoSettings", "OneStepEstimate",
+           "OneStepSettings", "SequenceLogLikelihood", "eubo", "make_estimator", "through_first_eos"]  # fmt: skip
+
+#: every registered estimator, by name (`objective.estimator`); a new one is `@ESTIMATORS.register` on its class
+ESTIMATORS = Parts("RL estimator")
 
 
 def _completion(x: Tensor, cond_mask: Tensor | None) -> Tensor:
@@ -59,7 +65,14 @@ class SequenceLogLikelihood:
     """ℓ(model, x [B, L], cond_mask [B, L] | None, generator, sign [B] | None) → [B] (see the module docstring).
     `sign` is the sign of each rollout's advantage; only estimators that treat the two sides differently read it."""
 
-    name = ""
+    name: ClassVar[str] = ""
+    help: ClassVar[str] = ""
+    #: its options (a frozen dataclass; each field's help), keys of the run's `objective:` section
+    settings_type: ClassVar[type] = None  # type: ignore[assignment]
+
+    @classmethod
+    def from_settings(cls, path: ProbabilityPath, settings) -> SequenceLogLikelihood:
+        return cls(path, **{f.name: getattr(settings, f.name) for f in fields(settings)})
 
     def supports(self, model, path: ProbabilityPath) -> str | None:
         """None if this estimate is defined for `model` on `path`, else why not (one line)."""
@@ -70,12 +83,37 @@ class SequenceLogLikelihood:
         raise NotImplementedError
 
 
+@dataclass(frozen=True)
+class NoSettings:
+    """An estimator without options."""
+
+
+@dataclass(frozen=True)
+class OneStepSettings:
+    prompt_mask_prob: float = field(default=0.15, metadata={"help": "prompt tokens masked (d1)"})
+
+
+@dataclass(frozen=True)
+class ELBOSettings:
+    num_t: int = field(default=1, metadata={"help": "stratified times per estimate"})
+    upper: str = field(
+        default="none",
+        metadata={"help": "negative advantages: none | eubo | mix (SPG)", "choices": ("none", "eubo", "mix")},
+    )
+    eubo_beta: float = field(default=1.0, metadata={"help": "SPG's β of the upper bound (>= 1)"})
+    mix_weight: float = field(default=0.5, metadata={"help": "upper=mix: weight ω of the upper bound"})
+
+
+@ESTIMATORS.register
 class OneStepEstimate(SequenceLogLikelihood):
     """d1's one-step estimate: completion at the source, prompt tokens masked with probability `prompt_mask_prob`,
     ℓ = Σ_{i completion} log m^i_θ(x^i | x̃) at the source end t = T_MIN; on a block model each block's terms read
     the blocks before it clean (see the module docstring)."""
 
     name = "one_step"
+    help = ("d1's one-step estimate; its policy gradient has cosine 0.20-0.22 with the true one on a tiny "
+            "enumerated policy")
+    settings_type = OneStepSettings
 
     def __init__(self, path: ProbabilityPath, prompt_mask_prob: float = 0.15):
         if not 0.0 <= float(prompt_mask_prob) < 1.0:
@@ -137,11 +175,14 @@ def eubo(model, x: Tensor, path: ProbabilityPath, *, num_t: int, beta: float, ge
     return torch.where(seen, log_e, torch.zeros_like(log_e)).sum(-1) / float(beta)
 
 
+@ESTIMATORS.register
 class ELBOEstimate(SequenceLogLikelihood):
     """ℓ = −NELBO(completion | prompt) with `num_t` stratified times (MATH.md §2.4); `upper` ("eubo" | "mix"):
     rollouts with sign < 0 use `eubo` (or ω·EUBO + (1 − ω)·ELBO with ω = `mix_weight`), SPG's sandwich."""
 
     name = "elbo"
+    help = "the bound, cosine 0.72-0.75; SPG with --upper"
+    settings_type = ELBOSettings
 
     def __init__(self, path: ProbabilityPath, num_t: int = 1, bound: str | None = None, upper: str | None = None,
                  eubo_beta: float = 1.0, mix_weight: float = 0.5):  # fmt: skip
@@ -176,6 +217,7 @@ class ELBOEstimate(SequenceLogLikelihood):
         return torch.where(sign < 0, up, lower)
 
 
+@ESTIMATORS.register
 class ExactEstimate(SequenceLogLikelihood):
     """The policy's own likelihood, no noise: ℓ = Σ_{j completion} log p(x^j | x^{<j}) for an autoregressive model
     (`model(x)` gives next-token logits, MATH.md §4) and for a block denoiser on a masked path with block_length 1,
@@ -183,6 +225,8 @@ class ExactEstimate(SequenceLogLikelihood):
     factorisation; its logits at position j read x^{<j} clean and x^j masked)."""
 
     name = "exact"
+    help = "an AR model"
+    settings_type = NoSettings
 
     def __init__(self, path: ProbabilityPath | None = None):
         self.path = path
@@ -207,5 +251,9 @@ class ExactEstimate(SequenceLogLikelihood):
         return (_token_logprobs(logits, x) * (comp if keep is None else comp & keep)).sum(-1)
 
 
-#: `objective.estimator` → its class
-ESTIMATORS = {"one_step": OneStepEstimate, "elbo": ELBOEstimate, "exact": ExactEstimate}
+def make_estimator(name: str, path: ProbabilityPath, options: dict) -> SequenceLogLikelihood:
+    """The estimator registered as `name` with the options its settings declare, read from `options` (a config
+    section holding every estimator's keys); ValueError (one line) for an unknown name or a bad value."""
+    cls = ESTIMATORS.get(name)
+    return cls.from_settings(path, cls.settings_type(**{f.name: options[f.name] for f in fields(cls.settings_type)
+                                                         if f.name in options}))  # fmt: skip

@@ -2,7 +2,7 @@
 
 A call takes the batch's prompts (`Batch.cond_mask`; none: unconditional groups), draws G rollouts per prompt with
 the run's sampler (`sampling.settings.draw`, prompt pinned through `fixed` / `values`), scores them with the reward
-(a reward function of `posttrain.reward.rewards`: tokens [B, L] → [B]), turns the rewards into group-relative
+(a reward function of `rewards.functions`: tokens [B, L] → [B]), turns the rewards into group-relative
 advantages and returns the clipped GRPO loss on the estimator's sequence log-likelihoods (`loss.grpo_loss`).
 
 Inner updates: a rollout group serves `num_iterations` consecutive optimizer steps (GRPO's μ). It is drawn on steps
@@ -29,10 +29,10 @@ from tcsm.core.results import summarise_nats
 from tcsm.evaluation.likelihood import nelbo
 from tcsm.models.kinds import kind_of
 from tcsm.models.modes import eval_mode
-from tcsm.posttrain.reward.rewards import RewardFn, evaluate_reward
 from tcsm.posttrain.rl.advantages import group_advantages
 from tcsm.posttrain.rl.estimators import ExactEstimate, SequenceLogLikelihood, through_first_eos
 from tcsm.posttrain.rl.loss import grpo_loss
+from tcsm.rewards.functions import RewardFn, evaluate_reward
 from tcsm.sampling.settings import draw
 
 __all__ = ["GRPOObjective", "LeftToRightGRPOObjective", "RolloutGroup"]
@@ -260,6 +260,8 @@ class GRPOObjective:
 class LeftToRightGRPOObjective(GRPOObjective):
     """GRPO on an autoregressive policy: the run samples it left to right, so the objective declares that sampler
     (`core.protocols.Samples`, as the LM objective does) by handing over to `sampler_owner`."""
+
+    sampler = "left_to_right"
 
     def sample(self, model, num: int, length: int, generator=None, device=None, *, settings=None, fixed=None,
                values=None):  # fmt: skip

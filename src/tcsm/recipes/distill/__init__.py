@@ -56,7 +56,6 @@ RECIPE = RecipeSpec(
     help="distil an autoregressive teacher into a diffusion student (exact / Top-K / Top-K+n-gram / Taylor; MATH.md §5.4)",
     doc=DOC,
     preset="distill",
-    compose="tcsm.recipes.distill.compose:compose",
     source_help="tcsm causal-LM run (or checkpoint) or Hugging Face causal-LM directory",
     source_flag=("-t", "--teacher"),
     flags=(
@@ -72,8 +71,7 @@ RECIPE = RecipeSpec(
         Option(("--eval-steps",), {"default": "8,32,128",
                                    "help": "sampling steps of the judged samples, comma-separated"}),
     ),
-    report="tcsm.recipes.distill.compose:report_of",
-    report_file="distill_eval.json",
+    report="report_of",
     describe=_describe,
     summarize=_summarize,
     check=_check,

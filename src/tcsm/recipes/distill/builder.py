@@ -20,6 +20,7 @@ import torch
 
 from tcsm.builders.registry import TARGETS, BuildContext, ReferenceUse
 from tcsm.core.errors import CheckpointError, ConfigError
+from tcsm.targets.ar import AR_ESTIMATORS, estimator_options
 
 __all__ = [
     "DistillTargetConfig",
@@ -143,7 +144,7 @@ def inspect_teacher(path: str | os.PathLike, ema: bool = True) -> TeacherSpec:
         raise CheckpointError(f"{str(directory)!r} holds no run config; it was not written by `tcsm train`")
     model = dict(state["config"].get("model", {}))
     kind = family_of_name(model.get("name"))
-    if kind.sampler != "left_to_right":
+    if not kind.is_autoregressive:
         raise CheckpointError(
             f"teacher {str(directory)!r} holds a {model.get('name')!r} model, not a causal LM "
             "(train one with tcsm train -c causal-lm)"
@@ -369,8 +370,8 @@ def load_checked_teacher(node: dict, ctx: BuildContext):
     ref = ctx.config.reference
     if node["proposal"] not in PROPOSALS:
         raise ConfigError(f"target.proposal must be one of {list(PROPOSALS)}, got {node['proposal']!r}")
-    if node["estimator"] not in ESTIMATOR_OPTIONS:
-        raise ConfigError(f"target.estimator must be one of {sorted(ESTIMATOR_OPTIONS)}, got {node['estimator']!r}")
+    if node["estimator"] not in AR_ESTIMATORS:
+        raise ConfigError(f"target.estimator must be one of {sorted(AR_ESTIMATORS)}, got {node['estimator']!r}")
     device = torch.device(ctx.device or "cpu")
     spec = inspect_teacher(ref.path, ema=ref.ema)
     check_teacher_vocabulary(spec, ctx.data, OmegaConf.to_container(ctx.config.data, resolve=True))
@@ -389,15 +390,6 @@ def load_checked_teacher(node: dict, ctx: BuildContext):
     return load_distill_teacher(spec, device, vocab_size=ctx.vocab_size, ema=ref.ema, bos_token_id=node["bos_token_id"])
 
 
-#: the teacher options each estimator takes (MATH.md §5.4)
-ESTIMATOR_OPTIONS = {
-    "exact": ("max_tokens",),
-    "topk": ("k", "max_tokens"),
-    "topk_ngram": ("k", "ngram_k", "max_tokens"),
-    "taylor": ("temperature",),
-}
-
-
 def build_distill_target(node: dict, ctx: BuildContext):
     """`target.name: distill`: AR teacher → N^1 target with an estimator and a proposal (MATH.md §5.4)."""
     from tcsm.posttrain.distill.target import DistillTarget
@@ -406,7 +398,8 @@ def build_distill_target(node: dict, ctx: BuildContext):
     node = dict(node)
     if ctx.reference is None:
         raise ConfigError("reference.path must name the AR teacher: a tcsm causal-LM run or a HF causal-LM directory")
-    options = {k: node[k] for k in ESTIMATOR_OPTIONS[node["estimator"]]}
+    # the teacher options the estimator takes (its constructor's, MATH.md §5.4)
+    options = {k: node[k] for k in estimator_options(node["estimator"]) if k in node}
     try:
         teacher = ARTeacher(ctx.reference, node["estimator"], autocast=node["autocast"], **options)
         return DistillTarget(

@@ -55,8 +55,6 @@ RECIPE = RecipeSpec(
     name="dre",
     help="density-ratio post-training on a frozen reference (strategy i or ii energy model; MATH.md §5.1)",
     doc=DOC,
-    preset="finetune-dre",
-    compose="tcsm.recipes.dre.compose:compose",
     source_help="reference run, checkpoints or step_* directory",
     flags=(
         Flag("objective.strategy"),
@@ -66,9 +64,7 @@ RECIPE = RecipeSpec(
     ),
     options=(Option(("--eval-examples",), {"type": int, "default": 64,
                                            "help": "sequences scored for dre_eval.json after training (0: skip)"}),),
-    report="tcsm.recipes.dre.compose:report_of",
-    report_file="dre_eval.json",
+    report="report_of",
     describe=_describe,
     check=_check,
-    marks=("objective.name", "dre"),
 )

@@ -19,7 +19,7 @@ from tcsm.builders.loading import load_checkpoint
 from tcsm.builders.source import source_run
 from tcsm.core.errors import ConfigError
 from tcsm.evaluation.likelihood import evaluate_bound
-from tcsm.recipes.spec import lazy_report
+from tcsm.recipes.spec import from_source, lazy_report
 
 __all__ = ["dre_config", "dre_report"]
 
@@ -106,9 +106,7 @@ def dre_report(run_dir, num_examples: int, seed: int = 0) -> dict:
 
 def compose(args, config: str, values: dict):
     """`tcsm finetune dre`'s run config from its arguments."""
-    if not args.checkpoint:
-        raise ConfigError("give the reference run: tcsm finetune dre --from RUN_DIR (or --resume -o DIR)")
-    return dre_config(args.checkpoint, config, args.overrides, values)
+    return from_source(args, dre_config, config, values, "the reference run", "finetune dre")
 
 
 def report_of(args):

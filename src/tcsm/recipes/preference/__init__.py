@@ -57,8 +57,6 @@ RECIPE = RecipeSpec(
     name="preference",
     help="preference fine-tuning on chosen/rejected pairs (paper BCE with margin β, or DPO-style; MATH.md §5.3)",
     doc=DOC,
-    preset="finetune-preference",
-    compose="tcsm.recipes.preference.compose:compose",
     source_help="pre-trained run, checkpoints or step_* directory (the reference and the start)",
     flags=(
         Flag("objective.loss"),
@@ -75,10 +73,8 @@ RECIPE = RecipeSpec(
                                      "help": "samples per model for --eval-reward (default 128)"}),
         Option(("--eval-prompt",), {"help": "prompt of the --eval-reward samples"}),
     ),
-    report="tcsm.recipes.preference.compose:report_of",
-    report_file="preference_eval.json",
+    report="report_of",
     describe=_describe,
     summarize=_held_out_line,
     before_training=_before_training,
-    marks=("objective.name", "preference"),
 )

@@ -2,7 +2,7 @@
 and its before/after report.
 
 * `sample_pairs` — pairs without human data: sample the pre-trained model in groups (with or without prompts),
-  score every sample with a reward of `tcsm.posttrain.reward.rewards`, keep the best and the worst of each group as chosen and
+  score every sample with a reward of `tcsm.rewards.functions`, keep the best and the worst of each group as chosen and
   rejected; `write_pairs` writes them in the `pairs` data kind's JSONL format (prompt / chosen / rejected).
 * `preference_config` — an ordinary run: the pre-trained run's config (path, model) < the `finetune-preference`
   preset < overrides, with `data.kind: pairs` over the pairs file (tokenized with the pre-trained run's tokenizer),
@@ -25,9 +25,9 @@ from tcsm.core.errors import ConfigError
 from tcsm.data.pairs import tokenizer_signature
 from tcsm.data.tasks import run_task_options
 from tcsm.evaluation.genppl import sample_entropy
-from tcsm.posttrain.reward.rewards import evaluate_reward, make_reward
 from tcsm.recipes.records import records_base
 from tcsm.recipes.spec import lazy_report
+from tcsm.rewards.functions import evaluate_reward, make_reward
 from tcsm.sampling.settings import SampleSettings, draw, sample_settings
 from tcsm.storage.fileio import write_atomically
 
@@ -161,11 +161,11 @@ def preference_config(
 
 def check_eval_reward(reward: str, cfg) -> None:
     """ConfigError before training when the `--eval-reward` of a fine-tune with config `cfg` is not defined on the
-    reference run's data (tcsm.recipes.reward.builder.check_reward_domain): the report would otherwise fail, or judge noise,
+    reference run's data (tcsm.rewards.domain.check_reward_domain): the report would otherwise fail, or judge noise,
     only after training."""
     from types import SimpleNamespace
 
-    from tcsm.recipes.reward.builder import check_reward_domain
+    from tcsm.rewards.domain import check_reward_domain
     from tcsm.storage.checkpoint import read_state, resolve_checkpoint
 
     state = read_state(resolve_checkpoint(cfg.reference.path))[1]

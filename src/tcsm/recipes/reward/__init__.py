@@ -39,9 +39,6 @@ RECIPE = RecipeSpec(
     name="reward",
     help="reward fine-tuning toward p^R ∝ p_1·exp(R/β) (N^full SNIS or N^1 tilted conditionals; MATH.md §5.2)",
     doc=DOC,
-    preset="finetune-reward",
-    compose="tcsm.recipes.reward.compose:compose",
-    source_help="pre-trained run, checkpoints or step_* directory",
     flags=(
         Flag("target.reward"),
         Flag("target.beta", positive=True),
@@ -52,8 +49,7 @@ RECIPE = RecipeSpec(
     ),
     options=(Option(("--eval-samples",), {"type": int, "default": 256,
                                           "help": "samples per model for the reward report (0: skip)"}),),
-    report="tcsm.recipes.reward.compose:report_of",
-    report_file="reward_eval.json",
+    report="report_of",
     describe=_describe,
     marks=("target.name", "reward"),
 )

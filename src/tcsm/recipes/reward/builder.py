@@ -1,6 +1,6 @@
 """Reward fine-tuning's builder (MATH.md §5.2): `target.name: reward`, a reward-tilted target around the frozen
 pre-trained model, with the checks that the reward is defined on the run's data. Siblings: `targets` (the N^1 /
-N^full targets), `rewards` (reward functions), `recipe` (the run config and report)."""
+N^full targets), `tcsm.rewards` (reward functions and their domains, shared by every method), `recipe` (the run config and report)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from tcsm.builders.registry import TARGETS, ReferenceUse
 from tcsm.core.errors import ConfigError
 from tcsm.data.tasks import run_task_options
-from tcsm.posttrain.reward.rewards import GridReward, make_reward
 from tcsm.posttrain.reward.targets import RewardFullTarget, RewardN1Target, RewardTarget
+from tcsm.rewards.domain import check_reward_domain
+from tcsm.rewards.functions import GridReward, make_reward
 
 __all__ = ["RewardTargetConfig", "build_reward_target", "check_reward_domain"]
 
@@ -27,7 +28,7 @@ class RewardTargetConfig:
     name: str = "reward"
     reward: str = field(
         default="grid",
-        metadata={"help": "reward spec: grid | vader | profanity | hf:PATH | python:mod:fn (tcsm.posttrain.reward.rewards)"},
+        metadata={"help": "reward spec: grid | vader | profanity | hf:PATH | python:mod:fn (tcsm.rewards.functions)"},
     )
     beta: float = field(default=1.0, metadata={"help": "temperature β of p^R ∝ p_1 e^{R/β}"})
     neighbourhood: str = field(
@@ -56,32 +57,6 @@ class RewardTargetConfig:
 
 #: The data a reward is defined on: the grid reward scores points of a W × W grid (data.kind=grid), the text rewards
 #: score decoded text (data kinds whose tokens are text). Rewards not listed (hf, python) bring their own domain.
-GRID_KINDS = ("grid",)
-TEXT_KINDS = ("text", "text8", "bpe", "shards", "hf")  # shards / hf: decoded with the tokenizer they were made with
-TEXT_REWARDS = ("vader", "profanity")
-
-
-def check_reward_domain(spec, ctx, what: str = "target.reward=") -> None:
-    """ConfigError unless the reward named by `spec` is defined on the run's data: otherwise it would train on a
-    meaningless signal (e.g. the grid reward reads the first token of a text as an x coordinate). `ctx` needs
-    `config.data.kind`, `vocab_size` and `seq_len`; `what` names the setting in the message (a flag, a key)."""
-    name = spec.get("name") if isinstance(spec, dict) else str(spec).partition(":")[0]
-    kind = str(ctx.config.data.kind) if ctx.config is not None else None
-    if kind in ("pairs", "sft") and ctx.config.data.get("tokenizer"):  # records tokenized by a text run's tokenizer
-        kind = str(ctx.config.data.tokenizer.get("kind"))
-    shape = f"data.kind={kind}, V={ctx.vocab_size}, L={ctx.seq_len}"
-    if name == "grid" and (kind not in GRID_KINDS or ctx.seq_len != 2):
-        raise ConfigError(
-            f"{what}grid scores points of a W×W grid (length-2 sequences, data.kind=grid), but this model "
-            f"was trained on {shape}; choose a reward for its data (e.g. vader for text)"
-        )
-    if name in TEXT_REWARDS and kind not in TEXT_KINDS:
-        raise ConfigError(
-            f"{what}{name} scores decoded text (data.kind in {list(TEXT_KINDS)}), but this model was "
-            f"trained on {shape}; choose a reward for its data (e.g. grid for data.kind=grid)"
-        )
-
-
 def build_reward_target(node: dict, ctx) -> RewardTarget:
     """`target.name: reward`: N^full / N^1 reward-tilted target around a frozen pre-trained checkpoint (§5.2)."""
     node = dict(node)

@@ -12,11 +12,10 @@ import torch
 from tcsm.builders.config import load_config, set_values
 from tcsm.builders.loading import load_checkpoint
 from tcsm.builders.source import source_run
-from tcsm.core.errors import ConfigError
 from tcsm.data.prompted import held_out_rows
 from tcsm.data.tasks import run_task_options
-from tcsm.posttrain.reward.rewards import evaluate_reward, make_reward
-from tcsm.recipes.spec import lazy_report
+from tcsm.recipes.spec import from_source, lazy_report
+from tcsm.rewards.functions import evaluate_reward, make_reward
 from tcsm.sampling.settings import draw, sample_settings
 
 __all__ = ["reward_config", "reward_report"]
@@ -76,9 +75,7 @@ def reward_report(run_dir, num_samples: int, seed: int = 0) -> dict:
 
 def compose(args, config: str, values: dict):
     """`tcsm finetune reward`'s run config from its arguments."""
-    if not args.checkpoint:
-        raise ConfigError("give the pre-trained model: tcsm finetune reward --checkpoint RUN_DIR (or --resume -o DIR)")
-    return reward_config(args.checkpoint, config, args.overrides, values)
+    return from_source(args, reward_config, config, values, "the pre-trained model", "finetune reward", "--checkpoint")
 
 
 def report_of(args):

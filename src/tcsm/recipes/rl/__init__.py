@@ -50,8 +50,6 @@ RECIPE = RecipeSpec(
     name="rl",
     help="GRPO for diffusion LMs with a verifiable reward (one_step / elbo (SPG) / exact likelihood estimates)",
     doc=DOC,
-    preset="finetune-rl",
-    compose="tcsm.recipes.rl.compose:compose",
     source_help="the run to start from (and the KL reference): a denoiser, or an AR LM for --estimator exact",
     flags=(
         Flag("objective.reward"),
@@ -65,8 +63,7 @@ RECIPE = RecipeSpec(
     ),
     options=(Option(("--eval-prompts",), {"type": int, "default": 64,
                                           "help": "held-out prompts for the before/after report (0: skip)"}),),
-    report="tcsm.recipes.rl.compose:report_of",
-    report_file="rl_eval.json",
+    report="report_of",
     describe=_describe,
     check=_check,
     marks=("objective.name", "grpo"),

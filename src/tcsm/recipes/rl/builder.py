@@ -3,7 +3,7 @@ the run's frozen model as the KL reference, checked against the run's model, pat
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields, make_dataclass
 from typing import Optional
 
 import torch
@@ -12,17 +12,15 @@ from tcsm.builders.registry import OBJECTIVES, ReferenceUse
 from tcsm.core.errors import ConfigError
 from tcsm.data.tasks import run_task_options
 from tcsm.models.kinds import kind_of
-from tcsm.posttrain.reward.rewards import evaluate_reward, make_reward
-from tcsm.posttrain.rl.estimators import ELBOEstimate, ExactEstimate, OneStepEstimate
-from tcsm.recipes.reward.builder import check_reward_domain
+from tcsm.posttrain.rl.estimators import ESTIMATORS, make_estimator
+from tcsm.rewards.domain import check_reward_domain
+from tcsm.rewards.functions import evaluate_reward, make_reward
 
 __all__ = ["GRPOObjectiveConfig", "build_grpo_objective"]
 
-ESTIMATOR_NAMES = ("one_step", "elbo", "exact")
-
 
 @dataclass
-class GRPOObjectiveConfig:
+class _GRPOConfig:
     """The KL reference is the run's frozen model, `reference.path` (the run it starts from)."""
 
     name: str = "grpo"
@@ -32,9 +30,8 @@ class GRPOObjectiveConfig:
     )
     estimator: str = field(
         default="one_step",
-        metadata={"help": "sequence log-likelihood: one_step (d1's one-step estimate; its policy gradient has cosine "
-                          "0.20-0.22 with the true one on a tiny enumerated policy) | elbo (the bound, cosine 0.72-0.75; "
-                          "SPG with --upper) | exact (an AR model)", "choices": ESTIMATOR_NAMES},
+        metadata={"help": "sequence log-likelihood: " + " | ".join(f"{c.name} ({c.help})" for c in ESTIMATORS),
+                  "choices": ESTIMATORS.names()},
     )
     group_size: int = field(default=8, metadata={"help": "rollouts G per prompt (>= 2)"})
     clip_eps: float = field(default=0.2, metadata={"help": "PPO clip range ε of the ratio"})
@@ -42,14 +39,6 @@ class GRPOObjectiveConfig:
     num_iterations: int = field(default=1, metadata={"help": "optimizer steps per rollout batch (GRPO's μ)"})
     per_token: bool = field(default=True, metadata={"help": "divide log-ratios by the completion length (ESPO)"})
     scale_advantages: bool = field(default=True, metadata={"help": "divide advantages by the group's std (d1: false)"})
-    prompt_mask_prob: float = field(default=0.15, metadata={"help": "one_step: prompt tokens masked (d1)"})
-    num_t: int = field(default=1, metadata={"help": "elbo: stratified times per estimate"})
-    upper: str = field(
-        default="none",
-        metadata={"help": "elbo, negative advantages: none | eubo | mix (SPG)", "choices": ("none", "eubo", "mix")},
-    )
-    eubo_beta: float = field(default=1.0, metadata={"help": "SPG's β of the upper bound (>= 1)"})
-    mix_weight: float = field(default=0.5, metadata={"help": "upper=mix: weight ω of the upper bound"})
     prompt_len: int = field(default=0, metadata={"help": "rows without a prompt mask: leading prompt positions"})
     success: float = field(default=1.0, metadata={"help": "the reward counted as solved (accuracy)"})
     reward_chunk: int = field(default=8192, metadata={"help": "sequences per reward call (memory)"})
@@ -61,19 +50,30 @@ class GRPOObjectiveConfig:
     keep_after_eos: bool = field(default=False, metadata={"help": "score every completion token, padding included"})
 
 
+def _estimator_fields() -> list[tuple]:
+    """Every registered estimator's options, each once, as keys of the `objective:` section (help: whose it is)."""
+    out: dict[str, tuple] = {}
+    for cls in ESTIMATORS:
+        for f in fields(cls.settings_type):
+            default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+            meta = {**f.metadata, "help": f"{cls.name}: {f.metadata.get('help', '')}"}
+            out.setdefault(f.name, (f.name, f.type, field(default=default, metadata=meta)))
+    return list(out.values())
+
+
+#: the `objective:` section of `objective.name: grpo`: GRPO's keys and every registered estimator's options
+GRPOObjectiveConfig = make_dataclass("GRPOObjectiveConfig", _estimator_fields(), bases=(_GRPOConfig,))
+GRPOObjectiveConfig.__module__ = __name__
+
+
 def _estimator(node: dict, path):
     name = node["estimator"]
-    if name not in ESTIMATOR_NAMES:
-        raise ConfigError(f"objective.estimator={name!r} is unknown; choose one of {list(ESTIMATOR_NAMES)}")
-    if name != "elbo" and node["upper"] != "none":
+    if name not in ESTIMATORS:
+        raise ConfigError(f"objective.estimator={name!r} is unknown; choose one of {list(ESTIMATORS.names())}")
+    if name != "elbo" and node.get("upper", "none") != "none":
         raise ConfigError(f"objective.upper={node['upper']} is SPG's upper bound of the elbo estimate; the {name} "
                           "estimate has none: give --estimator elbo, or drop --upper")  # fmt: skip
-    if name == "one_step":
-        return OneStepEstimate(path, node["prompt_mask_prob"])
-    if name == "elbo":
-        return ELBOEstimate(path, node["num_t"], upper=node["upper"], eubo_beta=node["eubo_beta"],
-                            mix_weight=node["mix_weight"])  # fmt: skip
-    return ExactEstimate(path)
+    return make_estimator(name, path, node)
 
 
 def _reward(node: dict, ctx):
@@ -130,10 +130,10 @@ def build_grpo_objective(node: dict, ctx):
     if why is not None:
         raise ConfigError(f"objective.estimator={node['estimator']} does not fit this run: {why}")
     kind = kind_of(ctx.model)
-    if kind.sampler not in ("path", "blocks", "left_to_right"):
+    if not (kind.is_denoiser or kind.is_autoregressive):
         raise ConfigError(f"GRPO draws rollouts from the policy, and {kind.description} has no sampler")
     owner = None
-    if kind.sampler == "left_to_right":
+    if kind.is_autoregressive:
         from tcsm.objectives.lm import make_lm_loss
 
         owner = make_lm_loss("causal")

@@ -8,12 +8,11 @@ import torch
 from tcsm.builders.config import load_config, set_values
 from tcsm.builders.loading import load_checkpoint
 from tcsm.builders.source import source_run
-from tcsm.core.errors import ConfigError
 from tcsm.data.prompted import held_out_rows
 from tcsm.data.tasks import run_task_options
 from tcsm.models.kinds import family_of_name
-from tcsm.posttrain.reward.rewards import evaluate_reward, make_reward
-from tcsm.recipes.spec import lazy_report
+from tcsm.recipes.spec import from_source, lazy_report
+from tcsm.rewards.functions import evaluate_reward, make_reward
 from tcsm.sampling.settings import draw, sample_settings
 
 __all__ = ["compose", "report_of", "rl_config", "rl_report"]
@@ -74,9 +73,7 @@ def rl_report(run_dir, num_prompts: int, seed: int = 0) -> dict:
 
 def compose(args, config: str, values: dict):
     """`tcsm finetune rl`'s run config from its arguments."""
-    if not args.checkpoint:
-        raise ConfigError("give the run to start from: tcsm finetune rl --from RUN_DIR (or --resume -o DIR)")
-    return rl_config(args.checkpoint, config, args.overrides, values)
+    return from_source(args, rl_config, config, values, "the run to start from", "finetune rl")
 
 
 def report_of(args):

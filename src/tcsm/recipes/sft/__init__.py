@@ -25,11 +25,8 @@ RECIPE = RecipeSpec(
     name="sft",
     help="instruction fine-tuning on prompt/completion or chat records (loss on the completion only)",
     doc=DOC,
-    preset="finetune-sft",
-    compose="tcsm.recipes.sft.compose:compose",
     source_help="pre-trained run, checkpoints, step_* or export directory (the start)",
     flags=(Flag("data.chat_template"), Flag("data.truncate")),
     data_kind="sft",
     options=(Option(("--data",), {"help": "JSONL file of prompt/completion or messages records"}),),
-    marks=("objective.name", "sft"),
 )
