@@ -166,11 +166,12 @@ def test_a_failed_export_leaves_the_old_one(runs, tmp_path, monkeypatch):
     out = tcsm.export(runs["masked"], tmp_path / "hf")
     before = (out / "model.safetensors").read_bytes()
     import tcsm.builders.export as ex
+    import tcsm.builders.exporters as exporters
 
     def broken(*a, **k):
         raise OSError("No space left on device")
 
-    monkeypatch.setattr(ex, "save_file", broken)
+    monkeypatch.setattr(exporters, "save_file", broken)  # the family's exporter writes the weights
     with pytest.raises(CheckpointError, match="the disk is full"):  # one line for the CLI, not a traceback
         ex.export(runs["uniform_timed"], out, overwrite=True)
     assert (out / "model.safetensors").read_bytes() == before

@@ -12,6 +12,8 @@ import shutil
 from pathlib import Path
 from typing import Any, ClassVar
 
+from safetensors.torch import save_file
+
 from tcsm.builders.config import to_dict
 from tcsm.builders.export_tokenizer import special_ids, write_tokenizer
 from tcsm.core.parts import Parts
@@ -71,8 +73,6 @@ class Exporter:
         }  # fmt: skip
 
     def write_weights(self, tmp: Path, model, hf: dict) -> None:
-        from safetensors.torch import save_file
-
         weights = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
 
