@@ -517,7 +517,9 @@ MUTANTS: list[Mutant] = [
     M("few.window_last", FEW, "s = torch.where(last, torch.ones_like(t), grid[min(k + 1, K)])",
       "s = grid[min(k + 1, K)]", "a windowed rollout's last step does not jump to t = 1", T_FEW),
     M("few.record_moved", FEW, "rec[move] = lp[move]", "rec[free] = lp[free]",
-      "the conditional recorded for tokens the step did not set", T_FEW),
+      "the conditional recorded for tokens the step did not set", T_FEW,
+      equivalent="every free position moves at its own last step (λ = 1 there; the bridge branch moves every free "
+                 "token at its last step), which overwrites whatever an earlier step recorded for it"),
     M("eng.stale_inputs", ENG, "                s.copy_(t)", "                pass",
       "a replayed call reads the inputs of its first call", T_ENG),
 ]
