@@ -72,7 +72,8 @@ def test_the_declared_uses_name_the_entries_that_read_it():
         if registry.get(name).reference is not None
     }
     assert declared == {("model", "energy"), ("objective", "dre"), ("objective", "preference"), ("objective", "grpo"),
-                        ("target", "reward"), ("target", "parametric"), ("target", "distill")}  # fmt: skip
+                        ("target", "reward"), ("target", "parametric"), ("target", "distill"),
+                        ("target", "fewstep")}  # fmt: skip
     assert OBJECTIVES.get("preference").reference.scoring and not OBJECTIVES.get("dre").reference.scoring
 
 
