@@ -370,7 +370,7 @@ def export(
     model, kind = ck.model, _kind(ck.model)
     hf = _hf_config(ck, model, kind)
     if merge:  # the export is a plain model: tcsm reads it back without adapters
-        hf["tcsm"]["config"]["train"]["lora"]["r"] = 0
+        hf["tcsm"]["config"]["train"]["lora"].update(r=0, target_modules=None)
     run_dir = _run_dir(ck.directory)
     summary = None
     for where in (run_dir, ck.directory):
