@@ -30,7 +30,7 @@ def _args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--teacher", required=True, help="the teacher run (a masked or uniform diffusion run)")
     ap.add_argument("--judge", required=True, help="causal LM run or HF directory that scores the samples (gen-PPL)")
-    ap.add_argument("--teacher-cost", default=None, help="JSON file with the teacher's pre-training cpu_s ({"cpu_s": ...})")
+    ap.add_argument("--teacher-cost", default=None, help="JSON file with the teacher's pre-training cpu_s as {\"cpu_s\": ...}")
     ap.add_argument("--start-steps", type=int, default=16, help="the teacher's steps in round 1 (halved every round)")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--round-steps", type=int, default=100, help="optimizer steps per round")

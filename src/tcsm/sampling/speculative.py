@@ -174,7 +174,7 @@ class _MaskedTarget:
 
     def __call__(self, X: Tensor, need: Tensor, free_total: Tensor, shape: _Shape, lo: int, hi: int):
         """X [B, R, L] → log-probs [B, R, hi − lo, V] at the needed rows (others zero), rows evaluated."""
-        B, R, L = X.shape
+        B, R, _L = X.shape
         flat = X[need]
         ft = free_total.unsqueeze(1).expand(B, R)[need]
         out = shape.log_probs(self.model(flat, _time(flat, ft, shape.mask, self.path))[:, lo:hi])
@@ -204,7 +204,7 @@ class _BlockTarget:
             self.stats.counts["cache_rows"] += B * self.R
 
     def __call__(self, X, need, free_total, shape, lo, hi):
-        B, R, L = X.shape
+        B, R, _L = X.shape
         block = X[:, :, lo:hi].reshape(B * R, hi - lo)
         t = _time(block, free_total.repeat_interleave(R), shape.mask, self.path)
         out = shape.log_probs(self.model.denoise(block, t, self.cache)).reshape(B, R, hi - lo, -1)
@@ -224,7 +224,7 @@ class _CausalTarget:
         pass
 
     def __call__(self, X, need, free_total, shape, lo, hi):
-        B, R, L = X.shape
+        B, R, _L = X.shape
         rows = need.any(-1)
         last = X[:, -1]  # the row with every draft: its position j reads x^{<j} only
         xr = torch.where(last[rows] >= shape.V, 0, last[rows])
