@@ -69,6 +69,10 @@ def decoding(L: int = 256, k: int = 16) -> None:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()  # --help: no measuring
     torch.set_num_threads(1)
     training()
     decoding()
