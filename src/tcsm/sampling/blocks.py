@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from tcsm.models.kinds import kind_of
-from tcsm.sampling.common import as_grid
+from tcsm.sampling.common import as_grid, pinned_positions
 from tcsm.sampling.engine import StepGraph, autocast_weight_cache, resolve_engine
 from tcsm.sampling.samplers import SamplingStats, _infer_device, may_cache
 
@@ -131,16 +131,8 @@ def decode_blocks(model, path, inner, num: int, length: int, *, fixed: Tensor | 
     V = path.vocab_size
     if eos_id is not None and not 0 <= int(eos_id) < V:
         raise ValueError(f"eos_id {eos_id} is not a token id of the {V}-token vocabulary")
-    if (fixed is None) != (values is None):
-        raise ValueError("fixed and values go together")
     device = torch.device(device if device is not None else _infer_device(model, values))
-    if fixed is None:
-        fixed = torch.zeros(B, L, dtype=torch.bool, device=device)
-        values = torch.zeros(B, L, dtype=torch.long, device=device)
-    fixed = torch.as_tensor(fixed, dtype=torch.bool, device=device).expand(B, L)
-    values = torch.as_tensor(values, dtype=torch.long, device=device).expand(B, L)
-    if fixed.any() and not ((values[fixed] >= 0) & (values[fixed] < V)).all():
-        raise ValueError(f"fixed values must be clean tokens in [0, {V})")
+    fixed, values = pinned_positions(fixed, values, B, L, V, device)
 
     block_path = copy.copy(path)  # the in-block sampler sees one block of one sequence: no block structure inside
     block_path.block_length = None

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from tcsm.core.errors import ConfigError
 from tcsm.models.kinds import kind_of
-from tcsm.sampling.common import adjust_log_probs, categorical
+from tcsm.sampling.common import adjust_log_probs, categorical, pinned_positions
 from tcsm.sampling.registry import DrawSettings, Sampler, register_sampler
 from tcsm.sampling.samplers import SamplingStats, _infer_device
 
@@ -358,13 +358,7 @@ def speculative_decode(target, path, num: int, length: int, *, drafter=None, dra
         raise ValueError("an autoregressive drafter proposes left to right: use the left_to_right reveal order")
     device = torch.device(device if device is not None else _infer_device(target, values))
     mask = V if path.mask_id is None else int(path.mask_id)
-    if fixed is None:
-        fixed = torch.zeros(B, L, dtype=torch.bool, device=device)
-        values = torch.zeros(B, L, dtype=torch.long, device=device)
-    fixed = torch.as_tensor(fixed, dtype=torch.bool, device=device).expand(B, L)
-    values = torch.as_tensor(values, dtype=torch.long, device=device).expand(B, L)
-    if fixed.any() and not ((values[fixed] >= 0) & (values[fixed] < V)).all():
-        raise ValueError(f"fixed values must be clean tokens in [0, {V})")
+    fixed, values = pinned_positions(fixed, values, B, L, V, device)
     shape = _Shape(V, mask, float(temperature), float(top_p))
     x = torch.where(fixed, values, torch.full((B, L), mask, dtype=torch.long, device=device))
     stats = SamplingStats(method="speculative", num_steps=k, cached=False, times=torch.empty(0))
