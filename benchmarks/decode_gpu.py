@@ -91,7 +91,11 @@ def build_dg(small: bool, dev):
     """The mid-size random DiffusionGemma of the reference measurement (8 layers x 1024, MoE 8x2; tiny with
     `small`), or None where transformers has no DiffusionGemma."""
     try:
-        from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion, DiffusionGemmaTextConfig
+        from transformers import (
+            DiffusionGemmaConfig,
+            DiffusionGemmaForBlockDiffusion,
+            DiffusionGemmaTextConfig,
+        )
     except ImportError:
         print("DiffusionGemma left out: this transformers has none (it needs >= 5.24)", flush=True)
         return None
@@ -106,8 +110,8 @@ def build_dg(small: bool, dev):
         layer_types=["sliding_attention"] * (n - 1) + ["full_attention"], pad_token_id=0, eos_token_id=1,
         bos_token_id=2,
     )  # fmt: skip
-    vision = dict(model_type="gemma4_vision", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                  num_attention_heads=2, num_key_value_heads=1, head_dim=16)  # fmt: skip
+    vision = {"model_type": "gemma4_vision", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                  "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16}  # fmt: skip
     cfg = DiffusionGemmaConfig(text_config=text.to_dict(), vision_config=vision, canvas_length=8 if small else 32,
                                boi_token_id=V - 4, eoi_token_id=V - 3, image_token_id=V - 2)  # fmt: skip
     torch.manual_seed(0)

@@ -6,10 +6,10 @@ Round r is `tcsm finetune fewstep --from <round r-1> --teacher-steps K_r` (K_1 =
 run in this process through the recipe's own config (`tcsm.recipes.fewstep.compose.fewstep_config`) and the
 Trainer, with its CPU time (time.process_time) and wall time recorded; a round whose run directory already holds
 checkpoints is resumed (or reused when finished). The teacher's pre-training CPU time is read from a JSON file
-(--teacher-cost, e.g. the run's DONE file: {"cpu_s": ...}) when given.
+(--teacher-cost: a JSON object {"cpu_s": ...}) when given.
 
-    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/fewstep.py --teacher /work/wt/shared_runs/text8_gen \
-        --judge /work/wt/shared_runs/text8_judge --teacher-cost /work/wt/shared_runs/text8_gen/DONE \
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/fewstep.py --teacher runs/text8-gen \
+        --judge runs/text8-judge --teacher-cost runs/text8-gen/cost.json \
         --start-steps 16 --rounds 2 --round-steps 100 --window 2 --work-dir runs/fewstep-text8 \
         --eval-steps 4,8,16,32,64 --seeds 0,1,2 --num-samples 32 --out benchmarks/results/fewstep_text8.json
 """
@@ -30,7 +30,7 @@ def _args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--teacher", required=True, help="the teacher run (a masked or uniform diffusion run)")
     ap.add_argument("--judge", required=True, help="causal LM run or HF directory that scores the samples (gen-PPL)")
-    ap.add_argument("--teacher-cost", default=None, help="JSON file with the teacher's pre-training cpu_s (a DONE file)")
+    ap.add_argument("--teacher-cost", default=None, help="JSON file with the teacher's pre-training cpu_s as {\"cpu_s\": ...}")
     ap.add_argument("--start-steps", type=int, default=16, help="the teacher's steps in round 1 (halved every round)")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--round-steps", type=int, default=100, help="optimizer steps per round")

@@ -109,6 +109,10 @@ T_EST, T_RLOSS = ("tests/posttrain/rl/test_estimators.py",), ("tests/posttrain/r
 T_ROBJ, T_CAP = ("tests/posttrain/rl/test_objective.py",), ("tests/objectives/test_score_cap.py",)
 T_DRE, T_LIK = ("tests/posttrain/dre/test_dre_objective.py",), ("tests/evaluation/test_likelihood.py",)
 
+SPEC, FEW, ENG = S + "sampling/speculative.py", S + "posttrain/fewstep/target.py", S + "sampling/engine.py"
+T_SPEC, T_FEW = ("tests/sampling/test_speculative.py",), ("tests/posttrain/fewstep/test_target.py",)
+T_ENG = ("tests/sampling/test_engine.py",)
+
 # One row per mutant (the formatter's one argument per line would make the table five times as long).
 MUTANTS: list[Mutant] = [
     # --- schedules (MATH.md §0) ---
@@ -499,6 +503,25 @@ MUTANTS: list[Mutant] = [
       "energy estimate's correction without log Ẑ", T_DRE),
     M("lik.t_max_span", LIK, "out.append(span * row_weight[done : done + n]", "out.append(row_weight[done : done + n]",
       "truncated bound's integral without its t_max factor", T_LIK),
+    # --- this round: speculative decoding, the few-step target, the decode engine ---
+    M("spec.accept_ratio", SPEC, "torch.exp(torch.clamp(lpy - lqy, max=0.0))", "torch.exp(torch.clamp(lqy - lpy, max=0.0))",
+      "a draft accepted with min(1, q/p) instead of min(1, p/q)", T_SPEC),
+    M("spec.residual", SPEC, "res = (p - q).clamp_min(0.0)", "res = p.clone()",
+      "the first rejection resampled from p, not from the residual max(0, p − q)", T_SPEC),
+    M("spec.first_reject", SPEC, "a = ok.long().cumprod(-1).sum(-1)", "a = ok.long().sum(-1)",
+      "drafts after the first rejection still accepted", T_SPEC),
+    M("spec.bonus", SPEC, "q = torch.where((a < ke).unsqueeze(1),", "q = torch.where((a <= ke).unsqueeze(1),",
+      "after k acceptances the bonus token is drawn from a residual, not from row k's p", T_SPEC),
+    M("few.grid_floor", FEW, "(t.double() * Ks).floor()", "(t.double() * Ks).ceil()",
+      "t snapped up to the student's next grid point", T_FEW),
+    M("few.window_last", FEW, "s = torch.where(last, torch.ones_like(t), grid[min(k + 1, K)])",
+      "s = grid[min(k + 1, K)]", "a windowed rollout's last step does not jump to t = 1", T_FEW),
+    M("few.record_moved", FEW, "rec[move] = lp[move]", "rec[free] = lp[free]",
+      "the conditional recorded for tokens the step did not set", T_FEW,
+      equivalent="every free position moves at its own last step (λ = 1 there; the bridge branch moves every free "
+                 "token at its last step), which overwrites whatever an earlier step recorded for it"),
+    M("eng.stale_inputs", ENG, "                s.copy_(t)", "                pass",
+      "a replayed call reads the inputs of its first call", T_ENG),
 ]
 # fmt: on
 

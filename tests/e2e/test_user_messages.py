@@ -104,13 +104,13 @@ def test_a_llada_style_directory_under_another_family_names_hf_masked_dlm(tmp_pa
 
 def test_a_diffusion_gemma_directory_without_config_or_tokenizer_says_which_file_is_missing(tmp_path, capsys):
     pytest.importorskip("transformers")
-    from diffusion_gemma_helpers import write_dgemma_dir
+    from diffusion_gemma_helpers import tiny_hf, write_dgemma_dir
 
-    d = write_dgemma_dir(tmp_path / "dg")
-    for f in d.glob("tokenizer*"):
-        f.unlink()
-    line = _error(capsys, ["sample", d, "-n", "1"])
+    big = tmp_path / "dg64"  # 64 ids are too many to stand in for text: the missing tokenizer is what to say
+    tiny_hf(V=64, k=4).save_pretrained(big)
+    line = _error(capsys, ["sample", big, "-n", "1"])
     assert "has no tokenizer" in line and "vocab_size" not in line
+    d = write_dgemma_dir(tmp_path / "dg")
     (d / "config.json").unlink()
     line = _error(capsys, ["train", "-o", tmp_path / "r", *_hf("diffusion_gemma", d)])
     assert "has no config.json" in line and "model_type" not in line

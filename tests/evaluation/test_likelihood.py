@@ -669,7 +669,7 @@ def test_truncated_bound_of_a_time_blind_factorized_model_is_its_nll_at_any_t_ma
     at every t_max; without the factor t_max on the integral it would estimate (2 − t_max) C on the linear schedule."""
     V, L = 3, 4
     table = torch.log_softmax(torch.randn(L, V, generator=torch.Generator().manual_seed(0)), -1)
-    den = lambda xt, t: table.expand(xt.shape[0], L, V)  # noqa: E731
+    den = lambda xt, t: table.expand(xt.shape[0], L, V)
     x1 = torch.tensor([[0, 1, 2, 1], [2, 2, 0, 0]])
     exact = -table[torch.arange(L), x1].sum(-1).double()
     terms = nelbo_terms(den, x1, MaskedPath(V), num_t=2000, t_max=t_max, generator=torch.Generator().manual_seed(1))

@@ -189,3 +189,29 @@ def test_a_diffusion_gemma_lora_run_exports_an_adapter_its_own_class_loads(tmp_p
         for b in range(1, L // K):
             own = theirs(input_ids=x1[:, : b * K], decoder_input_ids=xt[:, b * K : (b + 1) * K]).logits
             torch.testing.assert_close(own, logits[:, b * K : (b + 1) * K], atol=1e-5, rtol=0)
+
+
+def test_a_dropout_of_one_is_refused():
+    cfg = load_config("synthetic", tiny("train.lora.r=2", "train.lora.target_modules=[qkv]", "train.lora.dropout=1.0"))
+    with pytest.raises(ConfigError, match=r"dropout must be in \[0, 1\)"):
+        with_lora(_model(), cfg)
+
+
+def test_the_reference_is_the_base_only_when_it_loads_the_weights_the_run_starts_from(monkeypatch):
+    from omegaconf import OmegaConf
+
+    from tcsm.builders.lora import shares_base
+    from tcsm.builders.registry import ReferenceUse
+
+    monkeypatch.setattr("tcsm.storage.checkpoint.resolve_checkpoint", lambda p: p)
+    uses = [(None, ReferenceUse("reference.path"))]
+
+    def cfg(ema, init):
+        c = load_config("synthetic", tiny("train.lora.r=2", "train.lora.target_modules=[qkv]", "reference.path=/x",
+                                          f"reference.ema={ema}", f"train.init_weights={init}"))
+        c = OmegaConf.create(OmegaConf.to_container(c))
+        c.train.init_from = "/x"  # set after loading: the config loader reads an init_from checkpoint's architecture
+        return c
+
+    assert shares_base(cfg("true", "ema"), uses) and shares_base(cfg("false", "model"), uses)
+    assert not shares_base(cfg("true", "model"), uses) and not shares_base(cfg("false", "ema"), uses)

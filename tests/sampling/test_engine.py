@@ -111,7 +111,7 @@ def test_autocast_weight_cache_casts_each_weight_once_per_decode():
 
     def casts(hold: bool) -> int:
         ctx = autocast_weight_cache() if hold else torch.autocast("cpu", enabled=False)
-        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:  # noqa: SIM117 (the inner one is chosen)
             with ctx if hold else _nothing():
                 for _ in range(5):
                     with torch.autocast("cpu", dtype=torch.bfloat16):

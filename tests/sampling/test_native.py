@@ -84,6 +84,6 @@ def test_a_native_sample_prints_no_torch_jit_deprecation(tmp_path):
 
     tests = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, check=False)
     assert r.returncode == 0, r.stderr
     assert "torch.jit" not in r.stderr

@@ -215,7 +215,7 @@ def test_acceptance_rate_has_its_closed_form():
     E[drafted] = 2 − A_0, with A = Σ_y min(p, q) and r_0 = norm(max(0, p_0 − q_0))."""
     L = 2
     target, drafter = ToyMasked(L, 3), ToyMasked(L, 80, scale=2.0)
-    x, st = run(target, L, drafter, draft_length=1, order="left_to_right")
+    _x, st = run(target, L, drafter, draft_length=1, order="left_to_right")
     empty = torch.full((1, L), V)
     p0, q0 = (torch.softmax(m(empty)[0, 0], -1) for m in (target, drafter))
     a0 = float(torch.minimum(p0, q0).sum())
@@ -239,7 +239,7 @@ def test_passes_and_rows_are_counted_apart():
     """Self-drafting a near-factorised target: fewer sequential passes than positions, k+1 rows per pass at most."""
     L, k = 6, 3
     target = ToyMasked(L, 5, scale=0.2)
-    x, st = speculative_decode(target, MaskedPath(V), 200, L, draft_length=k, generator=torch.Generator().manual_seed(1))
+    _x, st = speculative_decode(target, MaskedPath(V), 200, L, draft_length=k, generator=torch.Generator().manual_seed(1))
     passes = st.counts["sequence_passes"] / 200
     assert passes < 0.6 * L
     assert st.num_rows <= (k + 1) * st.counts["sequence_passes"]

@@ -16,6 +16,7 @@ from tcsm.builders.config import load_config
 from tcsm.builders.exporters import EXPORTERS, Exporter
 from tcsm.builders.registry import MODELS, BuildContext
 from tcsm.core.errors import ConfigError
+from tcsm.data.synthetic import SYMBOLS
 
 __all__ = ["DiffusionGemmaModelConfig", "build_diffusion_gemma", "is_native_directory", "load_native", "native_config",
            "write_native"]
@@ -153,10 +154,12 @@ def load_native(path, device="cpu", overrides=()):
 
     where = str(Path(path).resolve())
     _, config = _hf_config(where, True)
-    if not any((Path(where) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+    V, k = int(config.get_text_config().vocab_size), int(config.canvas_length)
+    has_tokenizer = any((Path(where) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json",
+                                                              "tokenizer.model"))  # fmt: skip
+    if not has_tokenizer and V > len(SYMBOLS):  # without one, ids stand in for text: only a small vocabulary allows it
         raise ConfigError(f"{where!r} has no tokenizer (tokenizer.json, tokenizer_config.json): copy the model's "
                           "tokenizer files into it")  # fmt: skip
-    V, k = int(config.get_text_config().vocab_size), int(config.canvas_length)
     cfg = load_config("synthetic", [f"model.name={MODEL_TYPE}", f"model.name_or_path={where}", "path.source=uniform",
                                     f"path.block_length={k}", f"data.vocab_size={V}", f"data.seq_len={k}",
                                     *overrides])  # fmt: skip

@@ -178,7 +178,7 @@ def export(
     exporter = exporter_of(model)  # the family's config, files, card lines and notes
     hf = exporter.config(ck, model)
     if merge:  # the export is a plain model: tcsm reads it back without adapters
-        hf["tcsm"]["config"]["train"]["lora"]["r"] = 0
+        hf["tcsm"]["config"]["train"]["lora"].update(r=0, target_modules=None)
     run_dir = _run_dir(ck.directory)
     summary = None
     for where in (run_dir, ck.directory):

@@ -95,14 +95,19 @@ class ChatTemplate:
             message = {"role": role, "content": probe}
             contexts = ([message], [{"role": "user", "content": "q"}, message],
                         [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}, message])
-            known[role] = any(self._shows(c, probe) for c in contexts)
+            shown = [self._shows(c, probe) for c in contexts]
+            # a template that fails on every conversation holding the role is broken, not silent about it: the
+            # record's own rendering then says how it fails
+            known[role] = any(shown) or all(s is None for s in shown)
         return known[role]
 
-    def _shows(self, messages: list[dict], probe: str) -> bool:
+    def _shows(self, messages: list[dict], probe: str) -> bool | None:
+        """Whether the probe appears; None when the template fails on this conversation (an order of roles it does
+        not take, or a fault of its own)."""
         try:
             return probe in self.render(messages, add_generation_prompt=False)
-        except DataError:  # the template refuses this conversation (an order of roles it does not take)
-            return False
+        except DataError:
+            return None
 
     def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         """The template's text for `messages`; DataError (one line) when the template fails while rendering (an

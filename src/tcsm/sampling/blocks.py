@@ -131,12 +131,8 @@ def decode_blocks(model, path, inner, num: int, length: int, *, fixed: Tensor | 
     V = path.vocab_size
     if eos_id is not None and not 0 <= int(eos_id) < V:
         raise ValueError(f"eos_id {eos_id} is not a token id of the {V}-token vocabulary")
-    if (fixed is None) != (values is None):
-        raise ValueError("fixed and values go together")
     device = torch.device(device if device is not None else _infer_device(model, values))
-    fixed, values = pinned_positions(fixed, values, B, L, device)
-    if fixed.any() and not ((values[fixed] >= 0) & (values[fixed] < V)).all():
-        raise ValueError(f"fixed values must be clean tokens in [0, {V})")
+    fixed, values = pinned_positions(fixed, values, B, L, V, device)
 
     block_path = copy.copy(path)  # the in-block sampler sees one block of one sequence: no block structure inside
     block_path.block_length = None

@@ -103,6 +103,22 @@ def jump_prob(path: ProbabilityPath, t: Tensor, s: Tensor) -> Tensor:
     return path.jump_prob(t, s)
 
 
+def pinned_positions(fixed, values, batch_size: int, length: int, vocab_size: int, device) -> tuple[Tensor, Tensor]:
+    """(fixed [B, L] bool, values [B, L] long) on `device`: nothing pinned when both are None, broadcast otherwise;
+    pinned values must be clean tokens."""
+    B, L, V = int(batch_size), int(length), int(vocab_size)
+    if (fixed is None) != (values is None):
+        raise ValueError("fixed and values go together")
+    if fixed is None:
+        fixed = torch.zeros(B, L, dtype=torch.bool, device=device)
+        values = torch.zeros(B, L, dtype=torch.long, device=device)
+    fixed = torch.as_tensor(fixed, dtype=torch.bool, device=device).expand(B, L)
+    values = torch.as_tensor(values, dtype=torch.long, device=device).expand(B, L)
+    if fixed.any() and not ((values[fixed] >= 0) & (values[fixed] < V)).all():
+        raise ValueError(f"fixed values must be clean tokens in [0, {V})")
+    return fixed, values
+
+
 def prefix_condition(prompt: Tensor, batch_size: int, length: int) -> tuple[Tensor, Tensor]:
     """(`fixed`, `values`) [B, L] that pin the first P positions to `prompt` ([P] or [B, P])."""
     prompt = torch.as_tensor(prompt, dtype=torch.long)
@@ -117,15 +133,4 @@ def prefix_condition(prompt: Tensor, batch_size: int, length: int) -> tuple[Tens
     values[:, :P] = prompt
     fixed = torch.zeros(batch_size, length, dtype=torch.bool, device=prompt.device)
     fixed[:, :P] = True
-    return fixed, values
-
-
-def pinned_positions(fixed, values, B: int, L: int, device) -> tuple[Tensor, Tensor]:
-    """(fixed [B, L] bool, values [B, L] long) on `device`: the positions a sampler keeps and their tokens (none
-    pinned when `fixed` is None), broadcast to the batch."""
-    if fixed is None:
-        fixed = torch.zeros(B, L, dtype=torch.bool, device=device)
-        values = torch.zeros(B, L, dtype=torch.long, device=device)
-    fixed = torch.as_tensor(fixed, dtype=torch.bool, device=device).expand(B, L)
-    values = torch.as_tensor(values, dtype=torch.long, device=device).expand(B, L)
     return fixed, values

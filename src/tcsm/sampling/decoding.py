@@ -152,8 +152,8 @@ def decode(
     if not temperature > 0 or not 0.0 < top_p <= 1.0:
         raise ValueError(f"temperature must be > 0 and top_p in (0, 1], got {temperature}, {top_p}")
     device = torch.device(device if device is not None else _infer_device(denoiser, values))
-    fixed, values = pinned_positions(fixed, values, B, L, device)
     V, mask = path.vocab_size, path.mask_id
+    fixed, values = pinned_positions(fixed, values, B, L, V, device)
     x = torch.where(fixed, values, torch.full((B, L), mask, dtype=torch.long, device=device))
     bl = L // nb
     # blocks that are wholly pinned (a prompt) need no steps; the others share the K steps

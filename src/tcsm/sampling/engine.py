@@ -91,7 +91,7 @@ class StepGraph:
             dtype = torch.get_autocast_dtype("cuda")
             with torch.cuda.graph(graph), torch.autocast("cuda", dtype=dtype, enabled=on, cache_enabled=False):
                 out = self.fn(*static)
-        except Exception as e:  # noqa: BLE001 - any capture failure leaves the eager path, which is exact
+        except Exception as e:  # any capture failure leaves the eager path, which is exact
             if self.strict:
                 raise
             warnings.warn(f"CUDA graph capture failed ({type(e).__name__}: {e}); decoding eagerly", stacklevel=3)

@@ -29,7 +29,14 @@ import torch
 from torch import Tensor
 
 from tcsm.paths import ProbabilityPath
-from tcsm.sampling.common import adjust_log_probs, as_grid, categorical, denoise_rows, prefix_condition
+from tcsm.sampling.common import (
+    adjust_log_probs,
+    as_grid,
+    categorical,
+    denoise_rows,
+    pinned_positions,
+    prefix_condition,
+)
 
 __all__ = ["METHODS", "SamplingStats", "may_cache", "sample"]
 
@@ -291,15 +298,7 @@ def sample(
     if device is None:
         device = _infer_device(denoiser, values)
     device = torch.device(device)
-    if (fixed is None) != (values is None):
-        raise ValueError("fixed and values go together")
-    if fixed is None:
-        fixed = torch.zeros(B, L, dtype=torch.bool, device=device)
-        values = torch.zeros(B, L, dtype=torch.long, device=device)
-    fixed = torch.as_tensor(fixed, dtype=torch.bool, device=device).expand(B, L)
-    values = torch.as_tensor(values, dtype=torch.long, device=device).expand(B, L)
-    if fixed.any() and not ((values[fixed] >= 0) & (values[fixed] < path.vocab_size)).all():
-        raise ValueError(f"fixed values must be clean tokens in [0, {path.vocab_size})")
+    fixed, values = pinned_positions(fixed, values, B, L, path.vocab_size, device)
     if time_independent is None:
         time_independent = may_cache(denoiser, path)
     if generator is None and seed is not None:

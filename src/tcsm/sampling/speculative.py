@@ -21,7 +21,7 @@ from torch import Tensor
 
 from tcsm.core.errors import ConfigError
 from tcsm.models.kinds import kind_of
-from tcsm.sampling.common import adjust_log_probs, categorical
+from tcsm.sampling.common import adjust_log_probs, categorical, pinned_positions
 from tcsm.sampling.registry import DrawSettings, Sampler, register_sampler
 from tcsm.sampling.samplers import SamplingStats, _infer_device
 
@@ -174,7 +174,7 @@ class _MaskedTarget:
 
     def __call__(self, X: Tensor, need: Tensor, free_total: Tensor, shape: _Shape, lo: int, hi: int):
         """X [B, R, L] → log-probs [B, R, hi − lo, V] at the needed rows (others zero), rows evaluated."""
-        B, R, L = X.shape
+        B, R, _L = X.shape
         flat = X[need]
         ft = free_total.unsqueeze(1).expand(B, R)[need]
         out = shape.log_probs(self.model(flat, _time(flat, ft, shape.mask, self.path))[:, lo:hi])
@@ -204,7 +204,7 @@ class _BlockTarget:
             self.stats.counts["cache_rows"] += B * self.R
 
     def __call__(self, X, need, free_total, shape, lo, hi):
-        B, R, L = X.shape
+        B, R, _L = X.shape
         block = X[:, :, lo:hi].reshape(B * R, hi - lo)
         t = _time(block, free_total.repeat_interleave(R), shape.mask, self.path)
         out = shape.log_probs(self.model.denoise(block, t, self.cache)).reshape(B, R, hi - lo, -1)
@@ -224,7 +224,7 @@ class _CausalTarget:
         pass
 
     def __call__(self, X, need, free_total, shape, lo, hi):
-        B, R, L = X.shape
+        B, R, _L = X.shape
         rows = need.any(-1)
         last = X[:, -1]  # the row with every draft: its position j reads x^{<j} only
         xr = torch.where(last[rows] >= shape.V, 0, last[rows])
@@ -358,13 +358,7 @@ def speculative_decode(target, path, num: int, length: int, *, drafter=None, dra
         raise ValueError("an autoregressive drafter proposes left to right: use the left_to_right reveal order")
     device = torch.device(device if device is not None else _infer_device(target, values))
     mask = V if path.mask_id is None else int(path.mask_id)
-    if fixed is None:
-        fixed = torch.zeros(B, L, dtype=torch.bool, device=device)
-        values = torch.zeros(B, L, dtype=torch.long, device=device)
-    fixed = torch.as_tensor(fixed, dtype=torch.bool, device=device).expand(B, L)
-    values = torch.as_tensor(values, dtype=torch.long, device=device).expand(B, L)
-    if fixed.any() and not ((values[fixed] >= 0) & (values[fixed] < V)).all():
-        raise ValueError(f"fixed values must be clean tokens in [0, {V})")
+    fixed, values = pinned_positions(fixed, values, B, L, V, device)
     shape = _Shape(V, mask, float(temperature), float(top_p))
     x = torch.where(fixed, values, torch.full((B, L), mask, dtype=torch.long, device=device))
     stats = SamplingStats(method="speculative", num_steps=k, cached=False, times=torch.empty(0))

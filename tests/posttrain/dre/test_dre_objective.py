@@ -330,9 +330,9 @@ def test_the_estimate_is_unchanged_when_a_constant_is_added_to_the_energy(shift)
     random numbers, log Ẑ moved by c; for f ≡ c, G_est = G_ref (each masked position's log Ẑ − log Ẑ_i is 0)."""
     path = MaskedPath(V)
     table = torch.log_softmax(torch.randn(L, V, generator=_gen(3)), -1)
-    ref = lambda xt, t: table.expand(*xt.shape, V)  # noqa: E731
+    ref = lambda xt, t: table.expand(*xt.shape, V)
     weights = torch.randn(L, V, generator=_gen(4))
-    f = lambda x1, xt, t: weights[torch.arange(L), x1].sum(-1)  # noqa: E731
+    f = lambda x1, xt, t: weights[torch.arange(L), x1].sum(-1)
     x1 = torch.randint(0, V, (16, L), generator=_gen(0))
     t = torch.full((16,), 0.4)
     xt = path.draw_xt(x1, t, _gen(1))

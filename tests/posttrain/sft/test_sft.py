@@ -121,11 +121,11 @@ def test_chat_records_the_template_cannot_render_are_one_line(text_run, tmp_path
 
 @pytest.mark.parametrize("template", [
     # the assistant turn rendered through {% else %}: the template never names it
-    "{% for m in messages %}{% if m['role'] == 'user' %}Q: {{ m['content'] }}\n{% else %}A: {{ m['content'] }}\n"
-    "{% endif %}{% endfor %}{% if add_generation_prompt %}A: {% endif %}",
+    ("{% for m in messages %}{% if m['role'] == 'user' %}Q: {{ m['content'] }}\n{% else %}A: {{ m['content'] }}\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}A: {% endif %}"),
     # the standard ChatML template: every role rendered by name
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + "
-    "'\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}",
+    ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + "
+    "'\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"),
 ])  # fmt: skip
 def test_a_template_that_renders_a_role_knows_it_without_naming_it(template):
     from tcsm.data.sft import ChatTemplate
