@@ -1,0 +1,44 @@
+"""`tcsm finetune fewstep` (MATH.md §10): a round is an ordinary run from the teacher — the teacher frozen as
+`reference`, the student started from it, `sample.steps` the student's — and bad step counts fail in one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from tcsm.builders.loading import load_checkpoint
+from tcsm.cli import main
+from tcsm.recipes.fewstep.compose import fewstep_config
+from tcsm.train.logs import read_metrics
+from tests.train_helpers import tiny
+
+QUIET = ("train.eval_every=0", "train.sample_every=0", "train.save_every=0")
+
+
+@pytest.fixture(scope="module", params=["masked", "uniform"])
+def teacher(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp("teacher") / request.param
+    assert main(["train", "-c", "synthetic", "-o", str(out), *tiny(*QUIET, "train.steps=3", "sample.steps=8",
+                                                                      f"path.source={request.param}")]) in (0, None)  # fmt: skip
+    return out
+
+
+def test_a_round_trains_the_student_from_the_teacher_and_samples_with_its_steps(teacher, tmp_path):
+    out = tmp_path / "fs"
+    rc = main(["finetune", "fewstep", "--from", str(teacher), "-o", str(out), "--teacher-steps", "8", "--window", "2",
+               "--steps", "2", *tiny(*QUIET, synthetic=False)])  # fmt: skip
+    assert rc in (0, None)
+    run = load_checkpoint(out)
+    cfg = run.config
+    assert cfg.reference.path.startswith(str(teacher)) and cfg.train.init_from.startswith(str(teacher))
+    assert cfg.sample.steps == 4 and cfg.target.name == "fewstep" and cfg.target.window == 2
+    calls = [r["target/teacher_calls"] for r in read_metrics(out) if "target/teacher_calls" in r]
+    assert calls and all(1 <= c <= 3 for c in calls)  # a window of 2: at most 3 teacher calls per row
+
+
+def test_the_student_step_count_must_divide_the_teachers(teacher):
+    from tcsm.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="divide"):
+        fewstep_config(teacher, overrides=["target.teacher_steps=8", "target.student_steps=3"])
+    cfg = fewstep_config(teacher, overrides=["target.teacher_steps=8", "target.student_steps=2"])
+    assert cfg.sample.steps == 2
