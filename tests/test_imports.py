@@ -192,3 +192,20 @@ def test_benchmark_scripts_start(script):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "usage:" in done.stdout, f"{script.name} --help printed no usage: it does not parse its arguments"
+
+
+def test_no_method_imports_another_methods_package():
+    """A post-training method (its math in posttrain/<m>/, its recipe in recipes/<m>/) imports only its own packages
+    and shared folders: what two methods share (rewards, pairs data, samplers) lives in a shared folder, so one
+    method can change without another noticing."""
+    methods = {p.name for p in (PACKAGE / "posttrain").iterdir() if (p / "__init__.py").is_file()}
+    bad = []
+    for name, edges in _graph().items():
+        parts = name.split(".")
+        if len(parts) < 3 or parts[1] not in ("posttrain", "recipes") or parts[2] not in methods:
+            continue
+        for target in edges:
+            other = target.split(".")
+            if len(other) > 2 and other[1] in ("posttrain", "recipes") and other[2] in methods and other[2] != parts[2]:
+                bad.append(f"{name} imports {target}")
+    assert not bad, "methods importing another method:\n" + "\n".join(sorted(bad))
