@@ -19,6 +19,7 @@ from tcsm.builders.exporters import (
     EnergyExporter,
     Exporter,
     HFDenoiserExporter,
+    exporter_named,
     exporter_of,
     model_card,
     remote_code_lines,
@@ -140,3 +141,21 @@ def test_the_model_card_reports_the_runs_figures_or_that_there_are_none(ck, tmp_
     card = model_card(ck, hf, summary, 2_500_000, tmp_path, [])
     assert "| validation (nelbo) | 1.2346 ± 0.0100 bits per token over 8 sequences |" in card
     assert "| training time | 3 s |" in card and "2.50M parameters" in card and "none measured" not in card
+
+
+def test_the_family_says_what_loads_its_export():
+    """`tcsm export`'s last line comes from the exporter of the export's config.json `kind`, never a family test."""
+    assert exporter_named("denoiser").loads_with({"auto_map": {}}).endswith("transformers, trust_remote_code=True")
+    assert exporter_named("causal").loads_with({}) == "tcsm.from_pretrained"  # transformers has no code for it
+    assert type(exporter_named(None)) is Exporter and type(exporter_named("nope")) is Exporter
+    gemma = exporter_named("diffusion_gemma")
+    assert gemma.kind == "diffusion_gemma" and "DiffusionGemmaForBlockDiffusion" in gemma.loads_with({})
+    assert "trust_remote_code=True" in exporter_named("hf_masked_dlm").loads_with({})
+
+
+def test_the_export_command_prints_its_familys_line(ck, tmp_path, capsys):
+    from tcsm.cli import main
+
+    assert main(["export", str(ck.directory), "-o", str(tmp_path / "hf")]) == 0
+    out = capsys.readouterr().out
+    assert "(load with tcsm.from_pretrained or transformers, trust_remote_code=True)" in out
