@@ -228,8 +228,8 @@ def _energy(x1, xt, t):
 
 
 def test_the_objectives_own_sampler_draws_what_sir_draws_with_the_sections_keys(one_thread):
-    from tcsm.posttrain.dre.sir import sample_sir
     from tcsm.posttrain.dre.sampler import SIRSettings
+    from tcsm.posttrain.dre.sir import sample_sir
 
     model, path = _Logits(), MaskedPath(V)
     objective = _SIRObjective(path)
