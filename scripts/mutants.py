@@ -66,7 +66,11 @@ ORACLES: dict[str, tuple[str, ...]] = {
     "core": ("tests/evaluation/test_likelihood.py",),
     "objectives": ("tests/objectives/test_sedd.py",),
     "targets": ("tests/paths/test_paths.py", "tests/objectives/test_composed.py", "tests/models/test_lm.py"),
-    "posttrain/distill": ("tests/targets/test_parametric.py",),
+    "posttrain/distill": ("tests/targets/test_parametric.py", "tests/recipes/distill/test_distill_cli.py"),
+    # a method's recipe runs (tests/recipes/<m>/) exercise its math end to end
+    "posttrain/dre": ("tests/recipes/dre/test_dre_cli.py",),
+    "posttrain/preference": ("tests/recipes/preference/test_preference_cli.py",),
+    "posttrain/sft": ("tests/recipes/sft/test_sft_cli.py",),
 }
 
 

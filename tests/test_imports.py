@@ -184,11 +184,47 @@ def test_benchmarks_never_import_the_cli():
     assert not offenders, offenders
 
 
+#: runs a benchmark script with --help after stopping the clocks a measurement reads (torch imported first: its import
+#: reads them), so a script that times anything before parsing its arguments fails instead of measuring
+HELP_ONLY = """
+import os, runpy, sys, time
+import torch
+
+def measured(*args, **kwargs):
+    raise RuntimeError("the script read a clock before parsing --help: it measures when asked for help")
+
+for name in ("perf_counter", "perf_counter_ns", "process_time", "process_time_ns"):
+    setattr(time, name, measured)
+script = sys.argv[1]
+sys.argv, sys.path[0] = [script, "--help"], os.path.dirname(os.path.abspath(script))
+runpy.run_path(script, run_name="__main__")
+"""
+
+
 @pytest.mark.parametrize("script", sorted((ROOT / "benchmarks").glob("*.py")), ids=lambda p: p.name)
 def test_benchmark_scripts_start(script):
-    """Every benchmark script parses its arguments (--help exits 0): none can rot unnoticed."""
+    """Every benchmark script parses its arguments (--help exits 0) before it measures anything: none can rot
+    unnoticed, and asking one for help never starts a measurement."""
     done = subprocess.run(
-        [sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120, cwd=ROOT, check=False
+        [sys.executable, "-c", HELP_ONLY, str(script)], capture_output=True, text=True, timeout=120, cwd=ROOT,
+        check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "usage:" in done.stdout, f"{script.name} --help printed no usage: it does not parse its arguments"
+
+
+def test_no_method_imports_another_methods_package():
+    """A post-training method (its math in posttrain/<m>/, its recipe in recipes/<m>/) imports only its own packages
+    and shared folders: what two methods share (rewards, pairs data, samplers) lives in a shared folder, so one
+    method can change without another noticing."""
+    methods = {p.name for p in (PACKAGE / "posttrain").iterdir() if (p / "__init__.py").is_file()}
+    bad = []
+    for name, edges in _graph().items():
+        parts = name.split(".")
+        if len(parts) < 3 or parts[1] not in ("posttrain", "recipes") or parts[2] not in methods:
+            continue
+        for target in edges:
+            other = target.split(".")
+            if len(other) > 2 and other[1] in ("posttrain", "recipes") and other[2] in methods and other[2] != parts[2]:
+                bad.append(f"{name} imports {target}")
+    assert not bad, "methods importing another method:\n" + "\n".join(sorted(bad))

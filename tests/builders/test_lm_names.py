@@ -67,11 +67,6 @@ def test_a_saved_config_with_the_old_objective_name_reads_silently(capsys, monke
     [
         ("tcsm.models.clean", "tcsm.models.lm", {"CleanLMConfig": "LMConfig", "CLEAN_PRESETS": "LM_PRESETS"}),
         ("tcsm.models.clean_families", "tcsm.models.lm_families", {"build_clean_model": "build_lm"}),
-        (
-            "tcsm.objectives.clean_lm",
-            "tcsm.objectives.lm",
-            {"CLEAN_LOSSES": "LM_LOSSES", "MaskedLMLoss": "MaskedLMLoss"},
-        ),
         ("tcsm.clean_losses", "tcsm.objectives.lm", {"make_clean_loss": "make_lm_loss"}),
     ],
 )

@@ -440,3 +440,15 @@ def test_keys_no_sampler_of_the_run_reads_are_refused_in_one_line(run_dir, capsy
     code, _, err = _sample(capsys, run_dir, *argv)
     lines = err.strip().splitlines()
     assert code != 0 and len(lines) == 1 and message in lines[0], err
+
+
+def test_the_command_writes_at_most_twelve_flags_by_hand():
+    """The sampler settings' flags come from the `sample:` schema (cli/fields.py); cli/sample.py adds by hand only
+    what is the command's own (the run, prompts, output): at most 12 `add_argument` calls."""
+    import ast
+
+    import tcsm.cli.sample as sample_cli
+
+    tree = ast.parse(Path(sample_cli.__file__).read_text(encoding="utf-8"))
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "add_argument"]
+    assert 1 <= len(calls) <= 12, f"{len(calls)} hand-written add_argument calls in cli/sample.py"

@@ -64,6 +64,8 @@ PLUGIN = textwrap.dedent('''
             self.scale = float(scale)
 
         def __call__(self, *args, **kwargs):
+            with open("scaled_one_step.calls", "a") as f:  # the test reads that the run called it
+                f.write("1")
             return self.scale * super().__call__(*args, **kwargs)
 ''')
 
@@ -85,7 +87,7 @@ def _tcsm(root, *argv):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}  # fmt: skip
     code = "import sys, toy_parts; from tcsm.cli import main; sys.exit(main(sys.argv[1:]))"
-    return subprocess.run([sys.executable, "-c", code, *map(str, argv)], cwd=root, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-c", code, *map(str, argv)], cwd=root, env=env, capture_output=True, check=False,
                           text=True, timeout=600)  # fmt: skip
 
 
@@ -107,6 +109,7 @@ def test_a_new_rl_estimator_is_a_choice_with_its_own_keys(parts):
                  "train.threads=1", "train.progress=false", "train.tensorboard=false", "sample.steps=2",
                  "sample.num=0")  # fmt: skip
     assert done.returncode == 0, done.stderr
+    assert (parts / "scaled_one_step.calls").read_text().count("1") >= 1  # trained through the new estimator
     config = (out / "config.yaml").read_text()
     assert "estimator: scaled_one_step" in config and "scale: 0.25" in config
     assert "scaled_one_step" in _tcsm(parts, "finetune", "rl", "--help").stdout

@@ -203,14 +203,6 @@ def test_sir_reports_the_one_sampling_stats_type(one_thread):
     assert st.num_calls >= 1 and st.num_rows == int(st.row_calls.sum()) and st.counts["energy_rows"] == 2 * st.num_rows
 
 
-def test_the_old_builders_sampler_module_still_imports():
-    import importlib
-    import sys
-
-    sys.modules.pop("tcsm.builders.sampler", None)
-    with pytest.warns(DeprecationWarning, match="tcsm.builders.sampler moved to tcsm.sampling.settings"):
-        old = importlib.import_module("tcsm.builders.sampler")
-    assert old.sample_settings is sample_settings and old.build_sampler is not None
 
 
 class _SIRObjective:
@@ -236,8 +228,8 @@ def _energy(x1, xt, t):
 
 
 def test_the_objectives_own_sampler_draws_what_sir_draws_with_the_sections_keys(one_thread):
-    from tcsm.posttrain.dre.sir import sample_sir
     from tcsm.posttrain.dre.sampler import SIRSettings
+    from tcsm.posttrain.dre.sir import sample_sir
 
     model, path = _Logits(), MaskedPath(V)
     objective = _SIRObjective(path)

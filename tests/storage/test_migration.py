@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -148,8 +149,54 @@ def test_the_config_loader_and_set_values_read_dres_old_key(capsys, monkeypatch)
 
 def test_every_old_name_has_a_removal_release():
     """CONTRIBUTING.md "Old names": code-only names go at the next minor release, names a saved run can hold later."""
-    names = [*migration.MOVED_MODULES, *migration.RENAMED_NAMES, *migration.MOVED_KEYS, *migration.MOVED_PRESETS]
+    names = migration.old_names()
+    assert len(names) == len(set(names))
     assert all(migration.removal_release(n) in (migration.CODE_NAMES_UNTIL, migration.SAVED_NAMES_UNTIL) for n in names)
     assert migration.removal_release("tcsm.batch") == migration.CODE_NAMES_UNTIL
+    assert migration.removal_release("ProbabilityPath.sample") == migration.CODE_NAMES_UNTIL
+    assert migration.removal_release("CleanLMConfig") == migration.CODE_NAMES_UNTIL
     assert migration.removal_release("objective.sir_k") == migration.SAVED_NAMES_UNTIL
+    assert migration.removal_release("objective.loss (objective.name=dre)") == migration.SAVED_NAMES_UNTIL
+    assert migration.removal_release("objective.name=clean_lm") == migration.SAVED_NAMES_UNTIL
+    assert migration.removal_release("preset clean-mlm") == migration.SAVED_NAMES_UNTIL
     assert migration.removal_release("tcsm.posttrain.reward.rewards") == migration.SAVED_NAMES_UNTIL
+
+
+def test_no_old_name_outlives_its_removal_release():
+    """Fails once the package's version reaches an old name's removal release: that release must remove it (and this
+    test's list of what is due then is the list of what to delete)."""
+    import tcsm
+
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    assert f'version = "{tcsm.__version__}"' in pyproject  # the version the rule reads is the package's
+    assert migration.overdue(tcsm.__version__) == [], "remove these old names (CONTRIBUTING.md 'Old names')"
+
+
+def test_overdue_names_the_code_names_first_and_the_saved_names_two_releases_on():
+    code = migration.overdue(migration.CODE_NAMES_UNTIL)
+    assert "tcsm.batch" in code and "ProbabilityPath.sample" in code and "build_clean_model" in code
+    assert "objective.sir_k" not in code and "tcsm.posttrain.reward.rewards" not in code
+    assert migration.overdue("0.2.0+local") == code and migration.overdue("0.1.9") == []
+    assert migration.overdue(migration.SAVED_NAMES_UNTIL) == migration.old_names()
+
+
+def test_the_path_samples_old_name_is_listed_and_an_unlisted_rename_is_refused():
+    import tcsm.paths  # noqa: F401  (registers ProbabilityPath.sample)
+
+    class Toy:
+        def new(self):
+            return 1
+
+    with pytest.raises(ValueError, match="Toy.old → new is not in storage/migration.py RENAMED_METHODS"):
+        migration.renamed_method(Toy, "old", "new")
+    assert not hasattr(Toy, "old")
+
+
+@pytest.mark.parametrize(
+    "old",
+    ["tcsm.objectives.clean_lm", "tcsm.builders.sampler", "tcsm.posttrain.dre.builder", "tcsm.posttrain.sft.recipe"],
+)
+def test_internal_module_paths_no_one_could_name_are_gone(old, monkeypatch):
+    monkeypatch.delitem(sys.modules, old, raising=False)
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(old)

@@ -134,6 +134,9 @@ class DiffusionGemmaExporter(Exporter):
     def notes(self, hf: dict) -> list[str]:
         return []  # transformers loads its own directory
 
+    def loads_with(self, hf: dict) -> str:
+        return "tcsm.from_pretrained or transformers.DiffusionGemmaForBlockDiffusion.from_pretrained"
+
 
 def is_native_directory(path) -> bool:
     """A DiffusionGemma checkpoint directory as Hugging Face writes it (config.json model_type diffusion_gemma), not

@@ -20,7 +20,7 @@ from tcsm.core.parts import Parts
 from tcsm.models.kinds import kind_of
 from tcsm.storage.checkpoint import EXPORT_FORMAT
 
-__all__ = ["CODE_FILES", "EXPORTERS", "Exporter", "exporter_of", "model_card"]
+__all__ = ["CODE_FILES", "EXPORTERS", "Exporter", "exporter_named", "exporter_of", "model_card"]
 
 REMOTE_CODE = Path(__file__).resolve().parents[1] / "models" / "hf_remote"
 CODE_FILES = ("configuration_tcsm.py", "modeling_tcsm.py")
@@ -34,8 +34,12 @@ def exporter_of(model) -> Exporter:
     """The exporter of `model`'s declared family (`kind.export`); a model that declares none is exported for tcsm
     alone, under its family's name."""
     kind = kind_of(model)
-    name = kind.export or kind.family
-    return (EXPORTERS.get(kind.export) if kind.export in EXPORTERS else Exporter)(name)
+    return exporter_named(kind.export or kind.family)
+
+
+def exporter_named(kind: str | None) -> Exporter:
+    """The exporter registered as `kind` (an export's config.json `kind`), else one for tcsm alone."""
+    return EXPORTERS.get(kind)(kind) if kind is not None and kind in EXPORTERS else Exporter(kind)
 
 
 class Exporter:
@@ -100,6 +104,10 @@ class Exporter:
             return []
         return [(f"transformers cannot load this export: a {self.kind} model has no Hugging Face modeling code; load it "
                  "with tcsm.from_pretrained (or tcsm sample / tcsm eval / train.init_from)")]  # fmt: skip
+
+    def loads_with(self, hf: dict) -> str:
+        """What loads the export, for `tcsm export`'s one line."""
+        return "tcsm.from_pretrained or transformers, trust_remote_code=True" if "auto_map" in hf else "tcsm.from_pretrained"
 
     def adapter_base_line(self, model) -> str:
         """The Python expression that loads a LoRA adapter's BASE for PEFT."""

@@ -162,5 +162,8 @@ class HFMaskedExporter(Exporter):
             "```",
         ]
 
+    def loads_with(self, hf: dict) -> str:
+        return "tcsm.from_pretrained or transformers, trust_remote_code=True"  # the directory's own code
+
     def adapter_base_line(self, model) -> str:
         return "AutoModel.from_pretrained(BASE, trust_remote_code=True)"

@@ -34,6 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from tcsm.builders.export import export
+    from tcsm.builders.exporters import exporter_named
     from tcsm.core.errors import ConfigError
 
     if args.keep_other_files and not args.overwrite:
@@ -44,19 +45,18 @@ def run(args) -> int:
     )  # fmt: skip
     if (out / "adapter_config.json").is_file():
         print(f"exported the LoRA adapters of {args.run} to {out} (load with peft.PeftModel.from_pretrained(base, DIR))")
-    elif _model_type(out) == "diffusion_gemma":  # the model's own files: transformers loads them without remote code
-        print(f"exported {args.run} to {out} (load with tcsm.from_pretrained or "
-              "transformers.DiffusionGemmaForBlockDiffusion.from_pretrained)")  # fmt: skip
     else:
-        print(f"exported {args.run} to {out} (load with tcsm.from_pretrained or transformers, trust_remote_code=True)")
+        hf = _exported_config(out)  # the family's exporter says what loads it
+        print(f"exported {args.run} to {out} (load with {exporter_named(hf.get('kind')).loads_with(hf)})")
     return 0
 
 
-def _model_type(directory) -> str | None:
+def _exported_config(directory) -> dict:
     import json
     from pathlib import Path
 
     try:
-        return json.loads((Path(directory) / "config.json").read_text(encoding="utf-8")).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return None
+        config = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}

@@ -25,8 +25,9 @@ if TYPE_CHECKING:  # omegaconf is imported where a config is read, so that `impo
     from omegaconf import DictConfig
 
 #: the release in which an old name here stops being read (CONTRIBUTING.md "Old names"): names only code can hold
-#: (MOVED_MODULES, RENAMED_NAMES, renamed methods) go at the next minor release; names a saved run or a config can
-#: hold (MOVED_KEYS, MOVED_ENTRY_KEYS, MOVED_PRESETS, MOVED_VALUES, saved configs' missing fields) two releases on
+#: (MOVED_MODULES, RENAMED_NAMES, RENAMED_METHODS) go at the next minor release; names a saved run or a config can
+#: hold (MOVED_KEYS, MOVED_ENTRY_KEYS, MOVED_PRESETS, MOVED_VALUES, MISSING_FIELDS) two releases on.
+#: tests/storage/test_migration.py fails once the package's version reaches a name's release (`overdue`).
 CODE_NAMES_UNTIL = "0.2.0"
 SAVED_NAMES_UNTIL = "0.3.0"
 #: old name → its removal release where the rule above does not decide it
@@ -35,14 +36,35 @@ REMOVED_IN: dict[str, str] = {
 }
 
 
+def old_names() -> list[str]:
+    """Every old name still read here, as `removal_release` takes it: module paths, names, `Class.method`, config
+    keys, `section.key (section.name=entry)`, `preset NAME`, `section.key=value`, and saved configs' missing fields."""
+    entry_keys = [f"{s}.{old} ({s}.name={e})" for (s, e), keys in MOVED_ENTRY_KEYS.items() for old in keys]
+    values = [f"{s}.{k}={old}" for (s, k), names in MOVED_VALUES.items() for old in names]
+    return [*MOVED_MODULES, *RENAMED_NAMES, *RENAMED_METHODS, *MOVED_KEYS, *entry_keys,
+            *(f"preset {p}" for p in MOVED_PRESETS), *values, *MISSING_FIELDS]  # fmt: skip
+
+
 def removal_release(name: str) -> str:
-    """The release that stops reading the old name `name` (a module path, a name, a config key, a preset)."""
+    """The release that stops reading the old name `name` (one of `old_names()`)."""
     if name in REMOVED_IN:
         return REMOVED_IN[name]
-    return CODE_NAMES_UNTIL if name in MOVED_MODULES or name in RENAMED_NAMES else SAVED_NAMES_UNTIL
+    code_only = name in MOVED_MODULES or name in RENAMED_NAMES or name in RENAMED_METHODS
+    return CODE_NAMES_UNTIL if code_only else SAVED_NAMES_UNTIL
 
 
-#: old module → the module(s) that now hold its names, searched in order.
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("+")[0].split(".")[:3] if part.isdigit())
+
+
+def overdue(version: str) -> list[str]:
+    """The old names that a package of `version` must no longer read: their removal release is `version` or earlier."""
+    return [n for n in old_names() if _release(removal_release(n)) <= _release(version)]
+
+
+#: old module → the module(s) that now hold its names, searched in order. Internal modules no user code or saved
+#: config could name (the recipes' builders and compose modules once under posttrain/<m>/, the run's sampler once in
+#: builders/, objectives/clean_lm.py between two renames) are not kept.
 MOVED_MODULES: dict[str, tuple[str, ...]] = {
     "tcsm.batch": ("tcsm.core.batch",),
     "tcsm.protocols": ("tcsm.core.protocols",),
@@ -55,17 +77,13 @@ MOVED_MODULES: dict[str, tuple[str, ...]] = {
     "tcsm.divergences": ("tcsm.objectives.divergences",),
     "tcsm.baselines": ("tcsm.objectives.sedd",),
     "tcsm.clean_losses": ("tcsm.objectives.lm",),
-    "tcsm.objectives.clean_lm": ("tcsm.objectives.lm",),
     "tcsm.models.clean": ("tcsm.models.lm",),
     "tcsm.models.clean_families": ("tcsm.models.lm_families",),
     "tcsm.toy": ("tcsm.evaluation.exact",),
     "tcsm.likelihood": ("tcsm.evaluation.likelihood", "tcsm.core.results", "tcsm.paths.bounds"),
     "tcsm.posttrain.preference.pairs": ("tcsm.data.pairs",),
     "tcsm.posttrain.sft.data": ("tcsm.data.sft",),
-    "tcsm.builders.sampler": ("tcsm.sampling.settings",),
     "tcsm.posttrain.reward.rewards": ("tcsm.rewards.functions",),
-    **{f"tcsm.posttrain.{m}.builder": (f"tcsm.recipes.{m}.builder",) for m in ("dre", "preference", "reward", "sft", "distill")},
-    **{f"tcsm.posttrain.{m}.recipe": (f"tcsm.recipes.{m}.compose",) for m in ("dre", "preference", "reward", "sft", "distill")},
 }
 
 #: names renamed in the moved modules, old → new: the models of the data that are not diffusion models are LMs.
@@ -79,6 +97,12 @@ RENAMED_NAMES: dict[str, str] = {
     "build_clean_model": "build_lm",
     "clean_model_families": "lm_families",
 }
+
+#: methods renamed on a class, "Class.old" → new (each kept by `renamed_method`, which refuses one not listed here)
+RENAMED_METHODS: dict[str, str] = {"ProbabilityPath.sample": "draw_xt"}
+
+#: model fields a saved config may lack, → the value its model was trained with (`migrate_saved_config`)
+MISSING_FIELDS: dict[str, str] = {"model.activation": "gelu_tanh"}  # the denoiser's MLP before `activation`
 
 
 class _Moved(importlib.abc.Loader):
@@ -134,7 +158,7 @@ def migrate_saved_config(config: dict | None) -> None:
     for node in (model, model.get("reference_model")):
         is_denoiser = isinstance(node, dict) and node and node.get("name", "denoiser") == "denoiser"  # its schema
         if is_denoiser and "activation" not in node:
-            node["activation"] = "gelu_tanh"  # the denoiser's MLP before `activation` (default now exact GELU)
+            node["activation"] = MISSING_FIELDS["model.activation"]  # the default is now exact GELU
 
 
 #: Presets renamed, old → new: the models of the data that are not diffusion models are named for what they are.
@@ -321,7 +345,9 @@ def _show(value) -> str:
 
 def renamed_method(cls, old: str, new: str) -> None:
     """Keep `cls.old` working as `cls.new` with a one-line DeprecationWarning (once per call site), so code written
-    against the old name runs unchanged."""
+    against the old name runs unchanged. The rename must be listed in RENAMED_METHODS (its removal release)."""
+    if RENAMED_METHODS.get(f"{cls.__name__}.{old}") != new:
+        raise ValueError(f"{cls.__name__}.{old} → {new} is not in storage/migration.py RENAMED_METHODS")
 
     def old_name(self, *args, **kwargs):
         warnings.warn(f"{cls.__name__}.{old} is now {cls.__name__}.{new}", DeprecationWarning, stacklevel=2)

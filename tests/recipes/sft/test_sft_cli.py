@@ -1,7 +1,6 @@
 """`tcsm finetune sft` on a tiny character-level run: TRL prompt/completion and `messages` records become rows whose
-prompt is pinned, the loss ignores the model's output at prompt positions exactly, the recipe trains from the
-pre-trained weights and reports the completion | prompt bound, and chat records the template cannot render are
-refused in one line."""
+prompt is pinned, the recipe trains from the pre-trained weights and reports the completion | prompt bound, and chat
+records the template cannot render are refused in one line."""
 
 from __future__ import annotations
 
@@ -14,11 +13,8 @@ from train_helpers import restore_torch_threads, tiny  # noqa: F401
 from tcsm.builders.config import load_config
 from tcsm.cli import main
 from tcsm.cli.train import train
-from tcsm.core.batch import Batch
 from tcsm.data import DataError
 from tcsm.data.sft import build_sft
-from tcsm.objectives import Objective
-from tcsm.paths import make_path
 
 TEMPLATE = (
     "{% for m in messages %}{% if m['role'] == 'user' %}Q: {{ m['content'] }}\n"
@@ -75,25 +71,6 @@ def test_records_become_prompt_pinned_rows(text_run):
     assert rows["Q: the cat\nA: "].startswith("sat on a mat\n.")
 
 
-def test_loss_ignores_the_prompt_positions_exactly():
-    """The objective's value does not move when the model's logits at prompt positions are replaced by noise."""
-    path = make_path("masked", 5, "linear")
-    g = torch.Generator().manual_seed(0)
-    x1 = torch.randint(0, 5, (4, 10), generator=g)
-    cond = torch.zeros(4, 10, dtype=torch.bool)
-    cond[:, :4] = True
-    w = torch.randn(6, 5, generator=g)
-
-    def model(xt, t, noisy_prompt=False):
-        out = w[xt] * (1 + t[:, None, None])
-        return torch.where(cond[..., None], torch.randn(out.shape) * 100, out) if noisy_prompt else out
-
-    obj = Objective(path, None, loss="distrib", weighting="kappa")
-    a, _ = obj(model, Batch(x1, cond_mask=cond), torch.Generator().manual_seed(1))
-    b, _ = obj(lambda xt, t: model(xt, t, True), Batch(x1, cond_mask=cond), torch.Generator().manual_seed(1))
-    assert torch.equal(a, b)
-
-
 def test_finetune_sft_end_to_end(text_run, tmp_path, capsys):
     root, *_ = text_run
     argv = ["finetune", "sft", "--from", str(root / "pre"), "--data", str(root / "sft.jsonl"), "--chat-template",
@@ -117,31 +94,6 @@ def test_chat_records_the_template_cannot_render_are_one_line(text_run, tmp_path
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "roles the chat template does not name" in err
-
-
-@pytest.mark.parametrize("template", [
-    # the assistant turn rendered through {% else %}: the template never names it
-    ("{% for m in messages %}{% if m['role'] == 'user' %}Q: {{ m['content'] }}\n{% else %}A: {{ m['content'] }}\n"
-    "{% endif %}{% endfor %}{% if add_generation_prompt %}A: {% endif %}"),
-    # the standard ChatML template: every role rendered by name
-    ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + "
-    "'\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"),
-])  # fmt: skip
-def test_a_template_that_renders_a_role_knows_it_without_naming_it(template):
-    from tcsm.data.sft import ChatTemplate
-
-    t = ChatTemplate(template)
-    assert t.knows("user") and t.knows("assistant")
-
-
-def test_a_template_that_renders_no_such_role_does_not_know_it():
-    from tcsm.data.sft import ChatTemplate
-
-    t = ChatTemplate(TEMPLATE)
-    assert t.knows("user") and t.knows("assistant") and not t.knows("gpt") and not t.knows("system")
-    strict = ChatTemplate("{% if messages[0]['role'] != 'user' %}{{ raise_exception('user first') }}{% endif %}"
-                          "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")  # fmt: skip
-    assert strict.knows("assistant") and strict.knows("user")
 
 
 def test_the_reference_recipe_on_a_masked_run_names_whose_recipe_it_is(text_run, tmp_path, capsys):
