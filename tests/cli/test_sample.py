@@ -232,6 +232,41 @@ def test_eval_genppl_with_a_tcsm_causal_reference(run_dir, capsys, tmp_path):
     assert res["genppl"][0]["num_tokens"] == 2 * 24
 
 
+def test_speculative_drafter_from_a_run_or_an_exported_hf_directory(run_dir, capsys, tmp_path):
+    """`tcsm sample` and `tcsm eval --genppl` load `--drafter` from a run directory and from its `tcsm export`
+    (Hugging Face) directory, and refuse a directory that holds neither in one line."""
+    from tcsm.builders.config import load_config, to_dict
+    from tcsm.builders.components import build_model_for_checkpoint
+    from tcsm.builders.loading import load_checkpoint
+    from tcsm.storage.checkpoint import save_checkpoint
+
+    hf = tmp_path / "hf"
+    assert main(["export", str(run_dir), "-o", str(hf)]) == 0
+    assert (hf / "config.json").is_file()
+    capsys.readouterr()
+    outs = []
+    for drafter in (run_dir, hf):
+        code, out, err = _sample(capsys, run_dir, "-n", 3, "--method", "speculative", "--drafter", drafter,
+                                 "--draft-length", 3, "--seed", 2)
+        assert code == 0, err
+        assert "drafts accepted" in err and "sequential model passes" in err
+        outs.append(out)
+    assert outs[0] == outs[1]  # the same weights (EMA) drive the same draws
+    own = load_checkpoint(run_dir)
+    cfg = load_config(base={**to_dict(own.config), "model": {"name": "causal", "preset": "small", "d_model": 16,
+                                                             "n_layers": 1, "n_heads": 2, "max_len": 32}})
+    save_checkpoint(tmp_path / "ref" / "checkpoints", 1, model=build_model_for_checkpoint(cfg, own.data_info, "cpu"),
+                    state={"config": to_dict(cfg), "data_info": own.data_info})
+    res = _eval_json(capsys, run_dir, "--genppl", "--reference", tmp_path / "ref", "--num-samples", 2,
+                     "--method", "speculative", "--drafter", hf, "--draft-length", 3)
+    row = res["genppl"][0]
+    assert row["method"] == "speculative" and 0.0 <= row["acceptance"] <= 1.0
+    assert 1.0 <= row["sequential_passes_per_sequence"] <= 24
+    (tmp_path / "neither").mkdir()
+    code, _, err = _sample(capsys, run_dir, "-n", 1, "--method", "speculative", "--drafter", tmp_path / "neither")
+    assert code != 0 and "drafter" in err and len(err.strip().splitlines()) == 1
+
+
 @pytest.fixture(scope="module")
 def bpe_run(tmp_path_factory):
     """One training step of a tiny GPT-2-BPE denoiser (V = 50,257)."""
