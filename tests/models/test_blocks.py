@@ -366,3 +366,27 @@ def test_block_flops_count_the_pass(L, k):
     if k > 1:
         with pytest.raises(ValueError, match="not a multiple"):
             block_flops_per_sequence(cfg, L + 1)
+
+
+def test_gpu_step_benchmark_smoke_runs_the_block_step_on_the_cpu(tmp_path):
+    """benchmarks/gpu_step.py --smoke: the full-sequence and the block step (sdpa; flex trains on a GPU only) run,
+    and the block step's MFU is counted with the block model's FLOPs, dense-equivalent beside it."""
+    import gzip
+    import importlib.util
+    from pathlib import Path
+
+    text = " ".join(["the", "one", "zero", "nine", "of"][i * 7 % 5] for i in range(12000))
+    data = tmp_path / "text8.gz"
+    with gzip.open(data, "wt") as f:
+        f.write(text)
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_step.py"
+    spec = importlib.util.spec_from_file_location("gpu_step", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    res = bench.main(["--smoke", "--data", str(data), "--out", str(tmp_path / "gpu_step.json")])
+    steps, block = res["summary"]["steps"], "tcsm block k=8 sdpa"
+    assert {"tcsm", "hand-written", block} <= set(steps) and not any("flex" in lab for lab in steps)
+    unmasked, dense = res["flops"][block]
+    assert res["flops"]["tcsm"] < unmasked < dense
+    assert steps[block]["mfu_dense_pairs"] / steps[block]["mfu"] == pytest.approx(dense / unmasked)
+    assert "Block step (k = 8" in bench.report(res)
