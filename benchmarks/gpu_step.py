@@ -25,6 +25,7 @@ warm-up), which SDPA kernel the model's attention can run (flash forced), the va
 distributions under bf16 against fp32 on the partly trained model, and the sampler's per-call time in bf16 vs fp32.
 
     python3 benchmarks/gpu_step.py --data ../shared/data/text8/text8_prefix.txt.gz --out benchmarks/results/gpu_step.json
+    python3 benchmarks/gpu_step.py --seq-len 1024 --batch 32 --out benchmarks/results/gpu_step_1024.json
     python3 benchmarks/gpu_step.py --report                    # markdown of --out
     .venv/bin/python benchmarks/gpu_step.py --smoke --data <text8 file> --out /tmp/gpu_step_smoke.json
         # a few seconds on a CPU: tiny preset, L = 32, block length 8, one short round, no compile; checks the
@@ -63,7 +64,7 @@ def build_trainer(args, compile_model: bool, attention: str | None = None):
     block = [] if attention is None else [f"path.block_length={args.block_length}", f"model.attention={attention}"]
     cfg = load_config("text8-paper", [
         f"data.path={args.data}", "data.split=prefix", f"data.seq_len={args.seq_len}", f"model.preset={args.preset}",
-        f"train.batch_size={args.batch}", f"train.precision={args.precision}", "train.ema=0",
+        f"model.max_len={args.seq_len}", f"train.batch_size={args.batch}", f"train.precision={args.precision}", "train.ema=0",
         f"train.device={args.device}", f"train.compile={str(compile_model).lower()}", "optim.warmup=1",
         "train.progress=false", *block,
     ])
