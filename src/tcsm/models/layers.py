@@ -42,9 +42,8 @@ Tensors are batch-first: [B, L, d_model]. Nothing here knows about paths, time d
 
 from __future__ import annotations
 
-import math
-
 import functools
+import math
 import warnings
 
 import torch
