@@ -9,8 +9,9 @@ on t = 1. Decoding uses the exact KV cache of the clean half (`new_cache`, `exte
 keys / values of block b depend on x_1^{≤b} only, so they are computed once, and a block denoised against them
 gets the one-pass logits. The one pass runs under the mask `attention` chooses (`BlockDenoiserConfig`): an explicit
 boolean mask for SDPA / the explicit kernel, or FlexAttention block masks (`block_mask_mod`), whose fused kernel on a
-GPU skips the masked-out tiles (SDPA with an explicit mask cannot use the flash kernel). The parameters are the `Denoiser`'s, with the same names: a full-sequence checkpoint's
-weights initialise a block model (k = L is the full-sequence denoiser itself).
+GPU skips the masked-out tiles (SDPA with an explicit mask cannot use the flash kernel). The parameters are the
+`Denoiser`'s, with the same names: a full-sequence checkpoint's weights initialise a block model (k = L is the
+full-sequence denoiser itself).
 """
 
 from __future__ import annotations
@@ -358,9 +359,10 @@ def _build_masks(length: int, k: int, device, flex: bool) -> tuple:
 
 
 def _noisy_half(block, h: Tensor, rope, cond: Tensor | None, mask, L: int, nb: int) -> Tensor:
-    """`block(h, rope, cond, mask)[:, :L]` (`mask`: the noisy query rows') without the clean half's outputs, which no later layer reads: the clean
-    keys / values come from all of h, the queries, residual and MLP from the noisy half alone. The same arithmetic as
-    `TransformerBlock.forward`, which the KV cache runs (the cache tests compare the two)."""
+    """`block(h, rope, cond, mask)[:, :L]` without the clean half's outputs, which no later layer reads (`mask`: the
+    noisy query rows'): the clean keys / values come from all of h, the queries, residual and MLP from the noisy half
+    alone. The same arithmetic as `TransformerBlock.forward`, which the KV cache runs (the cache tests compare the
+    two)."""
     if block.cond_dim is None:
         kv = block.norm1(h)
         x = h[:, :L] + block.drop(block.attn(kv[:, :L], rope, mask, False, kv))

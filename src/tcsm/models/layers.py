@@ -17,8 +17,8 @@ transformers are all stacks of the same pieces, so these pieces have a small, st
   `torch.nn.functional.scaled_dot_product_attention`: a bool tensor broadcastable to [B, H, Lq, Lk] where True
   means "may attend", or a float tensor added to the scores. `is_causal=True` restricts query i to keys ≤ i
   (combined with `attn_mask` if both are given). A FlexAttention `BlockMask` as `attn_mask` runs
-  `flex_attention` under it whatever `kernel` says (`flex_attend`: compiled on a GPU, forward only on a CPU). `rope` = (cos, sin) for the query positions; keys use
-  `rope_kv` when given, else `rope` (so both streams share positions 0..L−1). `cache`: an object whose
+  `flex_attention` under it whatever `kernel` says (`flex_attend`: compiled on a GPU, forward only on a CPU).
+  `rope` = (cos, sin) for the query positions; keys use `rope_kv` when given, else `rope` (so both streams share positions 0..L−1). `cache`: an object whose
   `update(k, v)` ([B, H, n, Dh], rotated) returns the keys / values to attend to, earlier positions' first (a KV
   cache; `rope` then holds the tables of the new positions only).
 * `MLP(d_model, mlp_ratio=4, dropout=0.0)`: Linear → GELU(tanh) → Linear.
@@ -214,15 +214,17 @@ def _compiled_flex():
 
 
 def flex_attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask) -> Tensor:
-    """softmax(QKᵀ/√d) V over the pairs `block_mask` allows, by FlexAttention: the fused kernel on a GPU (compiled here
-    unless the caller is already being compiled); on a CPU the unfused forward, which this torch cannot
+    """softmax(QKᵀ/√d) V over the pairs `block_mask` allows, by FlexAttention: the fused kernel on a GPU (compiled
+    here unless the caller is already being compiled); on a CPU the unfused forward, which this torch cannot
     differentiate."""
     if q.device.type == "cpu" and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
         raise ValueError(
             "attention=flex has no backward pass on the CPU (FlexAttention); "
             "train on a CPU with model.attention=auto, sdpa or math"
         )
-    if q.device.type != "cpu" and not torch.compiler.is_compiling():
+    if torch.compiler.is_compiling():  # the caller's graph fuses it
+        return flex_attention(q, k, v, block_mask=block_mask)
+    if q.device.type != "cpu":
         return _compiled_flex()(q, k, v, block_mask=block_mask)
     with warnings.catch_warnings():  # the CPU path is the unfused one by design (exactness checks, inference)
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
