@@ -1,20 +1,29 @@
 """The block diffusion denoiser: the exact KV cache against the one-pass forward, the dependency structure of the
-one-pass mask, k = L as the full-sequence denoiser, k = 1, errors, and the builder's choice of model."""
+one-pass mask, k = L as the full-sequence denoiser, k = 1, the FlexAttention one pass against the explicit mask,
+the FLOP count, errors, and the builder's choice of model."""
 
 import pytest
 import torch
 
-from tcsm.models import Denoiser, DenoiserConfig
-from tcsm.models.blocks import BlockDenoiser, BlockDenoiserConfig, block_attention_mask, build_block_denoiser
+from tcsm.models import Denoiser, DenoiserConfig, flops_per_token
+from tcsm.models.blocks import (
+    BlockDenoiser,
+    BlockDenoiserConfig,
+    block_attention_mask,
+    block_flops_per_sequence,
+    block_mask_mod,
+    build_block_denoiser,
+)
 from tcsm.models.kinds import kind_of
 
 V = 7
 
 
-def _model(k, time_conditioning=True, L=16, seed=0):
+def _model(k, time_conditioning=True, L=16, seed=0, attention="auto"):
     torch.manual_seed(seed)
     cfg = BlockDenoiserConfig(vocab_size=V, num_states=V + 1, max_len=L, d_model=32, n_layers=2, n_heads=4,
-                              cond_dim=16, time_conditioning=time_conditioning, block_length=k)  # fmt: skip
+                              cond_dim=16, time_conditioning=time_conditioning, block_length=k,
+                              attention=attention)  # fmt: skip
     model = BlockDenoiser(cfg)
     with torch.no_grad():  # the zero-initialised head and gates hide every dependence: randomise them
         for name, p in model.named_parameters():
@@ -269,3 +278,115 @@ def test_declared_kind_and_builder():
         ctx = SimpleNamespace(vocab_size=V, seq_len=16, path=make_path("masked", V, block_length=k))
         built = build_denoiser_model({"preset": "tiny", "max_len": 16}, ctx)
         assert type(built) is cls
+    from tcsm.core.errors import ConfigError
+
+    ctx = SimpleNamespace(vocab_size=V, seq_len=16, path=make_path("masked", V, block_length=4))
+    assert build_denoiser_model({"preset": "tiny", "max_len": 16, "attention": "flex"}, ctx).uses_flex("cpu")
+    ctx = SimpleNamespace(vocab_size=V, seq_len=16, path=make_path("masked", V))
+    with pytest.raises(ConfigError, match="flex: block models only"):
+        build_denoiser_model({"preset": "tiny", "max_len": 16, "attention": "flex"}, ctx)
+
+
+@pytest.mark.parametrize("L, k", [(6, 2), (16, 4), (12, 12), (8, 1), (20, 5)])
+def test_mask_mod_is_the_explicit_mask(L, k):
+    """FlexAttention's mask_mod, evaluated at every (query, key) pair of the [x_t; x_1] pass, is
+    `block_attention_mask` (itself checked against its definition above)."""
+    pos = torch.arange(2 * L)
+    allowed = block_mask_mod(L, k)(0, 0, pos[:, None], pos[None, :])
+    assert torch.equal(allowed, block_attention_mask(L, k))
+
+
+@pytest.mark.parametrize("tc", [True, False])
+@pytest.mark.parametrize("k, L", [(4, 16), (1, 6), (16, 16), (8, 24)])
+def test_flex_one_pass_equals_the_explicit_mask(tc, k, L):
+    """fp32, CPU: the one pass under FlexAttention block masks gives the logits of SDPA and of the explicit kernel
+    under the boolean mask, for the same weights; the flex model's KV cache decode (dense, unchanged) gives them
+    block by block."""
+    models = {att: _model(k, tc, L=L, attention=att) for att in ("flex", "sdpa", "math")}
+    assert models["flex"].uses_flex("cpu") and not models["sdpa"].uses_flex("cpu")
+    xt, x1, tb = _batch(3, L, k)
+    t = tb.repeat_interleave(k, 1)
+    with torch.no_grad():
+        logits = {att: m(xt, t, x1=x1) for att, m in models.items()}
+        for att in ("sdpa", "math"):
+            torch.testing.assert_close(logits["flex"], logits[att], atol=1e-5, rtol=0)
+        flex, cache = models["flex"], models["flex"].new_cache(3)
+        for b in range(L // k):
+            lo = b * k
+            out = flex.denoise(xt[:, lo : lo + k], tb[:, b], cache)
+            torch.testing.assert_close(out, logits["flex"][:, lo : lo + k], atol=1e-5, rtol=0)
+            flex.extend_cache(cache, x1[:, lo : lo + k])
+
+
+def test_masks_are_built_once_per_shape_and_auto_picks_flex_on_a_gpu():
+    model = _model(4, attention="flex")
+    xt, x1, tb = _batch(2, 16, 4)
+    with torch.no_grad():
+        model(xt, tb.repeat_interleave(4, 1), x1=x1)
+        first = model.attention_mask(16, xt.device)
+        model(xt, tb.repeat_interleave(4, 1), x1=x1)
+    assert len(model._masks) == 1 and model.attention_mask(16, xt.device) is first
+    full, noisy = first
+    assert full.shape[-2:] == (28, 28) and noisy.shape[-2:] == (16, 28)  # 2L − k keys; L noisy queries
+    auto = _model(4)
+    assert auto.uses_flex(torch.device("cuda")) and not auto.uses_flex("cpu")
+    dense = auto.attention_mask(16, "cpu")[0]
+    assert torch.equal(dense, block_attention_mask(16, 4)[:28, :28])
+    dropout = BlockDenoiser(BlockDenoiserConfig(vocab_size=V, num_states=V + 1, max_len=16, d_model=32, n_layers=1,
+                                                n_heads=4, dropout=0.1, block_length=4))  # fmt: skip
+    assert not dropout.uses_flex(torch.device("cuda"))  # FlexAttention has no attention dropout
+
+
+def test_flex_errors():
+    with pytest.raises(ValueError, match="flex: block models only"):
+        DenoiserConfig(vocab_size=V, num_states=V + 1, max_len=8, d_model=32, n_layers=1, n_heads=4, attention="flex")
+    with pytest.raises(ValueError, match="no attention dropout"):
+        BlockDenoiserConfig(vocab_size=V, num_states=V + 1, max_len=8, d_model=32, n_layers=1, n_heads=4,
+                            dropout=0.1, block_length=4, attention="flex")  # fmt: skip
+    model = _model(4, attention="flex").train()
+    xt, x1, tb = _batch(2, 16, 4)
+    with pytest.raises(ValueError, match="no backward pass on the CPU"):
+        model(xt, tb.repeat_interleave(4, 1), x1=x1)
+
+
+@pytest.mark.parametrize("L, k", [(16, 4), (24, 8), (6, 1), (16, 16)])
+def test_block_flops_count_the_pass(L, k):
+    """The unmasked count's attention pairs are the mask's (every layer but the last: all 2L − k query rows; the
+    last: the L noisy rows), the dense count's all of them; k = L is the full-sequence denoiser's count."""
+    cfg = _model(k, L=L).cfg
+    d, n, T = cfg.d_model, cfg.n_layers, 2 * L - k
+    mask = block_attention_mask(L, k)[:T, :T]
+    unmasked, dense = (block_flops_per_sequence(cfg, L, a) for a in ("unmasked", "dense"))
+    pairs = (n - 1) * int(mask.sum()) + int(mask[:L].sum())
+    assert dense - unmasked == pytest.approx(6 * 2 * d * ((n - 1) * T * T + L * T - pairs))
+    if k == L:
+        assert unmasked == dense == pytest.approx(flops_per_token(cfg, L) * L)
+    else:
+        assert unmasked < dense
+    if k > 1:
+        with pytest.raises(ValueError, match="not a multiple"):
+            block_flops_per_sequence(cfg, L + 1)
+
+
+def test_gpu_step_benchmark_smoke_runs_the_block_step_on_the_cpu(tmp_path):
+    """benchmarks/gpu_step.py --smoke: the full-sequence and the block step (sdpa; flex trains on a GPU only) run,
+    and the block step's MFU is counted with the block model's FLOPs, dense-equivalent beside it."""
+    import gzip
+    import importlib.util
+    from pathlib import Path
+
+    text = " ".join(["the", "one", "zero", "nine", "of"][i * 7 % 5] for i in range(12000))
+    data = tmp_path / "text8.gz"
+    with gzip.open(data, "wt") as f:
+        f.write(text)
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_step.py"
+    spec = importlib.util.spec_from_file_location("gpu_step", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    res = bench.main(["--smoke", "--data", str(data), "--out", str(tmp_path / "gpu_step.json")])
+    steps, block = res["summary"]["steps"], "tcsm block k=8 sdpa"
+    assert {"tcsm", "hand-written", block} <= set(steps) and not any("flex" in lab for lab in steps)
+    unmasked, dense = res["flops"][block]
+    assert res["flops"]["tcsm"] < unmasked < dense
+    assert steps[block]["mfu_dense_pairs"] / steps[block]["mfu"] == pytest.approx(dense / unmasked)
+    assert "Block step (k = 8" in bench.report(res)

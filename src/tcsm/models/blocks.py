@@ -7,8 +7,11 @@ noisy keys of block b and the clean keys of blocks < b; a clean query of block b
 Both halves sit at positions 0..L−1; with time conditioning a noisy token is conditioned on its t and a clean token
 on t = 1. Decoding uses the exact KV cache of the clean half (`new_cache`, `extend_cache`, `denoise`): the clean
 keys / values of block b depend on x_1^{≤b} only, so they are computed once, and a block denoised against them
-gets the one-pass logits. The parameters are the `Denoiser`'s, with the same names: a full-sequence checkpoint's
-weights initialise a block model (k = L is the full-sequence denoiser itself).
+gets the one-pass logits. The one pass runs under the mask `attention` chooses (`BlockDenoiserConfig`): an explicit
+boolean mask for SDPA / the explicit kernel, or FlexAttention block masks (`block_mask_mod`), whose fused kernel on a
+GPU skips the masked-out tiles (SDPA with an explicit mask cannot use the flash kernel). The parameters are the
+`Denoiser`'s, with the same names: a full-sequence checkpoint's weights initialise a block model (k = L is the
+full-sequence denoiser itself).
 """
 
 from __future__ import annotations
@@ -18,24 +21,42 @@ from typing import ClassVar
 
 import torch
 from torch import Tensor
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
 from tcsm.models.kinds import BLOCK_DENOISER
-from tcsm.models.layers import gate, modulate
+from tcsm.models.layers import KERNELS, gate, modulate
 from tcsm.models.transformer import Denoiser, DenoiserConfig, _compute_dtype, denoiser_fields
 
-__all__ = ["BlockCache", "BlockDenoiser", "BlockDenoiserConfig", "block_attention_mask", "build_block_denoiser"]
+__all__ = [
+    "BLOCK_ATTENTION",
+    "BlockCache",
+    "BlockDenoiser",
+    "BlockDenoiserConfig",
+    "block_attention_mask",
+    "block_flops_per_sequence",
+    "block_mask_mod",
+    "build_block_denoiser",
+]
+
+#: `model.attention` of a block model: the dense kernels' choices, and FlexAttention block masks for the one pass
+BLOCK_ATTENTION = (*KERNELS, "flex")
 
 
 @dataclass
 class BlockDenoiserConfig(DenoiserConfig):
-    """A `DenoiserConfig` with the block length k (the path's `block_length`)."""
+    """A `DenoiserConfig` with the block length k (the path's `block_length`). Its `attention` takes "flex" too:
+    the one pass under FlexAttention block masks (no attention dropout; forward only on a CPU); "auto" is flex on
+    a GPU without attention dropout, else the dense kernels' choice. The KV cache's calls always run dense."""
 
     block_length: int | None = None
 
     label: ClassVar[str] = "BlockDenoiserConfig"
+    attentions: ClassVar[tuple[str, ...]] = BLOCK_ATTENTION
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.attention == "flex" and self.dropout > 0:
+            raise ValueError(f"attention=flex takes no attention dropout (dropout={self.dropout}): use sdpa or auto")
         k = self.block_length
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.max_len:
             raise ValueError(f"block_length must be an integer in [1, max_len={self.max_len}], got {k!r}")
@@ -51,6 +72,46 @@ def block_attention_mask(length: int, block_length: int, device=None) -> Tensor:
     noisy_q = ~clean[:, None] & ((~clean[None, :] & same) | (clean[None, :] & before))
     clean_q = clean[:, None] & clean[None, :] & (same | before)
     return noisy_q | clean_q
+
+
+def block_mask_mod(length: int, block_length: int):
+    """`block_attention_mask` as a FlexAttention mask_mod (b, h, q, kv) → may attend, for index tensors into the
+    [x_t; x_1] pass (MATH.md §9): q and kv in the same block of the noisy half; a noisy q and a clean kv of an
+    earlier block; a clean q and a clean kv of its own or an earlier block."""
+
+    def mask_mod(b, h, q, kv):
+        q_clean, kv_clean = q >= length, kv >= length
+        q_block, kv_block = (q % length) // block_length, (kv % length) // block_length
+        same_half_block = (q_clean == kv_clean) & (q_block == kv_block)
+        earlier_clean = kv_clean & (kv_block < q_block)  # for a noisy query and a clean one alike
+        return same_half_block | earlier_clean
+
+    return mask_mod
+
+
+def block_flops_per_sequence(cfg: BlockDenoiserConfig, length: int, attention: str = "unmasked") -> float:
+    """Training (forward + backward) model FLOPs of one sequence of `length` through the one pass, counted as
+    `flops_per_token` counts them (6 per multiply-add of a weight or an attention product; embeddings and the
+    adaLN pathway excluded): 2L − k tokens through every layer but the last, whose queries, outputs and MLP are
+    the L noisy tokens', then the head over L. `attention`: "unmasked" counts the query-key pairs the mask allows
+    (the work a block-sparse kernel must do), "dense" every pair of the [2L−k, 2L−k] pass (what SDPA with an
+    explicit mask computes)."""
+    if attention not in ("unmasked", "dense"):
+        raise ValueError(f"attention must be 'unmasked' or 'dense', got {attention!r}")
+    d, n, k, L = cfg.d_model, cfg.n_layers, int(cfg.block_length), int(length)
+    if L % k:
+        raise ValueError(f"length {L} is not a multiple of block_length={k}")
+    hidden, T, nb = round(cfg.mlp_ratio * d), 2 * L - k, L // k
+    per_token = 4 * d * d + 2 * d * hidden  # q, k, v, out projections and the MLP
+    last = T * 2 * d * d + L * (2 * d * d + 2 * d * hidden)  # keys / values of all, the rest of the noisy half
+    weights = (n - 1) * T * per_token + last + L * d * cfg.vocab_size
+    if attention == "dense":
+        pairs, noisy_pairs = T * T, L * T
+    else:  # noisy block b: its k noisy and b·k clean keys; clean block b < nb − 1: (b + 1)·k clean keys
+        noisy_pairs = k * k * (nb + nb * (nb - 1) // 2)
+        pairs = noisy_pairs + k * k * (nb * (nb - 1) // 2)
+    products = 2 * d * ((n - 1) * pairs + noisy_pairs)  # QKᵀ and the weighted sum of V
+    return 6.0 * (weights + products)
 
 
 class BlockCache:
@@ -117,17 +178,24 @@ class BlockDenoiser(Denoiser):
     def __init__(self, cfg: BlockDenoiserConfig):
         super().__init__(cfg)
         self.block_length = int(cfg.block_length)
-        self._masks: dict[tuple, Tensor] = {}
+        self._masks: dict[tuple, tuple] = {}
 
     # ------------------------------------------------------------------------------------------ one pass
 
-    def attention_mask(self, length: int, device) -> Tensor:
-        """`block_attention_mask` for sequences of `length` without the last clean block (no noisy block reads it),
-        [2L−k, 2L−k], built once per (L, k, device)."""
-        key = (int(length), self.block_length, str(device))
+    def uses_flex(self, device) -> bool:
+        """Whether the one pass on `device` runs under FlexAttention block masks (`attention`: flex, or auto on a
+        GPU without attention dropout)."""
+        choice = self.cfg.attention
+        return choice == "flex" or (choice == "auto" and torch.device(device).type == "cuda" and not self.cfg.dropout)
+
+    def attention_mask(self, length: int, device) -> tuple[Tensor | BlockMask, Tensor | BlockMask]:
+        """The one pass's masks for sequences of `length` without the last clean block (no noisy block reads it):
+        (all 2L−k queries × 2L−k keys, the L noisy queries × 2L−k keys), boolean [Lq, Lk] or FlexAttention
+        BlockMasks (`uses_flex`), built once per (L, k, device, kind)."""
+        flex = self.uses_flex(device)
+        key = (int(length), self.block_length, str(device), flex)
         if key not in self._masks:
-            n = 2 * length - self.block_length
-            self._masks[key] = block_attention_mask(length, self.block_length, device)[:n, :n].contiguous()
+            self._masks[key] = _build_masks(int(length), self.block_length, device, flex)
         return self._masks[key]
 
     def forward(self, xt: Tensor, t: Tensor | None = None, x1: Tensor | None = None) -> Tensor:
@@ -147,10 +215,10 @@ class BlockDenoiser(Denoiser):
         cos, sin = self.rotary(L, dtype=_compute_dtype(xt.device))
         rope = (torch.cat([cos, cos[: L - k]]), torch.cat([sin, sin[: L - k]]))  # both halves at positions 0..L−1
         cond = self._block_cond(t, B, L, h.device)
-        mask = self.attention_mask(L, xt.device)
+        mask, noisy_rows = self.attention_mask(L, xt.device)
         for block in self.blocks[:-1]:
             h = block(h, rope, cond, mask)
-        h = _noisy_half(self.blocks[-1], h, rope, cond, mask, L, nb)
+        h = _noisy_half(self.blocks[-1], h, rope, cond, noisy_rows, L, nb)
         return self._logits(h, None if cond is None else cond[:, :nb])
 
     def _block_cond(self, t, B: int, L: int, device) -> Tensor | None:
@@ -279,18 +347,30 @@ class BlockDenoiser(Denoiser):
         return self.time_embed(t.expand(h.shape[0]))
 
 
-def _noisy_half(block, h: Tensor, rope, cond: Tensor | None, mask: Tensor, L: int, nb: int) -> Tensor:
-    """`block(h, rope, cond, mask)[:, :L]` without the clean half's outputs, which no later layer reads: the clean
-    keys / values come from all of h, the queries, residual and MLP from the noisy half alone. The same arithmetic as
-    `TransformerBlock.forward`, which the KV cache runs (the cache tests compare the two)."""
+@torch.compiler.disable
+def _build_masks(length: int, k: int, device, flex: bool) -> tuple:
+    # built outside any compiled graph (once per shape): the graph receives the masks as inputs
+    n = 2 * length - k
+    if not flex:
+        mask = block_attention_mask(length, k, device)[:n, :n].contiguous()
+        return mask, mask[:length]
+    mod = block_mask_mod(length, k)
+    return tuple(create_block_mask(mod, None, None, rows, n, device=device) for rows in (n, length))
+
+
+def _noisy_half(block, h: Tensor, rope, cond: Tensor | None, mask, L: int, nb: int) -> Tensor:
+    """`block(h, rope, cond, mask)[:, :L]` without the clean half's outputs, which no later layer reads (`mask`: the
+    noisy query rows'): the clean keys / values come from all of h, the queries, residual and MLP from the noisy half
+    alone. The same arithmetic as `TransformerBlock.forward`, which the KV cache runs (the cache tests compare the
+    two)."""
     if block.cond_dim is None:
         kv = block.norm1(h)
-        x = h[:, :L] + block.drop(block.attn(kv[:, :L], rope, mask[:L], False, kv))
+        x = h[:, :L] + block.drop(block.attn(kv[:, :L], rope, mask, False, kv))
         return x + block.drop(block.mlp(block.norm2(x)))
     shift1, scale1, gate1, shift2, scale2, gate2 = block.adaLN(cond).chunk(6, dim=-1)
     kv = modulate(block.norm1(h), shift1, scale1)  # every position: the keys and values
     gate1, shift2, scale2, gate2 = (c[:, :nb] for c in (gate1, shift2, scale2, gate2))  # the noisy blocks
-    x = h[:, :L] + gate(gate1, block.drop(block.attn(kv[:, :L], rope, mask[:L], False, kv)))
+    x = h[:, :L] + gate(gate1, block.drop(block.attn(kv[:, :L], rope, mask, False, kv)))
     return x + gate(gate2, block.drop(block.mlp(modulate(block.norm2(x), shift2, scale2))))
 
 

@@ -16,8 +16,9 @@ transformers are all stacks of the same pieces, so these pieces have a small, st
   the Hollow transformer's mixing layers need this). `attn_mask` follows
   `torch.nn.functional.scaled_dot_product_attention`: a bool tensor broadcastable to [B, H, Lq, Lk] where True
   means "may attend", or a float tensor added to the scores. `is_causal=True` restricts query i to keys ≤ i
-  (combined with `attn_mask` if both are given). `rope` = (cos, sin) for the query positions; keys use
-  `rope_kv` when given, else `rope` (so both streams share positions 0..L−1). `cache`: an object whose
+  (combined with `attn_mask` if both are given). A FlexAttention `BlockMask` as `attn_mask` runs
+  `flex_attention` under it whatever `kernel` says (`flex_attend`: compiled on a GPU, forward only on a CPU).
+  `rope` = (cos, sin) for the query positions; keys use `rope_kv` when given, else `rope` (so both streams share positions 0..L−1). `cache`: an object whose
   `update(k, v)` ([B, H, n, Dh], rotated) returns the keys / values to attend to, earlier positions' first (a KV
   cache; `rope` then holds the tables of the new positions only).
 * `MLP(d_model, mlp_ratio=4, dropout=0.0)`: Linear → GELU(tanh) → Linear.
@@ -41,11 +42,14 @@ Tensors are batch-first: [B, L, d_model]. Nothing here knows about paths, time d
 
 from __future__ import annotations
 
+import functools
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 __all__ = [
     "ACTIVATIONS",
@@ -58,6 +62,7 @@ __all__ = [
     "TransformerBlock",
     "apply_rotary",
     "attention_kernel",
+    "flex_attend",
     "gate",
     "init_weights",
     "make_norm",
@@ -201,6 +206,31 @@ def _math_attention(
     return probs @ v
 
 
+@functools.cache
+def _compiled_flex():
+    # flex_attention outside torch.compile materialises the whole score matrix: compile it once (per shape, as
+    # dynamo specialises) into the fused kernel that skips the masked-out tiles
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def flex_attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask) -> Tensor:
+    """softmax(QKᵀ/√d) V over the pairs `block_mask` allows, by FlexAttention: the fused kernel on a GPU (compiled
+    here unless the caller is already being compiled); on a CPU the unfused forward, which this torch cannot
+    differentiate."""
+    if q.device.type == "cpu" and torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        raise ValueError(
+            "attention=flex has no backward pass on the CPU (FlexAttention); "
+            "train on a CPU with model.attention=auto, sdpa or math"
+        )
+    if torch.compiler.is_compiling():  # the caller's graph fuses it
+        return flex_attention(q, k, v, block_mask=block_mask)
+    if q.device.type != "cpu":
+        return _compiled_flex()(q, k, v, block_mask=block_mask)
+    with warnings.catch_warnings():  # the CPU path is the unfused one by design (exactness checks, inference)
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        return flex_attention(q, k, v, block_mask=block_mask)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention; `kernel` "sdpa" (flash / memory-efficient kernels when available), "math", or "auto"
     (`attention_kernel` per device and dtype)."""
@@ -254,13 +284,24 @@ class MultiHeadAttention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, n, Dh]
         if cache is not None:  # keys / values of earlier positions first (a KV cache: `cache.update`)
             k, v = cache.update(k, v)
+        if isinstance(attn_mask, BlockMask):
+            if is_causal or (self.dropout and self.training):
+                raise ValueError("a FlexAttention block mask takes neither is_causal nor attention dropout")
+            y = flex_attend(q, k, v, attn_mask)
+        else:
+            y = self._dense(q, k, v, attn_mask, is_causal)
+        b, _, n, _ = y.shape
+        return self.out(y.transpose(1, 2).reshape(b, n, self.d_model))
+
+    def _dense(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
+        """Attention under an explicit (or no) mask by `kernel`: SDPA or the explicit form."""
         lq, lk = q.shape[2], k.shape[2]
         if is_causal and (attn_mask is not None or lq != lk):
             # SDPA rejects is_causal together with a mask, and aligns its causal mask top-left when lq != lk
             # (wrong for a KV cache), so build the bottom-right-aligned constraint explicitly.
             if attn_mask is None:
-                attn_mask = torch.ones(lq, lk, dtype=torch.bool, device=x.device)
-            causal = torch.ones(lq, lk, dtype=torch.bool, device=x.device).tril(lk - lq)
+                attn_mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device)
+            causal = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
             if attn_mask.dtype == torch.bool:
                 attn_mask = attn_mask & causal
             else:
@@ -269,13 +310,8 @@ class MultiHeadAttention(nn.Module):
         dropout = self.dropout if self.training else 0.0
         kernel = self.kernel if self.kernel != "auto" else attention_kernel(q.device.type, q.dtype)
         if kernel == "math":
-            y = _math_attention(q, k, v, attn_mask, is_causal, dropout)
-        else:
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=is_causal
-            )
-        b, _, n, _ = y.shape
-        return self.out(y.transpose(1, 2).reshape(b, n, self.d_model))
+            return _math_attention(q, k, v, attn_mask, is_causal, dropout)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=is_causal)
 
 
 # MLP nonlinearities by name: "gelu" is exact (erf); "gelu_tanh" its tanh approximation (DiT / SEDD / MDLM), which
@@ -436,6 +472,8 @@ def build_trunk(net: nn.Module, cfg, **embeddings: int) -> None:
     cond_dim = cfg.cond_dim if cfg.time_conditioning else None
     net.time_embed = TimestepEmbedder(cfg.cond_dim) if cfg.time_conditioning else None
     kernel, activation = getattr(cfg, "attention", "auto"), getattr(cfg, "activation", "gelu_tanh")
+    if kernel not in KERNELS:  # "flex": a block model's one pass hands the layers a BlockMask; its other calls
+        kernel = "auto"  # (the KV cache's) take the dense kernels' measured choice
     net.blocks = nn.ModuleList(
         TransformerBlock(
             cfg.d_model, cfg.n_heads, cfg.mlp_ratio, cfg.dropout, cond_dim, False, cfg.norm, kernel, activation

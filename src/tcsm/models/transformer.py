@@ -39,17 +39,21 @@ class DenoiserConfig(TrunkConfig):
     """Architecture of a `Denoiser`: the trunk (`TrunkConfig`) and its kernels."""
 
     check_inputs: bool = True  # range-check token ids (an async device assertion on GPUs and under compile)
-    attention: str = "auto"  # attention kernel: auto (fastest measured per device/dtype) | sdpa | math
+    # attention kernel: auto (fastest measured per device/dtype) | sdpa | math; a block model's also flex
+    attention: str = "auto"
     # MLP nonlinearity: exact GELU, 5× cheaper than the tanh form on a CPU in bf16; "gelu_tanh" is what checkpoints
     # saved before this field used (tcsm.storage.checkpoint.read_state fills it in for them)
     activation: str = "gelu"
 
     label: ClassVar[str] = "DenoiserConfig"
+    #: the values `attention` takes (a block model's add "flex")
+    attentions: ClassVar[tuple[str, ...]] = KERNELS
 
     def __post_init__(self) -> None:
         self.check_trunk()
-        if self.attention not in KERNELS:
-            raise ValueError(f"attention must be one of {list(KERNELS)}, got {self.attention!r}")
+        if self.attention not in self.attentions:
+            hint = " (flex: block models only, path.block_length)" if self.attention == "flex" else ""
+            raise ValueError(f"attention must be one of {list(self.attentions)}, got {self.attention!r}{hint}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {self.activation!r}")
 
