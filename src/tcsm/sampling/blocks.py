@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from tcsm.models.kinds import kind_of
-from tcsm.sampling.common import as_grid, pinned_positions
+from tcsm.sampling.common import as_grid, pinned_positions, row_streams
 from tcsm.sampling.engine import StepGraph, autocast_weight_cache, resolve_engine
 from tcsm.sampling.samplers import SamplingStats, _infer_device, may_cache
 
@@ -133,6 +133,7 @@ def decode_blocks(model, path, inner, num: int, length: int, *, fixed: Tensor | 
         raise ValueError(f"eos_id {eos_id} is not a token id of the {V}-token vocabulary")
     device = torch.device(device if device is not None else _infer_device(model, values))
     fixed, values = pinned_positions(fixed, values, B, L, V, device)
+    streams = row_streams(generator, B, device)  # block b of a row is drawn from its stream forked by b
 
     block_path = copy.copy(path)  # the in-block sampler sees one block of one sequence: no block structure inside
     block_path.block_length = None
@@ -176,7 +177,7 @@ def decode_blocks(model, path, inner, num: int, length: int, *, fixed: Tensor | 
                     callback(step, t, x)
 
             denoiser = CachedBlockDenoiser(model, cache, time_independent, graph)
-            xb, st = inner(denoiser, block_path, B, k, generator=generator, device=device, fixed=pinned,
+            xb, st = inner(denoiser, block_path, B, k, generator=streams.fork(lo // k), device=device, fixed=pinned,
                            values=block_values, callback=on_step)  # fmt: skip
             x[:, lo:hi] = xb
             stats.num_calls += st.num_calls

@@ -12,8 +12,8 @@ from torch import Tensor
 
 from tcsm.paths import ProbabilityPath
 
-__all__ = ["GRIDS", "CallCount", "adjust_log_probs", "as_grid", "categorical", "denoise_rows", "jump_prob",
-           "pinned_positions", "prefix_condition", "row_evaluations", "time_grid"]
+__all__ = ["GRIDS", "CallCount", "RowStreams", "adjust_log_probs", "as_grid", "categorical", "denoise_rows",
+           "jump_prob", "pinned_positions", "prefix_condition", "row_evaluations", "row_streams", "time_grid"]
 
 GRIDS = ("uniform", "cosine")
 
@@ -81,6 +81,93 @@ def categorical(log_probs: Tensor, generator: torch.Generator | None = None) -> 
     u = torch.rand(lp.shape, dtype=torch.float64, device=lp.device, generator=generator)
     gumbel = -torch.log(-torch.log(u.clamp_min(torch.finfo(torch.float64).tiny)))
     return (lp + gumbel).argmax(-1)
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(h: Tensor) -> Tensor:
+    """A bijection of 32-bit words (Wellons' lowbias32) on int64 tensors holding values in [0, 2^32): the products
+    may wrap around 2^64, which leaves their low 32 bits, the only ones kept, exact."""
+    h = h & _M32
+    h = h ^ (h >> 16)
+    h = (h * 0x7FEB352D) & _M32
+    h = h ^ (h >> 15)
+    h = (h * 0x846CA68B) & _M32
+    return h ^ (h >> 16)
+
+
+class RowStreams:
+    """One random stream per row of a batch, drawn on the device: the uniform at (row, key, index) is a counter-based
+    hash of (the row's seed, key, index) computed with integer tensor ops, so it does not depend on the batch the row
+    shares, on which other draws were made before, or on the device, and a CUDA graph can capture it. `key` names a
+    draw of a decode (a step, and what it is for) and `index` the element inside the row (a position, or
+    position · V + token); a sampler keys every draw so that a row's draws depend on its own state only.
+    `fork(tag)` derives the streams of a sub-decode (a block), `select(rows)` the streams of some rows."""
+
+    def __init__(self, seeds: Tensor):
+        self.seeds = seeds.to(torch.long)
+
+    @classmethod
+    def from_generator(cls, generator: torch.Generator | None, batch_size: int, device) -> RowStreams:
+        """Row i's seed is s + i, s one draw of `generator` (or of torch's global one): `sample.seed` and a row's
+        index fix its stream, whatever the batch size."""
+        gen_device = generator.device if generator is not None else "cpu"
+        base = torch.randint(0, 2**62, (1,), generator=generator, device=gen_device).to(device)
+        return cls(base + torch.arange(int(batch_size), device=device))
+
+    @property
+    def device(self):
+        return self.seeds.device
+
+    def __len__(self) -> int:
+        return self.seeds.numel()
+
+    def select(self, rows) -> RowStreams:
+        return RowStreams(self.seeds[rows])
+
+    def fork(self, tag: int) -> RowStreams:
+        lo, hi = self.seeds & _M32, (self.seeds >> 32) & _M32
+        return RowStreams((_mix32(hi ^ _mix32(lo + 0x3C6EF372)) << 32) | _mix32(lo ^ _mix32(hi + int(tag) + 1)))
+
+    def _row_key(self, key: int, rows) -> Tensor:
+        seeds = self.seeds if rows is None else self.seeds[rows]
+        lo, hi = seeds & _M32, (seeds >> 32) & _M32
+        return _mix32(_mix32(lo ^ _mix32(hi ^ 0x9E3779B9)) ^ _mix32(torch.as_tensor(key, device=seeds.device) + 0x85EBCA6B))
+
+    def uniform(self, key: int, index: Tensor, rows: Tensor | None = None) -> Tensor:
+        """float64 uniforms in (0, 1) with 53 random bits, shaped like `index` [n, ...]: element (r, ...) keyed by
+        (seed of row `rows[r]` (all rows when None), key, index[r, ...])."""
+        base = self._row_key(key, rows).reshape((-1,) + (1,) * (index.dim() - 1))
+        a = _mix32(base ^ _mix32(2 * index))
+        b = _mix32(base ^ _mix32(2 * index + 1))
+        return ((a >> 5) * 2**26 + (b >> 6)).double().add_(0.5).mul_(2.0**-53)
+
+    def positions(self, key: int, length: int, rows: Tensor | None = None) -> Tensor:
+        """Uniforms [n, length], one per position of each row."""
+        n = len(self) if rows is None else rows.numel()
+        return self.uniform(key, torch.arange(length, device=self.device).expand(n, length), rows)
+
+    def categorical(self, log_probs: Tensor, key: int, rows: Tensor | None = None, cols: Tensor | None = None):
+        """`categorical` with this stream's Gumbel noise: log_probs [n, ..., V] of rows `rows` [n] (all rows when
+        None); the noise of token v at position c is keyed by c · V + v, with c the positions `cols` [n, ...]
+        (default: arange over the middle axes, i.e. log_probs holds whole rows)."""
+        lp = log_probs.double()
+        V = lp.shape[-1]
+        if cols is None:
+            cols = torch.arange(lp[0, ..., 0].numel(), device=lp.device).reshape(lp.shape[1:-1]).expand(lp.shape[:-1])
+        index = cols.unsqueeze(-1) * V + torch.arange(V, device=lp.device)
+        u = self.uniform(key, index, rows)
+        return (lp - torch.log(-torch.log(u))).argmax(-1)
+
+
+def row_streams(generator, batch_size: int, device) -> RowStreams:
+    """`generator` itself when it is a `RowStreams` of `batch_size` rows, else streams drawn from it."""
+    if isinstance(generator, RowStreams):
+        if len(generator) != int(batch_size):
+            raise ValueError(f"{len(generator)} row streams for a batch of {batch_size}")
+        return generator
+    return RowStreams.from_generator(generator, batch_size, device)
 
 
 def adjust_log_probs(logits: Tensor, temperature: float = 1.0, top_p: float = 1.0) -> Tensor:

@@ -32,10 +32,10 @@ from tcsm.paths import ProbabilityPath
 from tcsm.sampling.common import (
     adjust_log_probs,
     as_grid,
-    categorical,
     denoise_rows,
     pinned_positions,
     prefix_condition,
+    row_streams,
 )
 
 __all__ = ["METHODS", "SamplingStats", "may_cache", "sample"]
@@ -137,7 +137,9 @@ def _sample_chunk(
     K = grid.numel() - 1
     time_dtype = torch.get_default_dtype()
 
-    x = path.prior_sample(B, L, device=device, generator=generator)
+    x = _prior(path, generator, L)
+    # an x̂_1 sampler draws whole batches from a torch.Generator: its rows share one stream (not batch invariant)
+    joint_generator = _generator(int(generator.fork(-2).seeds[0]), device) if method == "joint" else None
     x = torch.where(fixed, values, x)  # conditioning: clean from t = 0 on (masked: simply unmasked tokens)
 
     cache: Tensor | None = None  # denoiser logits [B, L, V] or joint x̂_1 [B, L] for the current x of each row
@@ -163,7 +165,7 @@ def _sample_chunk(
             rows = need.nonzero().squeeze(1)
             t_rows = torch.full((rows.numel(),), float(t), dtype=time_dtype, device=device)
             if method == "joint":
-                out = x1_sampler(x[rows], t_rows, generator).long()
+                out = x1_sampler(x[rows], t_rows, joint_generator).long()
             else:
                 out = denoise_rows(denoiser, x, rows, t_rows)
                 if out.shape != (rows.numel(), L, V):
@@ -188,15 +190,14 @@ def _sample_chunk(
                 move = free
             else:
                 lam = path.jump_prob(t.reshape(1), s.reshape(1))
-                u = torch.rand((B, L), dtype=torch.float64, device=device, generator=generator)
-                move = free & (u < lam)
+                move = free & (generator.positions(2 * k, L) < lam)
             pos = move.nonzero(as_tuple=True)
             if pos[0].numel():
                 if method == "joint":
                     new = cache[pos]
                 else:
                     lp = adjust_log_probs(cache[pos], temperature, top_p)
-                    new = lp.argmax(-1) if (last and final_argmax) else categorical(lp, generator)
+                    new = lp.argmax(-1) if (last and final_argmax) else generator.categorical(lp, 2 * k + 1, *pos)
                 x[pos] = new
         else:
             # §6.2 analytic step: x^i_{t'} ~ Σ_a m^i(a) B(· | x^i_t, a) with the exact bridge of the path.
@@ -210,7 +211,7 @@ def _sample_chunk(
                 bridge = path.bridge(
                     x[rows], t.expand(b).to(torch.float64), s.expand(b).to(torch.float64), probs
                 )
-                new = categorical(torch.log(bridge), generator)
+                new = generator.categorical(torch.log(bridge), 2 * k + 1, rows)
                 x[rows] = torch.where(free[rows], new, x[rows])  # fixed tokens never move
 
         if use_cache:
@@ -220,6 +221,17 @@ def _sample_chunk(
     if (x >= V).any():
         raise RuntimeError("sampler left noise-only ids (masks) in the output; the time grid must end at t = 1")
     return x, stats, trajectory
+
+
+def _prior(path: ProbabilityPath, streams, L: int) -> Tensor:
+    """x_0 ~ p_0 [B, L], each row from a generator seeded by its own stream (once per decode)."""
+    seeds = streams.fork(-1).seeds.tolist()
+    return torch.cat([path.prior_sample(1, L, device=streams.device, generator=_generator(s, streams.device))
+                      for s in seeds])  # fmt: skip
+
+
+def _generator(seed: int, device) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed & (2**63 - 1))
 
 
 def sample(
@@ -320,6 +332,7 @@ def sample(
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
                 return inner(xt, t).float()
 
+    streams = row_streams(generator, B, device)  # a row's draws depend on its own seed only, whatever the chunk
     chunk = B if chunk_size is None else max(1, int(chunk_size))
     stats = SamplingStats(method=method, num_steps=K, cached=bool(time_independent), times=times)
     outs, row_calls, trajs = [], [], []
@@ -333,7 +346,7 @@ def sample(
                 values=values[sl],
                 grid=times,
                 method=method,
-                generator=generator,
+                generator=streams.select(sl),
                 temperature=float(temperature),
                 top_p=float(top_p),
                 final_argmax=final_argmax,
