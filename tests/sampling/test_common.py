@@ -1,0 +1,174 @@
+"""Per-row random streams (`tcsm.sampling.common.RowStreams`) and the batch invariance they give the samplers.
+
+The streams: uniforms in (0, 1) that a plain-Python evaluation of the same hash reproduces (so they do not depend on
+the device or on tensor kernels), uniform in law, and a Gumbel-max categorical with the right law. Batch invariance:
+on the CPU in fp32, every row of a batch of 16 is bit-identical to the same row decoded alone with its own seed, for
+the path samplers (cached and uncached ancestral, analytic on a uniform path, Euler), the decoding orders, block
+models through their KV cache (eager and the engine's fixed-shape path) and AR decoding (static cache, prompts).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.stats import chi2
+
+from tcsm.models.blocks import build_block_denoiser
+from tcsm.models.lm_families import build_lm
+from tcsm.models.transformer import build_denoiser
+from tcsm.paths import MaskedPath, UniformPath
+from tcsm.sampling.blocks import decode_blocks
+from tcsm.sampling.common import RowStreams, _mix32, row_streams
+from tcsm.sampling.decoding import decode
+from tcsm.sampling.registry import sampler_class
+from tcsm.sampling.samplers import sample
+from tcsm.targets.ar import sample_ar
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+V, L, B = 7, 12, 16
+
+
+def _py_mix32(h: int) -> int:
+    M = 0xFFFFFFFF
+    h &= M
+    h ^= h >> 16
+    h = (h * 0x7FEB352D) & M
+    h ^= h >> 15
+    h = (h * 0x846CA68B) & M
+    return h ^ (h >> 16)
+
+
+def test_the_hash_is_plain_integer_arithmetic():
+    # the tensor hash equals the same formula on Python ints (products wrap around 2^64 in the tensors)
+    h = torch.tensor([0, 1, 0xFFFFFFFF, 0x12345678, 2**31 + 5])
+    assert _mix32(h).tolist() == [_py_mix32(int(v)) for v in h]
+    s = RowStreams(torch.tensor([5, -3, 2**62 + 7]))
+    u = s.positions(11, 4)
+    for r, seed in enumerate([5, -3, 2**62 + 7]):
+        lo, hi = seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
+        base = _py_mix32(_py_mix32(lo ^ _py_mix32(hi ^ 0x9E3779B9)) ^ _py_mix32(11 + 0x85EBCA6B))
+        for i in range(4):
+            a, b = _py_mix32(base ^ _py_mix32(2 * i)), _py_mix32(base ^ _py_mix32(2 * i + 1))
+            assert u[r, i].item() == ((a >> 5) * 2**26 + (b >> 6) + 0.5) * 2.0**-53
+
+
+def test_uniforms_are_uniform_and_keyed():
+    s = RowStreams.from_generator(torch.Generator().manual_seed(0), 8, "cpu")
+    u = s.positions(3, 5000)
+    assert 0 < u.min() and u.max() < 1
+    counts = torch.histc(u.flatten().float(), 20, 0, 1)
+    stat = float(((counts - u.numel() / 20) ** 2 / (u.numel() / 20)).sum())
+    assert chi2.sf(stat, 19) > 1e-3
+    assert not torch.equal(s.positions(4, 5000), u) and torch.equal(s.positions(3, 5000), u)
+    assert not torch.equal(s.fork(1).positions(3, 50), s.fork(2).positions(3, 50))
+    # a row's uniforms are its own: the same from a sub-batch, and at any index subset
+    assert torch.equal(s.select(torch.tensor([5])).positions(3, 5000), u[5:6])
+    assert torch.equal(s.uniform(3, torch.tensor([[7, 9]]), torch.tensor([2])), u[2:3, [7, 9]])
+
+
+def test_the_categorical_draw_has_the_law_of_its_probabilities():
+    probs = torch.tensor([0.05, 0.15, 0.3, 0.5])
+    s = RowStreams.from_generator(torch.Generator().manual_seed(1), 4, "cpu")
+    draws = s.categorical(probs.log().expand(4, 5000, 4), 0)
+    counts = torch.bincount(draws.flatten(), minlength=4).double()
+    stat = float(((counts - draws.numel() * probs) ** 2 / (draws.numel() * probs)).sum())
+    assert chi2.sf(stat, 3) > 1e-3
+
+
+def test_row_streams_take_the_seed_of_the_first_draw_plus_the_row_index():
+    a = row_streams(torch.Generator().manual_seed(9), 16, "cpu")
+    b = row_streams(torch.Generator().manual_seed(9), 1, "cpu")
+    assert torch.equal(a.seeds[:1], b.seeds) and torch.equal(a.seeds - a.seeds[0], torch.arange(16))
+    assert row_streams(a, 16, "cpu") is a
+    with pytest.raises(ValueError, match="16 row streams for a batch of 3"):
+        row_streams(a, 3, "cpu")
+
+
+def _randomised(model, scale=0.5):
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # the zero-initialised head and adaLN would make every conditional uniform
+        for p in model.parameters():
+            p.copy_(scale * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
+def _each_row_alone(run, streams):
+    """Assert that every row of run(streams of 16 rows) equals run(that row's stream alone)."""
+    batch = run(streams)
+    assert batch.shape[0] == B
+    for i in range(B):
+        alone = run(streams.select(slice(i, i + 1)))
+        assert torch.equal(alone[0], batch[i]), f"row {i} differs alone"
+    return batch
+
+
+def _streams(seed=3):
+    return RowStreams.from_generator(torch.Generator().manual_seed(seed), B, "cpu")
+
+
+@pytest.mark.parametrize(("path", "method", "time_conditioning"), [
+    (MaskedPath(V), "ancestral", False),  # MDLM's cache: the rows evaluated differ from call to call
+    (MaskedPath(V), "ancestral", True),
+    (MaskedPath(V), "euler", True),
+    (UniformPath(V), "analytic", True),
+    (UniformPath(V), "euler", True),
+])  # fmt: skip
+def test_path_samplers_draw_each_row_as_if_alone(path, method, time_conditioning):
+    model = _randomised(build_denoiser("tiny", vocab_size=V, num_states=path.num_states, max_len=L,
+                                       time_conditioning=time_conditioning), 0.15)  # fmt: skip
+    prompt = torch.randint(0, V, (B, 3), generator=torch.Generator().manual_seed(1))
+
+    def run(streams):
+        rows = streams.seeds - _streams().seeds[0]  # which rows of the batch these are (for their prompts)
+        return sample(model, path, batch_size=len(streams), length=L, num_steps=6, method=method,
+                      generator=streams, prompt=prompt[rows], chunk_size=5)  # fmt: skip
+
+    x = _each_row_alone(run, _streams())
+    assert len(set(x[:, 3:].flatten().tolist())) > 2
+
+
+@pytest.mark.parametrize("method", ["random", "confidence", "threshold", "ancestral"])
+def test_decoding_orders_draw_each_row_as_if_alone(method):
+    path = MaskedPath(V)
+    model = _randomised(build_denoiser("tiny", vocab_size=V, num_states=V + 1, max_len=L, time_conditioning=False))
+
+    def run(streams):
+        return decode(model, path, batch_size=len(streams), length=L, num_steps=6, method=method, block_length=6,
+                      threshold=0.3, time_independent=True, generator=streams)[0]  # fmt: skip
+
+    _each_row_alone(run, _streams())
+
+
+@pytest.mark.parametrize("engine", ["eager", "graph"])
+@pytest.mark.parametrize("inner", ["ancestral", "confidence"])
+def test_block_models_draw_each_row_as_if_alone(engine, inner):
+    path = MaskedPath(V)
+    model = _randomised(build_block_denoiser("tiny", 4, vocab_size=V, num_states=V + 1, max_len=L), 0.3)
+    cls = sampler_class(inner)
+    sampler = cls(cls.settings_type(steps=2, engine=engine))
+    x = _each_row_alone(lambda s: decode_blocks(model, path, sampler, len(s), L, generator=s)[0], _streams())
+    eager = cls(cls.settings_type(steps=2, engine="eager"))
+    assert torch.equal(decode_blocks(model, path, eager, B, L, generator=_streams())[0], x)
+
+
+@pytest.mark.parametrize("prompt", [0, 4])
+def test_ar_decoding_draws_each_row_as_if_alone(prompt):
+    model = _randomised(build_lm("causal", "tiny", vocab_size=V, max_len=32), 0.3)
+    prefix = torch.randint(0, V, (B, prompt), generator=torch.Generator().manual_seed(2)) if prompt else None
+
+    def run(streams):
+        rows = streams.seeds - _streams().seeds[0]
+        return sample_ar(model, len(streams), 20, streams, prefix=None if prefix is None else prefix[rows],
+                         temperature=0.9)  # fmt: skip
+
+    _each_row_alone(run, _streams())
+
+
+def test_a_torch_generator_seed_gives_the_first_rows_of_a_bigger_batch():
+    # `sample.seed` fixes row i's stream whatever the batch size: batch 1 is row 0 of batch 16
+    path = MaskedPath(V)
+    model = _randomised(build_denoiser("tiny", vocab_size=V, num_states=V + 1, max_len=L))
+    one, many = (sample(model, path, batch_size=n, length=L, num_steps=5, generator=torch.Generator().manual_seed(4))
+                 for n in (1, B))  # fmt: skip
+    assert torch.equal(one[0], many[0])
