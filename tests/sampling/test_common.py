@@ -18,7 +18,7 @@ from tcsm.models.lm_families import build_lm
 from tcsm.models.transformer import build_denoiser
 from tcsm.paths import MaskedPath, UniformPath
 from tcsm.sampling.blocks import decode_blocks
-from tcsm.sampling.common import RowStreams, _mix32, row_streams
+from tcsm.sampling.common import RowStreams, inverse_cdf, row_streams
 from tcsm.sampling.decoding import decode
 from tcsm.sampling.registry import sampler_class
 from tcsm.sampling.samplers import sample
@@ -29,51 +29,53 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 V, L, B = 7, 12, 16
 
 
-def _py_mix32(h: int) -> int:
-    M = 0xFFFFFFFF
-    h &= M
-    h ^= h >> 16
-    h = (h * 0x7FEB352D) & M
-    h ^= h >> 15
-    h = (h * 0x846CA68B) & M
-    return h ^ (h >> 16)
+def _py_splitmix(z: int) -> int:
+    M = 2**64 - 1
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M
+    return z ^ (z >> 31)
 
 
 def test_the_hash_is_plain_integer_arithmetic():
-    # the tensor hash equals the same formula on Python ints (products wrap around 2^64 in the tensors)
-    h = torch.tensor([0, 1, 0xFFFFFFFF, 0x12345678, 2**31 + 5])
-    assert _mix32(h).tolist() == [_py_mix32(int(v)) for v in h]
-    s = RowStreams(torch.tensor([5, -3, 2**62 + 7]))
-    u = s.positions(11, 4)
-    for r, seed in enumerate([5, -3, 2**62 + 7]):
-        lo, hi = seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
-        base = _py_mix32(_py_mix32(lo ^ _py_mix32(hi ^ 0x9E3779B9)) ^ _py_mix32(11 + 0x85EBCA6B))
-        for i in range(4):
-            a, b = _py_mix32(base ^ _py_mix32(2 * i)), _py_mix32(base ^ _py_mix32(2 * i + 1))
-            assert u[r, i].item() == ((a >> 5) * 2**26 + (b >> 6) + 0.5) * 2.0**-53
+    # the tensor hash is SplitMix64 on unsigned 64-bit words, as Python's integers compute it
+    M = 2**64 - 1
+    seeds = [5, 2**62 + 7, 0]
+    u = RowStreams(torch.tensor(seeds)).uniform([11, 12], 4)
+    for r, seed in enumerate(seeds):
+        base = _py_splitmix((seed * 0x9E3779B97F4A7C15 + 0x3C6EF372FE94F82B) & M)
+        for j, key in enumerate([11, 12]):
+            for i in range(4):
+                z = _py_splitmix(base ^ ((((key << 32) + i) * 0x9E3779B97F4A7C15) & M))
+                assert u[r, j, i].item() == ((z >> 11) + 0.5) * 2.0**-53
 
 
 def test_uniforms_are_uniform_and_keyed():
     s = RowStreams.from_generator(torch.Generator().manual_seed(0), 8, "cpu")
-    u = s.positions(3, 5000)
+    u = s.uniform(3, 5000)
     assert 0 < u.min() and u.max() < 1
     counts = torch.histc(u.flatten().float(), 20, 0, 1)
     stat = float(((counts - u.numel() / 20) ** 2 / (u.numel() / 20)).sum())
     assert chi2.sf(stat, 19) > 1e-3
-    assert not torch.equal(s.positions(4, 5000), u) and torch.equal(s.positions(3, 5000), u)
-    assert not torch.equal(s.fork(1).positions(3, 50), s.fork(2).positions(3, 50))
-    # a row's uniforms are its own: the same from a sub-batch, and at any index subset
-    assert torch.equal(s.select(torch.tensor([5])).positions(3, 5000), u[5:6])
-    assert torch.equal(s.uniform(3, torch.tensor([[7, 9]]), torch.tensor([2])), u[2:3, [7, 9]])
+    assert not torch.equal(s.uniform(4, 5000), u) and torch.equal(s.uniform([2, 3], 5000)[:, 1], u)
+    assert not torch.equal(s.fork(1).uniform(3, 50), s.fork(2).uniform(3, 50))
+    # a row's uniforms are its own: the same from a sub-batch
+    assert torch.equal(s.select(torch.tensor([5])).uniform(3, 5000), u[5:6])
+    assert torch.equal(s.uniform(3, 5000, torch.tensor([2, 5])), u[[2, 5]])
 
 
-def test_the_categorical_draw_has_the_law_of_its_probabilities():
-    probs = torch.tensor([0.05, 0.15, 0.3, 0.5])
+def test_the_inverse_cdf_draw_has_the_law_of_its_probabilities():
+    probs = torch.tensor([0.05, 0.0, 0.15, 0.3, 0.5, 0.0])
     s = RowStreams.from_generator(torch.Generator().manual_seed(1), 4, "cpu")
-    draws = s.categorical(probs.log().expand(4, 5000, 4), 0)
-    counts = torch.bincount(draws.flatten(), minlength=4).double()
-    stat = float(((counts - draws.numel() * probs) ** 2 / (draws.numel() * probs)).sum())
+    draws = inverse_cdf((probs * 3).log().expand(4, 5000, 6), s.uniform(0, 5000))  # unnormalised
+    counts = torch.bincount(draws.flatten(), minlength=6).double()
+    assert counts[1] == 0 and counts[5] == 0  # never a token of probability 0
+    keep = probs > 0
+    expected = draws.numel() * probs[keep]
+    stat = float(((counts[keep] - expected) ** 2 / expected).sum())
     assert chi2.sf(stat, 3) > 1e-3
+    # the edges: u next to 1 lands on the last token of positive probability, u next to 0 on the first
+    edge = inverse_cdf(probs.log().expand(2, 6), torch.tensor([1 - 2.0**-53, 2.0**-54], dtype=torch.float64))
+    assert edge.tolist() == [4, 0]
 
 
 def test_row_streams_take_the_seed_of_the_first_draw_plus_the_row_index():

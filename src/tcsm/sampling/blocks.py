@@ -93,6 +93,9 @@ class CachedBlockDenoiser:
         self.time_independent = bool(time_independent)
         #: the engine's captured `denoise` (`sampling.engine.StepGraph`) when the cache has fixed shapes
         self.graph = graph
+        #: read by the path samplers: every call evaluates the whole batch at one shape, so they call it on every
+        #: row at every step and update densely, without reading device values on the host
+        self.static_rows = graph is not None
 
     def _denoise(self, xt: Tensor, t) -> Tensor:
         if self.graph is None:
@@ -158,11 +161,15 @@ def decode_blocks(model, path, inner, num: int, length: int, *, fixed: Tensor | 
                               strict=getattr(inner.settings, "engine", "auto") == "graph")  # fmt: skip
         else:
             cache = model.new_cache(B)
+        # the engine reads no device value inside the loop: which blocks the prompts pin for every row is read once,
+        # and a stopped row is masked (pinned to eos_id) instead of ending the decode when every row has stopped
+        static = graph is not None
+        pinned_blocks = fixed.view(B, L // k, k).all(-1).all(0).tolist() if static else None
         for lo in range(0, L, k):
             hi = lo + k
             pinned = fixed[:, lo:hi] | stopped.unsqueeze(1)  # a stopped row is pinned to eos_id from here on
             block_values = torch.where(fixed[:, lo:hi], values[:, lo:hi], eos)
-            if pinned.all():  # nothing to draw: the block is its pinned tokens (a stopped row's: eos_id)
+            if pinned_blocks[lo // k] if static else pinned.all():  # nothing to draw: the block is its pinned tokens
                 x[:, lo:hi] = block_values
                 continue
             if cache.length < lo:  # the finished and pinned blocks since the last draw, in one call
@@ -185,7 +192,7 @@ def decode_blocks(model, path, inner, num: int, length: int, *, fixed: Tensor | 
             stats.counts["blocks"] += 1
             if eos_id is not None:
                 stopped |= ((xb == eos_id) & ~fixed[:, lo:hi]).any(-1)
-                if stopped.all():
+                if not static and stopped.all():
                     break
     if eos_id is not None:
         x = _fill_after_eos(x, fixed, int(eos_id))

@@ -13,7 +13,7 @@ from torch import Tensor
 from tcsm.paths import ProbabilityPath
 
 __all__ = ["GRIDS", "CallCount", "RowStreams", "adjust_log_probs", "as_grid", "categorical", "denoise_rows",
-           "jump_prob", "pinned_positions", "prefix_condition", "row_evaluations", "row_streams", "time_grid"]
+           "inverse_cdf", "jump_prob", "pinned_positions", "prefix_condition", "row_evaluations", "row_streams", "time_grid"]
 
 GRIDS = ("uniform", "cosine")
 
@@ -83,30 +83,33 @@ def categorical(log_probs: Tensor, generator: torch.Generator | None = None) -> 
     return (lp + gumbel).argmax(-1)
 
 
-_M32 = 0xFFFFFFFF
+def _signed(c: int) -> int:
+    return c - 2**64 if c >= 2**63 else c
 
 
-def _mix32(h: Tensor) -> Tensor:
-    """A bijection of 32-bit words (Wellons' lowbias32) on int64 tensors holding values in [0, 2^32): the products
-    may wrap around 2^64, which leaves their low 32 bits, the only ones kept, exact."""
-    h = h & _M32
-    h = h ^ (h >> 16)
-    h = (h * 0x7FEB352D) & _M32
-    h = h ^ (h >> 15)
-    h = (h * 0x846CA68B) & _M32
-    return h ^ (h >> 16)
+_GOLDEN = _signed(0x9E3779B97F4A7C15)
+_C1, _C2 = _signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB)
+
+
+def _splitmix(z: Tensor) -> Tensor:
+    """SplitMix64's finaliser (a bijection of 64-bit words) on int64 tensors: products wrap around 2^64 as the
+    unsigned arithmetic does, and the right shifts are made logical by masking off the sign's copies."""
+    z = (z ^ ((z >> 30) & (2**34 - 1))) * _C1
+    z = (z ^ ((z >> 27) & (2**37 - 1))) * _C2
+    return z ^ ((z >> 31) & (2**33 - 1))
 
 
 class RowStreams:
-    """One random stream per row of a batch, drawn on the device: the uniform at (row, key, index) is a counter-based
-    hash of (the row's seed, key, index) computed with integer tensor ops, so it does not depend on the batch the row
-    shares, on which other draws were made before, or on the device, and a CUDA graph can capture it. `key` names a
-    draw of a decode (a step, and what it is for) and `index` the element inside the row (a position, or
-    position · V + token); a sampler keys every draw so that a row's draws depend on its own state only.
-    `fork(tag)` derives the streams of a sub-decode (a block), `select(rows)` the streams of some rows."""
+    """One random stream per row of a batch, drawn on the device: the uniform at (row, key, position) is a
+    counter-based hash (SplitMix64's finaliser) of the row's seed, the key and the position, computed with integer
+    tensor ops, so it depends neither on the batch the row shares, nor on the draws made before, nor on the device,
+    and a CUDA graph can capture it. `key` names a draw of a decode (a step, and what it is for); a sampler keys
+    every draw so that a row's draws depend on its own state only. `fork(tag)` derives the streams of a sub-decode
+    (a block), `select(rows)` the streams of some rows."""
 
     def __init__(self, seeds: Tensor):
         self.seeds = seeds.to(torch.long)
+        self.base = _splitmix(self.seeds * _GOLDEN + 0x3C6EF372FE94F82B)
 
     @classmethod
     def from_generator(cls, generator: torch.Generator | None, batch_size: int, device) -> RowStreams:
@@ -127,38 +130,30 @@ class RowStreams:
         return RowStreams(self.seeds[rows])
 
     def fork(self, tag: int) -> RowStreams:
-        lo, hi = self.seeds & _M32, (self.seeds >> 32) & _M32
-        return RowStreams((_mix32(hi ^ _mix32(lo + 0x3C6EF372)) << 32) | _mix32(lo ^ _mix32(hi + int(tag) + 1)))
+        return RowStreams(_splitmix(self.base ^ _splitmix(torch.full_like(self.base, int(tag) + 1) * _GOLDEN)))
 
-    def _row_key(self, key: int, rows) -> Tensor:
-        seeds = self.seeds if rows is None else self.seeds[rows]
-        lo, hi = seeds & _M32, (seeds >> 32) & _M32
-        return _mix32(_mix32(lo ^ _mix32(hi ^ 0x9E3779B9)) ^ _mix32(torch.as_tensor(key, device=seeds.device) + 0x85EBCA6B))
+    def uniform(self, keys, length: int, rows: Tensor | None = None) -> Tensor:
+        """float64 uniforms in (0, 1) with 53 random bits: [n, length] for one key, [n, len(keys), length] for a
+        list of keys (one hash call), element (r, key, i) keyed by (seed of row `rows[r]`, all rows when None, key,
+        position i < 2^32)."""
+        one = isinstance(keys, int)
+        key = torch.as_tensor([keys] if one else list(keys), dtype=torch.long, device=self.device)
+        counter = (key[:, None] << 32) + torch.arange(int(length), device=self.device)
+        base = self.base if rows is None else self.base[rows]
+        z = _splitmix(base[:, None, None] ^ (counter * _GOLDEN))
+        u = ((z >> 11) & (2**53 - 1)).double().add_(0.5).mul_(2.0**-53)
+        return u[:, 0] if one else u
 
-    def uniform(self, key: int, index: Tensor, rows: Tensor | None = None) -> Tensor:
-        """float64 uniforms in (0, 1) with 53 random bits, shaped like `index` [n, ...]: element (r, ...) keyed by
-        (seed of row `rows[r]` (all rows when None), key, index[r, ...])."""
-        base = self._row_key(key, rows).reshape((-1,) + (1,) * (index.dim() - 1))
-        a = _mix32(base ^ _mix32(2 * index))
-        b = _mix32(base ^ _mix32(2 * index + 1))
-        return ((a >> 5) * 2**26 + (b >> 6)).double().add_(0.5).mul_(2.0**-53)
 
-    def positions(self, key: int, length: int, rows: Tensor | None = None) -> Tensor:
-        """Uniforms [n, length], one per position of each row."""
-        n = len(self) if rows is None else rows.numel()
-        return self.uniform(key, torch.arange(length, device=self.device).expand(n, length), rows)
-
-    def categorical(self, log_probs: Tensor, key: int, rows: Tensor | None = None, cols: Tensor | None = None):
-        """`categorical` with this stream's Gumbel noise: log_probs [n, ..., V] of rows `rows` [n] (all rows when
-        None); the noise of token v at position c is keyed by c · V + v, with c the positions `cols` [n, ...]
-        (default: arange over the middle axes, i.e. log_probs holds whole rows)."""
-        lp = log_probs.double()
-        V = lp.shape[-1]
-        if cols is None:
-            cols = torch.arange(lp[0, ..., 0].numel(), device=lp.device).reshape(lp.shape[1:-1]).expand(lp.shape[:-1])
-        index = cols.unsqueeze(-1) * V + torch.arange(V, device=lp.device)
-        u = self.uniform(key, index, rows)
-        return (lp - torch.log(-torch.log(u))).argmax(-1)
+def inverse_cdf(log_probs: Tensor, u: Tensor) -> Tensor:
+    """y ~ Categorical(softmax(log_probs)) over the last axis by inversion of the CDF at the uniform u (one per
+    distribution, shape log_probs.shape[:-1]), in float64; log_probs may be unnormalised and contain −inf, and a
+    token of probability 0 is never drawn."""
+    lp = log_probs.double()
+    cdf = (lp - lp.amax(-1, keepdim=True)).exp().cumsum(-1)
+    total = cdf[..., -1:]
+    target = torch.minimum(u.unsqueeze(-1) * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1)
 
 
 def row_streams(generator, batch_size: int, device) -> RowStreams:

@@ -46,7 +46,14 @@ import torch
 from torch import Tensor
 
 from tcsm.paths import ProbabilityPath
-from tcsm.sampling.common import adjust_log_probs, as_grid, denoise_rows, pinned_positions, row_streams
+from tcsm.sampling.common import (
+    adjust_log_probs,
+    as_grid,
+    denoise_rows,
+    inverse_cdf,
+    pinned_positions,
+    row_streams,
+)
 from tcsm.sampling.samplers import SamplingStats, _infer_device
 
 __all__ = ["COUNTED", "DECODERS", "TIE_DECIMALS", "check_decoding", "count_schedule", "decode"]
@@ -201,33 +208,34 @@ def decode(
             Kb = steps_per_block[b]
             g = as_grid(grid, max(Kb, 1), device)
             counts = count_schedule(((x == mask) & region).sum(-1), g, path) if method in COUNTED else None
-            gb = streams.fork(b)  # step k of block b draws with keys 4k (reveal), 4k + 1 (tokens), 4k + 2, 4k + 3
+            gb = streams.fork(b)  # step k of block b: uniforms of the reveal, the tokens, the random order, the ties
             k = 0
             while True:
                 open_ = (x == mask) & region
                 if not open_.any() or k >= Kb:
                     break
                 last = k == Kb - 1
+                u = gb.uniform(range(4 * k, 4 * k + 4), L)
                 if method in COUNTED:
                     n = counts[:, k]
                     rows = open_.any(-1) & (n > 0)
                 elif method == "ancestral":
                     lam = 1.0 if last else float(path.jump_prob(g[k].reshape(1), g[k + 1].reshape(1)))
-                    move = open_ & (gb.positions(4 * k, L) < lam)
+                    move = open_ & (u[:, 0] < lam)
                     rows = open_.any(-1)
                 else:
                     rows = open_.any(-1)
                 if rows.any():
 
-                    def order(k=k, gb=gb, width=hi - lo):
-                        return gb.positions(4 * k + 2, width)
+                    def order(u=u, lo=lo, hi=hi):
+                        return u[:, 2, lo:hi]
 
                     call(rows)
                     lp = adjust_log_probs(cache[:, lo:hi], temperature, top_p)
-                    drawn = lp.argmax(-1) if (last and final_argmax) else gb.categorical(lp, 4 * k + 1)
+                    drawn = lp.argmax(-1) if (last and final_argmax) else inverse_cdf(lp, u[:, 1, lo:hi])
                     eligible = open_[:, lo:hi] & rows.unsqueeze(-1)
                     if method in COUNTED:
-                        pick = _top_n(_scores(method, lp, drawn, order), eligible, n, gb.positions(4 * k + 3, hi - lo))
+                        pick = _top_n(_scores(method, lp, drawn, order), eligible, n, u[:, 3, lo:hi])
                     elif method == "ancestral":
                         pick = move[:, lo:hi] & eligible
                     elif last:  # the step cap: what is still masked is revealed now
@@ -235,7 +243,7 @@ def decode(
                     else:
                         conf = _scores(method, lp, drawn, order).masked_fill(~eligible, -1.0)
                         pick = (conf > threshold) & eligible
-                        pick |= _top_n(conf, eligible, eligible.any(-1).long(), gb.positions(4 * k + 3, hi - lo))
+                        pick |= _top_n(conf, eligible, eligible.any(-1).long(), u[:, 3, lo:hi])
                     before = x[:, lo:hi]
                     x[:, lo:hi] = torch.where(pick, drawn, before)
                     valid &= ~pick.any(-1)

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from tcsm.models.layers import ROW_FLOOR
-from tcsm.sampling.common import row_streams
+from tcsm.sampling.common import inverse_cdf, row_streams
 
 __all__ = ["ENGINES", "StepGraph", "autocast_weight_cache", "decode_ar", "resolve_engine"]
 
@@ -112,7 +112,7 @@ def decode_ar(model, x: Tensor, P: int, generator, adjust=None, *, engine: str =
     shapes (position as a device tensor) and replays one captured graph. Fewer than `ROW_FLOOR` rows are padded up
     to it, so a row's arithmetic does not depend on the batch it shares."""
     N, L = x.shape
-    streams = row_streams(generator, N, x.device)
+    u = row_streams(generator, N, x.device).uniform(0, L)  # x^j of row r: drawn at the uniform keyed (r's seed, j)
     if P >= L:
         return x
     mode = resolve_engine(engine, x.device)
@@ -135,7 +135,7 @@ def decode_ar(model, x: Tensor, P: int, generator, adjust=None, *, engine: str =
 
         for j in range(P, L):
             lp = torch.log_softmax(logits[:N].double(), dim=-1) if adjust is None else adjust(logits[:N])
-            x[:N, j] = streams.categorical(lp.unsqueeze(1), j).squeeze(1)
+            x[:N, j] = inverse_cdf(lp, u[:, j])
             if j + 1 < L:
                 tok = x[:, j : j + 1]
                 logits = model.decode(tok, cache)[:, -1] if step is None else step(tok)

@@ -33,6 +33,7 @@ from tcsm.sampling.common import (
     adjust_log_probs,
     as_grid,
     denoise_rows,
+    inverse_cdf,
     pinned_positions,
     prefix_condition,
     row_streams,
@@ -147,17 +148,31 @@ def _sample_chunk(
     stats = {"calls": 0, "rows": 0, "row_calls": torch.zeros(B, dtype=torch.long, device=device)}
     trajectory: dict[int, Tensor] = {}
 
+    # a denoiser that evaluates the whole batch at static shapes (the engine's block calls) is called every step on
+    # every row, and every update is a dense select: the same draws (keyed by position), no host read in the loop
+    dense = bool(getattr(denoiser, "static_rows", False)) and method != "joint"
+    grid_host = grid.tolist()
+
     def emit(k: int):
         if k in record:
             trajectory[k] = x.clone()
         if callback is not None:
-            callback(k, float(grid[k]), x)
+            callback(k, grid_host[k], x)
 
     emit(0)
     for k in range(K):
+        if dense:
+            x = _dense_step(denoiser, path, x, fixed, grid, grid_host, k, method, generator, temperature, top_p,
+                            final_argmax)  # fmt: skip
+            stats["calls"] += 1
+            stats["rows"] += B
+            stats["row_calls"] += 1
+            emit(k + 1)
+            continue
         t, s = grid[k], grid[k + 1]
         last = k == K - 1
         free = ~fixed & path.free(x)
+        u = generator.uniform([2 * k, 2 * k + 1], L)  # the reveal's and the token's uniform of every position
         active = free.any(-1)  # rows with nothing left to resolve need no network call
 
         need = active & ~valid if use_cache else active
@@ -190,14 +205,14 @@ def _sample_chunk(
                 move = free
             else:
                 lam = path.jump_prob(t.reshape(1), s.reshape(1))
-                move = free & (generator.positions(2 * k, L) < lam)
+                move = free & (u[:, 0] < lam)
             pos = move.nonzero(as_tuple=True)
             if pos[0].numel():
                 if method == "joint":
                     new = cache[pos]
                 else:
                     lp = adjust_log_probs(cache[pos], temperature, top_p)
-                    new = lp.argmax(-1) if (last and final_argmax) else generator.categorical(lp, 2 * k + 1, *pos)
+                    new = lp.argmax(-1) if (last and final_argmax) else inverse_cdf(lp, u[:, 1][pos])
                 x[pos] = new
         else:
             # §6.2 analytic step: x^i_{t'} ~ Σ_a m^i(a) B(· | x^i_t, a) with the exact bridge of the path.
@@ -211,7 +226,7 @@ def _sample_chunk(
                 bridge = path.bridge(
                     x[rows], t.expand(b).to(torch.float64), s.expand(b).to(torch.float64), probs
                 )
-                new = generator.categorical(torch.log(bridge), 2 * k + 1, rows)
+                new = inverse_cdf(torch.log(bridge), u[rows, 1])
                 x[rows] = torch.where(free[rows], new, x[rows])  # fixed tokens never move
 
         if use_cache:
@@ -223,8 +238,30 @@ def _sample_chunk(
     return x, stats, trajectory
 
 
+def _dense_step(denoiser, path, x, fixed, grid, grid_host, k, method, streams, temperature, top_p, final_argmax):
+    """x_{t_{k+1}} from x_{t_k} [B, L] with the denoiser on every row and dense selects, drawing what the sparse
+    step draws: a reveal uniform (key 2k) and a token uniform (key 2k + 1) per position."""
+    B, L = x.shape
+    last = k == grid.numel() - 2
+    free = ~fixed & path.free(x)
+    t = torch.full((B,), grid_host[k], dtype=torch.get_default_dtype(), device=x.device)
+    lp = adjust_log_probs(denoiser(x, t), temperature, top_p)
+    u = streams.uniform([2 * k, 2 * k + 1], L)
+    if last or method in ("euler", "ancestral"):
+        move = free
+        if not last:
+            move = free & (u[:, 0] < path.jump_prob(grid[k].reshape(1), grid[k + 1].reshape(1)))
+        new = lp.argmax(-1) if (last and final_argmax) else inverse_cdf(lp, u[:, 1])
+        return torch.where(move, new, x)
+    bridge = path.bridge(x, grid[k].expand(B).to(torch.float64), grid[k + 1].expand(B).to(torch.float64), lp.exp())
+    return torch.where(free, inverse_cdf(torch.log(bridge), u[:, 1]), x)
+
+
 def _prior(path: ProbabilityPath, streams, L: int) -> Tensor:
-    """x_0 ~ p_0 [B, L], each row from a generator seeded by its own stream (once per decode)."""
+    """x_0 ~ p_0 [B, L], each row from a generator seeded by its own stream (once per decode); an absorbing
+    path's source is its mask state, drawn without randomness (and without reading the seeds on the host)."""
+    if path.absorbing:
+        return path.prior_sample(len(streams), L, device=streams.device)
     seeds = streams.fork(-1).seeds.tolist()
     return torch.cat([path.prior_sample(1, L, device=streams.device, generator=_generator(s, streams.device))
                       for s in seeds])  # fmt: skip

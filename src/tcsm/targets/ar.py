@@ -402,11 +402,14 @@ def sample_ar(
             return adjust_log_probs(logits, temperature, top_p)
     from tcsm.sampling.common import row_streams
 
-    streams = row_streams(generator, num, device)  # x^j of row r: Gumbel noise keyed by (r's seed, j)
+    streams = row_streams(generator, num, device)  # x^j of row r: drawn at the uniform keyed by (r's seed, j)
     if hasattr(model, "new_cache") and hasattr(model, "decode"):  # a static cache: prefill, then one token a call
         from tcsm.sampling.engine import decode_ar
 
         return decode_ar(model, x, P, streams, adjust, engine=engine)
+    from tcsm.sampling.common import inverse_cdf
+
+    u = streams.uniform(0, length)
     cached = hasattr(model, "kv_cache") and hasattr(model, "extend")
     if cached:
         try:
@@ -417,7 +420,7 @@ def sample_ar(
         if j >= P:
             step = logits[:, -1] if cached else model(x[:, : j + 1])[:, j]
             lp = torch.log_softmax(step.double(), dim=-1) if adjust is None else adjust(step)
-            x[:, j] = streams.categorical(lp.unsqueeze(1), j).squeeze(1)
+            x[:, j] = inverse_cdf(lp, u[:, j])
         if cached and j + 1 < length:
             logits, cache = model.extend(x[:, j : j + 1], cache, j + 1, return_cache=True)
     return x
