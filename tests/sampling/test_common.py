@@ -174,3 +174,30 @@ def test_a_torch_generator_seed_gives_the_first_rows_of_a_bigger_batch():
     one, many = (sample(model, path, batch_size=n, length=L, num_steps=5, generator=torch.Generator().manual_seed(4))
                  for n in (1, B))  # fmt: skip
     assert torch.equal(one[0], many[0])
+
+
+@pytest.mark.parametrize("method", ["ancestral", "analytic"])
+def test_the_engines_block_steps_read_nothing_on_the_host(monkeypatch, method):
+    # host reads of device values (bool(), item(), tolist(), nonzero()) counted over a whole block decode: with the
+    # engine they do not grow with the steps per block (none inside the step loop), eagerly they do
+    path = (MaskedPath if method == "ancestral" else UniformPath)(V, block_length=4)
+    model = _randomised(build_block_denoiser("tiny", 4, vocab_size=V, num_states=path.num_states, max_len=L,
+                                             check_inputs=False), 0.3)  # (its id check reads CPU tensors only)
+    reads = {"n": 0}
+    for name in ("__bool__", "item", "tolist", "nonzero", "__int__", "__float__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _original=original, **kw):
+            reads["n"] += 1
+            return _original(self, *a, **kw)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+
+    def count(engine, steps):
+        cls = sampler_class(method)
+        reads["n"] = 0
+        decode_blocks(model, path, cls(cls.settings_type(steps=steps, engine=engine)), B, L, generator=_streams())
+        return reads["n"]
+
+    assert count("graph", 2) == count("graph", 4)
+    assert count("eager", 2) < count("eager", 4)
