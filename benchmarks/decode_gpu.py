@@ -5,7 +5,7 @@ weights of the `text8` preset (85M parameters) under bf16 autocast; speed only.
 For each configuration and engine, in interleaved rounds (round 0 warms up and captures): tokens/s of wall time
 (CUDA-synchronised), network calls per sequence, and the GPU-busy share (profiler kernel time ÷ wall of one
 profiled decode). Also: a host-sync check (`torch.cuda.set_sync_debug_mode("warn")` over one engine decode, as
-benchmarks/gpu_step.py does) and a law check (total variation between the unigram frequencies of the two engines'
+benchmarks/gpu_step.py does, and where the first sync happens under mode "error") and a law check (total variation between the unigram frequencies of the two engines'
 samples, pooled over rounds). The full-sequence sampler has no engine path: it runs eagerly in both columns. The AR
 eager column generates the last `--ar-tokens` tokens after a prefilled prompt (the eager path needs ~60 ms per
 token on an H200 and would not fit the run's budget); the engine column does the same and the whole sequence.
@@ -187,6 +187,25 @@ def host_syncs(fn, dev) -> int | None:
     return seen
 
 
+def first_sync(fn, dev) -> str | None:
+    """Where one call of fn first synchronises with the host under `torch.cuda.set_sync_debug_mode("error")` (the
+    innermost tcsm frame of the error), "none" when it never does; None off CUDA."""
+    if dev.type != "cuda":
+        return None
+    import traceback
+
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fn()
+    except RuntimeError as e:
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if "tcsm" in f.filename]
+        where = f"{frames[-1].filename.split('src/')[-1]}:{frames[-1].lineno} {frames[-1].line}" if frames else "?"
+        return f"{where} ({str(e).splitlines()[0][:80]})"
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return "none"
+
+
 def tv_unigram(xs, ys, V) -> float:
     p = torch.bincount(torch.cat([x.flatten() for x in xs]).cpu(), minlength=V).double()
     q = torch.bincount(torch.cat([y.flatten() for y in ys]).cpu(), minlength=V).double()
@@ -230,12 +249,13 @@ def main(argv=None):
 
         busy = busy_share(once, dev)
         syncs = host_syncs(once, dev) if c[2] == "graph" else None
+        first = first_sync(once, dev) if c[2] == "graph" else None
         eager = (c[0], c[1], "eager")  # ar-whole has no eager twin (its eager run would not fit the budget)
         V = a.vocab if c[0] != "dg" else models["dg"][0].vocab_size
         tv = tv_unigram(samples[c], samples[eager], V) if c[2] == "graph" and samples.get(eager) else None
         rows.append({"decoder": c[0], "batch": c[1], "engine": c[2], "calls_per_seq": calls[c],
                      "tokens_per_s": statistics.median(speeds[c]) if speeds[c] else None, "gpu_busy": busy,
-                     "host_syncs": syncs, "tv_unigram_vs_eager": tv})  # fmt: skip
+                     "host_syncs": syncs, "first_sync": first, "tv_unigram_vs_eager": tv})  # fmt: skip
     meta = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
             "preset": a.preset, "length": a.length, "block": a.block, "dtype": a.dtype, "rounds": rounds_run,
             "wall_s": round(time.perf_counter() - start, 1)}  # fmt: skip
@@ -250,6 +270,9 @@ def main(argv=None):
         print(f"| {w['decoder']} | {w['batch']} | {w['engine']} | {w['calls_per_seq']:.0f} | "
               f"{fmt(w['tokens_per_s'], ',.0f')} | {fmt(w['gpu_busy'], '.1%')} | {fmt(w['host_syncs'], 'd')} | "
               f"{fmt(w['tv_unigram_vs_eager'], '.3f')} |")  # fmt: skip
+    for w in rows:
+        if w["first_sync"] is not None:
+            print(f"first host sync, {w['decoder']} B={w['batch']} (sync debug mode error): {w['first_sync']}")
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)

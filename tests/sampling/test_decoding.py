@@ -112,7 +112,8 @@ def test_blocks_are_decoded_left_to_right_and_pinned_positions_kept(method):
         # a later block is entirely masked (but pinned positions) until every earlier block is clean
         for b in range(L // bl - 1):
             here, later = masked[:, b * bl : (b + 1) * bl], masked[:, (b + 1) * bl :]
-            assert not (here.any(-1) & (later.sum(-1) < (~fixed[:, (b + 1) * bl :]).sum(-1))).any()
+            # every row pins the same positions, and a call may evaluate some rows only
+            assert not (here.any(-1) & (later.sum(-1) < (~fixed[0, (b + 1) * bl :]).sum())).any()
     if method in ("random", "confidence", "margin", "entropy"):
         assert st.num_calls == 6  # 2 steps per block, each unmasks >= 1 position
 

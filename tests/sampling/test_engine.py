@@ -220,7 +220,12 @@ def test_block_decoding_fixed_shape_cache_draws_the_eager_tokens(method, uniform
         settings = sample_settings({"method": method, "steps": 3, "engine": engine, **kw})
         out[engine] = draw(model, path, 3, 16, settings, generator=torch.Generator().manual_seed(4), prompt=prompt)
     assert torch.equal(out["eager"][0], out["graph"][0])
-    assert out["eager"][1].num_calls == out["graph"][1].num_calls
+    # the engine calls the model at every step of every drawn block (the eager cache may skip a step that changed
+    # nothing): no host read decides whether to call
+    blocks = out["graph"][1].counts["blocks"]
+    assert out["eager"][1].num_calls <= out["graph"][1].num_calls
+    if method in ("ancestral", "analytic", "euler"):
+        assert out["graph"][1].num_calls == 3 * blocks
 
 
 def test_fixed_shape_denoise_is_the_one_pass_logits():

@@ -24,7 +24,7 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
 from tcsm.models.kinds import BLOCK_DENOISER
-from tcsm.models.layers import KERNELS, gate, modulate
+from tcsm.models.layers import KERNELS, gate, modulate, row_stable
 from tcsm.models.transformer import Denoiser, DenoiserConfig, _compute_dtype, denoiser_fields
 
 __all__ = [
@@ -250,7 +250,7 @@ class BlockDenoiser(Denoiser):
     def _logits(self, h: Tensor, cond: Tensor | None) -> Tensor:
         h = self.final_norm(h)
         if self.final_adaLN is not None:
-            shift, scale = self.final_adaLN(cond).chunk(2, dim=-1)
+            shift, scale = row_stable(self.final_adaLN, cond).chunk(2, dim=-1)
             h = modulate(h, shift, scale)
         return self.head(h).float()
 
@@ -367,7 +367,7 @@ def _noisy_half(block, h: Tensor, rope, cond: Tensor | None, mask, L: int, nb: i
         kv = block.norm1(h)
         x = h[:, :L] + block.drop(block.attn(kv[:, :L], rope, mask, False, kv))
         return x + block.drop(block.mlp(block.norm2(x)))
-    shift1, scale1, gate1, shift2, scale2, gate2 = block.adaLN(cond).chunk(6, dim=-1)
+    shift1, scale1, gate1, shift2, scale2, gate2 = row_stable(block.adaLN, cond).chunk(6, dim=-1)
     kv = modulate(block.norm1(h), shift1, scale1)  # every position: the keys and values
     gate1, shift2, scale2, gate2 = (c[:, :nb] for c in (gate1, shift2, scale2, gate2))  # the noisy blocks
     x = h[:, :L] + gate(gate1, block.drop(block.attn(kv[:, :L], rope, mask, False, kv)))

@@ -339,6 +339,23 @@ class MLP(nn.Module):
 # --- conditioning ---------------------------------------------------------------------------------------
 
 
+#: BLAS (MKL on the CPU) multiplies matrices of 1–3 rows with another kernel, another summation order, than larger
+#: ones; at 4 rows and more every row's result is the same whatever the row count (measured: docs/benchmarks.md)
+ROW_FLOOR = 4
+
+
+def row_stable(fn, c: Tensor) -> Tensor:
+    """fn(c) for per-sequence vectors c [..., d] with fewer rows than `ROW_FLOOR` padded up to it (their results
+    dropped), so that a sequence's conditioning does not depend on how many sequences share the call (batch
+    invariance of the samplers)."""
+    rows = c.reshape(-1, c.shape[-1])
+    n = rows.shape[0]
+    if n >= ROW_FLOOR or n == 0:
+        return fn(c)
+    out = fn(torch.cat([rows, rows[:1].expand(ROW_FLOOR - n, -1)]))[:n]
+    return out.reshape(*c.shape[:-1], out.shape[-1])
+
+
 class TimestepEmbedder(nn.Module):
     """t [B] → [B, cond_dim]: sinusoidal features of scale·t, then Linear → SiLU → Linear (DiT / SEDD)."""
 
@@ -357,7 +374,7 @@ class TimestepEmbedder(nn.Module):
     def forward(self, t: Tensor) -> Tensor:
         # t lives in [0, 1]; scaling spreads it over the frequency range the table was designed for.
         args = (self.scale * t.float())[:, None] * self.freqs[None, :]
-        return self.mlp(torch.cat([torch.cos(args), torch.sin(args)], dim=-1))
+        return row_stable(self.mlp, torch.cat([torch.cos(args), torch.sin(args)], dim=-1))
 
 
 def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
@@ -453,7 +470,7 @@ class TransformerBlock(nn.Module):
             return x + self.drop(self.mlp(self.norm2(x)))
         if cond is None:
             raise ValueError("this block was built with cond_dim, so it needs a conditioning vector `cond`")
-        shift1, scale1, gate1, shift2, scale2, gate2 = self.adaLN(cond).chunk(6, dim=-1)
+        shift1, scale1, gate1, shift2, scale2, gate2 = row_stable(self.adaLN, cond).chunk(6, dim=-1)
         h = self.attn(modulate(self.norm1(x), shift1, scale1), rope, attn_mask, self.causal, kv, cache=cache)
         x = x + gate(gate1, self.drop(h))
         h = self.mlp(modulate(self.norm2(x), shift2, scale2))
@@ -498,6 +515,6 @@ def run_trunk(net: nn.Module, h: Tensor, rope, t: Tensor | None) -> Tensor:
         h = block(h, rope, cond)
     h = net.final_norm(h)
     if net.final_adaLN is not None:
-        shift, scale = net.final_adaLN(cond).chunk(2, dim=-1)
+        shift, scale = row_stable(net.final_adaLN, cond).chunk(2, dim=-1)
         h = modulate(h, shift, scale)
     return h

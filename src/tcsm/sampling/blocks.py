@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from tcsm.models.kinds import kind_of
-from tcsm.sampling.common import as_grid, pinned_positions
+from tcsm.sampling.common import as_grid, pinned_positions, row_streams
 from tcsm.sampling.engine import StepGraph, autocast_weight_cache, resolve_engine
 from tcsm.sampling.samplers import SamplingStats, _infer_device, may_cache
 
@@ -93,6 +93,9 @@ class CachedBlockDenoiser:
         self.time_independent = bool(time_independent)
         #: the engine's captured `denoise` (`sampling.engine.StepGraph`) when the cache has fixed shapes
         self.graph = graph
+        #: read by the path samplers: every call evaluates the whole batch at one shape, so they call it on every
+        #: row at every step and update densely, without reading device values on the host
+        self.static_rows = graph is not None
 
     def _denoise(self, xt: Tensor, t) -> Tensor:
         if self.graph is None:
@@ -133,6 +136,7 @@ def decode_blocks(model, path, inner, num: int, length: int, *, fixed: Tensor | 
         raise ValueError(f"eos_id {eos_id} is not a token id of the {V}-token vocabulary")
     device = torch.device(device if device is not None else _infer_device(model, values))
     fixed, values = pinned_positions(fixed, values, B, L, V, device)
+    streams = row_streams(generator, B, device)  # block b of a row is drawn from its stream forked by b
 
     block_path = copy.copy(path)  # the in-block sampler sees one block of one sequence: no block structure inside
     block_path.block_length = None
@@ -157,11 +161,15 @@ def decode_blocks(model, path, inner, num: int, length: int, *, fixed: Tensor | 
                               strict=getattr(inner.settings, "engine", "auto") == "graph")  # fmt: skip
         else:
             cache = model.new_cache(B)
+        # the engine reads no device value inside the loop: which blocks the prompts pin for every row is read once,
+        # and a stopped row is masked (pinned to eos_id) instead of ending the decode when every row has stopped
+        static = graph is not None
+        pinned_blocks = fixed.view(B, L // k, k).all(-1).all(0).tolist() if static else None
         for lo in range(0, L, k):
             hi = lo + k
             pinned = fixed[:, lo:hi] | stopped.unsqueeze(1)  # a stopped row is pinned to eos_id from here on
             block_values = torch.where(fixed[:, lo:hi], values[:, lo:hi], eos)
-            if pinned.all():  # nothing to draw: the block is its pinned tokens (a stopped row's: eos_id)
+            if pinned_blocks[lo // k] if static else pinned.all():  # nothing to draw: the block is its pinned tokens
                 x[:, lo:hi] = block_values
                 continue
             if cache.length < lo:  # the finished and pinned blocks since the last draw, in one call
@@ -176,7 +184,7 @@ def decode_blocks(model, path, inner, num: int, length: int, *, fixed: Tensor | 
                     callback(step, t, x)
 
             denoiser = CachedBlockDenoiser(model, cache, time_independent, graph)
-            xb, st = inner(denoiser, block_path, B, k, generator=generator, device=device, fixed=pinned,
+            xb, st = inner(denoiser, block_path, B, k, generator=streams.fork(lo // k), device=device, fixed=pinned,
                            values=block_values, callback=on_step)  # fmt: skip
             x[:, lo:hi] = xb
             stats.num_calls += st.num_calls
@@ -184,7 +192,7 @@ def decode_blocks(model, path, inner, num: int, length: int, *, fixed: Tensor | 
             stats.counts["blocks"] += 1
             if eos_id is not None:
                 stopped |= ((xb == eos_id) & ~fixed[:, lo:hi]).any(-1)
-                if stopped.all():
+                if not static and stopped.all():
                     break
     if eos_id is not None:
         x = _fill_after_eos(x, fixed, int(eos_id))

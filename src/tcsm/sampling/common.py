@@ -12,8 +12,8 @@ from torch import Tensor
 
 from tcsm.paths import ProbabilityPath
 
-__all__ = ["GRIDS", "CallCount", "adjust_log_probs", "as_grid", "categorical", "denoise_rows", "jump_prob",
-           "pinned_positions", "prefix_condition", "row_evaluations", "time_grid"]
+__all__ = ["GRIDS", "CallCount", "RowStreams", "adjust_log_probs", "as_grid", "categorical", "denoise_rows",
+           "inverse_cdf", "jump_prob", "pinned_positions", "prefix_condition", "row_evaluations", "row_streams", "time_grid"]
 
 GRIDS = ("uniform", "cosine")
 
@@ -81,6 +81,88 @@ def categorical(log_probs: Tensor, generator: torch.Generator | None = None) -> 
     u = torch.rand(lp.shape, dtype=torch.float64, device=lp.device, generator=generator)
     gumbel = -torch.log(-torch.log(u.clamp_min(torch.finfo(torch.float64).tiny)))
     return (lp + gumbel).argmax(-1)
+
+
+def _signed(c: int) -> int:
+    return c - 2**64 if c >= 2**63 else c
+
+
+_GOLDEN = _signed(0x9E3779B97F4A7C15)
+_C1, _C2 = _signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB)
+
+
+def _splitmix(z: Tensor) -> Tensor:
+    """SplitMix64's finaliser (a bijection of 64-bit words) on int64 tensors: products wrap around 2^64 as the
+    unsigned arithmetic does, and the right shifts are made logical by masking off the sign's copies."""
+    z = (z ^ ((z >> 30) & (2**34 - 1))) * _C1
+    z = (z ^ ((z >> 27) & (2**37 - 1))) * _C2
+    return z ^ ((z >> 31) & (2**33 - 1))
+
+
+class RowStreams:
+    """One random stream per row of a batch, drawn on the device: the uniform at (row, key, position) is a
+    counter-based hash (SplitMix64's finaliser) of the row's seed, the key and the position, computed with integer
+    tensor ops, so it depends neither on the batch the row shares, nor on the draws made before, nor on the device,
+    and a CUDA graph can capture it. `key` names a draw of a decode (a step, and what it is for); a sampler keys
+    every draw so that a row's draws depend on its own state only. `fork(tag)` derives the streams of a sub-decode
+    (a block), `select(rows)` the streams of some rows."""
+
+    def __init__(self, seeds: Tensor):
+        self.seeds = seeds.to(torch.long)
+        self.base = _splitmix(self.seeds * _GOLDEN + 0x3C6EF372FE94F82B)
+
+    @classmethod
+    def from_generator(cls, generator: torch.Generator | None, batch_size: int, device) -> RowStreams:
+        """Row i's seed is s + i, s one draw of `generator` (or of torch's global one): `sample.seed` and a row's
+        index fix its stream, whatever the batch size."""
+        gen_device = generator.device if generator is not None else "cpu"
+        base = torch.randint(0, 2**62, (1,), generator=generator, device=gen_device).to(device)
+        return cls(base + torch.arange(int(batch_size), device=device))
+
+    @property
+    def device(self):
+        return self.seeds.device
+
+    def __len__(self) -> int:
+        return self.seeds.numel()
+
+    def select(self, rows) -> RowStreams:
+        return RowStreams(self.seeds[rows])
+
+    def fork(self, tag: int) -> RowStreams:
+        return RowStreams(_splitmix(self.base ^ _splitmix(torch.full_like(self.base, int(tag) + 1) * _GOLDEN)))
+
+    def uniform(self, keys, length: int, rows: Tensor | None = None) -> Tensor:
+        """float64 uniforms in (0, 1) with 53 random bits: [n, length] for one key, [n, len(keys), length] for a
+        list of keys (one hash call), element (r, key, i) keyed by (seed of row `rows[r]`, all rows when None, key,
+        position i < 2^32)."""
+        one = isinstance(keys, int)
+        key = torch.as_tensor([keys] if one else list(keys), dtype=torch.long, device=self.device)
+        counter = (key[:, None] << 32) + torch.arange(int(length), device=self.device)
+        base = self.base if rows is None else self.base[rows]
+        z = _splitmix(base[:, None, None] ^ (counter * _GOLDEN))
+        u = ((z >> 11) & (2**53 - 1)).double().add_(0.5).mul_(2.0**-53)
+        return u[:, 0] if one else u
+
+
+def inverse_cdf(log_probs: Tensor, u: Tensor) -> Tensor:
+    """y ~ Categorical(softmax(log_probs)) over the last axis by inversion of the CDF at the uniform u (one per
+    distribution, shape log_probs.shape[:-1]), in float64; log_probs may be unnormalised and contain −inf, and a
+    token of probability 0 is never drawn."""
+    lp = log_probs.double()
+    cdf = (lp - lp.amax(-1, keepdim=True)).exp().cumsum(-1)
+    total = cdf[..., -1:]
+    target = torch.minimum(u.unsqueeze(-1) * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1)
+
+
+def row_streams(generator, batch_size: int, device) -> RowStreams:
+    """`generator` itself when it is a `RowStreams` of `batch_size` rows, else streams drawn from it."""
+    if isinstance(generator, RowStreams):
+        if len(generator) != int(batch_size):
+            raise ValueError(f"{len(generator)} row streams for a batch of {batch_size}")
+        return generator
+    return RowStreams.from_generator(generator, batch_size, device)
 
 
 def adjust_log_probs(logits: Tensor, temperature: float = 1.0, top_p: float = 1.0) -> Tensor:

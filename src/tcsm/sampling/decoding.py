@@ -46,7 +46,14 @@ import torch
 from torch import Tensor
 
 from tcsm.paths import ProbabilityPath
-from tcsm.sampling.common import adjust_log_probs, as_grid, categorical, denoise_rows, pinned_positions
+from tcsm.sampling.common import (
+    adjust_log_probs,
+    as_grid,
+    denoise_rows,
+    inverse_cdf,
+    pinned_positions,
+    row_streams,
+)
 from tcsm.sampling.samplers import SamplingStats, _infer_device
 
 __all__ = ["COUNTED", "DECODERS", "TIE_DECIMALS", "check_decoding", "count_schedule", "decode"]
@@ -91,9 +98,10 @@ def count_schedule(masked: Tensor, grid: Tensor, path: ProbabilityPath) -> Tenso
     return c[:, 1:] - c[:, :-1]
 
 
-def _scores(method: str, lp: Tensor, drawn: Tensor, generator) -> Tensor:
+def _scores(method: str, lp: Tensor, drawn: Tensor, uniform) -> Tensor:
+    """Each position's score; `uniform()` gives the random order's uniforms [B, positions]."""
     if method == "random":
-        return torch.rand(drawn.shape, dtype=torch.float64, device=lp.device, generator=generator)
+        return uniform()
     if method in ("confidence", "threshold"):
         return lp.gather(-1, drawn.unsqueeze(-1)).squeeze(-1).exp()
     p = lp.exp()
@@ -105,11 +113,11 @@ def _scores(method: str, lp: Tensor, drawn: Tensor, generator) -> Tensor:
     raise ValueError(f"no score for {method!r}")
 
 
-def _top_n(scores: Tensor, eligible: Tensor, n: Tensor, generator=None) -> Tensor:
+def _top_n(scores: Tensor, eligible: Tensor, n: Tensor, u: Tensor) -> Tensor:
     """Per row, the n[row] eligible positions of highest score; scores equal to `TIE_DECIMALS` decimals are
-    ties, broken uniformly at random (the rounded score is an integer, a uniform [0, 1) draw orders within it)."""
+    ties, broken uniformly at random (the rounded score is an integer, the uniform u in (0, 1) orders within it)."""
     key = torch.round(scores.double() * 10.0**TIE_DECIMALS)
-    key = key + torch.rand(key.shape, dtype=torch.float64, device=key.device, generator=generator)
+    key = key + u
     s = key.masked_fill(~eligible, -torch.inf)
     order = s.argsort(dim=-1, descending=True)
     rank = torch.empty_like(order).scatter_(
@@ -154,6 +162,7 @@ def decode(
     device = torch.device(device if device is not None else _infer_device(denoiser, values))
     V, mask = path.vocab_size, path.mask_id
     fixed, values = pinned_positions(fixed, values, B, L, V, device)
+    streams = row_streams(generator, B, device)
     x = torch.where(fixed, values, torch.full((B, L), mask, dtype=torch.long, device=device))
     bl = L // nb
     # blocks that are wholly pinned (a prompt) need no steps; the others share the K steps
@@ -199,37 +208,42 @@ def decode(
             Kb = steps_per_block[b]
             g = as_grid(grid, max(Kb, 1), device)
             counts = count_schedule(((x == mask) & region).sum(-1), g, path) if method in COUNTED else None
+            gb = streams.fork(b)  # step k of block b: uniforms of the reveal, the tokens, the random order, the ties
             k = 0
             while True:
                 open_ = (x == mask) & region
                 if not open_.any() or k >= Kb:
                     break
                 last = k == Kb - 1
+                u = gb.uniform(range(4 * k, 4 * k + 4), L)
                 if method in COUNTED:
                     n = counts[:, k]
                     rows = open_.any(-1) & (n > 0)
                 elif method == "ancestral":
                     lam = 1.0 if last else float(path.jump_prob(g[k].reshape(1), g[k + 1].reshape(1)))
-                    u = torch.rand((B, L), dtype=torch.float64, device=device, generator=generator)
-                    move = open_ & (u < lam)
+                    move = open_ & (u[:, 0] < lam)
                     rows = open_.any(-1)
                 else:
                     rows = open_.any(-1)
                 if rows.any():
+
+                    def order(u=u, lo=lo, hi=hi):
+                        return u[:, 2, lo:hi]
+
                     call(rows)
                     lp = adjust_log_probs(cache[:, lo:hi], temperature, top_p)
-                    drawn = lp.argmax(-1) if (last and final_argmax) else categorical(lp, generator)
+                    drawn = lp.argmax(-1) if (last and final_argmax) else inverse_cdf(lp, u[:, 1, lo:hi])
                     eligible = open_[:, lo:hi] & rows.unsqueeze(-1)
                     if method in COUNTED:
-                        pick = _top_n(_scores(method, lp, drawn, generator), eligible, n, generator)
+                        pick = _top_n(_scores(method, lp, drawn, order), eligible, n, u[:, 3, lo:hi])
                     elif method == "ancestral":
                         pick = move[:, lo:hi] & eligible
                     elif last:  # the step cap: what is still masked is revealed now
                         pick = eligible
                     else:
-                        conf = _scores(method, lp, drawn, generator).masked_fill(~eligible, -1.0)
+                        conf = _scores(method, lp, drawn, order).masked_fill(~eligible, -1.0)
                         pick = (conf > threshold) & eligible
-                        pick |= _top_n(conf, eligible, eligible.any(-1).long(), generator)
+                        pick |= _top_n(conf, eligible, eligible.any(-1).long(), u[:, 3, lo:hi])
                     before = x[:, lo:hi]
                     x[:, lo:hi] = torch.where(pick, drawn, before)
                     valid &= ~pick.any(-1)

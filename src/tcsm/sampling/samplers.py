@@ -32,10 +32,11 @@ from tcsm.paths import ProbabilityPath
 from tcsm.sampling.common import (
     adjust_log_probs,
     as_grid,
-    categorical,
     denoise_rows,
+    inverse_cdf,
     pinned_positions,
     prefix_condition,
+    row_streams,
 )
 
 __all__ = ["METHODS", "SamplingStats", "may_cache", "sample"]
@@ -121,6 +122,7 @@ def _sample_chunk(
     fixed: Tensor,
     values: Tensor,
     grid: Tensor,
+    grid_host: list[float],
     method: str,
     generator,
     temperature: float,
@@ -137,7 +139,9 @@ def _sample_chunk(
     K = grid.numel() - 1
     time_dtype = torch.get_default_dtype()
 
-    x = path.prior_sample(B, L, device=device, generator=generator)
+    x = _prior(path, generator, L)
+    # an x̂_1 sampler draws whole batches from a torch.Generator: its rows share one stream (not batch invariant)
+    joint_generator = _generator(int(generator.fork(-2).seeds[0]), device) if method == "joint" else None
     x = torch.where(fixed, values, x)  # conditioning: clean from t = 0 on (masked: simply unmasked tokens)
 
     cache: Tensor | None = None  # denoiser logits [B, L, V] or joint x̂_1 [B, L] for the current x of each row
@@ -145,17 +149,30 @@ def _sample_chunk(
     stats = {"calls": 0, "rows": 0, "row_calls": torch.zeros(B, dtype=torch.long, device=device)}
     trajectory: dict[int, Tensor] = {}
 
+    # a denoiser that evaluates the whole batch at static shapes (the engine's block calls) is called every step on
+    # every row, and every update is a dense select: the same draws (keyed by position), no host read in the loop
+    dense = bool(getattr(denoiser, "static_rows", False)) and method != "joint"
+
     def emit(k: int):
         if k in record:
             trajectory[k] = x.clone()
         if callback is not None:
-            callback(k, float(grid[k]), x)
+            callback(k, grid_host[k], x)
 
     emit(0)
     for k in range(K):
+        if dense:
+            x = _dense_step(denoiser, path, x, fixed, grid, grid_host, k, method, generator, temperature, top_p,
+                            final_argmax)  # fmt: skip
+            stats["calls"] += 1
+            stats["rows"] += B
+            stats["row_calls"] += 1
+            emit(k + 1)
+            continue
         t, s = grid[k], grid[k + 1]
         last = k == K - 1
         free = ~fixed & path.free(x)
+        u = generator.uniform([2 * k, 2 * k + 1], L)  # the reveal's and the token's uniform of every position
         active = free.any(-1)  # rows with nothing left to resolve need no network call
 
         need = active & ~valid if use_cache else active
@@ -163,7 +180,7 @@ def _sample_chunk(
             rows = need.nonzero().squeeze(1)
             t_rows = torch.full((rows.numel(),), float(t), dtype=time_dtype, device=device)
             if method == "joint":
-                out = x1_sampler(x[rows], t_rows, generator).long()
+                out = x1_sampler(x[rows], t_rows, joint_generator).long()
             else:
                 out = denoise_rows(denoiser, x, rows, t_rows)
                 if out.shape != (rows.numel(), L, V):
@@ -188,15 +205,14 @@ def _sample_chunk(
                 move = free
             else:
                 lam = path.jump_prob(t.reshape(1), s.reshape(1))
-                u = torch.rand((B, L), dtype=torch.float64, device=device, generator=generator)
-                move = free & (u < lam)
+                move = free & (u[:, 0] < lam)
             pos = move.nonzero(as_tuple=True)
             if pos[0].numel():
                 if method == "joint":
                     new = cache[pos]
                 else:
                     lp = adjust_log_probs(cache[pos], temperature, top_p)
-                    new = lp.argmax(-1) if (last and final_argmax) else categorical(lp, generator)
+                    new = lp.argmax(-1) if (last and final_argmax) else inverse_cdf(lp, u[:, 1][pos])
                 x[pos] = new
         else:
             # §6.2 analytic step: x^i_{t'} ~ Σ_a m^i(a) B(· | x^i_t, a) with the exact bridge of the path.
@@ -210,16 +226,49 @@ def _sample_chunk(
                 bridge = path.bridge(
                     x[rows], t.expand(b).to(torch.float64), s.expand(b).to(torch.float64), probs
                 )
-                new = categorical(torch.log(bridge), generator)
+                new = inverse_cdf(torch.log(bridge), u[rows, 1])
                 x[rows] = torch.where(free[rows], new, x[rows])  # fixed tokens never move
 
         if use_cache:
             valid &= ~(x != x_prev).any(-1)
         emit(k + 1)
 
-    if (x >= V).any():
+    if not dense and (x >= V).any():  # (the dense path reads nothing on the host: its caller checks once)
         raise RuntimeError("sampler left noise-only ids (masks) in the output; the time grid must end at t = 1")
     return x, stats, trajectory
+
+
+def _dense_step(denoiser, path, x, fixed, grid, grid_host, k, method, streams, temperature, top_p, final_argmax):
+    """x_{t_{k+1}} from x_{t_k} [B, L] with the denoiser on every row and dense selects, drawing what the sparse
+    step draws: a reveal uniform (key 2k) and a token uniform (key 2k + 1) per position."""
+    B, L = x.shape
+    last = k == grid.numel() - 2
+    free = ~fixed & path.free(x)
+    t = torch.full((B,), grid_host[k], dtype=torch.get_default_dtype(), device=x.device)
+    lp = adjust_log_probs(denoiser(x, t), temperature, top_p)
+    u = streams.uniform([2 * k, 2 * k + 1], L)
+    if last or method in ("euler", "ancestral"):
+        move = free
+        if not last:
+            move = free & (u[:, 0] < path.jump_prob(grid[k].reshape(1), grid[k + 1].reshape(1)))
+        new = lp.argmax(-1) if (last and final_argmax) else inverse_cdf(lp, u[:, 1])
+        return torch.where(move, new, x)
+    bridge = path.bridge(x, grid[k].expand(B).to(torch.float64), grid[k + 1].expand(B).to(torch.float64), lp.exp())
+    return torch.where(free, inverse_cdf(torch.log(bridge), u[:, 1]), x)
+
+
+def _prior(path: ProbabilityPath, streams, L: int) -> Tensor:
+    """x_0 ~ p_0 [B, L], each row from a generator seeded by its own stream (once per decode); an absorbing
+    path's source is its mask state, drawn without randomness (and without reading the seeds on the host)."""
+    if path.absorbing:
+        return path.prior_sample(len(streams), L, device=streams.device)
+    seeds = streams.fork(-1).seeds.tolist()
+    return torch.cat([path.prior_sample(1, L, device=streams.device, generator=_generator(s, streams.device))
+                      for s in seeds])  # fmt: skip
+
+
+def _generator(seed: int, device) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed & (2**63 - 1))
 
 
 def sample(
@@ -303,7 +352,8 @@ def sample(
         time_independent = may_cache(denoiser, path)
     if generator is None and seed is not None:
         generator = torch.Generator(device=device).manual_seed(int(seed))
-    times = as_grid(grid, int(num_steps), device)
+    host_times = as_grid(grid.cpu() if isinstance(grid, Tensor) else grid, int(num_steps), "cpu")
+    times = host_times.to(device)
     K = times.numel() - 1
     record = set() if record_steps is None else {int(k) for k in record_steps}
     if any(not 0 <= k <= K for k in record):
@@ -320,6 +370,7 @@ def sample(
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
                 return inner(xt, t).float()
 
+    streams = row_streams(generator, B, device)  # a row's draws depend on its own seed only, whatever the chunk
     chunk = B if chunk_size is None else max(1, int(chunk_size))
     stats = SamplingStats(method=method, num_steps=K, cached=bool(time_independent), times=times)
     outs, row_calls, trajs = [], [], []
@@ -332,8 +383,9 @@ def sample(
                 fixed=fixed[sl],
                 values=values[sl],
                 grid=times,
+                grid_host=host_times.tolist(),
                 method=method,
-                generator=generator,
+                generator=streams.select(sl),
                 temperature=float(temperature),
                 top_p=float(top_p),
                 final_argmax=final_argmax,

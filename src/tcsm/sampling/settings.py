@@ -25,7 +25,7 @@ from tcsm.core.errors import ConfigError
 from tcsm.core.protocols import Samples
 from tcsm.models.kinds import kind_of
 from tcsm.sampling.blocks import BlockDecodeSettings, _fill_after_eos, decode_blocks
-from tcsm.sampling.common import prefix_condition
+from tcsm.sampling.common import prefix_condition, row_streams
 from tcsm.sampling.registry import (
     Sampler,
     all_sampler_classes,
@@ -33,6 +33,7 @@ from tcsm.sampling.registry import (
     sampler_class,
     sampler_names,
 )
+from tcsm.sampling.samplers import _infer_device
 
 __all__ = [
     "DEFAULT_METHOD", "RunSampler", "SampleSettings", "build_sampler", "draw", "draw_pool", "make_sampler",
@@ -184,13 +185,14 @@ def draw_pool(model, path, num: int, length: int, steps: int, *, prompt: Tensor 
 def _draw_blocks(model, path, inner, num, length, fixed, values, generator, device, eos_id, callback, chunk_size):
     """`decode_blocks` over chunks of at most `chunk_size` rows (one after another), its stats summed."""
     chunk = num if chunk_size is None else max(1, int(chunk_size))
+    streams = row_streams(generator, num, device if device is not None else _infer_device(model, values))
     outs, stats = [], None
     for lo in range(0, num, chunk):
         rows = slice(lo, min(num, lo + chunk))
         part = {}
         if fixed is not None:
             part = {"fixed": fixed.expand(num, length)[rows], "values": values.expand(num, length)[rows]}
-        x, st = decode_blocks(model, path, inner, rows.stop - lo, length, generator=generator, device=device,
+        x, st = decode_blocks(model, path, inner, rows.stop - lo, length, generator=streams.select(rows), device=device,
                               eos_id=eos_id, callback=callback, **part)  # fmt: skip
         outs.append(x)
         if stats is None:

@@ -399,11 +399,17 @@ def sample_ar(
         from tcsm.sampling import adjust_log_probs
 
         def adjust(logits):
-            return adjust_log_probs(logits, temperature, top_p).exp()
+            return adjust_log_probs(logits, temperature, top_p)
+    from tcsm.sampling.common import row_streams
+
+    streams = row_streams(generator, num, device)  # x^j of row r: drawn at the uniform keyed by (r's seed, j)
     if hasattr(model, "new_cache") and hasattr(model, "decode"):  # a static cache: prefill, then one token a call
         from tcsm.sampling.engine import decode_ar
 
-        return decode_ar(model, x, P, generator, adjust, engine=engine)
+        return decode_ar(model, x, P, streams, adjust, engine=engine)
+    from tcsm.sampling.common import inverse_cdf
+
+    u = streams.uniform(0, length)
     cached = hasattr(model, "kv_cache") and hasattr(model, "extend")
     if cached:
         try:
@@ -413,8 +419,8 @@ def sample_ar(
     for j in range(length):
         if j >= P:
             step = logits[:, -1] if cached else model(x[:, : j + 1])[:, j]
-            probs = torch.softmax(step.double(), dim=-1) if adjust is None else adjust(step)
-            x[:, j] = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            lp = torch.log_softmax(step.double(), dim=-1) if adjust is None else adjust(step)
+            x[:, j] = inverse_cdf(lp, u[:, j])
         if cached and j + 1 < length:
             logits, cache = model.extend(x[:, j : j + 1], cache, j + 1, return_cache=True)
     return x
