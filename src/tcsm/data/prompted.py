@@ -23,6 +23,7 @@ __all__ = [
     "PromptedSource",
     "build_prompted",
     "encode",
+    "held_out_prompts",
     "held_out_rows",
     "pad_prompt_rows",
     "prompted_source",
@@ -40,6 +41,20 @@ def held_out_rows(data, num: int) -> tuple[Tensor, Tensor | None]:
         return getattr(rows, "x1", rows)[: int(num)].long(), None
     batch = rows[: int(num)].to_batch()
     return batch.x1.long(), None if batch.cond_mask is None else batch.cond_mask.bool()
+
+
+def held_out_prompts(data, num: int, length: int) -> tuple[Tensor, Tensor] | None:
+    """(fixed [num, length] bool, values [num, length]) pinning the prompts of the first held-out rows (cycled up to
+    `num`), so that a run's samples complete prompts it never trained on; None when the data's rows carry no
+    prompts, have another length, or hold no held-out row."""
+    try:
+        x1, cond = held_out_rows(data, num)
+    except (DataError, AttributeError, TypeError):
+        return None
+    if cond is None or x1.shape[0] == 0 or x1.shape[1] != int(length) or not bool(cond.any()):
+        return None
+    idx = torch.arange(int(num)) % x1.shape[0]
+    return cond[idx], torch.where(cond, x1, torch.zeros_like(x1))[idx]
 
 
 def encode(tokenizer, text: str) -> list[int] | None:

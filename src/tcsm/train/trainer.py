@@ -376,7 +376,9 @@ class Trainer:
     def samples(self) -> list[str]:
         """`sample.num` decoded sequences from the eval model (rank 0), drawn by the run's sampler
         (`tcsm.sampling.settings`: the objective's own when it declares one, the path sampler otherwise, with the
-        `sample:` settings); none when the model has no sampler."""
+        `sample:` settings); none when the model has no sampler. Data whose rows carry prompts (tasks, SFT records)
+        gets completions of held-out prompts, never of training ones."""
+        from tcsm.data.prompted import held_out_prompts
         from tcsm.sampling.settings import build_sampler
 
         s = self.cfg.sample
@@ -385,8 +387,9 @@ class Trainer:
         generator = torch.Generator(device=self.device).manual_seed(s.seed)
         length = s.length or self.data_info.seq_len
         sampler = build_sampler(self.cfg, self.eval_model(), self.path, self.objective)
+        fixed, values = held_out_prompts(self.data, s.num, length) or (None, None)
         with autocast(self.device, self.precision):
-            tokens, _ = sampler(s.num, length, generator=generator, device=self.device)
+            tokens, _ = sampler(s.num, length, generator=generator, device=self.device, fixed=fixed, values=values)
         if tokens is None:
             if not self._said_no_sampler:
                 self._said_no_sampler = True
