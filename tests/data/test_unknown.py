@@ -64,11 +64,3 @@ def test_sft_records_with_unknown_words_are_counted_and_refused_above_max_unknow
         data = build_sft(str(recs), tokenizer=tokenizer)  # the default share (1%) lets it through, said once
     assert data.vocab_size == len(VOCAB)
 
-
-def test_a_prompt_encoded_by_the_data_is_warned(tok_dir):
-    from tcsm.data import build_data
-
-    data = build_data({"kind": "tokenizer", "path": str(tok_dir), "seq_len": 8})
-    with pytest.warns(UserWarning, match=r"'the dog': 1 of 2 tokens \(50\.00%\).*'dog'"):
-        ids = data.encode("the dog")
-    assert ids.tolist() == [VOCAB.index("the"), VOCAB.index("<unk>")]

@@ -145,10 +145,6 @@ class DataBundle:
         return x.to(device=device, dtype=torch.long, non_blocking=True)
 
     def encode(self, text: str) -> Tensor:
-        """The ids of `text` (a prompt), with a one-line warning when the tokenizer lacks some of it."""
-        from tcsm.data.unknown import warn_unknown_prompt
-
-        warn_unknown_prompt(self.tokenizer, text, f"{text[:30]!r}")
         return torch.tensor(self.tokenizer.encode(text), dtype=torch.long)
 
     def decode(self, ids) -> str:
