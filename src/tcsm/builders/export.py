@@ -155,6 +155,7 @@ def export(
     keep_other_files: bool = False,
     log: Callable[[str], None] | None = None,
     lora_merge: bool | None = None,
+    overrides=(),
 ) -> Path:
     """Write the model of `run` (a run, checkpoints, step or export directory) to `out_dir` (see the module
     docstring); returns `out_dir`. Refuses a non-empty `out_dir` that is not an export, and an existing export
@@ -162,9 +163,10 @@ def export(
     and refuses a directory holding others unless `keep_other_files`, which leaves them in place. What a user must
     know about the result (e.g. that transformers cannot load it) goes to `log`, one line each (default: stderr).
     A LoRA run: `lora_merge` (else its `train.lora.merge`) True writes the weights with the adapters folded in (a
-    plain export), False a PEFT adapter directory (into a new or empty `out_dir`)."""
+    plain export), False a PEFT adapter directory (into a new or empty `out_dir`). `overrides` (key=value) are
+    `load_checkpoint`'s (a Hugging Face directory with its own code: model.trust_remote_code=true)."""
     out = Path(out_dir)
-    ck = load_checkpoint(run, device="cpu", ema=ema)
+    ck = load_checkpoint(run, device="cpu", ema=ema, overrides=list(overrides))
     merge = lora_choice(ck.config, ck.model, lora_merge)
     if merge is False:
         return _export_adapter(ck, out, log, overwrite)

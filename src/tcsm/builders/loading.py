@@ -76,7 +76,11 @@ def load_checkpoint(
     anything but the model section; a model override that changes the architecture raises CheckpointError.
     """
     from tcsm.builders.diffusion_gemma import is_native_directory, load_native
+    from tcsm.builders.hf_source import has_tokenizer, load_native_directory, native_family
 
+    if native_family(path) is not None and has_tokenizer(path):  # a Hugging Face diffusion LM directory as it is
+        model, config, info = load_native_directory(path, device, overrides)
+        return LoadedCheckpoint(model, config, 0, Path(path).resolve(), "model", info)
     if is_native_directory(path):  # a DiffusionGemma checkpoint as Hugging Face wrote it: its own weights
         model, config, info = load_native(path, device, overrides)
         return LoadedCheckpoint(model, config, 0, Path(path).resolve(), "model", info)

@@ -268,10 +268,43 @@ def resolve_recipe(args, preset: str, values: dict, new_config: Callable) -> tup
                 f"{str(run_dir)!r} is a `{theirs}` run, not a `{mine}` run; continue it with `{theirs} --resume`"
             )
         return set_values(load_config(args.config, args.overrides, base=base), values), run_dir, checkpoint
+    imported = import_hf_source(args, preset)
+    if imported is not None:
+        run_dir = imported
     cfg = new_config(args.config or preset, values)
     if run_dir is None:
         run_dir = Path(cfg.train.out_dir) if cfg.train.out_dir else default_run_dir(preset)
     return cfg, run_dir, None
+
+
+#: the folder of a recipe run that holds the import of the Hugging Face directory it starts from
+IMPORT_DIR = "source"
+
+
+def import_hf_source(args, preset: str) -> Path | None:
+    """When `args.checkpoint` (--from) names a Hugging Face diffusion LM directory (DiffusionGemma, a LLaDA-style
+    masked model: `builders.hf_source`), import it as it is — the run `tcsm train ... train.steps=0` makes — into
+    RUN/source of the recipe's run directory RUN, point `args.checkpoint` there and return RUN; else None. The
+    import's data is the directory's tokenizer; the recipe's records or data overrides bring the text. Inside the
+    run, the import goes where the run goes: a resume reads it, `--overwrite` imports it again."""
+    from tcsm.builders.hf_source import native_family
+
+    if not getattr(args, "checkpoint", None) or native_family(args.checkpoint) is None:
+        return None
+    from tcsm.builders.config import load_config
+    from tcsm.builders.hf_source import import_overrides
+    from tcsm.train.fit import fit
+
+    run_dir = Path(args.out) if args.out else default_run_dir(preset)
+    claim_run_dir(run_dir, resume=False, overwrite=bool(getattr(args, "overwrite", False)))
+    passed = [o for o in args.overrides if o.startswith(("train.device=", "train.threads=", "train.precision="))]
+    cfg = load_config(None, [*import_overrides(args.checkpoint, args.overrides), *passed, "train.steps=0",
+                             "train.progress=false", "train.tensorboard=false", "sample.num=0"])  # fmt: skip
+    source = (run_dir / IMPORT_DIR).resolve()
+    print(f"importing {str(args.checkpoint)!r} into {str(source)!r} (the run this one starts from)", flush=True)
+    fit(cfg, source, overwrite=source.exists())
+    args.checkpoint = str(source)
+    return run_dir
 
 
 def add_source_run_argument(p, help: str, *, required: bool = False) -> None:

@@ -10,7 +10,10 @@ HELP = "export a run as a Hugging Face-style directory (config.json, model.safet
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run", help="run directory, its checkpoints/ directory, a step_* checkpoint or an export")
+    p.add_argument("run", help="run directory, its checkpoints/ directory, a step_* checkpoint, an export, or a Hugging "
+                   "Face diffusion LM directory as transformers wrote it (DiffusionGemma, LLaDA-style)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="a directory with its own modeling code (LLaDA-style): run it (read its *.py first)")
     p.add_argument("-o", "--output", required=True, help="directory to write (new, empty, or an earlier export)")
     p.add_argument("--weights", choices=("ema", "model"), default="ema", help="EMA (default, when saved) or raw")
     p.add_argument(
@@ -42,6 +45,7 @@ def run(args) -> int:
     out = export(
         args.run, args.output, ema=args.weights == "ema", overwrite=args.overwrite,
         keep_other_files=args.keep_other_files, lora_merge=args.lora_merge,
+        overrides=["model.trust_remote_code=true"] if args.trust_remote_code else (),
     )  # fmt: skip
     if (out / "adapter_config.json").is_file():
         print(f"exported the LoRA adapters of {args.run} to {out} (load with peft.PeftModel.from_pretrained(base, DIR))")

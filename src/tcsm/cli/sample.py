@@ -378,8 +378,11 @@ def run(args) -> int:
     # One group per prompt / template; every group gets num_samples samples.
     groups: list[dict] = []
     if args.prompt:
+        from tcsm.data.unknown import warn_unknown_prompt
+
         for text in args.prompt:
             ids = list(tok.encode(text))
+            warn_unknown_prompt(tok, text, f"prompt {text[:30]!r}")
             n = length_after(len(ids))
             if len(ids) > n:
                 raise ValueError(f"prompt {text[:30]!r} is {len(ids)} tokens long but samples have length {n}")

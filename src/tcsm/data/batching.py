@@ -33,8 +33,11 @@ class EpochBatches:
     """Infinite iterator of this rank's example indices (LongTensor [global_batch / world_size])."""
 
     def __init__(
-        self, num_examples: int, global_batch: int, seed: int = 0, rank: int = 0, world_size: int = 1
+        self, num_examples: int, global_batch: int, seed: int = 0, rank: int = 0, world_size: int = 1,
+        draws: bool = True,
     ):
+        """`draws=False`: an order that is saved but never drawn from (an import, `train.steps=0`), so a split of
+        fewer rows than a batch (none: `data.kind=tokenizer`) is allowed."""
         num_examples, global_batch, world_size, rank = (
             int(num_examples),
             int(global_batch),
@@ -47,7 +50,7 @@ class EpochBatches:
             raise DataError(
                 f"global batch size {global_batch} must be a positive multiple of the world size {world_size}"
             )
-        if num_examples < global_batch:
+        if draws and num_examples < global_batch:
             raise DataError(
                 f"the split has {num_examples} examples, fewer than one global batch of {global_batch}; "
                 "lower the batch size or use more data"

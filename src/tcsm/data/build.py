@@ -21,6 +21,8 @@
   registered by tcsm.data.pairs, which builds that section with `build_data` (preference fine-tuning, MATH.md §5.3).
 * `sft` — prompt / completion records (TRL's formats, chats through a chat template) with the same conventions;
   registered by tcsm.data.sft (instruction fine-tuning).
+* `tokenizer` — path (a tokenizer.json or Hugging Face directory), seq_len=128, eos=None: a tokenizer and no text,
+  the data of a run imported from a Hugging Face model directory (tcsm.data.tokenizer_only).
 * `task` — task (sudoku | countdown | addition), num_train, num_valid, num_test, seed, options: a verifiable task's
   problems as prompt / completion rows in its character vocabulary (tcsm.data.tasks.kind; docs/tasks.md).
 
@@ -60,7 +62,8 @@ DATA_KINDS: dict[str, Callable[..., DataBundle]] = {
 
 #: Kinds registered by a module outside this package (which itself builds data with `build_data`, so it cannot be
 #: imported here): imported on first use, by name.
-PLUGIN_KINDS = {"pairs": "tcsm.data.pairs", "sft": "tcsm.data.sft", "hf": "tcsm.data.hf", "task": "tcsm.data.tasks.kind"}
+PLUGIN_KINDS = {"pairs": "tcsm.data.pairs", "sft": "tcsm.data.sft", "hf": "tcsm.data.hf", "task": "tcsm.data.tasks.kind",
+                "tokenizer": "tcsm.data.tokenizer_only"}
 
 #: Keys of the data kinds that name files or folders (relative ones are read from the current directory).
 PATH_KEYS = ("path", "train_path", "valid_path", "test_path", "bpe_dir", "encoder_json", "vocab_bpe", "cache_dir")

@@ -37,6 +37,7 @@ from tcsm.core.batch import Batch
 from tcsm.data.base import DataError, RowsBundle, TensorRows, jsonl_objects
 from tcsm.data.build import DATA_KINDS
 from tcsm.data.prompted import build_prompted, encode, pad_prompt_rows, prompted_source
+from tcsm.data.unknown import DEFAULT_MAX_UNKNOWN
 
 __all__ = ["PairRows", "PairsBundle", "build_pairs", "read_pair_records", "tokenize_pairs", "tokenizer_signature"]
 
@@ -195,6 +196,8 @@ def build_pairs(
     prompt_field: str | None = "prompt",
     chosen_field: str = "chosen",
     rejected_field: str = "rejected",
+    max_unknown: Annotated[float, "share of the pairs' tokens that may be text the tokenizer lacks (read as its "
+                           "unknown token; warned, refused above)"] = DEFAULT_MAX_UNKNOWN,
     valid_frac: float = 0.1,
     test_frac: float = 0.0,
     seed: int = 0,
@@ -204,7 +207,7 @@ def build_pairs(
     source = prompted_source(
         "pairs", tokenizer, for_what="the run the pairs are for", command="tcsm finetune preference --from RUN",
         path=path, train_path=train_path, valid_path=valid_path, test_path=test_path, seq_len=seq_len, pad=pad,
-        valid_frac=valid_frac, test_frac=test_frac, min_len=2,
+        valid_frac=valid_frac, test_frac=test_frac, min_len=2, max_unknown=max_unknown,
     )  # fmt: skip
     signature = tokenizer_signature(source.base)
     fields = (prompt_field, chosen_field, rejected_field)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -16,12 +16,14 @@ from torch import Tensor
 from tcsm.data.base import DataError, compact_dtype
 from tcsm.data.build import build_data
 from tcsm.data.text import resolve_splits, tokenized_splits
+from tcsm.data.unknown import DEFAULT_MAX_UNKNOWN, UnknownTally
 
 __all__ = [
     "PROMPTED_KINDS",
     "PromptedSource",
     "build_prompted",
     "encode",
+    "held_out_prompts",
     "held_out_rows",
     "pad_prompt_rows",
     "prompted_source",
@@ -39,6 +41,20 @@ def held_out_rows(data, num: int) -> tuple[Tensor, Tensor | None]:
         return getattr(rows, "x1", rows)[: int(num)].long(), None
     batch = rows[: int(num)].to_batch()
     return batch.x1.long(), None if batch.cond_mask is None else batch.cond_mask.bool()
+
+
+def held_out_prompts(data, num: int, length: int) -> tuple[Tensor, Tensor] | None:
+    """(fixed [num, length] bool, values [num, length]) pinning the prompts of the first held-out rows (cycled up to
+    `num`), so that a run's samples complete prompts it never trained on; None when the data's rows carry no
+    prompts, have another length, or hold no held-out row."""
+    try:
+        x1, cond = held_out_rows(data, num)
+    except (DataError, AttributeError, TypeError):
+        return None
+    if cond is None or x1.shape[0] == 0 or x1.shape[1] != int(length) or not bool(cond.any()):
+        return None
+    idx = torch.arange(int(num)) % x1.shape[0]
+    return cond[idx], torch.where(cond, x1, torch.zeros_like(x1))[idx]
 
 
 def encode(tokenizer, text: str) -> list[int] | None:
@@ -88,14 +104,33 @@ class PromptedSource:
     seq_len: int
     pad_id: int | None
     bad: Counter
+    max_unknown: float = DEFAULT_MAX_UNKNOWN
+    unknown: UnknownTally = field(default_factory=UnknownTally)
 
     @property
     def tokenizer(self):
-        return self.base.tokenizer
+        """The run's tokenizer, counting the text it lacks (`unknown`) of everything it encodes."""
+        return _Counting(self.base.tokenizer, self.unknown)
+
+
+class _Counting:
+    """A tokenizer whose `encode` adds each text's unknown tokens to a tally (tcsm.data.unknown)."""
+
+    def __init__(self, tokenizer, tally: UnknownTally):
+        self._tokenizer, self._tally = tokenizer, tally
+
+    def encode(self, text: str):
+        ids = self._tokenizer.encode(text)
+        self._tally.add(self._tokenizer, text)
+        return ids
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
 
 
 def prompted_source(kind: str, tokenizer: dict | None, *, for_what: str, command: str, path, train_path, valid_path,
-                    test_path, seq_len, pad, valid_frac, test_frac, min_len: int = 1) -> PromptedSource:  # fmt: skip
+                    test_path, seq_len, pad, valid_frac, test_frac, min_len: int = 1,
+                    max_unknown: float = DEFAULT_MAX_UNKNOWN) -> PromptedSource:  # fmt: skip
     """Check the `tokenizer` section (a text kind's data section), resolve the splits and rebuild the tokenizer."""
     if not isinstance(tokenizer, dict) or "kind" not in tokenizer:
         raise DataError(
@@ -108,7 +143,9 @@ def prompted_source(kind: str, tokenizer: dict | None, *, for_what: str, command
     L = int(seq_len if seq_len is not None else base.seq_len)
     if L < min_len:
         raise DataError(f"{kind} data: seq_len must be >= {min_len}, got {L}")
-    return PromptedSource(kind, mode, files, base, L, _pad_id(base.tokenizer, base, pad), Counter())
+    if not 0 <= float(max_unknown) <= 1:
+        raise DataError(f"data.max_unknown must be a share in [0, 1], got {max_unknown}")
+    return PromptedSource(kind, mode, files, base, L, _pad_id(base.tokenizer, base, pad), Counter(), float(max_unknown))
 
 
 def build_prompted(source: PromptedSource, bundle_type, tokenize_file: Callable, *, valid_frac, test_frac, seed,
@@ -117,6 +154,7 @@ def build_prompted(source: PromptedSource, bundle_type, tokenize_file: Callable,
     a DataError naming the reasons when no record is usable (`empty`: what a JSON line needs)."""
     splits, truncated = tokenized_splits(source.mode, source.files, tokenize_file, valid_frac, test_frac, seed)
     src = source.files["path"] if source.mode == "fractions" else source.files["train"]
+    source.unknown.check(source.base.tokenizer, f"{source.kind} data {src}", source.max_unknown)
     if sum(len(s) for s in splits.values()) == 0:
         reasons = ", ".join(f"{n} {why}" for why, n in source.bad.items()) or "the file holds no records"
         raise DataError(f"{empty.format(src=src, reasons=reasons)}")

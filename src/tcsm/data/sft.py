@@ -34,6 +34,7 @@ from tcsm.core.batch import Batch
 from tcsm.data.base import DataError, RowsBundle, TensorRows, jsonl_objects
 from tcsm.data.build import DATA_KINDS
 from tcsm.data.prompted import build_prompted, encode, pad_prompt_rows, prompted_source
+from tcsm.data.unknown import DEFAULT_MAX_UNKNOWN
 
 __all__ = ["ChatTemplate", "SFTBundle", "SFTRows", "build_sft", "read_sft_records"]
 
@@ -260,6 +261,8 @@ def build_sft(
     chat_template: Annotated[
         str | None, "chat template for messages records: Jinja text, .jinja file or tokenizer dir"
     ] = None,
+    max_unknown: Annotated[float, "share of the records' tokens that may be text the tokenizer lacks (read as its "
+                           "unknown token; warned, refused above)"] = DEFAULT_MAX_UNKNOWN,
     valid_frac: float = 0.1,
     test_frac: float = 0.0,
     seed: int = 0,
@@ -269,7 +272,7 @@ def build_sft(
     source = prompted_source(
         "sft", tokenizer, for_what="the run it fine-tunes", command="tcsm finetune sft --from RUN", path=path,
         train_path=train_path, valid_path=valid_path, test_path=test_path, seq_len=seq_len, pad=pad,
-        valid_frac=valid_frac, test_frac=test_frac,
+        valid_frac=valid_frac, test_frac=test_frac, max_unknown=max_unknown,
     )  # fmt: skip
     template = ChatTemplate(chat_template) if chat_template else None
     fields = (prompt_field, completion_field, messages_field)

@@ -173,6 +173,12 @@ def _overlaps(a: Path, b: Path) -> bool:
     return a == b or a in b.parents or b in a.parents
 
 
+def _kept(out: Path, source: Path) -> bool:
+    """`source` lies inside the run `out` but outside its run files, which are all an overwrite deletes (the import
+    a recipe run keeps in RUN/source)."""
+    return out in source.parents and source.relative_to(out).parts[0] not in RUN_FILES
+
+
 def refuse_overwriting_sources(run_dir: str | Path, cfg) -> None:
     """ConfigError (one line) if replacing the run in `run_dir` would delete a run that `cfg` starts from or reads
     (`SOURCE_KEYS`): `run_dir` is, contains or lies inside that run (or the checkpoint it names)."""
@@ -187,7 +193,7 @@ def refuse_overwriting_sources(run_dir: str | Path, cfg) -> None:
         source = source.resolve()
         owner = next((p for p in (source, *source.parents) if p.name == "checkpoints"), None)
         runs = {source} | ({owner.parent} if owner is not None else set())
-        if any(_overlaps(out, r) for r in runs):
+        if any(_overlaps(out, r) and not _kept(out, r) for r in runs):
             raise ConfigError(
                 f"--overwrite -o {str(run_dir)!r} would delete {str(source)!r}, the run this one starts from "
                 f"({key}, set by {flag}); write the new run to another directory"

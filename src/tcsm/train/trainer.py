@@ -177,7 +177,8 @@ class Trainer:
         from tcsm.data import EpochBatches
 
         # Global indices on every rank: each rank then takes its micro-batches from the same global batch.
-        self.batches = EpochBatches(self.data.train.shape[0], t.batch_size, seed=t.seed)
+        # An import (train.steps=0) draws no batch: its data may be a tokenizer with no rows (data.kind=tokenizer).
+        self.batches = EpochBatches(self.data.train.shape[0], t.batch_size, seed=t.seed, draws=t.steps > 0)
         self.step = 0
         self.elapsed = 0.0  # training wall time over all sessions of this run
         self.last_eval: dict[str, Any] = {}
@@ -375,7 +376,9 @@ class Trainer:
     def samples(self) -> list[str]:
         """`sample.num` decoded sequences from the eval model (rank 0), drawn by the run's sampler
         (`tcsm.sampling.settings`: the objective's own when it declares one, the path sampler otherwise, with the
-        `sample:` settings); none when the model has no sampler."""
+        `sample:` settings); none when the model has no sampler. Data whose rows carry prompts (tasks, SFT records)
+        gets completions of held-out prompts, never of training ones."""
+        from tcsm.data.prompted import held_out_prompts
         from tcsm.sampling.settings import build_sampler
 
         s = self.cfg.sample
@@ -384,8 +387,9 @@ class Trainer:
         generator = torch.Generator(device=self.device).manual_seed(s.seed)
         length = s.length or self.data_info.seq_len
         sampler = build_sampler(self.cfg, self.eval_model(), self.path, self.objective)
+        fixed, values = held_out_prompts(self.data, s.num, length) or (None, None)
         with autocast(self.device, self.precision):
-            tokens, _ = sampler(s.num, length, generator=generator, device=self.device)
+            tokens, _ = sampler(s.num, length, generator=generator, device=self.device, fixed=fixed, values=values)
         if tokens is None:
             if not self._said_no_sampler:
                 self._said_no_sampler = True

@@ -75,6 +75,10 @@ def build_reward_target(node: dict, ctx) -> RewardTarget:
             f"target.reward: a grid reward of width {reward.width} on a {ctx.vocab_size}×{ctx.vocab_size} grid; "
             "leave width out (it defaults to the data's)"
         )
+    if node.get("prompt"):
+        from tcsm.data.unknown import warn_unknown_prompt
+
+        warn_unknown_prompt(ctx.data.tokenizer, node["prompt"], f"target.prompt {node['prompt'][:30]!r}")
     prompt = ctx.data.encode(node["prompt"]) if node.get("prompt") else None
     common = {
         "xt_source": node["xt_source"],
