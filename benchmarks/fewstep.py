@@ -45,6 +45,9 @@ def _args(argv=None):
     ap.add_argument("--eval-only", action="store_true", help="evaluate the rounds already in --work-dir, train none")
     ap.add_argument("--probe-steps", type=int, default=5,
                     help="pre-training steps of the teacher's own config at --batch-size, timed as the unit of cost (0: skip)")
+    ap.add_argument("--precision", default=None, choices=("fp32", "bf16", "fp16"),
+                    help="train.precision of the rounds and of the pre-training probe (default: the teacher run's; "
+                         "bf16 autocast is several times slower than fp32 on a CPU)")
     ap.add_argument("--out", default=None)
     return ap.parse_args(argv)
 
@@ -84,6 +87,8 @@ def train_round(source: Path, teacher_steps: int, run_dir: Path, args) -> dict:
                  "train.save_every=25", "train.log_every=10", "sample.num=0"]  # fmt: skip
     if args.window is not None:
         overrides.append(f"target.window={args.window}")
+    if args.precision:
+        overrides.append(f"train.precision={args.precision}")
     cfg = fewstep_config(source, overrides=overrides)
     done = run_dir / "ROUND_DONE"
     if done.exists():
@@ -95,7 +100,8 @@ def train_round(source: Path, teacher_steps: int, run_dir: Path, args) -> dict:
     cost = {"cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - t0, "resumed": resume,
             "cpu_s_per_step": clock.per_step(),
             "teacher_steps": teacher_steps, "student_steps": teacher_steps // 2, "optimizer_steps": args.round_steps,
-            "batch_size": args.batch_size, "window": args.window, "form": args.form}  # fmt: skip
+            "batch_size": args.batch_size, "window": args.window, "form": args.form,
+            "precision": str(cfg.train.precision)}  # fmt: skip
     done.write_text(json.dumps(cost))
     return cost
 
@@ -113,10 +119,13 @@ def probe_pretraining(teacher: Path, run_dir: Path, args) -> dict | None:
     overrides = [f"train.batch_size={args.batch_size}", "train.threads=1", "train.device=cpu", "train.progress=false",
                  "train.tensorboard=false", "train.save_every=0", "train.eval_every=0", "train.sample_every=0",
                  "sample.num=0", "train.log_every=1000"]  # fmt: skip
+    if args.precision:
+        overrides.append(f"train.precision={args.precision}")
     cfg = load_config(None, [*overrides, f"train.steps={1 + args.probe_steps}", "train.out_dir=null"], base=base)
     clock = StepClock()
     Trainer.from_config(cfg, run_dir, log=lambda m: None, overwrite=True, callbacks=[clock]).fit()
-    return {"cpu_s_per_step": clock.per_step(), "batch_size": args.batch_size, "steps": args.probe_steps}
+    return {"cpu_s_per_step": clock.per_step(), "batch_size": args.batch_size, "steps": args.probe_steps,
+            "precision": str(cfg.train.precision)}
 
 
 def evaluate(models: dict, judge, steps: list[int], seeds: list[int], args) -> list[dict]:
