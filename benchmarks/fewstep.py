@@ -28,8 +28,10 @@ import torch
 
 def _args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--teacher", required=True, help="the teacher run (a masked or uniform diffusion run)")
-    ap.add_argument("--judge", required=True, help="causal LM run or HF directory that scores the samples (gen-PPL)")
+    ap.add_argument("--teacher", help="the teacher run (a masked or uniform diffusion run)")
+    ap.add_argument("--judge", help="causal LM run or HF directory that scores the samples (gen-PPL)")
+    ap.add_argument("--report", default=None, metavar="JSON",
+                    help="print the markdown tables of a result file written by --out, measure nothing")
     ap.add_argument("--teacher-cost", default=None, help="JSON file with the teacher's pre-training cpu_s as {\"cpu_s\": ...}")
     ap.add_argument("--start-steps", type=int, default=16, help="the teacher's steps in round 1 (halved every round)")
     ap.add_argument("--rounds", type=int, default=1)
@@ -165,8 +167,48 @@ def summary(rows: list[dict]) -> list[dict]:
     return table
 
 
+def report(result: dict) -> str:
+    """Markdown tables of a result: gen-PPL and entropy (mean ± sd over the seeds) per model and step count, the
+    data row, and the rounds' cost beside the teacher's pre-training."""
+    cells = {(r["model"], r["steps"]): r for r in result["summary"]}
+    models = list(dict.fromkeys(r["model"] for r in result["summary"]))
+    steps = sorted({r["steps"] for r in result["summary"]})
+    head = "| model | " + " | ".join(f"{k} steps" for k in steps) + " |\n|---|" + "---|" * len(steps)
+    d = result["data_test"]
+    lines = [f"gen-PPL (mean ± sd over {len(result['seeds'])} seeds; {d.get('split', 'test')} data: "
+             f"{d['gen_ppl']:.3f}, entropy {d['entropy']:.4f})", "", head]  # fmt: skip
+    for m in models:
+        lines.append(f"| {m} | " + " | ".join(f"{cells[m, k]['gen_ppl_mean']:.3f} ± {cells[m, k]['gen_ppl_sd']:.3f}"
+                                             for k in steps) + " |")  # fmt: skip
+    lines += ["", "Sample entropy (nats, mean ± sd):", "", head]
+    for m in models:
+        lines.append(f"| {m} | " + " | ".join(f"{cells[m, k]['entropy_mean']:.4f} ± {cells[m, k]['entropy_sd']:.4f}"
+                                             for k in steps) + " |")  # fmt: skip
+    probe = result.get("pretraining_probe") or {}
+    lines += ["", "| round | teacher → student steps | CPU-s / step | pre-training steps / step | round CPU-s | wall s |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
+    for c in result["rounds"]:
+        per = c.get("cpu_s_per_step")
+        lines.append(f"| {c['round']} | {c['teacher_steps']} → {c['student_steps']} | "
+                     f"{per:.3f} | {c.get('pretraining_steps_per_step', float('nan')):.2f} | {c['cpu_s']:.1f} | "
+                     f"{c['wall_s']:.0f} |" if per else f"| {c['round']} | {c['teacher_steps']} → {c['student_steps']} "
+                     f"| – | – | {c['cpu_s']:.1f} | {c['wall_s']:.0f} |")  # fmt: skip
+    total = sum(c["cpu_s"] for c in result["rounds"])
+    pre = (result.get("teacher_pretraining") or {}).get("cpu_s")
+    lines += ["", f"rounds together: {total:.1f} CPU-s; pre-training probe: "
+              f"{probe.get('cpu_s_per_step', float('nan')):.3f} CPU-s / step at batch {probe.get('batch_size')}; "
+              f"teacher's recorded pre-training: {pre if pre is None else f'{pre:.1f}'} CPU-s; "
+              f"load average at the end {', '.join(f'{x:.1f}' for x in result['load_average'])}"]  # fmt: skip
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     args = _args(argv)
+    if args.report:
+        print(report(json.loads(Path(args.report).read_text())))
+        return
+    if not (args.teacher and args.judge):
+        raise SystemExit("--teacher and --judge are required (or --report FILE)")
     torch.set_num_threads(1)
     from tcsm.builders.loading import load_checkpoint, load_scorer_lm
 
