@@ -28,8 +28,10 @@ import torch
 
 def _args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--teacher", required=True, help="the teacher run (a masked or uniform diffusion run)")
-    ap.add_argument("--judge", required=True, help="causal LM run or HF directory that scores the samples (gen-PPL)")
+    ap.add_argument("--teacher", help="the teacher run (a masked or uniform diffusion run)")
+    ap.add_argument("--judge", help="causal LM run or HF directory that scores the samples (gen-PPL)")
+    ap.add_argument("--report", default=None, metavar="JSON",
+                    help="print the markdown tables of a result file written by --out, measure nothing")
     ap.add_argument("--teacher-cost", default=None, help="JSON file with the teacher's pre-training cpu_s as {\"cpu_s\": ...}")
     ap.add_argument("--start-steps", type=int, default=16, help="the teacher's steps in round 1 (halved every round)")
     ap.add_argument("--rounds", type=int, default=1)
@@ -45,6 +47,9 @@ def _args(argv=None):
     ap.add_argument("--eval-only", action="store_true", help="evaluate the rounds already in --work-dir, train none")
     ap.add_argument("--probe-steps", type=int, default=5,
                     help="pre-training steps of the teacher's own config at --batch-size, timed as the unit of cost (0: skip)")
+    ap.add_argument("--precision", default=None, choices=("fp32", "bf16", "fp16"),
+                    help="train.precision of the rounds and of the pre-training probe (default: the teacher run's; "
+                         "bf16 autocast is several times slower than fp32 on a CPU)")
     ap.add_argument("--out", default=None)
     return ap.parse_args(argv)
 
@@ -84,6 +89,8 @@ def train_round(source: Path, teacher_steps: int, run_dir: Path, args) -> dict:
                  "train.save_every=25", "train.log_every=10", "sample.num=0"]  # fmt: skip
     if args.window is not None:
         overrides.append(f"target.window={args.window}")
+    if args.precision:
+        overrides.append(f"train.precision={args.precision}")
     cfg = fewstep_config(source, overrides=overrides)
     done = run_dir / "ROUND_DONE"
     if done.exists():
@@ -95,7 +102,8 @@ def train_round(source: Path, teacher_steps: int, run_dir: Path, args) -> dict:
     cost = {"cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - t0, "resumed": resume,
             "cpu_s_per_step": clock.per_step(),
             "teacher_steps": teacher_steps, "student_steps": teacher_steps // 2, "optimizer_steps": args.round_steps,
-            "batch_size": args.batch_size, "window": args.window, "form": args.form}  # fmt: skip
+            "batch_size": args.batch_size, "window": args.window, "form": args.form,
+            "precision": str(cfg.train.precision)}  # fmt: skip
     done.write_text(json.dumps(cost))
     return cost
 
@@ -113,10 +121,13 @@ def probe_pretraining(teacher: Path, run_dir: Path, args) -> dict | None:
     overrides = [f"train.batch_size={args.batch_size}", "train.threads=1", "train.device=cpu", "train.progress=false",
                  "train.tensorboard=false", "train.save_every=0", "train.eval_every=0", "train.sample_every=0",
                  "sample.num=0", "train.log_every=1000"]  # fmt: skip
+    if args.precision:
+        overrides.append(f"train.precision={args.precision}")
     cfg = load_config(None, [*overrides, f"train.steps={1 + args.probe_steps}", "train.out_dir=null"], base=base)
     clock = StepClock()
     Trainer.from_config(cfg, run_dir, log=lambda m: None, overwrite=True, callbacks=[clock]).fit()
-    return {"cpu_s_per_step": clock.per_step(), "batch_size": args.batch_size, "steps": args.probe_steps}
+    return {"cpu_s_per_step": clock.per_step(), "batch_size": args.batch_size, "steps": args.probe_steps,
+            "precision": str(cfg.train.precision)}
 
 
 def evaluate(models: dict, judge, steps: list[int], seeds: list[int], args) -> list[dict]:
@@ -156,8 +167,48 @@ def summary(rows: list[dict]) -> list[dict]:
     return table
 
 
+def report(result: dict) -> str:
+    """Markdown tables of a result: gen-PPL and entropy (mean ± sd over the seeds) per model and step count, the
+    data row, and the rounds' cost beside the teacher's pre-training."""
+    cells = {(r["model"], r["steps"]): r for r in result["summary"]}
+    models = list(dict.fromkeys(r["model"] for r in result["summary"]))
+    steps = sorted({r["steps"] for r in result["summary"]})
+    head = "| model | " + " | ".join(f"{k} steps" for k in steps) + " |\n|---|" + "---|" * len(steps)
+    d = result["data_test"]
+    lines = [f"gen-PPL (mean ± sd over {len(result['seeds'])} seeds; {d.get('split', 'test')} data: "
+             f"{d['gen_ppl']:.3f}, entropy {d['entropy']:.4f})", "", head]  # fmt: skip
+    for m in models:
+        lines.append(f"| {m} | " + " | ".join(f"{cells[m, k]['gen_ppl_mean']:.3f} ± {cells[m, k]['gen_ppl_sd']:.3f}"
+                                             for k in steps) + " |")  # fmt: skip
+    lines += ["", "Sample entropy (nats, mean ± sd):", "", head]
+    for m in models:
+        lines.append(f"| {m} | " + " | ".join(f"{cells[m, k]['entropy_mean']:.4f} ± {cells[m, k]['entropy_sd']:.4f}"
+                                             for k in steps) + " |")  # fmt: skip
+    probe = result.get("pretraining_probe") or {}
+    lines += ["", "| round | teacher → student steps | CPU-s / step | pre-training steps / step | round CPU-s | wall s |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
+    for c in result["rounds"]:
+        per = c.get("cpu_s_per_step")
+        lines.append(f"| {c['round']} | {c['teacher_steps']} → {c['student_steps']} | "
+                     f"{per:.3f} | {c.get('pretraining_steps_per_step', float('nan')):.2f} | {c['cpu_s']:.1f} | "
+                     f"{c['wall_s']:.0f} |" if per else f"| {c['round']} | {c['teacher_steps']} → {c['student_steps']} "
+                     f"| – | – | {c['cpu_s']:.1f} | {c['wall_s']:.0f} |")  # fmt: skip
+    total = sum(c["cpu_s"] for c in result["rounds"])
+    pre = (result.get("teacher_pretraining") or {}).get("cpu_s")
+    lines += ["", f"rounds together: {total:.1f} CPU-s; pre-training probe: "
+              f"{probe.get('cpu_s_per_step', float('nan')):.3f} CPU-s / step at batch {probe.get('batch_size')}; "
+              f"teacher's recorded pre-training: {pre if pre is None else f'{pre:.1f}'} CPU-s; "
+              f"load average at the end {', '.join(f'{x:.1f}' for x in result['load_average'])}"]  # fmt: skip
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     args = _args(argv)
+    if args.report:
+        print(report(json.loads(Path(args.report).read_text())))
+        return
+    if not (args.teacher and args.judge):
+        raise SystemExit("--teacher and --judge are required (or --report FILE)")
     torch.set_num_threads(1)
     from tcsm.builders.loading import load_checkpoint, load_scorer_lm
 
@@ -192,10 +243,11 @@ def main(argv=None) -> None:
     from tcsm.evaluation import generative_perplexity, sample_entropy
 
     data = models["teacher"].build_data()
-    real = data.test[: args.num_samples].long()  # the data's own values under the same judge: the floor to approach
+    split = "test" if len(data.test) else "valid"  # a prepared corpus may hold no test split
+    real = getattr(data, split)[: args.num_samples].long()  # the data's own values under the same judge
     data_row = {"gen_ppl": generative_perplexity(judge, token_ids=real, batch_size=32).gen_ppl,
-                "entropy": sample_entropy(real)["entropy_mean"], "num": int(real.shape[0])}  # fmt: skip
-    _log(f"data (test): gen-PPL {data_row['gen_ppl']:.3f}  entropy {data_row['entropy']:.4f}")
+                "entropy": sample_entropy(real)["entropy_mean"], "num": int(real.shape[0]), "split": split}  # fmt: skip
+    _log(f"data ({split}): gen-PPL {data_row['gen_ppl']:.3f}  entropy {data_row['entropy']:.4f}")
     rows = evaluate(models, judge, steps, seeds, args)
     teacher_cost = json.loads(Path(args.teacher_cost).read_text()) if args.teacher_cost else None
     result = {

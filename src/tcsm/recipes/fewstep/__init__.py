@@ -20,7 +20,7 @@ A round's teacher is the previous round's student:
     tcsm finetune fewstep --from runs/teacher --teacher-steps 16 --window 2 --form draws --loss score
 
 Masked and uniform sources; full-sequence and block models (K steps per block, each block's rollout given its clean
-prefix; a DiffusionGemma run is a block model, but distilling one has not been tried).
+prefix), a DiffusionGemma run among them (teacher and student in the model's own class, K steps per canvas).
 """
 
 RECIPE = RecipeSpec(
