@@ -114,6 +114,7 @@ class DiffusionGemmaExporter(Exporter):
 
     name = MODEL_TYPE
     names_special_ids = False
+    loads_with = "tcsm.from_pretrained or transformers.DiffusionGemmaForBlockDiffusion.from_pretrained"
 
     def config(self, ck, model) -> dict:
         return native_config(model, self.native_keys(ck, model))

@@ -20,7 +20,7 @@ from tcsm.core.parts import Parts
 from tcsm.models.kinds import kind_of
 from tcsm.storage.checkpoint import EXPORT_FORMAT
 
-__all__ = ["CODE_FILES", "EXPORTERS", "Exporter", "exporter_of", "model_card"]
+__all__ = ["CODE_FILES", "EXPORTERS", "Exporter", "exporter_of", "exporter_of_export", "model_card"]
 
 REMOTE_CODE = Path(__file__).resolve().parents[1] / "models" / "hf_remote"
 CODE_FILES = ("configuration_tcsm.py", "modeling_tcsm.py")
@@ -28,6 +28,16 @@ BASE_MODEL = "base_model"
 
 #: family (`ModelKind.export`) → its exporter; the families with their own builder module register there
 EXPORTERS = Parts("exporter", homes=("tcsm.builders.exporters", "tcsm.builders.diffusion_gemma", "tcsm.builders.hf_masked"))
+
+
+def exporter_of_export(directory) -> Exporter:
+    """The exporter that wrote the export `directory`, by the family its config.json names (`kind`)."""
+    try:
+        hf = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+        kind = hf.get("kind")
+    except (OSError, ValueError, AttributeError):
+        kind = None
+    return (EXPORTERS.get(kind) if kind in EXPORTERS else Exporter)(kind)
 
 
 def exporter_of(model) -> Exporter:
@@ -45,6 +55,8 @@ class Exporter:
     name: ClassVar[str] = ""
     #: config.json names the tokenizer's end-of-text and padding ids (a family whose own config names them: False)
     names_special_ids: ClassVar[bool] = True
+    #: what loads the export, for the line `tcsm export` prints
+    loads_with: ClassVar[str] = "tcsm.from_pretrained or transformers, trust_remote_code=True"
 
     def __init__(self, kind: str | None = None):
         self.kind = kind or self.name

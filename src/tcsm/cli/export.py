@@ -44,19 +44,9 @@ def run(args) -> int:
     )  # fmt: skip
     if (out / "adapter_config.json").is_file():
         print(f"exported the LoRA adapters of {args.run} to {out} (load with peft.PeftModel.from_pretrained(base, DIR))")
-    elif _model_type(out) == "diffusion_gemma":  # the model's own files: transformers loads them without remote code
-        print(f"exported {args.run} to {out} (load with tcsm.from_pretrained or "
-              "transformers.DiffusionGemmaForBlockDiffusion.from_pretrained)")  # fmt: skip
-    else:
-        print(f"exported {args.run} to {out} (load with tcsm.from_pretrained or transformers, trust_remote_code=True)")
+    else:  # the family's exporter says what loads it (its own transformers class, or the remote code)
+        from tcsm.builders.exporters import exporter_of_export
+
+        print(f"exported {args.run} to {out} (load with {exporter_of_export(out).loads_with})")
     return 0
 
-
-def _model_type(directory) -> str | None:
-    import json
-    from pathlib import Path
-
-    try:
-        return json.loads((Path(directory) / "config.json").read_text(encoding="utf-8")).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return None
