@@ -1,10 +1,11 @@
-"""`NameTable`, the one name → object lookup of the math layers (losses, divergences, weightings, paths, ...)."""
+"""`Parts`, the one name → part table: registered classes (samplers' kin: exporters, RL estimators, rewards) and the
+math layers' tables (losses, divergences, weightings, paths, ...)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tcsm.core.names import NameTable
+from tcsm.core.parts import Parts
 from tcsm.objectives.divergences import BREGMAN, get_bregman, get_f_divergence
 from tcsm.objectives.losses import get_loss
 from tcsm.objectives.weighting import get_weighting
@@ -12,7 +13,7 @@ from tcsm.paths import make_path, make_schedule
 
 
 def test_lookup_register_and_pass_through():
-    table = NameTable("colour", {"red": 1}, passes=callable)
+    table = Parts("colour", {"red": 1}, passes=callable)
 
     @table.register("blue")
     def blue():
@@ -24,7 +25,30 @@ def test_lookup_register_and_pass_through():
         table.lookup("green")
     assert str(e.value) == "unknown colour 'green'; choose one of ['blue', 'red']"
     with pytest.raises(ValueError, match="unknown colour"):
-        NameTable("colour", {"red": 1}).lookup(print)  # no pass-through unless the table says so
+        Parts("colour", {"red": 1}).lookup(print)  # no pass-through unless the table says so
+
+
+def test_a_class_registers_under_its_name_and_homes_load_on_first_use():
+    table = Parts("widget", homes=("tcsm.rewards.functions",))
+
+    @table.register
+    class Knob:
+        name = "knob"
+
+    assert table.get("knob") is Knob and table.names() == ("knob",)
+    with pytest.raises(ValueError, match="already registered"):
+        table.register(type("Other", (), {"name": "knob"}))
+    with pytest.raises(ValueError, match="empty"):
+        table.register(type("Nameless", (), {}))
+    from tcsm.rewards.functions import REWARDS
+
+    assert {"grid", "vader", "profanity", "hf", "task", "python"} <= set(REWARDS)  # the rewards are parts too
+
+
+def test_the_old_module_name_still_imports_with_a_warning():
+    with pytest.warns(DeprecationWarning, match="tcsm.core.names moved to tcsm.core.parts"):
+        from tcsm.core.names import NameTable
+    assert NameTable is Parts
 
 
 @pytest.mark.parametrize("lookup", [get_loss, get_bregman, get_f_divergence, get_weighting, make_schedule,
