@@ -39,10 +39,16 @@ class Flag:
 
 @dataclass(frozen=True)
 class Option:
-    """A flag that is not a config key (the report's sample count, an input file): argparse arguments as given."""
+    """A flag that is not a config key (the report's sample count, an input file): argparse arguments as given;
+    `minimum`: the bound a number given checks before any work."""
 
     names: tuple[str, ...]
     kwargs: dict = field(default_factory=dict)
+    minimum: int | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.kwargs.get("dest") or self.names[0].lstrip("-").replace("-", "_")
 
 
 @dataclass(frozen=True)

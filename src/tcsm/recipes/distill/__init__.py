@@ -39,8 +39,6 @@ def _describe(args, report: dict) -> str:
 def _check(args) -> None:
     from tcsm.core.errors import ConfigError
 
-    if args.audit_rows is not None and args.audit_rows < 0:
-        raise ConfigError(f"--audit-rows must be >= 0, got {args.audit_rows}")
     if (args.resume or args.resume_from) and args.checkpoint:
         raise ConfigError("--teacher cannot change on --resume: the run keeps the teacher it was started with")
 
@@ -64,7 +62,7 @@ RECIPE = RecipeSpec(
         Flag("target.ngram_order", minimum=1),
         Flag("target.ngram_k", minimum=1),
         Flag("target.proposal"),
-        Flag("target.audit_rows"),
+        Flag("target.audit_rows", minimum=0),
     ),
     options=(
         Option(("--eval-samples",), {"type": int, "default": 0, "help": "student samples judged by the teacher (0: skip)"}),

@@ -44,13 +44,6 @@ def _describe(args, report: dict) -> str:
     return f"{report['split']} split, {n} sequences: {text}"
 
 
-def _check(args) -> None:
-    from tcsm.core.errors import ConfigError
-
-    if args.eval_examples < 0:
-        raise ConfigError(f"--eval-examples must be >= 0, got {args.eval_examples}")
-
-
 RECIPE = RecipeSpec(
     name="dre",
     help="density-ratio post-training on a frozen reference (strategy i or ii energy model; MATH.md §5.1)",
@@ -63,8 +56,8 @@ RECIPE = RecipeSpec(
         Flag("objective.reference"),
     ),
     options=(Option(("--eval-examples",), {"type": int, "default": 64,
-                                           "help": "sequences scored for dre_eval.json after training (0: skip)"}),),
+                                           "help": "sequences scored for dre_eval.json after training (0: skip)"},
+                    minimum=0),),
     report="report_of",
     describe=_describe,
-    check=_check,
 )

@@ -39,13 +39,6 @@ def _describe(args, report: dict) -> str:
     )
 
 
-def _check(args) -> None:
-    from tcsm.core.errors import ConfigError
-
-    if args.eval_prompts < 0:
-        raise ConfigError(f"--eval-prompts must be >= 0 (0: skip the report), got {args.eval_prompts}")
-
-
 RECIPE = RecipeSpec(
     name="rl",
     help="GRPO for diffusion LMs with a verifiable reward (one_step / elbo (SPG) / exact likelihood estimates)",
@@ -62,9 +55,9 @@ RECIPE = RecipeSpec(
         Flag("objective.num_t", minimum=1),
     ),
     options=(Option(("--eval-prompts",), {"type": int, "default": 64,
-                                          "help": "held-out prompts for the before/after report (0: skip)"}),),
+                                          "help": "held-out prompts for the before/after report (0: skip)"},
+                    minimum=0),),
     report="report_of",
     describe=_describe,
-    check=_check,
     marks=("objective.name", "grpo"),
 )
