@@ -66,6 +66,7 @@ MOVED_MODULES: dict[str, tuple[str, ...]] = {
     "tcsm.posttrain.reward.rewards": ("tcsm.rewards.functions",),
     **{f"tcsm.posttrain.{m}.builder": (f"tcsm.recipes.{m}.builder",) for m in ("dre", "preference", "reward", "sft", "distill")},
     **{f"tcsm.posttrain.{m}.recipe": (f"tcsm.recipes.{m}.compose",) for m in ("dre", "preference", "reward", "sft", "distill")},
+    "tcsm.core.names": ("tcsm.core.parts",),  # one registry pattern: the math tables are `Parts` too
 }
 
 #: names renamed in the moved modules, old → new: the models of the data that are not diffusion models are LMs.
@@ -78,6 +79,7 @@ RENAMED_NAMES: dict[str, str] = {
     "make_clean_loss": "make_lm_loss",
     "build_clean_model": "build_lm",
     "clean_model_families": "lm_families",
+    "NameTable": "Parts",
 }
 
 
@@ -166,6 +168,8 @@ MOVED_KEYS = {
     "target.ema": "reference.ema",
     "model.reference_ema": "reference.ema",
     "objective.reference_ema": "reference.ema",
+    # semi-autoregressive decoding of a full-sequence model, named apart from path.block_length (a block model)
+    "sample.block_length": "sample.semi_ar_block",
 }
 
 #: old keys whose values listed here keep their meaning in place (objective.reference=ema | previous: strategy
