@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tcsm.recipes.spec import Flag, Option, RecipeSpec
 
-DOC = """`tcsm distill`: train a diffusion student on the N^1 conditionals of an autoregressive teacher (MATH.md §5.4).
+DOC = """`tcsm distill`: distil an autoregressive teacher into a diffusion student (exact / Top-K / Top-K+n-gram / Taylor; MATH.md §5.4).
 
 The teacher is a causal-LM run of this project (`tcsm train -c causal-lm ...`) or a local Hugging Face
 causal-LM directory (config.json, weights and tokenizer files); the student is any denoiser config. The run is
@@ -51,8 +51,6 @@ def _summarize(args, run_dir, cfg, summary: dict) -> str | None:
 
 RECIPE = RecipeSpec(
     name="distill",
-    help="distil an autoregressive teacher into a diffusion student (exact / Top-K / Top-K+n-gram / Taylor; MATH.md §5.4)",
-    doc=DOC,
     preset="distill",
     source_help="tcsm causal-LM run (or checkpoint) or Hugging Face causal-LM directory",
     source_flag=("-t", "--teacher"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tcsm.recipes.spec import Flag, Option, RecipeSpec
 
-DOC = """`tcsm finetune dre`: density-ratio post-training of a pre-trained diffusion run (MATH.md §5.1).
+DOC = """`tcsm finetune dre`: density-ratio post-training on a frozen reference (strategy i or ii energy model; MATH.md §5.1).
 
 The run is an ordinary `tcsm train` run — same Trainer, checkpoints, --resume, logs and one-line errors — whose
 config is the reference run's config (data, path), then the `finetune-dre` preset (or `-c`), then key=value
@@ -46,8 +46,6 @@ def _describe(args, report: dict) -> str:
 
 RECIPE = RecipeSpec(
     name="dre",
-    help="density-ratio post-training on a frozen reference (strategy i or ii energy model; MATH.md §5.1)",
-    doc=DOC,
     source_help="reference run, checkpoints or step_* directory",
     flags=(
         Flag("objective.strategy"),

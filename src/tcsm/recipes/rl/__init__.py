@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tcsm.recipes.spec import Flag, Option, RecipeSpec
 
-DOC = """`tcsm finetune rl`: reinforcement learning with a verifiable reward, the GRPO family for diffusion LMs.
+DOC = """`tcsm finetune rl`: GRPO for diffusion LMs with a verifiable reward (one_step / elbo (SPG) / exact likelihood estimates).
 
 The run is an ordinary `tcsm train` run — same Trainer, checkpoints, exact --resume (the rollout buffer included),
 logs and one-line errors — whose config is the source run's (data, path, model), then the `finetune-rl` preset (or
@@ -41,8 +41,6 @@ def _describe(args, report: dict) -> str:
 
 RECIPE = RecipeSpec(
     name="rl",
-    help="GRPO for diffusion LMs with a verifiable reward (one_step / elbo (SPG) / exact likelihood estimates)",
-    doc=DOC,
     source_help="the run to start from (and the KL reference): a denoiser, or an AR LM for --estimator exact",
     flags=(
         Flag("objective.reward"),
