@@ -50,9 +50,12 @@ class Parts(dict):
             for module in self.homes:
                 importlib.import_module(module)
 
-    def get(self, name):
-        """The part registered as `name`; ValueError (one line, with the choices) otherwise."""
+    def get(self, name, *default):
+        """The part registered as `name`; ValueError (one line, with the choices) otherwise, or `default` when one
+        is given (as a dict's `get`)."""
         self._import_homes()
+        if default:
+            return dict.get(self, name, *default)
         try:
             return self[name]
         except (KeyError, TypeError):
