@@ -218,3 +218,18 @@ def test_a_recipe_starts_from_an_export(runs, tmp_path):
     first = next(json.loads(r) for r in (tmp_path / "i" / "metrics.jsonl").read_text().splitlines()
                  if json.loads(r)["kind"] == "train")  # fmt: skip
     assert first["log_r_data"] == 0.0 and first["accuracy"] == 0.5
+
+
+def test_the_load_line_of_an_export_is_its_familys(tmp_path):
+    """`tcsm export` says what loads an export from the family's exporter (by config.json's kind), never by
+    comparing a model type string."""
+    from tcsm.builders.exporters import Exporter, exporter_of_export
+
+    (tmp_path / "dg").mkdir()
+    (tmp_path / "dg" / "config.json").write_text(json.dumps({"model_type": "diffusion_gemma", "kind": "diffusion_gemma"}))
+    assert "DiffusionGemmaForBlockDiffusion" in exporter_of_export(tmp_path / "dg").loads_with
+    (tmp_path / "den").mkdir()
+    (tmp_path / "den" / "config.json").write_text(json.dumps({"model_type": "tcsm", "kind": "denoiser"}))
+    assert exporter_of_export(tmp_path / "den").loads_with == Exporter.loads_with
+    assert "trust_remote_code=True" in Exporter.loads_with
+    assert exporter_of_export(tmp_path / "missing").loads_with == Exporter.loads_with
