@@ -45,7 +45,10 @@ def test_a_class_registers_under_its_name_and_homes_load_on_first_use():
     assert {"grid", "vader", "profanity", "hf", "task", "python"} <= set(REWARDS)  # the rewards are parts too
 
 
-def test_the_old_module_name_still_imports_with_a_warning():
+def test_the_old_module_name_still_imports_with_a_warning(monkeypatch):
+    import sys
+
+    monkeypatch.delitem(sys.modules, "tcsm.core.names", raising=False)  # warned once per process
     with pytest.warns(DeprecationWarning, match="tcsm.core.names moved to tcsm.core.parts"):
         from tcsm.core.names import NameTable
     assert NameTable is Parts
