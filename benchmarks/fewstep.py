@@ -175,8 +175,8 @@ def report(result: dict) -> str:
     steps = sorted({r["steps"] for r in result["summary"]})
     head = "| model | " + " | ".join(f"{k} steps" for k in steps) + " |\n|---|" + "---|" * len(steps)
     d = result["data_test"]
-    lines = [f"gen-PPL (mean ± sd over {len(result['seeds'])} seeds; {d.get('split', 'test')} data: "
-             f"{d['gen_ppl']:.3f}, entropy {d['entropy']:.4f})", "", head]  # fmt: skip
+    lines = [(f"gen-PPL (mean ± sd over {len(result['seeds'])} seeds; {d.get('split', 'test')} data: "
+              f"{d['gen_ppl']:.3f}, entropy {d['entropy']:.4f})"), "", head]  # fmt: skip
     for m in models:
         lines.append(f"| {m} | " + " | ".join(f"{cells[m, k]['gen_ppl_mean']:.3f} ± {cells[m, k]['gen_ppl_sd']:.3f}"
                                              for k in steps) + " |")  # fmt: skip
@@ -189,16 +189,16 @@ def report(result: dict) -> str:
               "|---|---|---|---|---|---|"]  # fmt: skip
     for c in result["rounds"]:
         per = c.get("cpu_s_per_step")
-        lines.append(f"| {c['round']} | {c['teacher_steps']} → {c['student_steps']} | "
-                     f"{per:.3f} | {c.get('pretraining_steps_per_step', float('nan')):.2f} | {c['cpu_s']:.1f} | "
-                     f"{c['wall_s']:.0f} |" if per else f"| {c['round']} | {c['teacher_steps']} → {c['student_steps']} "
-                     f"| – | – | {c['cpu_s']:.1f} | {c['wall_s']:.0f} |")  # fmt: skip
+        lines.append((f"| {c['round']} | {c['teacher_steps']} → {c['student_steps']} | "
+                      f"{per:.3f} | {c.get('pretraining_steps_per_step', float('nan')):.2f} | {c['cpu_s']:.1f} | "
+                      f"{c['wall_s']:.0f} |") if per else (f"| {c['round']} | {c['teacher_steps']} → "
+                      f"{c['student_steps']} | – | – | {c['cpu_s']:.1f} | {c['wall_s']:.0f} |"))  # fmt: skip
     total = sum(c["cpu_s"] for c in result["rounds"])
     pre = (result.get("teacher_pretraining") or {}).get("cpu_s")
-    lines += ["", f"rounds together: {total:.1f} CPU-s; pre-training probe: "
-              f"{probe.get('cpu_s_per_step', float('nan')):.3f} CPU-s / step at batch {probe.get('batch_size')}; "
-              f"teacher's recorded pre-training: {pre if pre is None else f'{pre:.1f}'} CPU-s; "
-              f"load average at the end {', '.join(f'{x:.1f}' for x in result['load_average'])}"]  # fmt: skip
+    lines += ["", (f"rounds together: {total:.1f} CPU-s; pre-training probe: "
+                   f"{probe.get('cpu_s_per_step', float('nan')):.3f} CPU-s / step at batch {probe.get('batch_size')}; "
+                   f"teacher's recorded pre-training: {pre if pre is None else f'{pre:.1f}'} CPU-s; "
+                   f"load average at the end {', '.join(f'{x:.1f}' for x in result['load_average'])}")]  # fmt: skip
     return "\n".join(lines)
 
 

@@ -96,8 +96,8 @@ def make_pairs(pre, data, path, args, out: Path) -> dict:
     stats_file = out.with_suffix(".stats.json")
     if out.is_file() and stats_file.is_file():
         return json.loads(stats_file.read_text())
-    from tcsm.rewards.functions import make_reward
     from tcsm.recipes.preference.compose import sample_pairs, write_pairs
+    from tcsm.rewards.functions import make_reward
 
     start = clock()
     reward = make_reward("vader", decode=data.decode)

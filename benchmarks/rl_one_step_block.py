@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 
@@ -58,7 +59,7 @@ def measure(V: int, L: int, k: int, P: int, seed: int, concentration: float) -> 
         gap = float((w * (ell - exact).abs()).sum())
         corr = [_weighted_corr(ell[prompt_idx == j], exact[prompt_idx == j], w[prompt_idx == j]) for j in range(V**P)]
         mass = prompt_mass
-        ok = [(c, float(m)) for c, m in zip(corr, mass) if c == c]
+        ok = [(c, float(m)) for c, m in zip(corr, mass) if not math.isnan(c)]
         out[form] = {"mean_abs_gap_nats": gap, "within_prompt_corr": sum(c * m for c, m in ok) / sum(m for _, m in ok),
                      "max_abs_gap_nats": float((ell - exact).abs().max())}
     return out

@@ -69,7 +69,7 @@ def main() -> None:
             a = acc[name]
             for _ in range(args.sequences):
                 c0, w0 = time.process_time(), time.perf_counter()
-                x, st = draw(model, path, 1, L, settings, generator=g, drafter_model=dm)
+                _, st = draw(model, path, 1, L, settings, generator=g, drafter_model=dm)
                 a["cpu"] += time.process_time() - c0
                 a["wall"] += time.perf_counter() - w0
                 a["n"] += 1

@@ -102,3 +102,19 @@ def test_loading_the_reference_leaves_the_models_initial_weights_alone(source, r
     assert parts.reference is not None
     for (k, a), (_, b) in zip(parts.model.state_dict().items(), alone.state_dict().items(), strict=True):
         assert torch.equal(a, b), k
+
+
+def test_a_builders_value_error_is_its_sections_config_error():
+    """A registered builder may raise ValueError for an option out of range: the build says which section, in one
+    line, so no builder copies a try/except around its constructor."""
+    from tcsm.builders.registry import Registry
+    from tcsm.core.errors import ConfigError
+
+    widgets = Registry("widget")
+
+    @widgets.register("bad")
+    def build_bad(node, ctx):
+        raise ValueError("size must be > 0, got -1")
+
+    with pytest.raises(ConfigError, match=r"^widget: size must be > 0, got -1$"):
+        widgets.build("bad", {}, None)

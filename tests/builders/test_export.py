@@ -166,7 +166,7 @@ def test_a_failed_export_leaves_the_old_one(runs, tmp_path, monkeypatch):
     out = tcsm.export(runs["masked"], tmp_path / "hf")
     before = (out / "model.safetensors").read_bytes()
     import tcsm.builders.export as ex
-    import tcsm.builders.exporters as exporters
+    from tcsm.builders import exporters
 
     def broken(*a, **k):
         raise OSError("No space left on device")
@@ -218,3 +218,16 @@ def test_a_recipe_starts_from_an_export(runs, tmp_path):
     first = next(json.loads(r) for r in (tmp_path / "i" / "metrics.jsonl").read_text().splitlines()
                  if json.loads(r)["kind"] == "train")  # fmt: skip
     assert first["log_r_data"] == 0.0 and first["accuracy"] == 0.5
+
+
+def test_the_load_line_of_an_export_is_its_familys():
+    """`tcsm export` says what loads an export from the family's exporter (by config.json's kind), never by
+    comparing a model type string."""
+    from tcsm.builders.exporters import exporter_named
+
+    dg = {"model_type": "diffusion_gemma", "kind": "diffusion_gemma"}
+    assert "DiffusionGemmaForBlockDiffusion" in exporter_named(dg["kind"]).loads_with(dg)
+    remote = {"model_type": "tcsm", "kind": "denoiser", "auto_map": {"AutoModelForMaskedLM": "modeling_tcsm.X"}}
+    assert "trust_remote_code=True" in exporter_named("denoiser").loads_with(remote)
+    assert exporter_named("causal").loads_with({"kind": "causal"}) == "tcsm.from_pretrained"
+    assert exporter_named(None).loads_with({}) == "tcsm.from_pretrained"

@@ -235,8 +235,8 @@ def test_eval_genppl_with_a_tcsm_causal_reference(run_dir, capsys, tmp_path):
 def test_speculative_drafter_from_a_run_or_an_exported_hf_directory(run_dir, capsys, tmp_path):
     """`tcsm sample` and `tcsm eval --genppl` load `--drafter` from a run directory and from its `tcsm export`
     (Hugging Face) directory, and refuse a directory that holds neither in one line."""
-    from tcsm.builders.config import load_config, to_dict
     from tcsm.builders.components import build_model_for_checkpoint
+    from tcsm.builders.config import load_config, to_dict
     from tcsm.builders.loading import load_checkpoint
     from tcsm.storage.checkpoint import save_checkpoint
 
@@ -363,7 +363,7 @@ def test_a_block_model_stops_at_eos(block_run, capsys, tmp_path):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--block-length", "2"], "holds a block model"),
+        (["--semi-ar-block", "2"], "holds a block model"),
         (["--steps", "5", "--method", "margin"], "steps per block"),
         (["--method", "joint"], "draws whole sequences"),
         (["--length", "10"], "multiple of the model's block length 4"),
@@ -374,6 +374,13 @@ def test_a_block_model_refuses_what_does_not_fit_in_one_line(block_run, capsys, 
     code, _, err = _sample(capsys, block_run, *argv)
     lines = err.strip().splitlines()
     assert code != 0 and len(lines) == 1 and message in lines[0], err
+
+
+def test_the_old_name_of_semi_ar_block_is_read_with_a_note(block_run, capsys):
+    code, _, err = _sample(capsys, block_run, "sample.block_length=2")
+    lines = err.strip().splitlines()
+    assert code != 0 and "sample.block_length is now sample.semi_ar_block" in lines[0], err
+    assert len(lines) == 2 and "--semi-ar-block decodes a full-sequence model" in lines[1], err
 
 
 def test_an_output_file_tcsm_did_not_write_is_kept(run_dir, capsys, tmp_path):

@@ -7,9 +7,9 @@ import pytest
 
 pytest.importorskip("tokenizers")
 
-from llada_helpers import write_tokenizer  # noqa: E402
+from llada_helpers import write_tokenizer
 
-from tcsm.data import DataError, build_data  # noqa: E402
+from tcsm.data import DataError, build_data
 
 
 def test_the_tokenizer_kind_has_the_directory_tokenizer_and_no_rows(tmp_path):

@@ -10,11 +10,11 @@ import pytest
 
 pytest.importorskip("tokenizers")
 
-from llada_helpers import save_word_tokenizer  # noqa: E402
+from llada_helpers import save_word_tokenizer
 
-from tcsm.data import DataError, tokenizer_spec  # noqa: E402
-from tcsm.data.sft import build_sft  # noqa: E402
-from tcsm.data.unknown import UnknownTally, unknown_spans, warn_unknown_prompt  # noqa: E402
+from tcsm.data import DataError, tokenizer_spec
+from tcsm.data.sft import build_sft
+from tcsm.data.unknown import UnknownTally, unknown_spans, warn_unknown_prompt
 
 VOCAB = ["<eos>", "<unk>", "the", "cat", "sat", "on", "mat", "a"]
 

@@ -284,7 +284,7 @@ def test_draw_decodes_a_block_model_with_the_run_sampler(dist):
 @pytest.mark.parametrize(
     "settings, msg",
     [
-        ({"method": "margin", "steps": 2, "block_length": 2}, "uncached block decoding"),
+        ({"method": "margin", "steps": 2, "semi_ar_block": 2}, "uncached block decoding"),
         ({"method": "joint", "steps": 2}, "draws whole sequences"),
         ({"method": "margin", "steps": 3}, "steps per block"),
     ],

@@ -155,7 +155,7 @@ def test_draw_routes_decoding_orders_and_blocks(dist):
     den = exact_denoiser(dist, path)
     for s, method in (
         (SampleSettings(steps=3, method="entropy"), "entropy"),
-        (SampleSettings(steps=3, block_length=1), "ancestral"),
+        (SampleSettings(steps=3, semi_ar_block=1), "ancestral"),
     ):  # blocks of the path sampler's law
         x, st = draw(den, path, 5, dist.length, s, generator=torch.Generator().manual_seed(0))
         assert x.shape == (5, 3) and st.method == method and st.num_calls == 3

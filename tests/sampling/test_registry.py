@@ -107,7 +107,7 @@ def test_path_samplers_draw_what_the_sampling_function_draws(method, source, one
 @pytest.mark.parametrize("block", [None, 3])
 def test_decoding_orders_draw_what_decode_draws(method, block, one_thread):
     model, path = _Logits(), MaskedPath(V)
-    settings = SampleSettings(method=method, steps=4, block_length=block, threshold=0.3)
+    settings = SampleSettings(method=method, steps=4, semi_ar_block=block, threshold=0.3)
     x, stats = draw(model, path, 5, L, settings, generator=torch.Generator().manual_seed(1))
     ref, ref_stats = decode(model, path, batch_size=5, length=L, num_steps=4, method=method, block_length=block,
                             threshold=0.3, time_independent=True, generator=torch.Generator().manual_seed(1))
@@ -116,7 +116,7 @@ def test_decoding_orders_draw_what_decode_draws(method, block, one_thread):
 
 def test_the_section_validates_every_samplers_keys_in_one_line():
     for bad, message in [({"steps": 0}, "steps must be >= 1"), ({"threshold": 1.5}, "threshold must be in"),
-                         ({"sir_k": 0}, "sir_k must be >= 1"), ({"block_length": 0}, "block_length must be")]:
+                         ({"sir_k": 0}, "sir_k must be >= 1"), ({"semi_ar_block": 0}, "semi_ar_block must be")]:
         with pytest.raises(ValueError, match=message):
             SampleSettings(**bad)
     assert make_sampler(SampleSettings()).name == "ancestral"  # method null: the cached reveal / analytic bridge

@@ -111,7 +111,7 @@ def test_an_energy_run_samples_by_sir_with_its_own_settings_in_both(tmp_path, ca
 def test_decoding_orders_through_tcsm_sample(run, capsys):
     """The decoding orders and blocks are selectable from the command line; the run's prompt is kept."""
     for flags in (["--method", "margin", "--steps", "4"], ["--method", "threshold", "--threshold", "0.5"],
-                  ["--method", "confidence", "--steps", "4", "--block-length", "4"]):
+                  ["--method", "confidence", "--steps", "4", "--semi-ar-block", "4"]):
         capsys.readouterr()
         assert main(["sample", str(run), "--no-progress", "-n", "2", "--length", "8", *flags]) == 0
         out = capsys.readouterr()
@@ -121,7 +121,7 @@ def test_decoding_orders_through_tcsm_sample(run, capsys):
 @pytest.mark.parametrize(
     "flags, match",
     [(["--method", "greedy"], r"--method: invalid choice: 'greedy' \(choose from 'ancestral'"),
-     (["--method", "margin", "--block-length", "3"], "block_length 3 does not divide the sample length 8"),
+     (["--method", "margin", "--semi-ar-block", "3"], "block length 3 does not divide the sample length 8"),
      (["--method", "threshold", "--threshold", "1.5"], r"sample.threshold must be in \(0, 1\], got 1.5"),
      (["--method", "entropy", "--steps", "9"], "9 steps for 8 positions")],
 )
@@ -138,7 +138,8 @@ def test_bad_decoding_requests_are_one_line_errors(run, capsys, flags, match):
     assert len(err.splitlines()) == 1 and re.search(match, err), err
 
 
-@pytest.mark.parametrize("bad, match", [("sample.threshold=0", "threshold"), ("sample.block_length=0", "block_length"),
+@pytest.mark.parametrize("bad, match", [("sample.threshold=0", "threshold"), ("sample.semi_ar_block=0", "semi_ar_block"),
+                                        ("sample.block_length=0", "semi_ar_block"),
                                         ("sample.method=greedy", "method")])
 def test_bad_decoding_settings_are_config_errors(bad, match):
     with pytest.raises(ConfigError, match=match):

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tcsm.core.errors import ConfigError
+from tcsm.core.errors import ConfigError, TCSMError
 
 __all__ = ["MODELS", "OBJECTIVES", "TARGETS", "BuildContext", "Entry", "ReferenceUse", "Registry", "import_plugins"]
 
@@ -137,7 +137,15 @@ class Registry:
         return name in self._entries
 
     def build(self, name: str, node: dict, ctx: BuildContext) -> Any:
-        return self.get(name).builder(node, ctx)
+        """The entry's object; a ValueError of the parts it builds (an option out of range) is the config's error,
+        in one line naming the section."""
+        builder = self.get(name).builder
+        try:
+            return builder(node, ctx)
+        except TCSMError:
+            raise
+        except ValueError as e:
+            raise ConfigError(f"{self.kind}: {e}") from None
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}, {sorted(self._entries)})"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from tcsm.storage.fileio import write_atomically
@@ -250,33 +249,6 @@ def command_of(cfg) -> str:
     return "tcsm " + " ".join(spec.words) if spec is not None else "tcsm train"
 
 
-def resolve_recipe(args, preset: str, values: dict, new_config: Callable) -> tuple:
-    """(config, run_dir, resume) of a recipe run. A resumed run starts from its saved config, which must be one
-    this recipe trains; a new one from `new_config(config_name, flag_values)`, which builds it from the recipe's
-    source run (and refuses a missing one); `values` are the flags' {config key: value}, with `preset` as the default -c and the label of the default run
-    directory."""
-    from tcsm.builders.config import load_config, set_values
-    from tcsm.core.errors import ConfigError
-
-    run_dir = Path(args.out) if args.out else None
-    point = resume_point(args, run_dir)
-    if point is not None:
-        checkpoint, run_dir, base = point
-        mine, theirs = command_of(load_config(preset)), command_of(base or {})
-        if theirs != mine:  # e.g. `tcsm finetune preference --resume -o RUN_OF_ANOTHER_RECIPE`
-            raise ConfigError(
-                f"{str(run_dir)!r} is a `{theirs}` run, not a `{mine}` run; continue it with `{theirs} --resume`"
-            )
-        return set_values(load_config(args.config, args.overrides, base=base), values), run_dir, checkpoint
-    imported = import_hf_source(args, preset)
-    if imported is not None:
-        run_dir = imported
-    cfg = new_config(args.config or preset, values)
-    if run_dir is None:
-        run_dir = Path(cfg.train.out_dir) if cfg.train.out_dir else default_run_dir(preset)
-    return cfg, run_dir, None
-
-
 #: the folder of a recipe run that holds the import of the Hugging Face directory it starts from
 IMPORT_DIR = "source"
 
@@ -310,44 +282,6 @@ def import_hf_source(args, preset: str) -> Path | None:
 def add_source_run_argument(p, help: str, *, required: bool = False) -> None:
     """The run a command starts from or reads: `--from RUN` (aliases `-k`, `--checkpoint`) in every command."""
     p.add_argument("--from", "-k", "--checkpoint", dest="checkpoint", metavar="RUN", required=required, help=help)
-
-
-def run_recipe(
-    args,
-    cfg,
-    run_dir,
-    resume,
-    *,
-    report: Callable[[Path], dict] | None,
-    report_file: str,
-    describe: Callable[[dict], str],
-    summarize: Callable[[dict], str | None] | None = None,
-) -> int:
-    """The tail of a recipe run: --print-config, or train with `fit`, then on rank 0 say where the run lives,
-    print `summarize(fit's summary)` when it gives a line, and — unless `report` is None (the recipe's evaluation
-    is off) — write `report(run_dir)` to `run_dir/report_file` and print `describe(report)`."""
-    import os
-
-    if args.print_config:
-        from omegaconf import OmegaConf
-
-        print(OmegaConf.to_yaml(cfg), end="")
-        return 0
-    from tcsm.train.fit import fit
-
-    summary = fit(cfg, run_dir, resume, overwrite=getattr(args, "overwrite", False))
-    # torchrun's other ranks have nothing to add, and their own run_dir may carry another time stamp than rank 0's.
-    if os.environ.get("RANK", "0") != "0":
-        return 0
-    print(f"run directory: {run_dir}", flush=True)
-    line = summarize(summary) if summarize is not None else None
-    if line:
-        print(line, flush=True)
-    if report is not None:
-        result = report(Path(run_dir))
-        write_json_report(Path(run_dir) / report_file, result)
-        print(describe(result), flush=True)
-    return 0
 
 
 def emit_report(args, result: dict, lines: list[str]) -> None:

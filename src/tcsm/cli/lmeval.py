@@ -8,7 +8,7 @@ registers the class and hands the rest of the command line to lm-eval's own CLI.
 −log p(continuation | context) (a lower bound on the log-likelihood; Monte Carlo with `num_t` stratified times,
 seeded per request; the standard errors are kept in `TCSMLM.stderrs`, because lm-eval's interface has no field
 for them), `loglikelihood_rolling` the bound over independent windows of the model's length, `generate_until`
-any sampler (`method`, `steps`, `block_length`, `threshold`, `temperature`, `top_p`). Model arguments:
+any sampler (`method`, `steps`, `semi_ar_block`, `threshold`, `temperature`, `top_p`). Model arguments:
 checkpoint (required), num_t (32), seed (0), device (cpu), no_ema (false), and the sampler settings above
 (default: the run's `sample:` section).
 """

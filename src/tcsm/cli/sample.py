@@ -221,11 +221,16 @@ def _sample_keys(args) -> dict:
     from tcsm.cli.fields import given
     from tcsm.core.errors import ConfigError
     from tcsm.sampling.settings import SampleSettings
+    from tcsm.storage.migration import current_key
 
     values = given(args, "sample")
     known = [f.name for f in dataclasses.fields(SampleSettings)]
     for item in args.overrides:
-        key, eq, _ = item.partition("=")
+        key, eq, rest = item.partition("=")
+        if current_key(key, rest, {}) != key:  # an old name of a sampler setting reads as the new one
+            print(f"tcsm: note: {key} is now {current_key(key, rest, {})}", file=sys.stderr)
+            key = current_key(key, rest, {})
+            item = f"{key}{eq}{rest}"
         section, _, leaf = key.partition(".")
         if not eq or section != "sample" or "." in leaf:
             raise ConfigError(f"tcsm sample takes overrides of the sample: section (sample.key=value), got {item!r}")
@@ -336,8 +341,8 @@ def run(args) -> int:
         raise ValueError(f"{kind.description} is sampled left to right: it can continue a --prompt, not fill a "
                          "template (--infill / --infill-json need a diffusion run)")  # fmt: skip
     block = int(model.block_length) if kind.blocks else None  # decoded block by block with its KV cache
-    if block and given.get("block_length") is not None:
-        raise ValueError(f"--block-length decodes a full-sequence model in uncached blocks; {loaded.directory} holds a "
+    if block and given.get("semi_ar_block") is not None:
+        raise ValueError(f"--semi-ar-block decodes a full-sequence model in uncached blocks; {loaded.directory} holds a "
                          f"block model, decoded by its own blocks of {block} with its KV cache: leave it out")
     if cmd.max_new_tokens is not None and (cmd.length is not None or args.infill or args.infill_json):
         raise ValueError("--max-new-tokens sets the length after a prompt: give it without --length, --infill or "

@@ -310,10 +310,12 @@ def chunk(ids: np.ndarray | Tensor, seq_len: int, vocab_size: int) -> Tensor:
 
 
 def bundle_from_streams(
-    streams: dict[str, Any], *, seq_len: int, tokenizer, src, label: str, unit: str, **fields: Any
+    streams: dict[str, Any], *, seq_len: int, tokenizer, src, label: str | None, unit: str, **fields: Any
 ) -> DataBundle:
     """Chunk the train/valid/test id streams into rows of seq_len and wrap them in a DataBundle; a training
-    split shorter than one chunk is a DataError (the text and BPE corpora share this)."""
+    split shorter than one chunk is a DataError (the text, BPE and HF corpora share this). `label` None: the
+    name of the file `src` without its extensions."""
+    label = label or Path(src).name.split(".")[0]
     parts = {k: chunk(v, seq_len, tokenizer.vocab_size) for k, v in streams.items()}
     if parts["train"].shape[0] == 0:
         raise DataError(

@@ -8,8 +8,6 @@ Needs tcsm[datasets] (datasets, pyarrow).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from tcsm.data import tokenizer_spec
@@ -57,7 +55,7 @@ def build_hf(
         seq_len=seq_len,
         tokenizer=tok,
         src=path,
-        label=name or Path(path).name.split(".")[0],
+        label=name,
         unit="tokens",
         eos_id=tok.eos_id,
         meta={"tokenizer_identity": tokenizer_spec.identity(tok), "documents": {k: s for k, s in zip(names, [splits.count(i) for i in range(3)])}},

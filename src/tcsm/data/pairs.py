@@ -36,7 +36,7 @@ from torch import Tensor
 from tcsm.core.batch import Batch
 from tcsm.data.base import DataError, RowsBundle, TensorRows, jsonl_objects
 from tcsm.data.build import DATA_KINDS
-from tcsm.data.prompted import build_prompted, encode, pad_prompt_rows, prompted_source
+from tcsm.data.prompted import build_prompted, encode, fit_prompt_rows, prompted_source
 from tcsm.data.unknown import DEFAULT_MAX_UNKNOWN
 
 __all__ = ["PairRows", "PairsBundle", "build_pairs", "read_pair_records", "tokenize_pairs", "tokenizer_signature"]
@@ -138,46 +138,16 @@ def tokenize_pairs(
     """Rows of `records` (see `read_pair_records`) and the number truncated; records that cannot be used are
     counted in `bad`. Stored ids are used as they are (decode → encode need not give back sampled tokens, and may
     be longer). Too-long pairs raise DataError unless `truncate` (then responses are cut to fit)."""
-    L = int(seq_len)
     V = int(getattr(tokenizer, "vocab_size", 0))
-    rows: list[tuple[list[int], list[int], int]] = []
-    too_long: list[tuple[int, int]] = []
-    truncated = 0
+    rows = []
     for n, prompt, chosen, rejected, stored in records:
         if stored is not None and all(0 <= i < V for x in stored for i in x):
-            ids = list(stored)
+            rows.append((n, list(stored)))
         else:
-            ids = [encode(tokenizer, s) for s in (prompt, chosen, rejected)]
-        if any(x is None for x in ids):
-            bad["text outside the tokenizer's vocabulary"] += 1
-            continue
-        p, c, r = ids
-        longest = len(p) + max(len(c), len(r))
-        if longest > L:
-            if not truncate:
-                too_long.append((n, longest))
-                continue
-            if len(p) >= L:
-                bad["prompt leaves no room for a response"] += 1
-                continue
-            c, r = c[: L - len(p)], r[: L - len(p)]
-            truncated += 1
-            if c == r:
-                bad["identical after truncation"] += 1
-                continue
-        if len(p) + min(len(c), len(r)) < L and pad_id is None:
-            raise DataError(
-                f"{where}:{n}: a response is shorter than the {L - len(p)} tokens after its prompt and the tokenizer "
-                "has no end-of-text token to pad with; set data.pad to a one-token string"
-            )
-        rows.append((p, c, r))
-    if too_long:
-        n, longest = too_long[0]
-        raise DataError(
-            f"{len(too_long)} pair(s) of {where} do not fit the model's {L} tokens (first: line {n}, {longest} "
-            "tokens with its prompt); shorten them, or set data.truncate=true (--truncate) to cut responses to fit"
-        )
-    (chosen, rejected), mask = pad_prompt_rows([(p, (c, r)) for p, c, r in rows], L, pad_id, V, slots=2)
+            rows.append((n, [encode(tokenizer, s) for s in (prompt, chosen, rejected)]))
+    (chosen, rejected), mask, truncated = fit_prompt_rows(
+        rows, seq_len, pad_id, V, slots=2, truncate=truncate, bad=bad, where=where, record="pair", part="response"
+    )
     return PairRows(chosen, rejected, mask), truncated
 
 

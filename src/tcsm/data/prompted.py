@@ -93,6 +93,48 @@ def pad_prompt_rows(
     return outs, mask
 
 
+def fit_prompt_rows(rows, seq_len: int, pad_id: int | None, vocab_size: int, *, slots: int, truncate: bool,
+                    bad: Counter, where: str, record: str, part: str) -> tuple[list[Tensor], Tensor, int]:  # fmt: skip
+    """`rows` of (line number, [prompt ids, `slots` response ids]) fitted to `seq_len` and padded
+    (`pad_prompt_rows`): (a tensor per response slot, the prompt mask, the number of rows truncated). A row with an
+    id list None (text outside the vocabulary) or that cannot be used is counted in `bad`; rows too long are a
+    DataError naming the first unless `truncate` (then their responses are cut to fit). `record` / `part` name a
+    row and a response in the messages ("pair" / "response")."""
+    L = int(seq_len)
+    kept, too_long, truncated = [], [], 0
+    for n, ids in rows:
+        if any(x is None for x in ids):
+            bad["text outside the tokenizer's vocabulary"] += 1
+            continue
+        p, responses = ids[0], list(ids[1:])
+        longest = len(p) + max(map(len, responses))
+        if longest > L:
+            if not truncate:
+                too_long.append((n, longest))
+                continue
+            if len(p) >= L:
+                bad[f"prompt leaves no room for a {part}"] += 1
+                continue
+            responses, truncated = [r[: L - len(p)] for r in responses], truncated + 1
+            if len(responses) > 1 and all(r == responses[0] for r in responses[1:]):
+                bad["identical after truncation"] += 1
+                continue
+        if len(p) + min(map(len, responses)) < L and pad_id is None:
+            raise DataError(
+                f"{where}:{n}: a {part} is shorter than the {L - len(p)} tokens after its prompt and the tokenizer "
+                "has no end-of-text token to pad with; set data.pad to a one-token string"
+            )
+        kept.append((p, tuple(responses)))
+    if too_long:
+        n, longest = too_long[0]
+        raise DataError(
+            f"{len(too_long)} {record}(s) of {where} do not fit the model's {L} tokens (first: line {n}, {longest} "
+            f"tokens with its prompt); shorten them, or set data.truncate=true (--truncate) to cut {part}s to fit"
+        )
+    outs, mask = pad_prompt_rows(kept, L, pad_id, vocab_size, slots=slots)
+    return outs, mask, truncated
+
+
 @dataclass
 class PromptedSource:
     """The records' files and splits, and the source run's tokenizer, length and padding token."""

@@ -33,7 +33,7 @@ from torch import Tensor
 from tcsm.core.batch import Batch
 from tcsm.data.base import DataError, RowsBundle, TensorRows, jsonl_objects
 from tcsm.data.build import DATA_KINDS
-from tcsm.data.prompted import build_prompted, encode, pad_prompt_rows, prompted_source
+from tcsm.data.prompted import build_prompted, encode, fit_prompt_rows, prompted_source
 from tcsm.data.unknown import DEFAULT_MAX_UNKNOWN
 
 __all__ = ["ChatTemplate", "SFTBundle", "SFTRows", "build_sft", "read_sft_records"]
@@ -214,35 +214,11 @@ def read_sft_records(path, fields: tuple[str, str, str], template: ChatTemplate 
 
 def tokenize_sft(records, tokenizer, seq_len: int, *, truncate: bool, pad_id: int | None, bad: Counter, where: str):
     """(SFTRows, number truncated): `encode(prompt) + encode(completion)` padded with `pad_id` to `seq_len`."""
-    L = int(seq_len)
-    rows, too_long, truncated = [], [], 0
-    for n, prompt, completion in records:
-        p, c = encode(tokenizer, prompt), encode(tokenizer, completion)
-        if p is None or c is None:
-            bad["text outside the tokenizer's vocabulary"] += 1
-            continue
-        if len(p) + len(c) > L:
-            if not truncate:
-                too_long.append((n, len(p) + len(c)))
-                continue
-            if len(p) >= L:
-                bad["prompt leaves no room for a completion"] += 1
-                continue
-            c, truncated = c[: L - len(p)], truncated + 1
-        if len(p) + len(c) < L and pad_id is None:
-            raise DataError(
-                f"{where}:{n}: a completion is shorter than the {L - len(p)} tokens after its prompt and the tokenizer "
-                "has no end-of-text token to pad with; set data.pad to a one-token string"
-            )
-        rows.append((p, c))
-    if too_long:
-        n, longest = too_long[0]
-        raise DataError(
-            f"{len(too_long)} record(s) of {where} do not fit the model's {L} tokens (first: line {n}, {longest} "
-            "tokens with its prompt); shorten them, or set data.truncate=true (--truncate) to cut completions"
-        )
-    V = int(getattr(tokenizer, "vocab_size", 0))
-    (x1,), mask = pad_prompt_rows([(p, (c,)) for p, c in rows], L, pad_id, V, slots=1)
+    rows = [(n, [encode(tokenizer, prompt), encode(tokenizer, completion)]) for n, prompt, completion in records]
+    (x1,), mask, truncated = fit_prompt_rows(
+        rows, seq_len, pad_id, int(getattr(tokenizer, "vocab_size", 0)), slots=1, truncate=truncate, bad=bad,
+        where=where, record="record", part="completion",
+    )
     return SFTRows(x1, mask), truncated
 
 

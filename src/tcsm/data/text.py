@@ -136,7 +136,7 @@ def build_text(
         seq_len=seq_len,
         tokenizer=tok,
         src=src,
-        label=name or Path(src).name.split(".")[0],
+        label=name,
         unit="characters",
         meta={"files": files, "chars": {s: len(t) for s, t in texts.items()}, "dropped_oov": dropped},
     )

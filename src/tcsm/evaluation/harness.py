@@ -113,12 +113,12 @@ class DiffusionHarness:
         n = min(int(max_tokens), self.length)
         context = list(context)[max(0, len(context) + n - self.length) :]
         L = len(context) + n
-        block = self.settings.block_length
+        block = self.settings.semi_ar_block
         settings = self.settings
         if (
             block is not None and L % block
         ):  # a block layout over the continuation only would need a new length
-            settings = SampleSettings(**{**settings.__dict__, "block_length": None})
+            settings = SampleSettings(**{**settings.__dict__, "semi_ar_block": None})
         steps = min(settings.steps, n) if make_sampler(settings).steps_at_most_positions else None
         if steps is not None and steps != settings.steps:
             settings = SampleSettings(**{**settings.__dict__, "steps": steps})

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tcsm.core.names import NameTable
+from tcsm.core.parts import Parts
 
 __all__ = [
     "BREGMAN",
@@ -233,7 +233,7 @@ class Logistic(BregmanGenerator):
         )
 
 
-BREGMAN = NameTable(
+BREGMAN = Parts(
     "Bregman generator",
     {g.name: g for g in (GKL(), Squared(), ItakuraSaito(), Logistic())},
     passes=lambda g: isinstance(g, BregmanGenerator),
@@ -293,7 +293,7 @@ def logistic(log_q: Tensor, log_m: Tensor) -> Tensor:
     return kl(log_q, log_a) + kl(log_m, log_a)
 
 
-F_DIVERGENCES = NameTable(
+F_DIVERGENCES = Parts(
     "divergence",
     {"kl": kl, "reverse_kl": reverse_kl, "is": itakura_saito, "squared": squared, "logistic": logistic},
     passes=callable,

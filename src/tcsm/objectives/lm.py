@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from tcsm.core.batch import as_batch
+from tcsm.core.parts import Parts
 from tcsm.models.modes import eval_mode
 
 __all__ = [
@@ -183,7 +184,7 @@ class PseudoLikelihoodLoss(_OnePassLoss):
     metric = "pseudo-nll"
 
 
-LM_LOSSES = {"mlm": MaskedLMLoss, "causal": AutoregressiveLoss, "hollow": PseudoLikelihoodLoss}
+LM_LOSSES = Parts("LM loss family", {"mlm": MaskedLMLoss, "causal": AutoregressiveLoss, "hollow": PseudoLikelihoodLoss})
 
 
 def make_lm_loss(family: str, **kwargs):

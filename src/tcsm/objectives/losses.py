@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tcsm.core.names import NameTable
+from tcsm.core.parts import Parts
 from tcsm.objectives.divergences import BregmanGenerator, get_bregman, get_f_divergence
 from tcsm.paths import ProbabilityPath
 from tcsm.targets.base import TargetBatch
@@ -258,7 +258,7 @@ def _validate_score(bregman="gkl", divergence=None, weight_cap=None, **_) -> Non
 score_loss.validate = _validate_score
 
 
-LOSSES = NameTable("loss", {"distrib": distrib_loss, "score": score_loss}, passes=callable)
+LOSSES = Parts("loss", {"distrib": distrib_loss, "score": score_loss}, passes=callable)
 
 
 def get_loss(name: str | LossFn) -> LossFn:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from tcsm.core.names import NameTable
+from tcsm.core.parts import Parts
 from tcsm.objectives.losses import _masked
 from tcsm.paths import ProbabilityPath
 from tcsm.targets.base import TargetBatch
@@ -32,7 +32,7 @@ def alpha_dot_weight(path: ProbabilityPath, t: Tensor) -> Tensor:
     return path.schedule.alpha_dot(t)
 
 
-WEIGHTINGS = NameTable(
+WEIGHTINGS = Parts(
     "time weighting",
     {
     "kappa": kappa_weight,

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from tcsm.core.names import NameTable
+from tcsm.core.parts import Parts
 from tcsm.paths.base import ProbabilityPath
 from tcsm.paths.masked import MaskedPath
 from tcsm.paths.schedules import (
@@ -33,7 +33,7 @@ __all__ = [
     "make_schedule",
 ]
 
-PATHS = NameTable("source", {"masked": MaskedPath, "uniform": UniformPath})
+PATHS = Parts("source", {"masked": MaskedPath, "uniform": UniformPath})
 
 
 def make_path(

@@ -13,7 +13,7 @@ import math
 import torch
 from torch import Tensor
 
-from tcsm.core.names import NameTable
+from tcsm.core.parts import Parts
 
 
 class Schedule:
@@ -150,7 +150,7 @@ class LogLinearSchedule(Schedule):
         return (1.0 - (1.0 - a.clamp(self.eps, 1.0)) / (1.0 - self.eps)).clamp(0.0, 1.0)
 
 
-SCHEDULES = NameTable(
+SCHEDULES = Parts(
     "schedule",
     {"linear": LinearSchedule, "cosine": CosineSchedule, "polynomial": PolynomialSchedule, "loglinear": LogLinearSchedule},
 )

@@ -10,7 +10,7 @@ from tcsm.builders.source import source_run
 from tcsm.core.errors import ConfigError
 from tcsm.data.prompted import PROMPTED_KINDS
 
-__all__ = ["records_base"]
+__all__ = ["records_base", "records_config"]
 
 
 def records_base(checkpoint, recipe: str, kind: str, records, *, is_dir: str, missing: str) -> tuple[Path, dict]:
@@ -29,3 +29,22 @@ def records_base(checkpoint, recipe: str, kind: str, records, *, is_dir: str, mi
     base["target"] = {"name": "data"}
     base["train"] = {**base.get("train", {}), "out_dir": None}  # never write into the pre-trained run
     return directory, base
+
+
+def records_config(checkpoint, recipe: str, kind: str, records, preset, overrides, values: dict | None, *,
+                   what: str, is_dir: str, missing: str, frozen_reference: bool = False):  # fmt: skip
+    """Source run's config < preset < overrides < `values` for `records_base`'s records, whose objective must be
+    `recipe`'s (ConfigError naming `what` otherwise), started from the source run's weights (`train.init_from`; set
+    train.init_from=null in `values` to start afresh). `frozen_reference`: the source run is also the frozen
+    reference (`reference.path`), and the start takes the weights the reference does."""
+    from tcsm.builders.config import load_config, set_values
+
+    directory, base = records_base(checkpoint, recipe, kind, records, is_dir=is_dir, missing=missing)
+    values = values or {}
+    cfg = load_config(preset, list(overrides), base=base)
+    cfg = set_values(cfg, {**({"reference.path": str(directory)} if frozen_reference else {}), **values})
+    if cfg.objective.name != recipe:
+        raise ConfigError(f"{what} needs objective.name={recipe}, got {cfg.objective.name!r}")
+    weights = "model" if frozen_reference and not cfg.reference.ema else "ema"
+    start = {"train.init_from": str(directory), "train.init_weights": weights}
+    return set_values(cfg, {k: v for k, v in start.items() if k not in values})

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import pkgutil
+import sys
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,21 +40,30 @@ class Flag:
 
 @dataclass(frozen=True)
 class Option:
-    """A flag that is not a config key (the report's sample count, an input file): argparse arguments as given."""
+    """A flag that is not a config key (the report's sample count, an input file): argparse arguments as given;
+    `minimum`: the bound a number given checks before any work."""
 
     names: tuple[str, ...]
     kwargs: dict = field(default_factory=dict)
+    minimum: int | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.kwargs.get("dest") or self.names[0].lstrip("-").replace("-", "_")
 
 
 @dataclass(frozen=True)
 class RecipeSpec:
-    """A recipe states only what differs from the conventions: `preset` finetune-<name>, `compose`
+    """A recipe states only what differs from the conventions: `doc` its package's DOC, whose first line is the
+    `help`, `preset` finetune-<name>, `compose`
     tcsm.recipes.<name>.compose:compose, a `report` named by its function in that module ("report_of") written to
     <name>_eval.json, runs marked by objective.name = <name>, and a pre-trained source run."""
 
     name: str  # `tcsm finetune <name>`
-    help: str  # one line for `tcsm finetune --help`
-    doc: str  # the command's description (`tcsm finetune <name> --help`)
+    #: one line for `tcsm finetune --help` ("": the first line of `doc`, after the command's name)
+    help: str = ""
+    #: the command's description (`tcsm finetune <name> --help`; "": the recipe package's `DOC`)
+    doc: str = ""
     preset: str = ""  # its default `-c`, and the label of its default run directory ("": finetune-<name>)
     #: "module:function" (args, config name, {key: value}) → run config, from the source run ("": the convention)
     compose: str = ""
@@ -78,7 +88,11 @@ class RecipeSpec:
 
     def __post_init__(self):
         module = f"tcsm.recipes.{self.name}.compose"
+        # the spec is made in its package, whose DOC is set by then
+        doc = self.doc or getattr(sys.modules.get(f"tcsm.recipes.{self.name}"), "DOC", "")
         conventions = {
+            "doc": doc,
+            "help": self.help or doc.partition("\n")[0].partition("`: ")[2].rstrip("."),
             "preset": self.preset or f"finetune-{self.name}",
             "compose": self.compose or f"{module}:compose",
             "report": self.report if not self.report or ":" in self.report else f"{module}:{self.report}",

@@ -12,6 +12,11 @@ This module provides:
   sudoku, countdown, addition; options such as `task:countdown,count=4` are the task's);
 * `make_reward(spec)` — builds any of these from a one-line spec (used by the CLI and configs).
 
+Each kind of reward a spec can name is a `Reward` class registered in `REWARDS` (a `tcsm.core.parts.Parts` table):
+its `name`, the option a spec may give without a key (`positional`), the data it is defined on (`scores`, checked
+by `tcsm.rewards.domain`) and `from_spec`. A new reward is one such class and its `@REWARDS.register` line, in this
+module or a module named in `REWARDS`' homes.
+
 Rewards never hold gradients: they are evaluated under `torch.no_grad()` on (possibly many) candidate sequences.
 """
 
@@ -19,24 +24,47 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Sequence
+from typing import ClassVar
 
 import torch
 from torch import Tensor
+
+from tcsm.core.parts import Parts
 
 __all__ = [
     "REWARDS",
     "CallableReward",
     "GridReward",
     "HFClassifierReward",
+    "Reward",
     "RewardFn",
     "TextReward",
     "evaluate_reward",
     "make_reward",
     "profanity_reward",
+    "reward_specs",
     "vader_reward",
 ]
 
 RewardFn = Callable[[Tensor], Tensor]
+
+#: the rewards a spec can name (`make_reward`), by their `name`
+REWARDS = Parts("reward", homes=("tcsm.rewards.functions",))
+
+
+class Reward:
+    """A kind of reward a spec names: `make_reward` builds it with `from_spec`."""
+
+    name: ClassVar[str] = ""
+    #: the option a spec gives first without a key ("hf:PATH", "task:NAME", "python:MODULE:FUNCTION"), or None
+    positional: ClassVar[str | None] = None
+    #: the data it is defined on: "tokens" (any), "text" (decoded text), "grid" (points of a W×W grid)
+    scores: ClassVar[str] = "tokens"
+
+    @classmethod
+    def from_spec(cls, *, decode, vocab_size, task_options, **options) -> RewardFn:
+        """The reward of a spec's `options`; `decode`, `vocab_size` and `task_options` as `make_reward` takes them."""
+        return cls(**options)
 
 
 def evaluate_reward(reward: RewardFn, x: Tensor, chunk_size: int | None = None) -> Tensor:
@@ -79,11 +107,14 @@ class CallableReward:
         return torch.as_tensor(self.fn(x), dtype=torch.float32)
 
 
-class GridReward:
+@REWARDS.register
+class GridReward(Reward):
     """R(x) = `left` if the point's first coordinate x^0 < width/2, else `right` (paper App. E: 0 and −10^5).
 
     A grid point is a length-2 sequence (x^0, x^1) over {0..width−1}; "left half" means small x^0.
     """
+
+    name, scores = "grid", "grid"
 
     def __init__(self, width: int = 128, left: float = 0.0, right: float = -1e5):
         self.width, self.left, self.right = int(width), float(left), float(right)
@@ -91,6 +122,10 @@ class GridReward:
     def __call__(self, x: Tensor) -> Tensor:
         is_left = x[..., 0] < self.width // 2
         return torch.where(is_left, torch.tensor(self.left), torch.tensor(self.right)).float()
+
+    @classmethod
+    def from_spec(cls, *, decode, vocab_size, task_options, **options) -> GridReward:
+        return cls(**{"width": vocab_size or 128, **options})
 
 
 class TextReward:
@@ -113,21 +148,48 @@ def _import_optional(module: str, package: str):
         ) from e
 
 
-def vader_reward(decode: Callable[[list[int]], str]) -> TextReward:
+class _DecodedTextReward(TextReward, Reward):
+    scores = "text"
+
+    @classmethod
+    def from_spec(cls, *, decode, vocab_size, task_options, **options) -> TextReward:
+        return cls(_need_decode(decode, cls.name), **options)
+
+
+@REWARDS.register
+class VaderReward(_DecodedTextReward):
     """R(x) = VADER compound sentiment of the decoded text, in [−1, 1] (`vaderSentiment`, offline lexicon)."""
-    analyzer = _import_optional(
-        "vaderSentiment.vaderSentiment", "vaderSentiment"
-    ).SentimentIntensityAnalyzer()
-    return TextReward(lambda texts: [analyzer.polarity_scores(s)["compound"] for s in texts], decode)
+
+    name = "vader"
+
+    def __init__(self, decode: Callable[[list[int]], str]):
+        analyzer = _import_optional("vaderSentiment.vaderSentiment", "vaderSentiment").SentimentIntensityAnalyzer()
+        super().__init__(lambda texts: [analyzer.polarity_scores(s)["compound"] for s in texts], decode)
+
+
+@REWARDS.register
+class ProfanityReward(_DecodedTextReward):
+    """R(x) = −P(profane | decoded text), in [−1, 0] (`alt-profanity-check`, an offline linear classifier)."""
+
+    name = "profanity"
+
+    def __init__(self, decode: Callable[[list[int]], str]):
+        predict_prob = _import_optional("profanity_check", "alt-profanity-check").predict_prob
+        super().__init__(lambda texts: [-float(p) for p in predict_prob(list(texts))], decode)
+
+
+def vader_reward(decode: Callable[[list[int]], str]) -> TextReward:
+    """The `vader` reward of text decoded by `decode`."""
+    return VaderReward(decode)
 
 
 def profanity_reward(decode: Callable[[list[int]], str]) -> TextReward:
-    """R(x) = −P(profane | decoded text), in [−1, 0] (`alt-profanity-check`, an offline linear classifier)."""
-    predict_prob = _import_optional("profanity_check", "alt-profanity-check").predict_prob
-    return TextReward(lambda texts: [-float(p) for p in predict_prob(list(texts))], decode)
+    """The `profanity` reward of text decoded by `decode`."""
+    return ProfanityReward(decode)
 
 
-class HFClassifierReward:
+@REWARDS.register
+class HFClassifierReward(Reward):
     """R(x) = a Hugging Face sequence classifier's score for class `label` (MATH.md §5.2's generic R).
 
     `model` is a local path (loaded with `local_files_only=True`, never downloaded) or an already-built
@@ -135,6 +197,8 @@ class HFClassifierReward:
     re-tokenised; otherwise token ids are fed to the classifier unchanged (shared vocabulary).
     `mode`: "logit" (the class logit), "logprob" (log-softmax) or "prob".
     """
+
+    name, positional = "hf", "path"
 
     def __init__(
         self,
@@ -191,6 +255,39 @@ class HFClassifierReward:
             out = torch.softmax(logits, -1)[:, self.label]
         return out.to(x.device)
 
+    @classmethod
+    def from_spec(cls, *, decode, vocab_size, task_options, path, **options) -> HFClassifierReward:
+        return cls(path, decode=decode, **options)
+
+
+@REWARDS.register
+class PythonReward(Reward):
+    """A user's reward: "python:MODULE:FUNCTION", the function there on token ids [B, L] → [B] (called with the
+    spec's options first when it is a factory taking them)."""
+
+    name, positional = "python", "target"
+
+    @classmethod
+    def from_spec(cls, *, decode, vocab_size, task_options, target, **options) -> CallableReward:
+        return _python_reward(target, **options)
+
+
+@REWARDS.register
+class TaskRewards(Reward):
+    """"task:NAME": the 0/1 verifier of a verifiable task on (prompt, completion) ids (`tcsm.data.tasks`), with the
+    run's own task options (`task_options`) as the defaults of a task of that name."""
+
+    name, positional = "task", "task"
+
+    @classmethod
+    def from_spec(cls, *, decode, vocab_size, task_options, task=None, **options):
+        from tcsm.data.tasks import TASKS, task_reward
+
+        if task is None:
+            raise ValueError(f"the task reward needs a task name: task:NAME with NAME one of {sorted(TASKS)}")
+        options = {**(task_options or {}).get(task, {}), **options}
+        return task_reward(task, decode=decode, vocab_size=vocab_size, **options)
+
 
 def _python_reward(target: str, **kwargs):
     """`module:attr` → the callable there (called with kwargs first if it is a factory taking them)."""
@@ -209,24 +306,9 @@ def _python_reward(target: str, **kwargs):
     return CallableReward(fn(**kwargs) if kwargs else fn)
 
 
-REWARDS: dict[str, Callable] = {
-    "grid": lambda decode=None, vocab_size=None, **kw: GridReward(**{"width": vocab_size or 128, **kw}),
-    "vader": lambda decode=None, vocab_size=None, **kw: vader_reward(_need_decode(decode, "vader"), **kw),
-    "profanity": lambda decode=None, vocab_size=None, **kw: profanity_reward(
-        _need_decode(decode, "profanity"), **kw
-    ),
-    "hf": lambda path, decode=None, vocab_size=None, **kw: HFClassifierReward(path, decode=decode, **kw),
-    "task": lambda task=None, decode=None, vocab_size=None, **kw: _task_reward(task, decode, vocab_size, **kw),
-    "python": lambda target, decode=None, vocab_size=None, **kw: _python_reward(target, **kw),
-}
-
-
-def _task_reward(task, decode, vocab_size, **options):
-    from tcsm.data.tasks import TASKS, task_reward
-
-    if task is None:
-        raise ValueError(f"the task reward needs a task name: task:NAME with NAME one of {sorted(TASKS)}")
-    return task_reward(task, decode=decode, vocab_size=vocab_size, **options)
+def reward_specs() -> str:
+    """The rewards a spec can name, for help texts: "grid | vader | ... | hf:PATH | task:TASK | python:TARGET"."""
+    return " | ".join(f"{c.name}:{c.positional.upper()}" if c.positional else c.name for c in REWARDS.values())
 
 
 def _need_decode(decode, name):
@@ -267,18 +349,13 @@ def make_reward(
         name, _, rest = str(spec).partition(":")
         kwargs = {}
         parts = [p for p in rest.split(",") if p] if rest else []
-        if name in ("hf", "task") and parts and "=" not in parts[0]:
-            kwargs["path" if name == "hf" else "task"] = parts.pop(0)
-        if name == "python" and rest:
-            # the target itself contains ':' — everything up to the first ',' is the import target
-            kwargs["target"] = parts.pop(0) if parts else rest
+        positional = REWARDS.get(name).positional if name in REWARDS else None
+        # the first option may be the positional one, which may itself hold ':' (python:MODULE:FUNCTION)
+        if positional and parts and "=" not in parts[0]:
+            kwargs[positional] = parts.pop(0)
         for p in parts:
             if "=" not in p:
                 raise ValueError(f"bad reward option {p!r} in {spec!r}; expected key=value")
             k, v = p.split("=", 1)
             kwargs[k.strip()] = _parse_value(v.strip())
-    if name not in REWARDS:
-        raise ValueError(f"unknown reward {name!r}; choose one of {sorted(REWARDS)}")
-    if name == "task" and kwargs.get("task") in (task_options or {}):
-        kwargs = {**task_options[kwargs["task"]], **kwargs}
-    return REWARDS[name](decode=decode, vocab_size=vocab_size, **kwargs)
+    return REWARDS.get(name).from_spec(decode=decode, vocab_size=vocab_size, task_options=task_options, **kwargs)

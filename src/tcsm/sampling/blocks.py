@@ -69,10 +69,10 @@ def check_block_model(model, inner=None) -> int:
             "threshold"
         )
     s = inner.settings
-    if getattr(s, "block_length", None) is not None:
+    if getattr(s, "semi_ar_block", None) is not None:
         raise ValueError(
-            f"sample.block_length={s.block_length} is the uncached block decoding of full-sequence models; a block "
-            f"model decodes its own blocks of {k} with its KV cache: leave sample.block_length null"
+            f"sample.semi_ar_block={s.semi_ar_block} is the uncached block decoding of full-sequence models; a block "
+            f"model decodes its own blocks of {k} with its KV cache: leave sample.semi_ar_block null"
         )
     if inner.steps_at_most_positions and int(s.steps) > k:
         raise ValueError(

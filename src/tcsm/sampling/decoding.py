@@ -77,7 +77,7 @@ def check_decoding(
         raise ValueError(f"threshold must be in (0, 1], got {threshold}")
     block = length if block_length is None else int(block_length)
     if block < 1 or length % block:
-        raise ValueError(f"block_length {block_length} does not divide the sample length {length}")
+        raise ValueError(f"the semi-autoregressive block length {block_length} does not divide the sample length {length}")
     blocks = length // block
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1, got {num_steps}")

@@ -22,7 +22,7 @@ class _Order(Sampler):
         _no_trajectory(self, record_steps)  # decoding runs the whole batch at once: chunk_size does not apply
         return decode(
             model, path, batch_size=num, length=length, num_steps=s.steps, method=self.name, grid=s.grid,
-            temperature=s.temperature, top_p=s.top_p, block_length=s.block_length, final_argmax=s.final_argmax,
+            temperature=s.temperature, top_p=s.top_p, block_length=s.semi_ar_block, final_argmax=s.final_argmax,
             time_independent=s.time_independent(model, path), fixed=fixed, values=values, generator=generator,
             device=device, callback=callback, **self.order_settings(),
         )  # fmt: skip

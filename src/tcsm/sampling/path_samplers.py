@@ -1,6 +1,6 @@
 """The path samplers (MATH.md §6.1, §6.2) as selectable samplers: `ancestral` (the default; the sparse cached
 reveal for an absorbing path, the analytic bridge otherwise), `analytic`, `euler`, and `joint` (the bridge applied
-to a jointly drawn x̂_1, for a model that draws one: `model.x1_sampler(path)`). With `block_length` the first three
+to a jointly drawn x̂_1, for a model that draws one: `model.x1_sampler(path)`). With `semi_ar_block` the first three
 decode block by block (`sampling.decoding`, the ancestral law inside each block)."""
 
 from __future__ import annotations
@@ -17,15 +17,16 @@ __all__ = ["Analytic", "Ancestral", "BlockSettings", "Euler", "Joint"]
 
 @dataclass(frozen=True)
 class BlockSettings(DrawSettings):
-    block_length: int | None = field(
+    semi_ar_block: int | None = field(
         default=None,
-        metadata={"help": "masked full-sequence models: decode blocks of this many positions left to right, "
-                          "uncached (null: one; block models decode their own blocks with their KV cache)"},
+        metadata={"help": "masked full-sequence models: semi-autoregressive decoding in blocks of this many positions, "
+                          "left to right, uncached (null: one block; a block model (path.block_length) decodes its own "
+                          "blocks with its KV cache)"},
     )
 
     def checks(self):
-        ok = self.block_length is None or int(self.block_length) >= 1
-        return [*super().checks(), (ok, f"block_length must be >= 1 or null, got {self.block_length}")]
+        ok = self.semi_ar_block is None or int(self.semi_ar_block) >= 1
+        return [*super().checks(), (ok, f"semi_ar_block must be >= 1 or null, got {self.semi_ar_block}")]
 
 
 class _PathSampler(Sampler):
@@ -34,11 +35,11 @@ class _PathSampler(Sampler):
     def __call__(self, model, path, num, length, *, objective=None, generator=None, device=None, fixed=None,
                  values=None, callback=None, chunk_size=None, record_steps=None):  # fmt: skip
         s = self.settings
-        if s.block_length is not None:
+        if s.semi_ar_block is not None:
             _no_trajectory(self, record_steps)  # blocks run the path sampler's law as "ancestral" (masked: §6.1 = §6.2)
             return decode(
                 model, path, batch_size=num, length=length, num_steps=s.steps, method="ancestral", grid=s.grid,
-                temperature=s.temperature, top_p=s.top_p, block_length=s.block_length, final_argmax=s.final_argmax,
+                temperature=s.temperature, top_p=s.top_p, block_length=s.semi_ar_block, final_argmax=s.final_argmax,
                 time_independent=s.time_independent(model, path), fixed=fixed, values=values, generator=generator,
                 device=device, callback=callback,
             )  # fmt: skip
@@ -52,7 +53,7 @@ class _PathSampler(Sampler):
 
 def _no_trajectory(sampler, record_steps) -> None:
     if record_steps is not None:
-        raise ValueError(f"{sampler.name} with blocks keeps no trajectory: record_steps needs a path sampler without block_length")
+        raise ValueError(f"{sampler.name} with blocks keeps no trajectory: record_steps needs a path sampler without semi_ar_block")
 
 
 @register_sampler

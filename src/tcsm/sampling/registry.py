@@ -5,10 +5,10 @@ fields to the run's `sample:` section. A new sampler is one class in one file.""
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
+from tcsm.core.parts import Parts
 from tcsm.sampling.common import GRIDS
 from tcsm.sampling.samplers import may_cache
 
@@ -133,36 +133,23 @@ class ObjectiveSampler(Sampler):
         )
 
 
-SAMPLERS: dict[str, type[Sampler]] = {}
-_homes_imported = False
+#: name → sampler class (`tcsm.core.parts.Parts`, the one registry pattern), the built-in ones loaded from HOMES
+SAMPLERS = Parts("sampler", homes=HOMES)
 
 
 def register_sampler(cls: type[Sampler]) -> type[Sampler]:
     """Class decorator: make `cls` selectable by `cls.name`."""
-    if not cls.name or cls.name in SAMPLERS and SAMPLERS[cls.name] is not cls:
-        raise ValueError(f"sampler name {cls.name!r} is empty or already registered")
-    SAMPLERS[cls.name] = cls
-    return cls
-
-
-def _import_homes() -> None:
-    global _homes_imported
-    if not _homes_imported:
-        _homes_imported = True
-        for module in HOMES:
-            importlib.import_module(module)
+    return SAMPLERS.register(cls)
 
 
 def sampler_names() -> tuple[str, ...]:
     """Every name `sample.method` accepts, in registration order."""
-    _import_homes()
     return tuple(n for n, c in SAMPLERS.items() if not c.own)
 
 
 def sampler_class(name: str) -> type[Sampler]:
     """The sampler registered as `name`; ValueError (one line, with the choices) otherwise."""
-    _import_homes()
-    cls = SAMPLERS.get(name)
+    cls = SAMPLERS.get(name, None)
     if cls is None or cls.own:
         raise ValueError(f"method must be one of {list(sampler_names())}, got {name!r}")
     return cls
@@ -170,8 +157,7 @@ def sampler_class(name: str) -> type[Sampler]:
 
 def own_sampler_class(name: str) -> type[Sampler]:
     """The sampler an objective (or a model kind's `own_sampler`) names, registered with `own = True`."""
-    _import_homes()
-    cls = SAMPLERS.get(name)
+    cls = SAMPLERS.get(name, None)
     if cls is None or not cls.own:
         raise ValueError(f"no objective's own sampler is registered as {name!r}; known: "
                          f"{[n for n, c in SAMPLERS.items() if c.own]}")  # fmt: skip
@@ -179,5 +165,4 @@ def own_sampler_class(name: str) -> type[Sampler]:
 
 
 def all_sampler_classes() -> list[type[Sampler]]:
-    _import_homes()
     return list(SAMPLERS.values())

@@ -84,6 +84,7 @@ MOVED_MODULES: dict[str, tuple[str, ...]] = {
     "tcsm.posttrain.preference.pairs": ("tcsm.data.pairs",),
     "tcsm.posttrain.sft.data": ("tcsm.data.sft",),
     "tcsm.posttrain.reward.rewards": ("tcsm.rewards.functions",),
+    "tcsm.core.names": ("tcsm.core.parts",),  # one registry pattern: the math tables are `Parts` too
 }
 
 #: names renamed in the moved modules, old → new: the models of the data that are not diffusion models are LMs.
@@ -96,6 +97,7 @@ RENAMED_NAMES: dict[str, str] = {
     "make_clean_loss": "make_lm_loss",
     "build_clean_model": "build_lm",
     "clean_model_families": "lm_families",
+    "NameTable": "Parts",
 }
 
 #: methods renamed on a class, "Class.old" → new (each kept by `renamed_method`, which refuses one not listed here)
@@ -190,6 +192,8 @@ MOVED_KEYS = {
     "target.ema": "reference.ema",
     "model.reference_ema": "reference.ema",
     "objective.reference_ema": "reference.ema",
+    # semi-autoregressive decoding of a full-sequence model, named apart from path.block_length (a block model)
+    "sample.block_length": "sample.semi_ar_block",
 }
 
 #: old keys whose values listed here keep their meaning in place (objective.reference=ema | previous: strategy

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tcsm.core.names import NameTable
+from tcsm.core.parts import Parts
 
 __all__ = [
     "AR_ESTIMATORS",
@@ -321,7 +321,7 @@ class TaylorARScore(ARScoreEstimator):
         return 3.0
 
 
-AR_ESTIMATORS = NameTable(
+AR_ESTIMATORS = Parts(
     "AR score estimator",
     {"exact": ExactARScore, "topk": TopKARScore, "topk_ngram": TopKNgramARScore, "taylor": TaylorARScore},
 )

@@ -22,7 +22,7 @@ from collections import OrderedDict
 import torch
 from torch import Tensor, nn
 
-from tcsm.core.names import NameTable
+from tcsm.core.parts import Parts
 from tcsm.models.kinds import kind_of
 from tcsm.paths import ProbabilityPath
 from tcsm.targets.ar import ARScoreEstimate, ARScoreEstimator, estimator_options, make_ar_estimator, sample_ar
@@ -163,7 +163,7 @@ class ARTeacher(Teacher):
         return f"ARTeacher({type(self.model).__name__}, {self.estimator!r})"
 
 
-TEACHERS = NameTable("teacher family", {"mlm": MLMTeacher, "hollow": HollowTeacher, "causal": ARTeacher})
+TEACHERS = Parts("teacher family", {"mlm": MLMTeacher, "hollow": HollowTeacher, "causal": ARTeacher})
 
 
 def make_teacher(model: nn.Module, family: str | None = None, **kwargs) -> Teacher:

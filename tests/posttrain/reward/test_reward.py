@@ -11,7 +11,6 @@ import torch
 from tcsm import objectives
 from tcsm.evaluation.exact import EnumerableDistribution
 from tcsm.paths import MaskedPath, UniformPath
-from tcsm.rewards.functions import CallableReward, GridReward, evaluate_reward, make_reward
 from tcsm.posttrain.reward.targets import (
     RewardFullTarget,
     RewardN1Target,
@@ -19,6 +18,7 @@ from tcsm.posttrain.reward.targets import (
     snis_weights,
     tilted_conditionals,
 )
+from tcsm.rewards.functions import CallableReward, GridReward, evaluate_reward, make_reward
 
 V, L = 3, 3
 

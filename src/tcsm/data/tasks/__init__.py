@@ -18,6 +18,7 @@ The reward of a task from token ids — what reward fine-tuning and RL call:
 
 from __future__ import annotations
 
+from tcsm.core.parts import Parts
 from tcsm.data.base import DataError
 from tcsm.data.tasks.addition import AdditionTask
 from tcsm.data.tasks.base import EOS, Example, Task, TaskReward
@@ -26,7 +27,7 @@ from tcsm.data.tasks.sudoku import SudokuTask
 
 __all__ = ["EOS", "TASKS", "Example", "Task", "TaskReward", "make_task", "run_task_options", "task_reward"]
 
-TASKS: dict[str, type[Task]] = {"sudoku": SudokuTask, "countdown": CountdownTask, "addition": AdditionTask}
+TASKS = Parts("task", {"sudoku": SudokuTask, "countdown": CountdownTask, "addition": AdditionTask})
 
 
 def make_task(name: str, **options) -> Task:

@@ -32,11 +32,11 @@ class LayerNorm(nn.Module):
         return F.layer_norm(x.float(), (x.shape[-1],), self.weight.float(), None, self.eps).to(x.dtype)
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(LayerNorm):
+    """The same scale parameter as LayerNorm's, without the mean subtraction."""
+
     def __init__(self, dim, eps=1e-6):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        super().__init__(dim, eps)
 
     def forward(self, x):
         xf = x.float()
@@ -186,16 +186,23 @@ def block_mask(length, block_length, device):
     return noisy_q | (clean[:, None] & clean[None, :] & (same | before))
 
 
-def block_forward(module, input_ids, clean_ids, timesteps, attention_mask):
-    """Hidden states [B, L, d] of a block model's noisy half, all blocks in one pass over [x_t; x_1]: block b reads
-    x_t^b, its time and x_1^{<b} (t per position [B, L], per sequence [B] or a scalar; clean tokens at t = 1)."""
-    k = int(module.c["block_length"])
+def check_block_inputs(input_ids, clean_ids, k):
+    """ValueError unless a block model of block length `k` is given clean_ids of input_ids' shape [batch, length],
+    length a multiple of k."""
     if clean_ids is None:
         raise ValueError("a block model needs the clean sequence: pass clean_ids (x_1, the blocks before each block)")
     B, L = input_ids.shape
     if L % k or tuple(clean_ids.shape) != (B, L):
         raise ValueError(f"a block model takes input_ids and clean_ids of one shape [batch, length], length a multiple "
                          f"of {k}; got {tuple(input_ids.shape)} and {tuple(clean_ids.shape)}")  # fmt: skip
+
+
+def block_forward(module, input_ids, clean_ids, timesteps, attention_mask):
+    """Hidden states [B, L, d] of a block model's noisy half, all blocks in one pass over [x_t; x_1]: block b reads
+    x_t^b, its time and x_1^{<b} (t per position [B, L], per sequence [B] or a scalar; clean tokens at t = 1)."""
+    k = int(module.c["block_length"])
+    check_block_inputs(input_ids, clean_ids, k)
+    B, L = input_ids.shape
     mask = block_mask(L, k, input_ids.device)
     keys = _key_mask(attention_mask)
     if keys is not None:
@@ -284,7 +291,7 @@ def _draw(lp, generator):
 
 class DiffusionGenerationMixin:
     """`generate()` for a masked-source denoiser: the run's sampler defaults (`config.sampling`: steps, method,
-    grid, temperature, top_p, final_argmax, block_length, threshold), its schedule, and a stop at end-of-text.
+    grid, temperature, top_p, final_argmax, semi_ar_block, threshold), its schedule, and a stop at end-of-text.
 
     Methods: "ancestral" (and every path sampler of tcsm: each masked position is revealed on the way from t to s
     with probability (α_s − α_t)/(1 − α_t)), or the decoding orders "random" | "confidence" | "margin" | "entropy"
@@ -294,8 +301,9 @@ class DiffusionGenerationMixin:
 
     @torch.no_grad()
     def generate(self, input_ids=None, *, num_samples=None, max_length=None, max_new_tokens=None, steps=None,
-                 method=None, grid=None, temperature=None, top_p=None, final_argmax=None, block_length=None,
-                 threshold=None, eos_token_id=None, pad_token_id=None, generator=None, **unused):  # fmt: skip
+                 method=None, grid=None, temperature=None, top_p=None, final_argmax=None, semi_ar_block=None,
+                 threshold=None, eos_token_id=None, pad_token_id=None, generator=None, block_length=None,
+                 **unused):  # fmt: skip
         """input_ids [B, P] (optional): a prompt, kept; returns [B, L] token ids (prompt included) with
         L = max_length, or P + max_new_tokens, or the run's sequence length. After the first end-of-text token
         (`eos_token_id`, default the config's) every position is `pad_token_id` (default: EOS), and decoding stops
@@ -316,7 +324,10 @@ class DiffusionGenerationMixin:
         top_p = float(top_p if top_p is not None else s.get("top_p", 1.0))
         final_argmax = bool(final_argmax if final_argmax is not None else s.get("final_argmax", False))
         own_blocks = bool((getattr(cfg, "denoiser", None) or {}).get("block_length"))
-        block_length = block_length if block_length is not None or own_blocks else s.get("block_length")
+        # semi-autoregressive blocks of a full-sequence model (`block_length`: their name in exports before)
+        block_length = semi_ar_block if semi_ar_block is not None else block_length
+        saved = s.get("semi_ar_block", s.get("block_length"))
+        block_length = block_length if block_length is not None or own_blocks else saved
         threshold = float(threshold if threshold is not None else s.get("threshold", 0.9))
         eos = eos_token_id if eos_token_id is not None else getattr(cfg, "eos_token_id", None)
         pad = pad_token_id if pad_token_id is not None else (getattr(cfg, "pad_token_id", None) if eos_token_id is None else None)
@@ -574,12 +585,8 @@ class TCSMHFDenoiserForMaskedLM(DiffusionGenerationMixin, TCSMPreTrainedModel):
         the clean blocks up to its own (only earlier positions with `bidirectional` false)."""
         c, emb = self.config.denoiser, self.hf.get_input_embeddings()
         k, V = int(c["block_length"]), c["vocab_size"]
-        if clean_ids is None:
-            raise ValueError("a block model needs the clean sequence: pass clean_ids (x_1, the blocks before each block)")
+        check_block_inputs(input_ids, clean_ids, k)
         B, L = input_ids.shape
-        if L % k or tuple(clean_ids.shape) != (B, L):
-            raise ValueError(f"a block model takes input_ids and clean_ids of one shape [batch, length], length a "
-                             f"multiple of {k}; got {tuple(input_ids.shape)} and {tuple(clean_ids.shape)}")  # fmt: skip
         nb, dev = L // k, input_ids.device
         bos = torch.full((B, 1), -1, dtype=torch.long, device=dev)
         anchors = torch.cat([bos, clean_ids[:, k - 1 : L - 1 : k]], 1)

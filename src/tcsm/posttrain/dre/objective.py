@@ -260,18 +260,8 @@ class EnergyObjective(_DRE):
         return (f"energy-model estimate on {which} x {self.eval_num_t} times x n={ns} reference draws: about "
                 f"{rows:,.0f} energy calls")  # fmt: skip
 
-    def sample(
-        self,
-        model,
-        num: int,
-        length: int,
-        generator=None,
-        device=None,
-        *,
-        settings=None,
-        fixed=None,
-        values=None,
-    ):
+    def sample(self, model, num: int, length: int, generator=None, device=None, *, settings=None, fixed=None,
+               values=None):  # fmt: skip
         """SIR over the energy model's frozen reference (MATH.md §6.3) with the run's `SIRSettings`: `steps`,
         `grid`, `sir_k` candidates inside `sir_window`, selection temperature `sir_temperature`."""
         from tcsm.posttrain.dre.sampler import SIRSettings

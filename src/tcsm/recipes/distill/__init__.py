@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tcsm.recipes.spec import Flag, Option, RecipeSpec
 
-DOC = """`tcsm distill`: train a diffusion student on the N^1 conditionals of an autoregressive teacher (MATH.md §5.4).
+DOC = """`tcsm distill`: distil an autoregressive teacher into a diffusion student (exact / Top-K / Top-K+n-gram / Taylor; MATH.md §5.4).
 
 The teacher is a causal-LM run of this project (`tcsm train -c causal-lm ...`) or a local Hugging Face
 causal-LM directory (config.json, weights and tokenizer files); the student is any denoiser config. The run is
@@ -39,8 +39,6 @@ def _describe(args, report: dict) -> str:
 def _check(args) -> None:
     from tcsm.core.errors import ConfigError
 
-    if args.audit_rows is not None and args.audit_rows < 0:
-        raise ConfigError(f"--audit-rows must be >= 0, got {args.audit_rows}")
     if (args.resume or args.resume_from) and args.checkpoint:
         raise ConfigError("--teacher cannot change on --resume: the run keeps the teacher it was started with")
 
@@ -53,8 +51,6 @@ def _summarize(args, run_dir, cfg, summary: dict) -> str | None:
 
 RECIPE = RecipeSpec(
     name="distill",
-    help="distil an autoregressive teacher into a diffusion student (exact / Top-K / Top-K+n-gram / Taylor; MATH.md §5.4)",
-    doc=DOC,
     preset="distill",
     source_help="tcsm causal-LM run (or checkpoint) or Hugging Face causal-LM directory",
     source_flag=("-t", "--teacher"),
@@ -64,7 +60,7 @@ RECIPE = RecipeSpec(
         Flag("target.ngram_order", minimum=1),
         Flag("target.ngram_k", minimum=1),
         Flag("target.proposal"),
-        Flag("target.audit_rows"),
+        Flag("target.audit_rows", minimum=0),
     ),
     options=(
         Option(("--eval-samples",), {"type": int, "default": 0, "help": "student samples judged by the teacher (0: skip)"}),

@@ -400,26 +400,15 @@ def build_distill_target(node: dict, ctx: BuildContext):
         raise ConfigError("reference.path must name the AR teacher: a tcsm causal-LM run or a HF causal-LM directory")
     # the teacher options the estimator takes (its constructor's, MATH.md §5.4)
     options = {k: node[k] for k in estimator_options(node["estimator"]) if k in node}
-    try:
-        teacher = ARTeacher(ctx.reference, node["estimator"], autocast=node["autocast"], **options)
-        return DistillTarget(
-            teacher,
-            node["proposal"],
-            sample_steps=node["sample_steps"],
-            audit_rows=node["audit_rows"],
-            # [:] reads memory-mapped shards (data.kind=shards) into one tensor: the n-gram counts every row
-            ngram_rows=ctx.data.train[:] if node["estimator"] == "topk_ngram" else None,
-            ngram_order=node["ngram_order"],
-        )
-    except ValueError as e:
-        raise ConfigError(f"target: {e}") from None
+    teacher = ARTeacher(ctx.reference, node["estimator"], autocast=node["autocast"], **options)
+    # [:] reads memory-mapped shards (data.kind=shards) into one tensor: the n-gram counts every row
+    ngram_rows = ctx.data.train[:] if node["estimator"] == "topk_ngram" else None
+    return DistillTarget(teacher, node["proposal"], sample_steps=node["sample_steps"], audit_rows=node["audit_rows"],
+                         ngram_rows=ngram_rows, ngram_order=node["ngram_order"])  # fmt: skip
 
 
 TARGETS.register(
-    "distill",
-    build_distill_target,
-    schema=DistillTargetConfig,
-    overwrite=True,
+    "distill", build_distill_target, schema=DistillTargetConfig, overwrite=True,
     reference=ReferenceUse("reference.path (the teacher)", families=("causal",), load=load_checked_teacher),
     help="AR → diffusion distillation: an AR teacher's N^1 conditionals on data / teacher / student proposals (MATH.md §5.4)",
-)
+)  # fmt: skip

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tcsm.recipes.spec import Flag, Option, RecipeSpec
 
-DOC = """`tcsm finetune dre`: density-ratio post-training of a pre-trained diffusion run (MATH.md §5.1).
+DOC = """`tcsm finetune dre`: density-ratio post-training on a frozen reference (strategy i or ii energy model; MATH.md §5.1).
 
 The run is an ordinary `tcsm train` run — same Trainer, checkpoints, --resume, logs and one-line errors — whose
 config is the reference run's config (data, path), then the `finetune-dre` preset (or `-c`), then key=value
@@ -44,17 +44,8 @@ def _describe(args, report: dict) -> str:
     return f"{report['split']} split, {n} sequences: {text}"
 
 
-def _check(args) -> None:
-    from tcsm.core.errors import ConfigError
-
-    if args.eval_examples < 0:
-        raise ConfigError(f"--eval-examples must be >= 0, got {args.eval_examples}")
-
-
 RECIPE = RecipeSpec(
     name="dre",
-    help="density-ratio post-training on a frozen reference (strategy i or ii energy model; MATH.md §5.1)",
-    doc=DOC,
     source_help="reference run, checkpoints or step_* directory",
     flags=(
         Flag("objective.strategy"),
@@ -63,8 +54,8 @@ RECIPE = RecipeSpec(
         Flag("objective.reference"),
     ),
     options=(Option(("--eval-examples",), {"type": int, "default": 64,
-                                           "help": "sequences scored for dre_eval.json after training (0: skip)"}),),
+                                           "help": "sequences scored for dre_eval.json after training (0: skip)"},
+                    minimum=0),),
     report="report_of",
     describe=_describe,
-    check=_check,
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tcsm.recipes.spec import Flag, RecipeSpec
 
-DOC = """`tcsm finetune fewstep`: one step-halving round of few-step distillation (MATH.md §10).
+DOC = """`tcsm finetune fewstep`: few-step distillation: a K/2-step student learns the teacher's K-step sampler (MATH.md §10).
 
 The student, initialised from the teacher, learns per x_t the law of x_1 that the teacher's K-step sampler reaches
 from x_t (p^{T,K}_{1|t}), at the grid times of its own K/2 steps; one teacher rollout per x_t is cached for the
@@ -25,10 +25,6 @@ prefix), a DiffusionGemma run among them (teacher and student in the model's own
 
 RECIPE = RecipeSpec(
     name="fewstep",
-    help="few-step distillation: a K/2-step student learns the teacher's K-step sampler (MATH.md §10)",
-    doc=DOC,
-    preset="finetune-fewstep",
-    compose="tcsm.recipes.fewstep.compose:compose",
     source_help="teacher run, checkpoints or step_* directory (the teacher and the student's start)",
     flags=(
         Flag("target.teacher_steps", minimum=2),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tcsm.recipes.spec import Flag, Option, RecipeSpec
 
-DOC = """`tcsm finetune preference`: fine-tune a pre-trained diffusion checkpoint on chosen / rejected pairs (MATH.md §5.3).
+DOC = """`tcsm finetune preference`: preference fine-tuning on chosen/rejected pairs (paper BCE with margin β, or DPO-style; MATH.md §5.3).
 
 The run is an ordinary `tcsm train` run — same Trainer, checkpoints, --resume, logs and one-line errors — whose
 config is the pre-trained run's config (path, model), then the `finetune-preference` preset (or `-c`), then
@@ -55,8 +55,6 @@ def _before_training(args, cfg) -> None:
 
 RECIPE = RecipeSpec(
     name="preference",
-    help="preference fine-tuning on chosen/rejected pairs (paper BCE with margin β, or DPO-style; MATH.md §5.3)",
-    doc=DOC,
     source_help="pre-trained run, checkpoints or step_* directory (the reference and the start)",
     flags=(
         Flag("objective.loss"),

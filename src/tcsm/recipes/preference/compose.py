@@ -19,13 +19,12 @@ from pathlib import Path
 
 import torch
 
-from tcsm.builders.config import load_config, set_values
 from tcsm.builders.loading import load_checkpoint
 from tcsm.core.errors import ConfigError
 from tcsm.data.pairs import tokenizer_signature
 from tcsm.data.tasks import run_task_options
 from tcsm.evaluation.genppl import sample_entropy
-from tcsm.recipes.records import records_base
+from tcsm.recipes.records import records_config
 from tcsm.recipes.spec import lazy_report
 from tcsm.rewards.functions import evaluate_reward, make_reward
 from tcsm.sampling.settings import SampleSettings, draw, sample_settings
@@ -138,22 +137,11 @@ def preference_config(
     """The fine-tuning config: pre-trained run's config < preset < overrides < `values` (dotted key → value),
     with `data` the pairs file tokenized by the pre-trained run's tokenizer, `reference.path` and
     `train.init_from` the checkpoint directory (set train.init_from=null in `values` to start afresh)."""
-    directory, base = records_base(
-        checkpoint, "preference", "pairs", pairs,
+    return records_config(
+        checkpoint, "preference", "pairs", pairs, preset, overrides, values, what="a preference fine-tune",
         is_dir="preference pairs {path!r} is a directory; give the JSONL file `tcsm pairs` wrote",
-        missing="preference pairs file not found: {path} (write one with `tcsm pairs`)",
+        missing="preference pairs file not found: {path} (write one with `tcsm pairs`)", frozen_reference=True,
     )  # fmt: skip
-    cfg = load_config(preset, list(overrides), base=base)
-    cfg = set_values(cfg, {"reference.path": str(directory), **(values or {})})
-    if cfg.objective.name != "preference":
-        raise ConfigError(
-            f"a preference fine-tune needs objective.name=preference, got {cfg.objective.name!r}"
-        )
-    start = {
-        "train.init_from": str(directory),
-        "train.init_weights": "ema" if cfg.reference.ema else "model",
-    }
-    return set_values(cfg, {k: v for k, v in start.items() if k not in (values or {})})
 
 
 # --------------------------------------------------------------------------------------------------- report

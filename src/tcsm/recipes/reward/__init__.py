@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tcsm.recipes.spec import Flag, Option, RecipeSpec
 
-DOC = """`tcsm finetune reward`: fine-tune a pre-trained diffusion checkpoint toward p^R ∝ p_1 e^{R/β} (MATH.md §5.2).
+DOC = """`tcsm finetune reward`: reward fine-tuning toward p^R ∝ p_1·exp(R/β) (N^full SNIS or N^1 tilted conditionals; MATH.md §5.2).
 
 The run is an ordinary `tcsm train` run — same Trainer, checkpoints, --resume, logs and one-line errors — whose
 config is the pre-trained run's config (data, path, model), then the `finetune-reward` preset (or `-c`), then
@@ -37,8 +37,6 @@ def _describe(args, report: dict) -> str:
 
 RECIPE = RecipeSpec(
     name="reward",
-    help="reward fine-tuning toward p^R ∝ p_1·exp(R/β) (N^full SNIS or N^1 tilted conditionals; MATH.md §5.2)",
-    doc=DOC,
     flags=(
         Flag("target.reward"),
         Flag("target.beta", positive=True),

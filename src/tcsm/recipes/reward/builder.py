@@ -11,7 +11,7 @@ from tcsm.core.errors import ConfigError
 from tcsm.data.tasks import run_task_options
 from tcsm.posttrain.reward.targets import RewardFullTarget, RewardN1Target, RewardTarget
 from tcsm.rewards.domain import check_reward_domain
-from tcsm.rewards.functions import GridReward, make_reward
+from tcsm.rewards.functions import GridReward, make_reward, reward_specs
 
 __all__ = ["RewardTargetConfig", "build_reward_target", "check_reward_domain"]
 
@@ -28,7 +28,7 @@ class RewardTargetConfig:
     name: str = "reward"
     reward: str = field(
         default="grid",
-        metadata={"help": "reward spec: grid | vader | profanity | hf:PATH | python:mod:fn (tcsm.rewards.functions)"},
+        metadata={"help": f"reward spec: {reward_specs()} (tcsm.rewards.functions)"},
     )
     beta: float = field(default=1.0, metadata={"help": "temperature β of p^R ∝ p_1 e^{R/β}"})
     neighbourhood: str = field(

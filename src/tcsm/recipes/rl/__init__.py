@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tcsm.recipes.spec import Flag, Option, RecipeSpec
 
-DOC = """`tcsm finetune rl`: reinforcement learning with a verifiable reward, the GRPO family for diffusion LMs.
+DOC = """`tcsm finetune rl`: GRPO for diffusion LMs with a verifiable reward (one_step / elbo (SPG) / exact likelihood estimates).
 
 The run is an ordinary `tcsm train` run — same Trainer, checkpoints, exact --resume (the rollout buffer included),
 logs and one-line errors — whose config is the source run's (data, path, model), then the `finetune-rl` preset (or
@@ -39,17 +39,8 @@ def _describe(args, report: dict) -> str:
     )
 
 
-def _check(args) -> None:
-    from tcsm.core.errors import ConfigError
-
-    if args.eval_prompts < 0:
-        raise ConfigError(f"--eval-prompts must be >= 0 (0: skip the report), got {args.eval_prompts}")
-
-
 RECIPE = RecipeSpec(
     name="rl",
-    help="GRPO for diffusion LMs with a verifiable reward (one_step / elbo (SPG) / exact likelihood estimates)",
-    doc=DOC,
     source_help="the run to start from (and the KL reference): a denoiser, or an AR LM for --estimator exact",
     flags=(
         Flag("objective.reward"),
@@ -62,9 +53,9 @@ RECIPE = RecipeSpec(
         Flag("objective.num_t", minimum=1),
     ),
     options=(Option(("--eval-prompts",), {"type": int, "default": 64,
-                                          "help": "held-out prompts for the before/after report (0: skip)"}),),
+                                          "help": "held-out prompts for the before/after report (0: skip)"},
+                    minimum=0),),
     report="report_of",
     describe=_describe,
-    check=_check,
     marks=("objective.name", "grpo"),
 )

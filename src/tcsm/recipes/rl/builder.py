@@ -14,7 +14,7 @@ from tcsm.data.tasks import run_task_options
 from tcsm.models.kinds import kind_of
 from tcsm.posttrain.rl.estimators import ESTIMATORS, make_estimator
 from tcsm.rewards.domain import check_reward_domain
-from tcsm.rewards.functions import evaluate_reward, make_reward
+from tcsm.rewards.functions import evaluate_reward, make_reward, reward_specs
 
 __all__ = ["GRPOObjectiveConfig", "build_grpo_objective"]
 
@@ -26,11 +26,11 @@ class _GRPOConfig:
     name: str = "grpo"
     reward: str | None = field(
         default=None,
-        metadata={"help": "reward spec, as tcsm finetune reward's: task:NAME | grid | vader | hf:PATH | python:mod:fn"},
+        metadata={"help": f"reward spec, as tcsm finetune reward's: {reward_specs()}"},
     )
     estimator: str = field(
         default="one_step",
-        metadata={"help": "sequence log-likelihood: " + " | ".join(f"{c.name} ({c.help})" for c in ESTIMATORS),
+        metadata={"help": "sequence log-likelihood: " + " | ".join(f"{c.name} ({c.help})" for c in ESTIMATORS.values()),
                   "choices": ESTIMATORS.names()},
     )
     group_size: int = field(default=8, metadata={"help": "rollouts G per prompt (>= 2)"})
@@ -53,7 +53,7 @@ class _GRPOConfig:
 def _estimator_fields() -> list[tuple]:
     """Every registered estimator's options, each once, as keys of the `objective:` section (help: whose it is)."""
     out: dict[str, tuple] = {}
-    for cls in ESTIMATORS:
+    for cls in ESTIMATORS.values():
         for f in fields(cls.settings_type):
             default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
             meta = {**f.metadata, "help": f"{cls.name}: {f.metadata.get('help', '')}"}
@@ -122,10 +122,7 @@ def build_grpo_objective(node: dict, ctx):
             f"objective.group_size={node['group_size']}: GRPO compares each prompt's rollouts with each other, so it "
             "needs at least 2 (--group-size 8 is usual)"
         )
-    try:
-        estimator = _estimator(node, ctx.path)
-    except ValueError as e:
-        raise ConfigError(f"objective: {e}") from None
+    estimator = _estimator(node, ctx.path)
     why = estimator.supports(ctx.model, ctx.path)
     if why is not None:
         raise ConfigError(f"objective.estimator={node['estimator']} does not fit this run: {why}")
@@ -140,24 +137,18 @@ def build_grpo_objective(node: dict, ctx):
     # A saved run is scored (tcsm eval / sample: no target is built) without its reward: it draws no rollouts.
     reward = _reward(node, ctx) if ctx.target is not None else None
     cls = GRPOObjective if owner is None else LeftToRightGRPOObjective
-    try:
-        return cls(
-            ctx.path, estimator, reward, settings=sample_settings(ctx.config.sample), group_size=node["group_size"],
-            clip_eps=node["clip_eps"], kl_coef=node["kl_coef"], reference=ctx.reference,
-            num_iterations=node["num_iterations"], per_token=node["per_token"],
-            scale_advantages=node["scale_advantages"], sampler_owner=owner, reward_chunk=node["reward_chunk"],
-            success=node["success"], prompt_len=node["prompt_len"], eos_id=_eos(node, ctx),
-            keep_after_eos=node["keep_after_eos"],
-        )  # fmt: skip
-    except ValueError as e:
-        raise ConfigError(f"objective: {e}") from None
+    return cls(
+        ctx.path, estimator, reward, settings=sample_settings(ctx.config.sample), group_size=node["group_size"],
+        clip_eps=node["clip_eps"], kl_coef=node["kl_coef"], reference=ctx.reference,
+        num_iterations=node["num_iterations"], per_token=node["per_token"],
+        scale_advantages=node["scale_advantages"], sampler_owner=owner, reward_chunk=node["reward_chunk"],
+        success=node["success"], prompt_len=node["prompt_len"], eos_id=_eos(node, ctx),
+        keep_after_eos=node["keep_after_eos"],
+    )  # fmt: skip
 
 
 OBJECTIVES.register(
-    "grpo",
-    build_grpo_objective,
-    schema=GRPOObjectiveConfig,
-    overwrite=True,
+    "grpo", build_grpo_objective, schema=GRPOObjectiveConfig, overwrite=True,
     reference=ReferenceUse("reference.path (the KL reference)", families=("denoiser", "causal")),
     help="GRPO for diffusion LMs: group-relative advantages, clipped ratio, k3 KL (tcsm.posttrain.rl)",
-)
+)  # fmt: skip

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tcsm.recipes.spec import Flag, Option, RecipeSpec
 
-DOC = """`tcsm finetune sft`: instruction-tune a pre-trained diffusion checkpoint on prompt / completion records.
+DOC = """`tcsm finetune sft`: instruction fine-tuning on prompt/completion or chat records (loss on the completion only).
 
 An ordinary `tcsm train` run whose config is the pre-trained run's (path, model), then the `finetune-sft` preset (or
 `-c`), then key=value overrides, then the flags below. Data: `data.kind: sft` over --data, JSON lines in TRL's
@@ -23,8 +23,6 @@ Validation reports the bound of held-out completions given their prompts (bits p
 
 RECIPE = RecipeSpec(
     name="sft",
-    help="instruction fine-tuning on prompt/completion or chat records (loss on the completion only)",
-    doc=DOC,
     source_help="pre-trained run, checkpoints, step_* or export directory (the start)",
     flags=(Flag("data.chat_template"), Flag("data.truncate")),
     data_kind="sft",

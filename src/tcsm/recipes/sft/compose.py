@@ -3,9 +3,8 @@ records with the pre-trained run's tokenizer, `objective.name: sft`, and the pre
 
 from __future__ import annotations
 
-from tcsm.builders.config import load_config, set_values
 from tcsm.core.errors import ConfigError
-from tcsm.recipes.records import records_base
+from tcsm.recipes.records import records_config
 
 __all__ = ["sft_config"]
 
@@ -13,16 +12,11 @@ __all__ = ["sft_config"]
 def sft_config(checkpoint, records, preset: str | None = "finetune-sft", overrides=(), values: dict | None = None):
     """Pre-trained run's config < preset < overrides < `values`, with `data` the records file tokenized by the
     pre-trained run's tokenizer and `train.init_from` the checkpoint (set train.init_from=null to start afresh)."""
-    directory, base = records_base(
-        checkpoint, "sft", "sft", records,
+    return records_config(
+        checkpoint, "sft", "sft", records, preset, overrides, values, what="an instruction fine-tune",
         is_dir="--data {path!r} is a directory; give the JSONL file of prompt/completion or messages records",
         missing="instruction data file not found: {path}",
     )  # fmt: skip
-    cfg = load_config(preset, list(overrides), base=base)
-    if cfg.objective.name != "sft":
-        raise ConfigError(f"an instruction fine-tune needs objective.name=sft, got {cfg.objective.name!r}")
-    start = {"train.init_from": str(directory), "train.init_weights": "ema"}
-    return set_values(cfg, {**{k: v for k, v in start.items() if k not in (values or {})}, **(values or {})})
 
 
 def compose(args, config: str, values: dict):
