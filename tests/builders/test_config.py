@@ -108,7 +108,7 @@ def test_help_lists_every_schema_key():
 
 
 _VALUES = {"sample.sir_k": 3, "sample.sir_window": [0.2, 0.7], "sample.sir_temperature": 0.5,
-           "reference.path": "runs/x", "reference.ema": False}  # fmt: skip
+           "reference.path": "runs/x", "reference.ema": False, "sample.semi_ar_block": 4}  # fmt: skip
 
 
 @pytest.mark.parametrize("old", sorted(migration.MOVED_KEYS))

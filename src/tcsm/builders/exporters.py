@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 
 from tcsm.builders.config import to_dict
 from tcsm.builders.export_tokenizer import special_ids, write_tokenizer
+from tcsm.builders.registry import FAMILY_MODULES
 from tcsm.core.parts import Parts
 from tcsm.models.kinds import kind_of
 from tcsm.storage.checkpoint import EXPORT_FORMAT
@@ -27,7 +28,7 @@ CODE_FILES = ("configuration_tcsm.py", "modeling_tcsm.py")
 BASE_MODEL = "base_model"
 
 #: family (`ModelKind.export`) → its exporter; the families with their own builder module register there
-EXPORTERS = Parts("exporter", homes=("tcsm.builders.exporters", "tcsm.builders.diffusion_gemma", "tcsm.builders.hf_masked"))
+EXPORTERS = Parts("exporter", homes=("tcsm.builders.exporters", *FAMILY_MODULES))
 
 
 def exporter_of(model) -> Exporter:

@@ -162,10 +162,13 @@ def _recipe_builders() -> tuple[str, ...]:
     )
 
 
+#: The modules of the model families: each registers its model entries and its exporter (`builders.exporters`
+#: imports them before it reports a family as having none). A new family's builder module is one more name here.
+FAMILY_MODULES = ("tcsm.builders.models", "tcsm.builders.diffusion_gemma", "tcsm.builders.hf_masked")
+
 #: The modules whose import registers the built-in entries; one module may register several kinds (a recipe's
 #: model, target and objective together). A registry imports them all before it reports a name as unknown.
-BUILDER_MODULES = ("tcsm.builders.models", "tcsm.builders.diffusion_gemma", "tcsm.builders.hf_masked", "tcsm.builders.targets",
-                   "tcsm.builders.objectives", *_recipe_builders())  # fmt: skip
+BUILDER_MODULES = (*FAMILY_MODULES, "tcsm.builders.targets", "tcsm.builders.objectives", *_recipe_builders())
 
 MODELS = Registry("model", homes=BUILDER_MODULES)
 TARGETS = Registry("target", homes=BUILDER_MODULES)
