@@ -8,7 +8,7 @@ from tcsm.core.errors import ConfigError
 __all__ = ["GRID_KINDS", "TEXT_KINDS", "check_reward_domain"]
 
 GRID_KINDS = ("grid",)
-TEXT_KINDS = ("text", "text8", "bpe", "shards", "hf")  # shards / hf: decoded with the tokenizer they were made with
+TEXT_KINDS = ("text", "text8", "bpe", "shards", "hf", "tokenizer")  # shards / hf / tokenizer: decoded with their tokenizer
 
 
 def check_reward_domain(spec, ctx, what: str = "target.reward=") -> None:

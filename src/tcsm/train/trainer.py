@@ -178,7 +178,8 @@ class Trainer:
 
         # Global indices on every rank: each rank then takes its micro-batches from the same global batch.
         # An import (train.steps=0) draws no batch: its data may be a tokenizer with no rows (data.kind=tokenizer).
-        self.batches = EpochBatches(self.data.train.shape[0], t.batch_size, seed=t.seed, draws=t.steps > 0)
+        rows = (self.data.split("train") if t.steps > 0 else self.data.train).shape[0]  # split(): a no-text refusal
+        self.batches = EpochBatches(rows, t.batch_size, seed=t.seed, draws=t.steps > 0)
         self.step = 0
         self.elapsed = 0.0  # training wall time over all sessions of this run
         self.last_eval: dict[str, Any] = {}
