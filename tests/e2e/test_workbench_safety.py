@@ -317,7 +317,7 @@ def test_export_onto_a_full_disk_is_one_line_and_keeps_the_old_export(run, expor
     # safetensors reports a full disk as its own error type (not an OSError)
     from safetensors import SafetensorError
 
-    import tcsm.builders.export as ex
+    import tcsm.builders.exporters as ex  # the family's exporter writes the weights
 
     def full_st(*a, **k):
         raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space" })')
