@@ -58,6 +58,21 @@ def tiny(*extra: str, synthetic: bool = True) -> list[str]:
     return base + list(extra)
 
 
+def train_addition_run(run: Path) -> Path:
+    """A 1-step run on 2-digit addition at `run` (a task run: its rows carry their prompts; its options are not the
+    task's defaults), trained from seed 0."""
+    from tcsm.cli import main
+
+    argv = ["train", "-o", str(run), "data.kind=task", "data.task=addition", "data.options.digits=2",
+            "data.num_train=64", "data.num_valid=8", "data.num_test=8", "model.d_model=16", "model.n_layers=1",
+            "model.n_heads=2", "model.cond_dim=8", "model.max_len=10", "train.steps=1", "train.batch_size=4",
+            "train.eval_every=0", "train.sample_every=0", "sample.num=0", "train.device=cpu", "train.threads=1",
+            "train.progress=false", "train.tensorboard=false"]  # fmt: skip
+    torch.manual_seed(0)
+    assert main(argv) == 0
+    return run
+
+
 def final_weights(run_dir: Path, which: str = "model") -> dict[str, torch.Tensor]:
     ckpt_root = Path(run_dir) / "checkpoints"
     name = (ckpt_root / "latest").read_text().strip()

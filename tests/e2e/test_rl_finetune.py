@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from train_helpers import restore_torch_threads, tiny  # noqa: F401
+from train_helpers import restore_torch_threads, tiny, train_addition_run  # noqa: F401
 
 from tcsm.cli import main
 
@@ -121,14 +121,7 @@ def addition_run(tmp_path_factory):
     defaults)."""
     from tcsm.builders.loading import load_checkpoint
 
-    run = tmp_path_factory.mktemp("addition") / "add"
-    argv = ["train", "-o", str(run), "data.kind=task", "data.task=addition", "data.options.digits=2",
-            "data.num_train=64", "data.num_valid=8", "data.num_test=8", "model.d_model=16", "model.n_layers=1",
-            "model.n_heads=2", "model.cond_dim=8", "model.max_len=10", "train.steps=1", "train.batch_size=4",
-            "train.eval_every=0", "train.sample_every=0", "sample.num=0", "train.device=cpu", "train.threads=1",
-            "train.progress=false", "train.tensorboard=false"]  # fmt: skip
-    torch.manual_seed(0)
-    assert main(argv) == 0
+    run = train_addition_run(tmp_path_factory.mktemp("addition") / "add")
     data = load_checkpoint(run).build_data()
     ADDITION_MARKS.update({c: data.encode(c)[0] for c in "+="})
     return run
