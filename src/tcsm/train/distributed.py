@@ -8,6 +8,7 @@ each rank its local GPU, and let rank 0 alone write logs and checkpoints. Each r
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -119,6 +120,9 @@ def watch_launcher(poll_s: float = 1.0, grace_s: float = 10.0) -> None:
         launcher_gone = parent
         import _thread
 
+        # Past the grace, the kernel ends the process even if the interpreter is stuck finalizing (a daemon thread
+        # cannot run once finalization starts, so the os._exit below alone is not enough).
+        signal.alarm(int(grace_s) + 5)
         _thread.interrupt_main()
         time.sleep(grace_s)
         from tcsm.train.rundir import release_all_run_locks
