@@ -26,7 +26,10 @@ from tcsm.builders.exporters import (
 )
 from tcsm.builders.loading import load_checkpoint
 from tcsm.cli.train import train
-from tcsm.models.kinds import FAMILIES, ModelKind
+from tcsm.builders.registry import model_families
+from tcsm.models.kinds import ModelKind
+
+FAMILIES = model_families()
 
 
 @pytest.fixture(scope="module")
