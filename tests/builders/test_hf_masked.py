@@ -14,9 +14,9 @@ from llada_helpers import write_masked_dlm
 from train_helpers import restore_torch_threads, tiny  # noqa: F401
 
 from tcsm.builders.config import load_config
+from tcsm.builders.hf_masked import MASK_LOGIT, HFMaskedDLM
 from tcsm.core.batch import Batch
 from tcsm.core.errors import ConfigError
-from tcsm.builders.hf_masked import MASK_LOGIT, HFMaskedDLM
 from tcsm.objectives import Objective
 from tcsm.paths import MaskedPath
 from tcsm.posttrain.sft.objective import SFTObjective

@@ -11,7 +11,6 @@ from tcsm.builders.source import source_run
 from tcsm.core.errors import CheckpointError
 from tcsm.storage.checkpoint import save_checkpoint
 
-
 FAMILIES = model_families()
 #: model.name of the runs that are not diffusion denoisers
 NOT_DENOISERS = {name for name, kind in FAMILIES.items() if not kind.is_denoiser}

@@ -11,10 +11,10 @@ import pytest
 import torch
 from train_helpers import restore_torch_threads  # noqa: F401
 
+from tcsm.builders.registry import family_of_name, model_families
 from tcsm.models import Denoiser, DenoiserConfig
 from tcsm.models.causal import CausalLM
 from tcsm.models.hollow import HollowTransformer
-from tcsm.builders.registry import family_of_name, model_families
 from tcsm.models.kinds import DENOISER, ModelKind, kind_of
 from tcsm.models.lm_families import build_lm
 from tcsm.models.mlm import MaskedLM
@@ -142,10 +142,10 @@ def test_the_declarations_answer_what_the_special_cases_answered(name):
 
 
 def test_each_class_declares_the_kind_of_its_model_name():
+    from tcsm.builders.hf_masked import HFMaskedDLM
     from tcsm.models.diffusion_gemma import DiffusionGemmaDenoiser
     from tcsm.models.hf import HFCausalLM, HFMaskedLM
     from tcsm.models.hf_denoiser import HFDenoiser
-    from tcsm.builders.hf_masked import HFMaskedDLM
 
     classes = {"denoiser": Denoiser, "hf_denoiser": HFDenoiser, "mlm": MaskedLM, "causal": CausalLM,
                "hollow": HollowTransformer, "hf_mlm": HFMaskedLM, "hf_causal": HFCausalLM, "energy": EnergyModel,

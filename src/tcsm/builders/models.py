@@ -15,8 +15,8 @@ from typing import Optional
 
 from tcsm.builders.registry import MODELS, BuildContext
 from tcsm.core.errors import ConfigError
-from tcsm.models.lm import LM_PRESETS, LMConfig
 from tcsm.models.kinds import DENOISER, HF_DENOISER
+from tcsm.models.lm import LM_PRESETS, LMConfig
 from tcsm.models.lm_families import build_lm, lm_families
 
 __all__ = ["HFModelConfig", "build_denoiser_model"]
