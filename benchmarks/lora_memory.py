@@ -39,7 +39,7 @@ def one(mode: str, directory: str, r: int, targets: list[str], length: int) -> d
     import torch
     import transformers as tf
 
-    from tcsm.models.hf_masked import HFMaskedDLM
+    from tcsm.builders.hf_masked import HFMaskedDLM
     from tcsm.models.lora import adapters_off, add_adapters
     from tcsm.train.ema import EMA
 

@@ -185,7 +185,7 @@ MUTANTS: list[Mutant] = [
       "later corrupted positions drawn before the first one"),
     M("lik.p_event_L", LIK, "p_event = -torch.expm1(n_free * log_keep)", "p_event = -torch.expm1(log_keep)",
       "P(E) for one token instead of L"),
-    M("lik.prior_sign", LIK, "return terms.mean(0) + prior", "return terms.mean(0) - prior",
+    M("lik.prior_sign", LIK, "**draws).mean(0) + prior", "**draws).mean(0) - prior",
       "prior term subtracted"),
     M("lik.row_sequence", LIK, "z = rows_x1[torch.arange(done, done + n, device=device) % n_rows]",
       "z = rows_x1[torch.arange(done, done + n, device=device) // n_rows]",

@@ -25,8 +25,11 @@ from tcsm.builders.exporters import (
     remote_code_lines,
 )
 from tcsm.builders.loading import load_checkpoint
+from tcsm.builders.registry import model_families
 from tcsm.cli.train import train
-from tcsm.models.kinds import FAMILIES, ModelKind
+from tcsm.models.kinds import ModelKind
+
+FAMILIES = model_families()
 
 
 @pytest.fixture(scope="module")

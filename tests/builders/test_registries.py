@@ -12,14 +12,18 @@ import pytest
 
 from tcsm.builders.registry import (
     BUILDER_MODULES,
+    FAMILY_MODULES,
     MODELS,
     OBJECTIVES,
     TARGETS,
     BuildContext,
     Registry,
+    family_of_name,
     import_plugins,
+    model_families,
 )
 from tcsm.core.errors import ConfigError
+from tcsm.models.kinds import DENOISER, ModelKind
 
 
 @dataclass
@@ -118,3 +122,17 @@ def test_a_plugin_that_does_not_import_is_one_line():
 def test_the_build_context_reads_the_datas_sizes():
     ctx = BuildContext(config=None, data=types.SimpleNamespace(vocab_size=7.0, seq_len=12))
     assert (ctx.vocab_size, ctx.seq_len) == (7, 12) and ctx.extras == {} and ctx.reference is None
+
+
+def test_a_model_entry_declares_the_kind_its_name_builds(monkeypatch):
+    kind = ModelKind("mlm", "none", None, "a toy LM", "nll")
+    monkeypatch.setattr(MODELS, "_entries", dict(MODELS._entries))  # the registration stays in this test
+    MODELS.register("toy_lm", lambda node, ctx: None, kind=kind)
+    assert family_of_name("toy_lm") is kind and model_families()["toy_lm"] is kind
+    MODELS.register("toy_plain", lambda node, ctx: None)  # declares nothing: a denoiser, and in no family table
+    assert family_of_name("toy_plain") is DENOISER and "toy_plain" not in model_families()
+    assert family_of_name(None) is DENOISER and family_of_name("no_such_model") is DENOISER
+
+
+def test_every_family_module_is_a_home_of_the_model_registry():
+    assert set(FAMILY_MODULES) <= set(MODELS.homes) and set(FAMILY_MODULES) <= set(BUILDER_MODULES)

@@ -6,10 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tcsm.builders.source import NOT_DENOISERS, source_run
+from tcsm.builders.registry import model_families
+from tcsm.builders.source import source_run
 from tcsm.core.errors import CheckpointError
-from tcsm.models.kinds import FAMILIES
 from tcsm.storage.checkpoint import save_checkpoint
+
+FAMILIES = model_families()
+#: model.name of the runs that are not diffusion denoisers
+NOT_DENOISERS = {name for name, kind in FAMILIES.items() if not kind.is_denoiser}
 
 
 def _run(root, config):
@@ -56,5 +60,5 @@ def test_a_checkpoint_without_a_config_is_refused(tmp_path):
 
 
 def test_not_denoisers_are_exactly_the_families_that_are_not():
-    assert set(NOT_DENOISERS) == {n for n, k in FAMILIES.items() if k.family != "denoiser"}
-    assert {"energy", "causal", "mlm"} <= set(NOT_DENOISERS) and "hf_denoiser" not in NOT_DENOISERS
+    assert NOT_DENOISERS == {n for n, k in FAMILIES.items() if k.family != "denoiser"}
+    assert {"energy", "causal", "mlm"} <= NOT_DENOISERS and "hf_denoiser" not in NOT_DENOISERS

@@ -56,6 +56,7 @@ def load_config(
     raw = OmegaConf.create({})
     for layer in layers:
         raw = OmegaConf.merge(_drop_replaced_components(raw, layer), layer)
+    import_plugins(raw.get("plugins") or [])  # before any schema is read: a plugin's model may have its own
     if base is None:
         raw = _architecture_of_init_from(raw, layers[-1])
         raw = _max_len_follows_seq_len(raw, layers[-1])
@@ -65,7 +66,6 @@ def load_config(
     unknown = sorted(set(raw.keys()) - FIXED_SECTIONS)
     if unknown:
         raise ConfigError(f"unknown config section {unknown[0]!r}; sections are {sorted(FIXED_SECTIONS)}")
-    import_plugins(raw.get("plugins") or [])
     try:
         cfg = OmegaConf.merge(schema_for(raw), raw)
     except OmegaConfBaseException as e:

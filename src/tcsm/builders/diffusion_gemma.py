@@ -1,7 +1,8 @@
-"""`model.name: diffusion_gemma`: a DiffusionGemma checkpoint directory as a tcsm block denoiser
-(`tcsm.models.diffusion_gemma`), and what `tcsm export` writes for it: the model's own Hugging Face directory
-(`DiffusionGemmaForBlockDiffusion.from_pretrained` loads it without tcsm and without remote code), with tcsm's run
-config under config.json's `tcsm` key so that tcsm reads it back as it reads any export.
+"""The family `model.name: diffusion_gemma`, in one module: a DiffusionGemma checkpoint directory as a tcsm block
+denoiser (its registry entry, of the kind `DIFFUSION_GEMMA`; the network, which the decoders and their tests use
+directly, stays in `tcsm.models.diffusion_gemma` beside its kind), and what `tcsm export` writes for it: the model's
+own Hugging Face directory (`DiffusionGemmaForBlockDiffusion.from_pretrained` loads it without tcsm and without remote
+code), with tcsm's run config under config.json's `tcsm` key so that tcsm reads it back as it reads any export.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from tcsm.builders.exporters import EXPORTERS, Exporter
 from tcsm.builders.registry import MODELS, BuildContext
 from tcsm.core.errors import ConfigError
 from tcsm.data.synthetic import SYMBOLS
+from tcsm.models.diffusion_gemma import DIFFUSION_GEMMA
 
 __all__ = ["DiffusionGemmaModelConfig", "build_diffusion_gemma", "is_native_directory", "load_native", "native_config",
            "write_native"]
@@ -52,7 +54,7 @@ def _hf_config(where: str, local: bool):
     return tf, config
 
 
-@MODELS.register("diffusion_gemma", schema=DiffusionGemmaModelConfig,
+@MODELS.register("diffusion_gemma", schema=DiffusionGemmaModelConfig, kind=DIFFUSION_GEMMA,
                  help="a DiffusionGemma checkpoint (uniform block diffusion; needs `transformers`)")  # fmt: skip
 def build_diffusion_gemma(node: dict, ctx: BuildContext):
     from tcsm.builders.components import DataInfo

@@ -15,8 +15,9 @@ from typing import Optional
 
 from tcsm.builders.registry import MODELS, BuildContext
 from tcsm.core.errors import ConfigError
+from tcsm.models.kinds import DENOISER, HF_DENOISER
 from tcsm.models.lm import LM_PRESETS, LMConfig
-from tcsm.models.lm_families import build_lm
+from tcsm.models.lm_families import build_lm, lm_families
 
 __all__ = ["HFModelConfig", "build_denoiser_model"]
 
@@ -48,7 +49,7 @@ def _denoiser_schema() -> type:
     return dataclasses.make_dataclass("DenoiserModelConfig", fields)
 
 
-@MODELS.register("denoiser", schema=_denoiser_schema())
+@MODELS.register("denoiser", schema=_denoiser_schema(), kind=DENOISER)
 def build_denoiser_model(node: dict, ctx: BuildContext):
     """Bidirectional diffusion transformer (tcsm.models.Denoiser): a preset plus overrides; on a block path
     (`path.block_length`) the block diffusion denoiser of that block length (tcsm.models.blocks.BlockDenoiser)."""
@@ -126,7 +127,8 @@ def _register_lm_families() -> None:
             except ValueError as e:
                 raise ConfigError(f"model: {e}") from None
 
-        MODELS.register(family, build, schema=_clean_schema(family), help=text, overwrite=True)
+        MODELS.register(family, build, schema=_clean_schema(family), help=text, overwrite=True,
+                        kind=lm_families()[family].model_kind)  # fmt: skip
 
 
 _register_lm_families()
@@ -210,7 +212,7 @@ def _register_hf() -> None:
         ("hf_causal", HFCausalLM, "bos_token_id", causal_schema, "causal"),
     ):
         MODELS.register(
-            name, make(cls, special), schema=schema, overwrite=True,
+            name, make(cls, special), schema=schema, overwrite=True, kind=cls.model_kind,
             help=f"any Hugging Face {what} LM as a tcsm LM (needs `transformers`)",
         )  # fmt: skip
 
@@ -331,7 +333,7 @@ def _same_tokenizer(data_vocab: dict, model_vocab: dict, V: int, hf_vocab: int, 
     return list(range(V))
 
 
-@MODELS.register("hf_denoiser", schema=HFDenoiserModelConfig,
+@MODELS.register("hf_denoiser", schema=HFDenoiserModelConfig, kind=HF_DENOISER,
                  help="the denoiser initialised from a local Hugging Face masked or causal LM (needs `transformers`); "
                       "with path.block_length, a block denoiser from a causal LM")  # fmt: skip
 def build_hf_denoiser(node: dict, ctx: BuildContext):

@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tcsm.core.errors import ConfigError, TCSMError
+from tcsm.models.kinds import DENOISER, ModelKind
 
-__all__ = ["MODELS", "OBJECTIVES", "TARGETS", "BuildContext", "Entry", "ReferenceUse", "Registry", "import_plugins"]
+__all__ = ["FAMILY_MODULES", "MODELS", "OBJECTIVES", "TARGETS", "BuildContext", "Entry", "ReferenceUse", "Registry",
+           "family_of_name", "import_plugins", "model_families"]
 
 
 @dataclass
@@ -72,6 +74,7 @@ class Entry:
     schema: type | None = None  # a dataclass: the keys of the config section besides `name`
     help: str = ""
     reference: ReferenceUse | None = None  # the entry reads ctx.reference
+    kind: ModelKind | None = None  # a model entry: the kind it builds (None: a denoiser, or its class says)
 
 
 class Registry:
@@ -92,8 +95,10 @@ class Registry:
         help: str | None = None,
         overwrite: bool = False,
         reference: ReferenceUse | None = None,
+        kind: ModelKind | None = None,
     ):
-        """Register `builder(node, ctx)` under `name`; usable as a decorator. Returns the builder."""
+        """Register `builder(node, ctx)` under `name`; usable as a decorator. Returns the builder. A model entry
+        declares the `kind` of model it builds: what `family_of_name(name)` answers before anything is built."""
 
         def add(fn: Callable) -> Callable:
             if name in self._entries and not overwrite and self._entries[name].builder is not fn:
@@ -101,7 +106,7 @@ class Registry:
                     f"{self.kind} {name!r} is already registered; pass overwrite=True to replace it"
                 )
             doc = help if help is not None else (fn.__doc__ or "").strip().split("\n")[0]
-            self._entries[name] = Entry(name, fn, schema, doc, reference)
+            self._entries[name] = Entry(name, fn, schema, doc, reference, kind)
             return fn
 
         return add(builder) if builder is not None else add
@@ -162,8 +167,10 @@ def _recipe_builders() -> tuple[str, ...]:
     )
 
 
-#: The modules of the model families: each registers its model entries and its exporter (`builders.exporters`
-#: imports them before it reports a family as having none). A new family's builder module is one more name here.
+#: The modules of the model families, one line each. A family module is the family's one room: its `ModelKind`, its
+#: `@MODELS.register(name, schema=..., kind=...)` entry, its `@EXPORTERS.register` exporter and, unless it lives in
+#: `models/` for the layers below to use, its network (DESIGN.md "A new model family"). The model registry and the
+#: exporters import these before they report a name as unknown; a user's family is a `plugins:` module instead.
 FAMILY_MODULES = ("tcsm.builders.models", "tcsm.builders.diffusion_gemma", "tcsm.builders.hf_masked")
 
 #: The modules whose import registers the built-in entries; one module may register several kinds (a recipe's
@@ -173,6 +180,21 @@ BUILDER_MODULES = (*FAMILY_MODULES, "tcsm.builders.targets", "tcsm.builders.obje
 MODELS = Registry("model", homes=BUILDER_MODULES)
 TARGETS = Registry("target", homes=BUILDER_MODULES)
 OBJECTIVES = Registry("objective", homes=BUILDER_MODULES)
+
+
+def family_of_name(name: str | None) -> ModelKind:
+    """The kind a config's `model.name` builds, as its entry declares it (None, or an entry that declares none, such
+    as a user's `module:function`: a denoiser)."""
+    try:
+        kind = MODELS.get(name or "denoiser").kind
+    except ConfigError:
+        return DENOISER
+    return kind or DENOISER
+
+
+def model_families() -> dict[str, ModelKind]:
+    """`model.name` → the kind it builds, for every registered model entry that declares one."""
+    return {name: MODELS.get(name).kind for name in MODELS.names() if MODELS.get(name).kind is not None}
 
 
 def import_plugins(modules) -> None:

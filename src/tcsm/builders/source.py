@@ -6,15 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tcsm.builders.registry import family_of_name
 from tcsm.core.errors import CheckpointError
-from tcsm.models.kinds import FAMILIES, family_of_name
 from tcsm.storage.checkpoint import read_state, resolve_checkpoint
 from tcsm.storage.migration import without_reference
 
-__all__ = ["NOT_DENOISERS", "source_run"]
-
-#: model.name of the runs that are not diffusion denoisers, with what they are and what reads them
-NOT_DENOISERS = {name: kind.description for name, kind in FAMILIES.items() if not kind.is_denoiser}
+__all__ = ["source_run"]
 
 
 def source_run(

@@ -246,19 +246,10 @@ def _reconstruction(denoiser, rows_x1, rows_cond, path, t_max, num_t, nb, chunk,
     return torch.cat(out)
 
 
-def nelbo(
-    denoiser: Denoiser,
-    x1: Tensor,
-    path: ProbabilityPath,
-    *,
-    num_t: int = 8,
-    generator: torch.Generator | None = None,
-    bound: str | None = None,
-    chunk_size: int | None = None,
-    cond_mask: Tensor | None = None,
-    t_max: float | None = None,
-) -> Tensor:
-    """Per-sequence upper bound on −log p^θ_1(x_1) in nats, FloatTensor[B] (float64 where available).
+def nelbo(denoiser: Denoiser, x1: Tensor, path: ProbabilityPath, *, cond_mask: Tensor | None = None, **draws) -> Tensor:
+    """Per-sequence upper bound on −log p^θ_1(x_1) in nats, FloatTensor[B] (float64 where available): the mean of
+    `nelbo_terms` plus `prior_term`, with `draws` its keywords `num_t` (8), `generator`, `bound`, `chunk_size` and
+    `t_max`.
 
     −log p^θ_1(x_1) ≤ KL(p_{0|1} ‖ p_0) + ∫_0^1 w(t) E_{x_t~p_{t|1}}[G] dt (MATH.md §2.1–2.4), estimated
     unbiasedly with `num_t` stratified times per sequence and one x_t ~ p_{t|1}(·|x_1) per time. `bound`:
@@ -268,15 +259,13 @@ def nelbo(
     (no no_grad here). With `cond_mask` (a prompt, never noised) it bounds −log p^θ_1(completion | prompt)
     (see `nelbo_terms`); the prior term, the same for every position, then counts the free positions only.
     """
-    bound = resolve_bound(path, bound)
+    if draws.get("per_block"):
+        raise TypeError("nelbo sums the blocks' terms; per-block terms come from nelbo_terms(per_block=True)")
+    bound = resolve_bound(path, draws.pop("bound", None))
     prior = prior_term(x1, path)  # raises early for a masked source with a clipped start
     if cond_mask is not None and x1.shape[1] > 0:
         prior = prior * (~cond_mask.bool()).sum(-1).to(prior.dtype) / x1.shape[1]
-    terms = nelbo_terms(
-        denoiser, x1, path, num_t=num_t, generator=generator, bound=bound, chunk_size=chunk_size,
-        cond_mask=cond_mask, t_max=t_max,
-    )
-    return terms.mean(0) + prior
+    return nelbo_terms(denoiser, x1, path, bound=bound, cond_mask=cond_mask, **draws).mean(0) + prior
 
 
 def evaluate_bound(

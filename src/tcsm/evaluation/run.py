@@ -56,20 +56,11 @@ def evaluate_model(objective, model, data, path, e, *, generator=None, device=No
         extra = {"progress": progress} if wants else {}
         result = objective.evaluate(model, data, batch_size=e.batch_size, generator=generator, device=device, **extra)
         return EvalResult.of(result, f"{type(objective).__name__}.evaluate")
+    # The eval section's settings reach either bound alike; a prompted set bounds the completions only.
+    settings = {"batch_size": e.batch_size, "num_t": e.num_t, "generator": generator, "bound": e.bound,
+                "device": device, "t_max": getattr(e, "t_max", None)}  # fmt: skip
     if getattr(data, "to_batch", None) is not None and getattr(data.to_batch(), "cond_mask", None) is not None:
-        return prompted_bound(model, data, path, batch_size=e.batch_size, num_t=e.num_t, generator=generator,
-                              bound=e.bound, device=device, t_max=getattr(e, "t_max", None))  # fmt: skip
+        return prompted_bound(model, data, path, **settings)
     from tcsm.evaluation.likelihood import evaluate_bound
 
-    return evaluate_bound(
-        model,
-        data,
-        path,
-        batch_size=e.batch_size,
-        num_t=e.num_t,
-        generator=generator,
-        bound=e.bound,
-        device=device,
-        progress=progress,
-        t_max=getattr(e, "t_max", None),
-    )
+    return evaluate_bound(model, data, path, progress=progress, **settings)

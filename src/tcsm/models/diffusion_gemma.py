@@ -27,9 +27,10 @@ import torch
 from torch import Tensor, nn
 
 from tcsm.models.config import ModelConfig
-from tcsm.models.kinds import FAMILIES
+from tcsm.models.kinds import ModelKind
 
-__all__ = ["DiffusionGemmaCache", "DiffusionGemmaDenoiser", "DiffusionGemmaDenoiserConfig", "check_canvas_fit", "draw_seed"]
+__all__ = ["DIFFUSION_GEMMA", "DiffusionGemmaCache", "DiffusionGemmaDenoiser", "DiffusionGemmaDenoiserConfig", "check_canvas_fit",
+           "draw_seed"]
 
 
 @dataclass
@@ -59,6 +60,13 @@ def check_canvas_fit(length: int, block_length: int, path_block_length: int | No
         )
 
 
+#: its kind (registered under `model.name: diffusion_gemma` by its family module, `builders.diffusion_gemma`)
+DIFFUSION_GEMMA = ModelKind(
+    "denoiser", "blocks", "diffusion_gemma", "a DiffusionGemma block-diffusion model (uniform source)", blocks=True,
+    offers=frozenset({"encoder_lm", "self_conditioning", "router", "decode_from"}),
+)
+
+
 class DiffusionGemmaCache:
     """The model's encoder KV cache of the clean tokens at positions 0..length−1 (shared across the batch), and
     the previous step's logits of the block being drawn (self-conditioning only)."""
@@ -73,7 +81,7 @@ class DiffusionGemmaCache:
 class DiffusionGemmaDenoiser(nn.Module):
     """x_t [B, L], per-position t [B, L] (ignored), x_1 [B, L] → logits [B, L, V] of a DiffusionGemma model."""
 
-    model_kind = FAMILIES["diffusion_gemma"]  # offers: encoder_lm, self_conditioning, router (see ModelKind)
+    model_kind = DIFFUSION_GEMMA
 
     def __init__(self, hf_model: nn.Module, *, self_conditioning: bool = False):
         super().__init__()

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from tcsm.models.kinds import FAMILIES
+from tcsm.models.kinds import HF_CAUSAL, HF_MLM
 
 __all__ = ["HFCausalLM", "HFMaskedLM", "import_transformers"]
 
@@ -124,7 +124,7 @@ class _HFAdapter(nn.Module):
 class HFMaskedLM(_HFAdapter):
     """Any HF masked LM as a `MaskedLM`: ids {0..V} (V = [MASK]) → logits [B, L, V] over our clean tokens."""
 
-    model_kind = FAMILIES["hf_mlm"]
+    model_kind = HF_MLM
     AUTO, SPECIAL = "AutoModelForMaskedLM", "mask_token_id"
 
     def __init__(self, model: nn.Module, token_ids: Sequence[int], mask_token_id: int):
@@ -139,7 +139,7 @@ class HFMaskedLM(_HFAdapter):
 class HFCausalLM(_HFAdapter):
     """Any HF causal LM as a `CausalLM`: x [B, L] → next-token logits [B, L, V] with BOS prepended."""
 
-    model_kind = FAMILIES["hf_causal"]
+    model_kind = HF_CAUSAL
     AUTO, SPECIAL = "AutoModelForCausalLM", "bos_token_id"
     #: methods besides forward that run the network (a sharded model gathers its weights for them too)
     forward_methods = ("forward_soft", "log_prob", "kv_cache", "extend")

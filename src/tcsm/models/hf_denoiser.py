@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from tcsm.models.config import ModelConfig
-from tcsm.models.kinds import FAMILIES
+from tcsm.models.kinds import HF_DENOISER
 from tcsm.models.layers import TimestepEmbedder, zero_init_
 
 __all__ = ["HFDenoiser", "HFDenoiserConfig", "auto_class_kind"]
@@ -54,7 +54,7 @@ def auto_class_kind(config: dict) -> str:
 class HFDenoiser(nn.Module):
     """x_t [B, L] (ids < num_states), t [B] → logits [B, L, V] from a pretrained HF masked or causal LM."""
 
-    model_kind = FAMILIES["hf_denoiser"]
+    model_kind = HF_DENOISER
 
     def __init__(
         self,

@@ -1,14 +1,15 @@
 """What a model is, declared by the model rather than probed by its users (DESIGN.md "capabilities are declared"):
 its `family`, whether it is a diffusion denoiser or an LM of the data p_1, not a diffusion model (MATH.md §4), how it is sampled, what
-its likelihood is and what `tcsm export` writes for it. Every model class carries a `model_kind`; `FAMILIES` is the
-one table of the families a config's `model.name` may select, and `kind_of(model)` answers for any model (wrapped or
-not)."""
+its likelihood is and what `tcsm export` writes for it. Every model class carries a `model_kind`, and
+`kind_of(model)` answers for any model (wrapped or not). The kind a config's `model.name` selects is declared by the
+family's registry entry (`tcsm.builders.registry.family_of_name`), beside its builder."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["BLOCK_DENOISER", "DENOISER", "FAMILIES", "ModelKind", "denoise", "family_of_name", "kind_of"]
+__all__ = ["BLOCK_DENOISER", "CAUSAL", "DENOISER", "ENERGY", "HF_CAUSAL", "HF_DENOISER", "HF_MLM", "HOLLOW", "MLM", "ModelKind",
+           "denoise", "kind_of"]
 
 
 @dataclass(frozen=True)
@@ -78,30 +79,9 @@ ENERGY = ModelKind(
     "energy", "sir", "energy", "an energy model (tcsm finetune dre strategy ii; sampled by SIR)", "estimate"
 )
 
-#: config `model.name` → the kind of model it builds (a plugin's own model name is a denoiser unless its class says
-#: otherwise: `kind_of` reads the class)
-FAMILIES: dict[str, ModelKind] = {
-    "denoiser": DENOISER,
-    "hf_denoiser": ModelKind("denoiser", "path", "hf_denoiser", "a diffusion denoiser started from a Hugging Face LM"),
-    "mlm": MLM,
-    "causal": CAUSAL,
-    "hollow": HOLLOW,
-    "hf_mlm": ModelKind("mlm", "none", None, "a Hugging Face masked LM", "nll"),
-    "hf_causal": ModelKind("causal", "left_to_right", None, "a Hugging Face causal LM", "nll"),
-    "energy": ENERGY,
-    "diffusion_gemma": ModelKind(
-        "denoiser", "blocks", "diffusion_gemma", "a DiffusionGemma block-diffusion model (uniform source)", blocks=True,
-        offers=frozenset({"encoder_lm", "self_conditioning", "router", "decode_from"}),
-    ),
-    "hf_masked_dlm": ModelKind(
-        "denoiser", "path", "hf_masked_dlm", "a Hugging Face masked diffusion LM (LLaDA / Dream style, remote code)"
-    ),
-}
-
-
-def family_of_name(name: str | None) -> ModelKind:
-    """The kind a config's `model.name` builds (None or an unknown plugin name: a denoiser)."""
-    return FAMILIES.get(name or "denoiser", DENOISER)
+HF_DENOISER = ModelKind("denoiser", "path", "hf_denoiser", "a diffusion denoiser started from a Hugging Face LM")
+HF_MLM = ModelKind("mlm", "none", None, "a Hugging Face masked LM", "nll")
+HF_CAUSAL = ModelKind("causal", "left_to_right", None, "a Hugging Face causal LM", "nll")
 
 
 def kind_of(model) -> ModelKind:

@@ -85,6 +85,7 @@ MOVED_MODULES: dict[str, tuple[str, ...]] = {
     "tcsm.posttrain.sft.data": ("tcsm.data.sft",),
     "tcsm.posttrain.reward.rewards": ("tcsm.rewards.functions",),
     "tcsm.core.names": ("tcsm.core.parts",),  # one registry pattern: the math tables are `Parts` too
+    "tcsm.models.hf_masked": ("tcsm.builders.hf_masked",),  # a family is one module: network, entry, exporter
 }
 
 #: names renamed in the moved modules, old → new: the models of the data that are not diffusion models are LMs.

@@ -129,7 +129,7 @@ def inspect_teacher(path: str | os.PathLike, ema: bool = True) -> TeacherSpec:
             _first(cfg, "max_position_embeddings", "n_positions", "n_ctx"),
         )  # fmt: skip
     from tcsm.builders.config import load_config
-    from tcsm.models.kinds import family_of_name
+    from tcsm.builders.registry import family_of_name
     from tcsm.models.lm import LM_PRESETS
     from tcsm.storage.checkpoint import read_state, resolve_checkpoint
 

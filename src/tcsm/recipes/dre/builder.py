@@ -68,7 +68,7 @@ def _reference_architecture(node: dict, ctx: BuildContext):
     return MODELS.build(name, arch, ctx)
 
 
-@MODELS.register("energy", schema=EnergyModelConfig, reference=ReferenceUse("reference.path"))
+@MODELS.register("energy", schema=EnergyModelConfig, reference=ReferenceUse("reference.path"), kind=ENERGY)
 def build_energy_model(node: dict, ctx: BuildContext) -> EnergyModel:
     """Strategy-(ii) energy model p^ref · e^{f_θ}: a frozen reference and a trainable ratio head (MATH.md §5.1)."""
     if isinstance(ctx.data, DataInfo):

@@ -7,10 +7,10 @@ import torch
 
 from tcsm.builders.config import load_config, set_values
 from tcsm.builders.loading import load_checkpoint
+from tcsm.builders.registry import family_of_name
 from tcsm.builders.source import source_run
 from tcsm.data.prompted import held_out_rows
 from tcsm.data.tasks import run_task_options
-from tcsm.models.kinds import family_of_name
 from tcsm.recipes.spec import from_source, lazy_report
 from tcsm.rewards.functions import evaluate_reward, make_reward
 from tcsm.sampling.settings import draw, sample_settings

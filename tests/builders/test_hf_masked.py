@@ -1,4 +1,4 @@
-"""A masked diffusion LM directory with its own modeling code as a tcsm denoiser (tcsm.models.hf_masked,
+"""A masked diffusion LM directory with its own modeling code as a tcsm denoiser (its family module,
 tcsm.builders.hf_masked): tcsm's mask V is the model's mask id, the mask id's own logit is dropped, Dream-style
 shifted logits, the state dict under the model's own names, one-line errors for a directory of another family, a
 missing trust_remote_code and another tokenizer; and LLaDA's SFT loss is tcsm's masked SFT objective."""
@@ -14,9 +14,9 @@ from llada_helpers import write_masked_dlm
 from train_helpers import restore_torch_threads, tiny  # noqa: F401
 
 from tcsm.builders.config import load_config
+from tcsm.builders.hf_masked import MASK_LOGIT, HFMaskedDLM
 from tcsm.core.batch import Batch
 from tcsm.core.errors import ConfigError
-from tcsm.models.hf_masked import MASK_LOGIT, HFMaskedDLM
 from tcsm.objectives import Objective
 from tcsm.paths import MaskedPath
 from tcsm.posttrain.sft.objective import SFTObjective
