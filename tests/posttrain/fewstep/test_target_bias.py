@@ -2,7 +2,8 @@
 V = 3, L = 3 with the exact posterior as teacher (masked source): the per-position target is the posterior marginal
 except where a token is drawn after two others were revealed together in one step (the teacher's factorisation
 error), so the exact K/2-step student is worse than the teacher's own K/2-step sampler under the exact judge; the
-target depends on t given x_t only through the steps left, and a time-independent student loses almost nothing."""
+target depends on t given x_t only through the steps left, and a time-independent student loses almost nothing
+(oracles x.e and x.f)."""
 
 from __future__ import annotations
 
