@@ -70,3 +70,25 @@ def teacher_law_from(states: NoisyStates, denoiser, x, K: int, k: int, window: i
 
 def tv(p, q) -> float:
     return 0.5 * float((p - q).detach().abs().sum())
+
+
+def target_table(states: NoisyStates, teacher, K: int, Ks: int, window: int | None = None):
+    """[Ks, N, L, V]: per student grid point j and noisy state, the marginals of the teacher's K-step law from that
+    state at t_{j·K/Ks} (the per-position target a factorised student matches; uniform where undefined)."""
+    table = torch.zeros(Ks, len(states.all), states.L, states.V, dtype=torch.float64)
+    for j in range(Ks):
+        for n, x in enumerate(states.all):
+            law = teacher_law_from(states, teacher, x, K, j * (K // Ks), window)
+            table[j, n] = states.marginals(law).nan_to_num(1.0 / states.V)
+    return table
+
+
+class TableDenoiser:
+    """Logits log table[j, state] at the student grid point j = ⌊t·Ks⌋: a student that is exactly a target table."""
+
+    def __init__(self, states: NoisyStates, table):
+        self.states, self.Ks, self.log_table = states, table.shape[0], table.clamp_min(1e-300).log()
+
+    def __call__(self, xt, t):
+        j = (t.double() * self.Ks).floor().clamp(0, self.Ks - 1).long()
+        return self.log_table[j, self.states.index(xt)]

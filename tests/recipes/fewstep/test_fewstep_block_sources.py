@@ -51,7 +51,7 @@ def block_teacher(request, tmp_path_factory):
 
 
 def test_a_block_model_round_distils_k_steps_per_block(block_teacher, tmp_path):
-    _round(block_teacher, tmp_path / "fs", *tiny(*QUIET, synthetic=False))
+    _round(block_teacher, tmp_path / "fs", "target.window=null", *tiny(*QUIET, synthetic=False))
     run = load_checkpoint(tmp_path / "fs")
     assert run.config.path.block_length == B and run.config.sample.steps == 2
     assert run.config.reference.path.startswith(str(block_teacher))

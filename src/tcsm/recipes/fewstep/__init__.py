@@ -10,7 +10,9 @@ DOC = """`tcsm finetune fewstep`: few-step distillation: a K/2-step student lear
 
 The student, initialised from the teacher, learns per x_t the law of x_1 that the teacher's K-step sampler reaches
 from x_t (p^{T,K}_{1|t}), at the grid times of its own K/2 steps; one teacher rollout per x_t is cached for the
-batch. The run is an ordinary `tcsm train` run whose config is the teacher run's (data, path, model), then the
+batch. By default the rollout is a window of 1 (one teacher step, then its step to t = 1): the least-biased
+per-position target (MATH.md §10, "Why a round trails its teacher"); `target.window=null` rolls the whole K-step grid.
+The run is an ordinary `tcsm train` run whose config is the teacher run's (data, path, model), then the
 `finetune-fewstep` preset (or `-c`), then key=value overrides, then the flags below; its `sample.steps` is the
 student's, so `tcsm sample` of the student uses the steps it was distilled for unless --steps says otherwise.
 A round's teacher is the previous round's student:
