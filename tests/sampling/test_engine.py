@@ -263,3 +263,99 @@ def test_decode_gpu_benchmark_smoke_on_the_cpu():
         assert w["tokens_per_s"] > 0 and w["calls_per_seq"] > 0
         if w["tv_unigram_vs_eager"] is not None:
             assert w["tv_unigram_vs_eager"] == 0.0
+
+
+def _dgemma(self_conditioning=False, attn="sdpa"):
+    pytest.importorskip("transformers")
+    import transformers
+
+    if not hasattr(transformers, "DiffusionGemmaForBlockDiffusion"):
+        pytest.skip("this transformers has no DiffusionGemma")
+    from diffusion_gemma_helpers import tiny_hf
+
+    from tcsm.models.diffusion_gemma import DiffusionGemmaDenoiser
+
+    return DiffusionGemmaDenoiser(tiny_hf(V=16, k=4, window=3, attn=attn), self_conditioning=self_conditioning)
+
+
+@pytest.mark.parametrize("method", ["ancestral", "euler"])
+@pytest.mark.parametrize("self_conditioning", [False, True])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_diffusion_gemma_through_the_engine_draws_the_eager_tokens(method, self_conditioning, attn):
+    """tcsm-sampled DiffusionGemma on its fixed-shape cache (buffers written in place, block position on the
+    device, self-conditioning through a buffer and the model's per-row mask) draws the tokens of its own
+    DynamicCache path (fp32), with a prompt that ends inside a canvas and a sliding window shorter than it."""
+    from tcsm.paths import UniformPath
+    from tcsm.sampling.settings import draw, sample_settings
+
+    model = _dgemma(self_conditioning, attn)
+    path = UniformPath(16, block_length=4)
+    out = {}
+    for engine in ("eager", "graph"):
+        settings = sample_settings({"method": method, "steps": 3, "engine": engine})
+        out[engine] = draw(model, path, 3, 16, settings, generator=torch.Generator().manual_seed(4),
+                           prompt=torch.tensor([1, 2, 3, 4, 5, 6]))  # fmt: skip
+    assert torch.equal(out["eager"][0], out["graph"][0])
+    assert out["graph"][1].num_calls == 3 * out["graph"][1].counts["blocks"] == 9
+
+
+def test_diffusion_gemma_fixed_shape_cache_is_written_in_place_without_concatenating(monkeypatch):
+    """The fixed-shape cache's buffers are allocated once at the decode's length and the encoder writes them in
+    place; `denoise` concatenates no cached keys (the model's own DynamicCache path does: the check sees it)."""
+    model = _dgemma()
+    cache = model.new_cache(2, fixed_shape=True, capacity=24)
+    buffers = [layer.keys.data_ptr() for layer in cache.hf.layers]
+    x = torch.randint(0, 16, (2, 12), generator=torch.Generator().manual_seed(0))
+    joined, cat = [], torch.cat
+
+    def spy(tensors, *args, **kwargs):
+        joined.extend(tuple(t.shape) for t in tensors)
+        return cat(tensors, *args, **kwargs)
+
+    with torch.no_grad():
+        model.extend_cache(cache, x[:, :8])
+        monkeypatch.setattr(torch, "cat", spy)
+        for _ in range(3):
+            model.denoise(x[:, 8:], None, cache)
+        assert int(cache.position) == cache.length == 8
+        assert [layer.keys.data_ptr() for layer in cache.hf.layers] == buffers
+        assert [tuple(layer.keys.shape)[2] for layer in cache.hf.layers] == [24, 24]
+
+        def cache_joins():  # rotary joins a canvas position's halves; a cache join has the 8 cached positions
+            return [s for s in joined if len(s) == 4 and s[2] >= 5]
+
+        assert joined and not cache_joins()
+        eager = model.new_cache(2)
+        model.extend_cache(eager, x[:, :8])
+        model.denoise(x[:, 8:], None, eager)
+        assert cache_joins()
+
+
+def test_diffusion_gemma_engine_steps_read_nothing_on_the_host(monkeypatch):
+    """Host reads of device values counted over a whole block decode of DiffusionGemma: with the engine they do
+    not grow with the steps per block, eagerly they do (the check the block engine's test makes)."""
+    from tcsm.paths import UniformPath
+    from tcsm.sampling.blocks import decode_blocks
+    from tcsm.sampling.registry import sampler_class
+
+    model = _dgemma(self_conditioning=True)
+    path = UniformPath(16, block_length=4)
+    reads = {"n": 0}
+    for name in ("__bool__", "item", "tolist", "nonzero", "__int__", "__float__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _original=original, **kw):
+            reads["n"] += 1
+            return _original(self, *a, **kw)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+
+    def count(engine, steps):
+        cls = sampler_class("ancestral")
+        reads["n"] = 0
+        decode_blocks(model, path, cls(cls.settings_type(steps=steps, engine=engine)), 2, 12,
+                      generator=torch.Generator().manual_seed(0))  # fmt: skip
+        return reads["n"]
+
+    assert count("graph", 2) == count("graph", 5)
+    assert count("eager", 2) < count("eager", 5)

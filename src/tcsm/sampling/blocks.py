@@ -156,7 +156,7 @@ def decode_blocks(model, path, inner, num: int, length: int, *, fixed: Tensor | 
     graph = None
     with torch.no_grad(), autocast_weight_cache():
         if engine == "graph" and getattr(model, "fixed_shape_cache", False):
-            cache = model.new_cache(B, fixed_shape=True)
+            cache = model.new_cache(B, fixed_shape=True, capacity=L)  # one buffer of the decode's length
             graph = StepGraph(lambda xt, t: model.denoise(xt, t, cache), device,
                               strict=getattr(inner.settings, "engine", "auto") == "graph")  # fmt: skip
         else:
