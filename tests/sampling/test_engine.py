@@ -188,12 +188,12 @@ def test_native_seed_is_drawn_on_the_generators_device(monkeypatch):
 BLOCK_METHODS = ["ancestral", "analytic", "euler", "random", "confidence", "margin", "entropy", "threshold"]
 
 
-def _block_model(time_conditioning: bool):
+def _block_model(time_conditioning: bool, **kw):
     from tcsm.models.blocks import build_block_denoiser
 
     torch.manual_seed(0)
     model = build_block_denoiser("tiny", 4, vocab_size=7, num_states=8, max_len=32,
-                                 time_conditioning=time_conditioning).eval()  # fmt: skip
+                                 time_conditioning=time_conditioning, **kw).eval()  # fmt: skip
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.3 * torch.randn_like(p))
@@ -226,6 +226,9 @@ def test_block_decoding_fixed_shape_cache_draws_the_eager_tokens(method, uniform
     assert out["eager"][1].num_calls <= out["graph"][1].num_calls
     if method in ("ancestral", "analytic", "euler"):
         assert out["graph"][1].num_calls == 3 * blocks
+        # every step ran as one captured step: the call, the draws and the update of the block
+        assert out["graph"][1].counts["captured_steps"] == out["graph"][1].num_calls
+    assert "captured_steps" not in out["eager"][1].counts
 
 
 def test_fixed_shape_denoise_is_the_one_pass_logits():
@@ -297,6 +300,7 @@ def test_diffusion_gemma_through_the_engine_draws_the_eager_tokens(method, self_
                            prompt=torch.tensor([1, 2, 3, 4, 5, 6]))  # fmt: skip
     assert torch.equal(out["eager"][0], out["graph"][0])
     assert out["graph"][1].num_calls == 3 * out["graph"][1].counts["blocks"] == 9
+    assert out["graph"][1].counts["captured_steps"] == 9
 
 
 def test_diffusion_gemma_fixed_shape_cache_is_written_in_place_without_concatenating(monkeypatch):
@@ -359,3 +363,47 @@ def test_diffusion_gemma_engine_steps_read_nothing_on_the_host(monkeypatch):
 
     assert count("graph", 2) == count("graph", 5)
     assert count("eager", 2) < count("eager", 5)
+
+
+@pytest.mark.parametrize("model_kind", ["block", "diffusion_gemma"])
+def test_the_captured_step_reads_nothing_on_the_host_and_is_captured_once_per_shape(monkeypatch, model_kind):
+    """What the engine would capture on CUDA (the whole in-block step: denoiser call, the draws from the rows'
+    streams, the update) is one function of static tensors: no host read of a device value happens inside it,
+    and one StepGraph per step kind (inner steps, last step) serves every block of the decode."""
+    from tcsm.paths import UniformPath
+    from tcsm.sampling import engine
+    from tcsm.sampling.blocks import decode_blocks
+    from tcsm.sampling.registry import sampler_class
+
+    if model_kind == "block":
+        # (its id check reads CPU tensors only, and is skipped on a GPU)
+        model, path = _block_model(time_conditioning=True, check_inputs=False), UniformPath(7, block_length=4)
+    else:
+        model, path = _dgemma(self_conditioning=True), UniformPath(16, block_length=4)
+    inside, reads, graphs = {"on": 0}, {"in": 0, "out": 0}, []
+    for name in ("__bool__", "item", "tolist", "nonzero", "__int__", "__float__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _original=original, **kw):
+            reads["in" if inside["on"] else "out"] += 1
+            return _original(self, *a, **kw)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    call = engine.StepGraph.__call__
+
+    def spy(self, *inputs):
+        if self not in graphs:
+            graphs.append(self)
+        inside["on"] += 1
+        try:
+            return call(self, *inputs)
+        finally:
+            inside["on"] -= 1
+
+    monkeypatch.setattr(engine.StepGraph, "__call__", spy)
+    cls = sampler_class("ancestral")
+    _, stats = decode_blocks(model, path, cls(cls.settings_type(steps=3, engine="graph")), 2, 16,
+                             generator=torch.Generator().manual_seed(0))  # fmt: skip
+    assert stats.counts["captured_steps"] == stats.num_calls == 3 * 4
+    assert reads["in"] == 0 and reads["out"] > 0  # (the check sees reads outside)
+    assert len(graphs) == 2 and all(len(g._entries) == 1 for g in graphs)

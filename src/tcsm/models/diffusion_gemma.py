@@ -77,6 +77,14 @@ class DiffusionGemmaCache:
         self.previous_logits: Tensor | None = None
         self.has_previous: Tensor | None = None
 
+    @property
+    def step_state(self) -> tuple[Tensor, ...]:
+        """The fixed-shape cache's tensors that `denoise` updates in place (what a captured call's warm-up must
+        leave as it found them)."""
+        if self.position is None or self.has_previous is None:
+            return ()
+        return self.previous_logits, self.has_previous
+
 
 class _PrefixLayer:
     """One layer's preallocated keys / values [B, kv_heads, capacity, head_dim], as the decoder reads a static
