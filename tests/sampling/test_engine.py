@@ -262,8 +262,10 @@ def test_decode_gpu_benchmark_smoke_on_the_cpu():
     rows = bench.main(["--device", "cpu", "--smoke", "--batches", "2"])
     seen = {(w["decoder"], w["engine"]) for w in rows}
     assert {("full", "eager"), ("block", "graph"), ("ar", "graph"), ("ar-whole", "graph")} <= seen
+    if ("dg", "eager") in seen:  # (where transformers has DiffusionGemma)
+        assert [w["captured_steps"] for w in rows if w["decoder"] == "dg"] == [0.0, 1.0] * 2
     for w in rows:
-        assert w["tokens_per_s"] > 0 and w["calls_per_seq"] > 0
+        assert w["tokens_per_s"] > 0 and w["calls_per_seq"] > 0 and w["tokens_per_cpu_s"] > 0
         if w["tv_unigram_vs_eager"] is not None:
             assert w["tv_unigram_vs_eager"] == 0.0
 
@@ -365,19 +367,20 @@ def test_diffusion_gemma_engine_steps_read_nothing_on_the_host(monkeypatch):
     assert count("eager", 2) < count("eager", 5)
 
 
-@pytest.mark.parametrize("model_kind", ["block", "diffusion_gemma"])
+@pytest.mark.parametrize("model_kind", ["block", "block-masked", "diffusion_gemma"])
 def test_the_captured_step_reads_nothing_on_the_host_and_is_captured_once_per_shape(monkeypatch, model_kind):
     """What the engine would capture on CUDA (the whole in-block step: denoiser call, the draws from the rows'
     streams, the update) is one function of static tensors: no host read of a device value happens inside it,
     and one StepGraph per step kind (inner steps, last step) serves every block of the decode."""
-    from tcsm.paths import UniformPath
+    from tcsm.paths import MaskedPath, UniformPath
     from tcsm.sampling import engine
     from tcsm.sampling.blocks import decode_blocks
     from tcsm.sampling.registry import sampler_class
 
-    if model_kind == "block":
-        # (its id check reads CPU tensors only, and is skipped on a GPU)
-        model, path = _block_model(time_conditioning=True, check_inputs=False), UniformPath(7, block_length=4)
+    if model_kind.startswith("block"):  # (its id check reads CPU tensors only, and is skipped on a GPU)
+        masked = model_kind == "block-masked"
+        model = _block_model(time_conditioning=not masked, check_inputs=False)
+        path = (MaskedPath if masked else UniformPath)(7, block_length=4)
     else:
         model, path = _dgemma(self_conditioning=True), UniformPath(16, block_length=4)
     inside, reads, graphs = {"on": 0}, {"in": 0, "out": 0}, []
