@@ -410,3 +410,48 @@ def test_the_captured_step_reads_nothing_on_the_host_and_is_captured_once_per_sh
     assert stats.counts["captured_steps"] == stats.num_calls == 3 * 4
     assert reads["in"] == 0 and reads["out"] > 0  # (the check sees reads outside)
     assert len(graphs) == 2 and all(len(g._entries) == 1 for g in graphs)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("method", ["ancestral", "confidence"])
+def test_hugging_face_block_models_through_the_engine_draw_the_eager_tokens(arch, method):
+    """A block denoiser started from a Hugging Face causal LM, on its fixed-shape cache (the clean stream's buffers
+    written in place, the noisy block's keys in scratch slots, its position on the device), draws the tokens of
+    its DynamicCache path (fp32, time-conditioned, a prompt that ends inside a block); a path sampler's every step
+    runs as one captured step."""
+    tf = pytest.importorskip("transformers")
+    from tcsm.models.hf_block import HFBlockDenoiser
+    from tcsm.paths import MaskedPath
+    from tcsm.sampling.settings import draw, sample_settings
+
+    if arch == "gpt2":
+        config = tf.GPT2Config(vocab_size=40, n_positions=40, n_embd=32, n_layer=2, n_head=2, bos_token_id=1)
+    else:
+        config = tf.LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=40,
+                                bos_token_id=1)  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        hf = tf.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+        model = HFBlockDenoiser(hf, list(range(10, 18)), block_length=4, num_states=9, time_conditioning=True,
+                                cond_dim=16).eval()  # fmt: skip
+        with torch.no_grad():  # the time path starts at zero: give it weight so that the time input matters
+            model.time_proj.weight.normal_(0, 0.5)
+    path = MaskedPath(8, block_length=4)
+    out = {}
+    for engine in ("eager", "graph"):
+        settings = sample_settings({"method": method, "steps": 3, "engine": engine})
+        out[engine] = draw(model, path, 3, 16, settings, generator=torch.Generator().manual_seed(4),
+                           prompt=torch.tensor([1, 2, 3, 4, 5, 6]))  # fmt: skip
+    assert torch.equal(out["eager"][0], out["graph"][0])
+    if method == "ancestral":
+        assert out["graph"][1].counts["captured_steps"] == out["graph"][1].num_calls == 9
+    with torch.no_grad():  # the fixed-shape cache holds the decode's length, allocated once, written in place
+        cache = model.new_cache(2, fixed_shape=True, capacity=16)
+        model.extend_cache(cache, torch.zeros(2, 4, dtype=torch.long))
+        buffers = [b[0].data_ptr() for b in cache.hf.buffers.values()]
+        model.denoise(torch.full((2, 4), 8), 0.5, cache)
+        model.extend_cache(cache, torch.ones(2, 4, dtype=torch.long))
+        assert [b[0].data_ptr() for b in cache.hf.buffers.values()] == buffers
+        assert int(cache.position) == cache.length == 8 and cache.hf.fill == 9
+        assert all(b[0].shape[2] == 17 + 5 for b in cache.hf.buffers.values())
