@@ -293,6 +293,12 @@ class DiffusionGemmaDenoiser(nn.Module):
                 cache.has_previous.fill_(False)
         cache.length += n
 
+    def _native_cache(self, engine: str, device, total: int) -> dict:
+        """generate()'s cache arguments for `native_generate` (its docstring)."""
+        if engine != "graph" or not _static_fits(total, self.sliding_window):
+            return {}
+        return {"cache_implementation": "static", "disable_compile": torch.device(device).type != "cuda"}
+
     def _key_layouts(self, device) -> list[tuple[Tensor, Tensor]]:
         """One position's keys and values [1, heads, 1, dim] of every encoder layer, as the encoder makes them here
         (full and sliding layers may differ in heads and dim, and keys and values in dtype under autocast): one
@@ -357,10 +363,15 @@ class DiffusionGemmaDenoiser(nn.Module):
     # ------------------------------------------------------------------------------------------ its own sampler
     @torch.no_grad()
     def native_generate(self, prompt: Tensor | None, length: int, *, steps: int, generator=None,
-                        device=None) -> tuple[Tensor, int]:  # fmt: skip
+                        device=None, engine: str = "eager") -> tuple[Tensor, int]:  # fmt: skip
         """(tokens [B, length], decoder calls) from the model's own `generate()` (its entropy-bound sampler with
         self-conditioning, at most `steps` denoising steps per canvas), continuing `prompt` [B, P]. Its encoder
-        cannot read an empty prefix, so without a prompt it starts from the model's BOS, which is not returned."""
+        cannot read an empty prefix, so without a prompt it starts from the model's BOS, which is not returned.
+
+        With `engine="graph"` (the decode engine, resolved by the caller) generate() runs on the model's own static cache
+        (`cache_implementation="static"`, its functions compiled on CUDA) where that is exact: when the whole
+        sequence fits the sliding window. Past it transformers' static sliding layers hold one key more than its
+        dynamic ones (the samples differ), so the DynamicCache path runs."""
         text = self.hf.config.get_text_config()
         device = device if device is not None else next(self.hf.parameters()).device
         lead = prompt is None or prompt.shape[1] == 0
@@ -377,10 +388,17 @@ class DiffusionGemmaDenoiser(nn.Module):
             # generate() imports torch's compiler stack, whose import warns of torch.jit's deprecation: not the user's
             warnings.filterwarnings("ignore", message=r".*torch\.jit", category=DeprecationWarning)
             torch.manual_seed(seed)
-            out = self.hf.generate(prompt.to(device), max_new_tokens=new, max_denoising_steps=int(steps))
+            kw = self._native_cache(engine, device, prompt.shape[1] + new)
+            out = self.hf.generate(prompt.to(device), max_new_tokens=new, max_denoising_steps=int(steps), **kw)
         seqs = out.sequences[:, 1:] if lead else out.sequences
         calls = math.ceil(new / self.block_length) * int(steps)  # an upper bound: canvases may stop early
         return seqs[:, : int(length)], calls
+
+
+def _static_fits(total: int, sliding_window: int) -> bool:
+    """Whether a sequence of `total` tokens never fills a sliding layer's cache (transformers' static and dynamic
+    sliding layers then hold the same keys)."""
+    return total <= sliding_window - 1
 
 
 def draw_seed(generator: torch.Generator | None) -> int:
