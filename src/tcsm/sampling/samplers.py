@@ -162,15 +162,17 @@ def _sample_chunk(
 
     # the engine's denoiser may replay the whole step (its call, the draws, the update) as one captured graph
     capture = getattr(denoiser, "capture_step", None) if dense else None
-    keys = torch.arange(2 * K, device=device).view(K, 2)  # step k draws at keys 2k (reveal) and 2k + 1 (token)
+    if capture is not None:  # step k draws at keys 2k (reveal) and 2k + 1 (token), read from the device
+        keys = torch.arange(2 * K, device=device).view(K, 2)
     emit(0)
     for k in range(K):
-        if capture is not None:
-            last = k == K - 1
-            step = capture(("dense", path, method, temperature, top_p, final_argmax, last),
-                           lambda x, fixed, ts, key, base, last=last: _dense_update(
-                               path, x, fixed, denoiser.raw, ts, RowStreams.of_base(base).uniform(key, L), method,
-                               temperature, top_p, final_argmax, last))  # fmt: skip
+        last = k == K - 1
+        step = None if capture is None else capture(
+            ("dense", id(path), method, temperature, top_p, final_argmax, last),
+            lambda x, fixed, ts, key, base, last=last: _dense_update(
+                path, x, fixed, denoiser.raw, ts, RowStreams.of_base(base).uniform(key, L), method, temperature,
+                top_p, final_argmax, last))  # fmt: skip
+        if step is not None:
             # its output is static: read before the next step, cloned at the end
             x = step(x, fixed, grid[k : k + 2], keys[k], generator.base)
             stats["calls"] += 1
@@ -188,7 +190,6 @@ def _sample_chunk(
             emit(k + 1)
             continue
         t, s = grid[k], grid[k + 1]
-        last = k == K - 1
         free = ~fixed & path.free(x)
         u = generator.uniform([2 * k, 2 * k + 1], L)  # the reveal's and the token's uniform of every position
         active = free.any(-1)  # rows with nothing left to resolve need no network call
@@ -253,7 +254,7 @@ def _sample_chunk(
 
     if not dense and (x >= V).any():  # (the dense path reads nothing on the host: its caller checks once)
         raise RuntimeError("sampler left noise-only ids (masks) in the output; the time grid must end at t = 1")
-    return (x.clone() if capture is not None else x), stats, trajectory
+    return (x.clone() if "captured_steps" in stats else x), stats, trajectory
 
 
 def _dense_step(denoiser, path, x, fixed, grid, grid_host, k, method, streams, temperature, top_p, final_argmax):
