@@ -3,8 +3,10 @@ eager path, for full-sequence, block (k = 16), AR and DiffusionGemma decoders at
 weights of the `text8` preset (85M parameters) under bf16 autocast; speed only.
 
 For each configuration and engine, in interleaved rounds (round 0 warms up and captures): tokens/s of wall time
-(CUDA-synchronised), network calls per sequence, and the GPU-busy share (profiler kernel time ÷ wall of one
-profiled decode). Also: a host-sync check (`torch.cuda.set_sync_debug_mode("warn")` over one engine decode, as
+(CUDA-synchronised) and of process CPU time, network calls per sequence, the share of them the engine ran as one
+captured step (denoiser call, draws and update of the block), and the GPU-busy share (profiler kernel time ÷ wall
+of one profiled decode). DiffusionGemma (tcsm's sampler, `--dg-size`) runs through the engine's fixed-shape cache
+beside its own DynamicCache path. Also: a host-sync check (`torch.cuda.set_sync_debug_mode("warn")` over one engine decode, as
 benchmarks/gpu_step.py does, and where the first sync happens under mode "error") and a law check (total variation between the unigram frequencies of the two engines'
 samples, pooled over rounds). The full-sequence sampler has no engine path: it runs eagerly in both columns. The AR
 eager column generates the last `--ar-tokens` tokens after a prefilled prompt (the eager path needs ~60 ms per
@@ -13,12 +15,15 @@ token on an H200 and would not fit the run's budget); the engine column does the
 
     python benchmarks/decode_gpu.py --out decode_gpu.json          # one GPU, about 5 minutes
     python benchmarks/decode_gpu.py --device cpu --smoke           # tiny sizes on the CPU (the suite runs this)
+    python benchmarks/decode_gpu.py --device cpu --dtype fp32 --decoders dg --dg-size small --length 256 \
+        --batches 1,8 --dg-steps 8                                 # DiffusionGemma, engine vs eager, on a CPU
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -41,13 +46,16 @@ def parse_args(argv=None):
     ap.add_argument("--ar-tokens", type=int, default=128, help="AR tokens generated after a prefilled prompt")
     ap.add_argument("--dg-steps", type=int, default=8, help="DiffusionGemma steps per 32-token canvas")
     ap.add_argument("--no-dg", action="store_true", help="leave out DiffusionGemma")
+    ap.add_argument("--dg-size", default="mid", choices=sorted(DG_SIZES),
+                    help="DiffusionGemma instance: mid = the reference 8 x 1024 MoE 8x2 (284M); small, tiny for CPUs")
+    ap.add_argument("--decoders", default="full,block,ar,dg", help="which decoders to run (comma-separated)")
     ap.add_argument("--rounds", type=int, default=2, help="timed rounds after the warm-up round")
     ap.add_argument("--budget-s", type=float, default=270.0)
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     if a.smoke:
-        a.preset, a.length, a.block, a.batches = "tiny", 32, 4, "1,2"
+        a.preset, a.length, a.block, a.batches, a.dg_size = "tiny", 32, 4, "1,2", "tiny"
         a.full_steps, a.block_steps, a.ar_tokens, a.dg_steps, a.rounds = 8, 2, 8, 2, 1
     return a
 
@@ -73,23 +81,31 @@ def build(a, dev):
     block_path = tcsm.MaskedPath(vocab_size=V, schedule=tcsm.LogLinearSchedule(), block_length=k)
     sizes = {n: v for n, v in PRESETS[a.preset].items() if n in ("d_model", "n_layers", "n_heads")}
     ar_preset = a.preset if a.preset in LM_PRESETS else sizes
-    models = {
-        "full": (build_denoiser(a.preset, **kw).to(dev).eval(), path),
-        "block": (build_block_denoiser(a.preset, k, **kw).to(dev).eval(), block_path),
-        "ar": (build_lm("causal", ar_preset, vocab_size=V, max_len=L).to(dev).eval(), None),
-    }
-    with torch.no_grad():  # the AR head starts at zero (uniform); give it random conditionals like the others
-        models["ar"][0].head.weight.normal_(0, 0.02)
-    if not a.no_dg:
-        dg = build_dg(a.smoke, dev)
+    wanted = set(a.decoders.split(","))
+    models = {}
+    if "full" in wanted:
+        models["full"] = (build_denoiser(a.preset, **kw).to(dev).eval(), path)
+    if "block" in wanted:
+        models["block"] = (build_block_denoiser(a.preset, k, **kw).to(dev).eval(), block_path)
+    if "ar" in wanted:
+        models["ar"] = (build_lm("causal", ar_preset, vocab_size=V, max_len=L).to(dev).eval(), None)
+        with torch.no_grad():  # the AR head starts at zero (uniform); give it random conditionals like the others
+            models["ar"][0].head.weight.normal_(0, 0.02)
+    if not a.no_dg and "dg" in wanted:
+        dg = build_dg(a.dg_size, dev)
         if dg is not None:
             models["dg"] = (dg, tcsm.UniformPath(vocab_size=dg.vocab_size, block_length=dg.block_length))
     return models
 
 
-def build_dg(small: bool, dev):
-    """The mid-size random DiffusionGemma of the reference measurement (8 layers x 1024, MoE 8x2; tiny with
-    `small`), or None where transformers has no DiffusionGemma."""
+#: DiffusionGemma instances: (hidden size, layers, heads, canvas length)
+DG_SIZES = {"tiny": (64, 2, 2, 8), "small": (256, 4, 4, 32), "mid": (1024, 8, 8, 32)}
+
+
+def build_dg(size: str, dev):
+    """A random DiffusionGemma of `DG_SIZES` (mid: the reference measurement's 8 layers x 1024, MoE 8x2; its
+    experts run transformers' default grouped_mm, which reads nothing on the host), or None where transformers
+    has no DiffusionGemma."""
     try:
         from transformers import (
             DiffusionGemmaConfig,
@@ -102,7 +118,7 @@ def build_dg(small: bool, dev):
     from tcsm.models.diffusion_gemma import DiffusionGemmaDenoiser
 
     V = 512
-    h, n, heads = (64, 2, 2) if small else (1024, 8, 8)
+    h, n, heads, canvas = DG_SIZES[size]
     text = DiffusionGemmaTextConfig(
         vocab_size=V, hidden_size=h, intermediate_size=2 * h, num_hidden_layers=n, num_attention_heads=heads,
         num_key_value_heads=max(1, heads // 2), head_dim=h // heads, max_position_embeddings=4096,
@@ -112,7 +128,7 @@ def build_dg(small: bool, dev):
     )  # fmt: skip
     vision = {"model_type": "gemma4_vision", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
                   "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16}  # fmt: skip
-    cfg = DiffusionGemmaConfig(text_config=text.to_dict(), vision_config=vision, canvas_length=8 if small else 32,
+    cfg = DiffusionGemmaConfig(text_config=text.to_dict(), vision_config=vision, canvas_length=canvas,
                                boi_token_id=V - 4, eoi_token_id=V - 3, image_token_id=V - 2)  # fmt: skip
     torch.manual_seed(0)
     return DiffusionGemmaDenoiser(DiffusionGemmaForBlockDiffusion(cfg)).to(dev).eval()
@@ -131,7 +147,8 @@ def configurations(a, models):
 
 
 def decode(a, models, conf, dev, seed):
-    """(tokens generated [B, n], calls per sequence) of one decode."""
+    """(tokens generated [B, n], calls per sequence, the share of them run as one captured step: call, draws and
+    update) of one decode."""
     from tcsm.sampling.settings import draw, sample_settings
     from tcsm.targets.ar import sample_ar
 
@@ -145,13 +162,13 @@ def decode(a, models, conf, dev, seed):
         P = 0 if name == "ar-whole" else L - a.ar_tokens
         prefix = torch.randint(0, a.vocab, (B, P), device=dev, generator=g) if P else None
         x = sample_ar(model, B, L, g, dev, prefix=prefix, engine=engine)
-        return x[:, P:], L - P
+        return x[:, P:], L - P, None
     model, path = models[name]
     steps = {"full": a.full_steps, "block": a.block_steps, "dg": a.dg_steps}[name]
     settings = sample_settings({}, steps=steps, method="ancestral", engine=engine)
     prompt = torch.tensor([2, 5, 6, 7], device=dev) if name == "dg" else None
     x, st = draw(model, path, B, L, settings, generator=g, device=dev, prompt=prompt)
-    return x, float(st.num_calls)
+    return x, float(st.num_calls), st.counts.get("captured_steps", 0) / max(st.num_calls, 1)
 
 
 def busy_share(fn, dev) -> float | None:
@@ -220,8 +237,8 @@ def main(argv=None):
     models = build(a, dev)
     confs = configurations(a, models)
     cast = torch.autocast(dev.type, torch.bfloat16) if a.dtype == "bf16" else torch.autocast(dev.type, enabled=False)
-    speeds = {c: [] for c in confs}
-    calls, samples = {}, {c: [] for c in confs}
+    speeds, cpu_speeds = {c: [] for c in confs}, {c: [] for c in confs}
+    calls, captured, samples = {}, {}, {c: [] for c in confs}
     start, rounds_run = time.perf_counter(), 0
     for r in range(a.rounds + 1):
         if r > 1 and time.perf_counter() - start > a.budget_s:
@@ -229,17 +246,19 @@ def main(argv=None):
             break
         for c in confs:
             sync(dev)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             with torch.no_grad(), cast:
-                x, n_calls = decode(a, models, c, dev, seed=r)
+                x, n_calls, share = decode(a, models, c, dev, seed=r)
             sync(dev)
-            wall = time.perf_counter() - t0
-            calls[c] = n_calls
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            calls[c], captured[c] = n_calls, share
             if r:
                 speeds[c].append(x.numel() / wall)
+                cpu_speeds[c].append(x.numel() / cpu)
                 samples[c].append(x)
             print(f"round {r} {c[0]:8s} B={c[1]:2d} {c[2]:5s}: {x.numel() / wall:10.1f} tok/s ({wall:.3f} s), "
-                  f"calls/seq {n_calls:.0f}", flush=True)  # fmt: skip
+                  f"{x.numel() / cpu:10.1f} tok/CPU-s, calls/seq {n_calls:.0f}, load {os.getloadavg()[0]:.1f}",
+                  flush=True)  # fmt: skip
         rounds_run = r
     rows = []
     for c in confs:
@@ -255,20 +274,25 @@ def main(argv=None):
         tv = tv_unigram(samples[c], samples[eager], V) if c[2] == "graph" and samples.get(eager) else None
         rows.append({"decoder": c[0], "batch": c[1], "engine": c[2], "calls_per_seq": calls[c],
                      "tokens_per_s": statistics.median(speeds[c]) if speeds[c] else None, "gpu_busy": busy,
+                     "tokens_per_cpu_s": statistics.median(cpu_speeds[c]) if cpu_speeds[c] else None,
+                     "captured_steps": captured[c],
                      "host_syncs": syncs, "first_sync": first, "tv_unigram_vs_eager": tv})  # fmt: skip
     meta = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
             "preset": a.preset, "length": a.length, "block": a.block, "dtype": a.dtype, "rounds": rounds_run,
+            "dg_size": a.dg_size, "threads": torch.get_num_threads(),
             "wall_s": round(time.perf_counter() - start, 1)}  # fmt: skip
     print(json.dumps(meta))
-    print("| decoder | batch | engine | calls/seq | tokens/s | GPU busy | host syncs | TV unigram vs eager |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| decoder | batch | engine | calls/seq | captured steps | tokens/s | tokens/CPU-s | GPU busy | host syncs "
+          "| TV unigram vs eager |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
 
     def fmt(v, spec):
         return "-" if v is None else format(v, spec)
 
     for w in rows:
         print(f"| {w['decoder']} | {w['batch']} | {w['engine']} | {w['calls_per_seq']:.0f} | "
-              f"{fmt(w['tokens_per_s'], ',.0f')} | {fmt(w['gpu_busy'], '.1%')} | {fmt(w['host_syncs'], 'd')} | "
+              f"{fmt(w['captured_steps'], '.0%')} | {fmt(w['tokens_per_s'], ',.0f')} | "
+              f"{fmt(w['tokens_per_cpu_s'], ',.0f')} | {fmt(w['gpu_busy'], '.1%')} | {fmt(w['host_syncs'], 'd')} | "
               f"{fmt(w['tv_unigram_vs_eager'], '.3f')} |")  # fmt: skip
     for w in rows:
         if w["first_sync"] is not None:

@@ -188,12 +188,12 @@ def test_native_seed_is_drawn_on_the_generators_device(monkeypatch):
 BLOCK_METHODS = ["ancestral", "analytic", "euler", "random", "confidence", "margin", "entropy", "threshold"]
 
 
-def _block_model(time_conditioning: bool):
+def _block_model(time_conditioning: bool, **kw):
     from tcsm.models.blocks import build_block_denoiser
 
     torch.manual_seed(0)
     model = build_block_denoiser("tiny", 4, vocab_size=7, num_states=8, max_len=32,
-                                 time_conditioning=time_conditioning).eval()  # fmt: skip
+                                 time_conditioning=time_conditioning, **kw).eval()  # fmt: skip
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.3 * torch.randn_like(p))
@@ -226,6 +226,9 @@ def test_block_decoding_fixed_shape_cache_draws_the_eager_tokens(method, uniform
     assert out["eager"][1].num_calls <= out["graph"][1].num_calls
     if method in ("ancestral", "analytic", "euler"):
         assert out["graph"][1].num_calls == 3 * blocks
+        # every step ran as one captured step: the call, the draws and the update of the block
+        assert out["graph"][1].counts["captured_steps"] == out["graph"][1].num_calls
+    assert "captured_steps" not in out["eager"][1].counts
 
 
 def test_fixed_shape_denoise_is_the_one_pass_logits():
@@ -259,7 +262,196 @@ def test_decode_gpu_benchmark_smoke_on_the_cpu():
     rows = bench.main(["--device", "cpu", "--smoke", "--batches", "2"])
     seen = {(w["decoder"], w["engine"]) for w in rows}
     assert {("full", "eager"), ("block", "graph"), ("ar", "graph"), ("ar-whole", "graph")} <= seen
+    if ("dg", "eager") in seen:  # (where transformers has DiffusionGemma)
+        assert [w["captured_steps"] for w in rows if w["decoder"] == "dg"] == [0.0, 1.0] * 2
     for w in rows:
-        assert w["tokens_per_s"] > 0 and w["calls_per_seq"] > 0
+        assert w["tokens_per_s"] > 0 and w["calls_per_seq"] > 0 and w["tokens_per_cpu_s"] > 0
         if w["tv_unigram_vs_eager"] is not None:
             assert w["tv_unigram_vs_eager"] == 0.0
+
+
+def _dgemma(self_conditioning=False, attn="sdpa"):
+    pytest.importorskip("transformers")
+    import transformers
+
+    if not hasattr(transformers, "DiffusionGemmaForBlockDiffusion"):
+        pytest.skip("this transformers has no DiffusionGemma")
+    from diffusion_gemma_helpers import tiny_hf
+
+    from tcsm.models.diffusion_gemma import DiffusionGemmaDenoiser
+
+    return DiffusionGemmaDenoiser(tiny_hf(V=16, k=4, window=3, attn=attn), self_conditioning=self_conditioning)
+
+
+@pytest.mark.parametrize("method", ["ancestral", "euler"])
+@pytest.mark.parametrize("self_conditioning", [False, True])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_diffusion_gemma_through_the_engine_draws_the_eager_tokens(method, self_conditioning, attn):
+    """tcsm-sampled DiffusionGemma on its fixed-shape cache (buffers written in place, block position on the
+    device, self-conditioning through a buffer and the model's per-row mask) draws the tokens of its own
+    DynamicCache path (fp32), with a prompt that ends inside a canvas and a sliding window shorter than it."""
+    from tcsm.paths import UniformPath
+    from tcsm.sampling.settings import draw, sample_settings
+
+    model = _dgemma(self_conditioning, attn)
+    path = UniformPath(16, block_length=4)
+    out = {}
+    for engine in ("eager", "graph"):
+        settings = sample_settings({"method": method, "steps": 3, "engine": engine})
+        out[engine] = draw(model, path, 3, 16, settings, generator=torch.Generator().manual_seed(4),
+                           prompt=torch.tensor([1, 2, 3, 4, 5, 6]))  # fmt: skip
+    assert torch.equal(out["eager"][0], out["graph"][0])
+    assert out["graph"][1].num_calls == 3 * out["graph"][1].counts["blocks"] == 9
+    assert out["graph"][1].counts["captured_steps"] == 9
+
+
+def test_diffusion_gemma_fixed_shape_cache_is_written_in_place_without_concatenating(monkeypatch):
+    """The fixed-shape cache's buffers are allocated once at the decode's length and the encoder writes them in
+    place; `denoise` concatenates no cached keys (the model's own DynamicCache path does: the check sees it)."""
+    model = _dgemma()
+    cache = model.new_cache(2, fixed_shape=True, capacity=24)
+    buffers = [layer.keys.data_ptr() for layer in cache.hf.layers]
+    x = torch.randint(0, 16, (2, 12), generator=torch.Generator().manual_seed(0))
+    joined, cat = [], torch.cat
+
+    def spy(tensors, *args, **kwargs):
+        joined.extend(tuple(t.shape) for t in tensors)
+        return cat(tensors, *args, **kwargs)
+
+    with torch.no_grad():
+        model.extend_cache(cache, x[:, :8])
+        monkeypatch.setattr(torch, "cat", spy)
+        for _ in range(3):
+            model.denoise(x[:, 8:], None, cache)
+        assert int(cache.position) == cache.length == 8
+        assert [layer.keys.data_ptr() for layer in cache.hf.layers] == buffers
+        assert [tuple(layer.keys.shape)[2] for layer in cache.hf.layers] == [24, 24]
+
+        def cache_joins():  # rotary joins a canvas position's halves; a cache join has the 8 cached positions
+            return [s for s in joined if len(s) == 4 and s[2] >= 5]
+
+        assert joined and not cache_joins()
+        eager = model.new_cache(2)
+        model.extend_cache(eager, x[:, :8])
+        model.denoise(x[:, 8:], None, eager)
+        assert cache_joins()
+
+
+def test_diffusion_gemma_engine_steps_read_nothing_on_the_host(monkeypatch):
+    """Host reads of device values counted over a whole block decode of DiffusionGemma: with the engine they do
+    not grow with the steps per block, eagerly they do (the check the block engine's test makes)."""
+    from tcsm.paths import UniformPath
+    from tcsm.sampling.blocks import decode_blocks
+    from tcsm.sampling.registry import sampler_class
+
+    model = _dgemma(self_conditioning=True)
+    path = UniformPath(16, block_length=4)
+    reads = {"n": 0}
+    for name in ("__bool__", "item", "tolist", "nonzero", "__int__", "__float__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _original=original, **kw):
+            reads["n"] += 1
+            return _original(self, *a, **kw)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+
+    def count(engine, steps):
+        cls = sampler_class("ancestral")
+        reads["n"] = 0
+        decode_blocks(model, path, cls(cls.settings_type(steps=steps, engine=engine)), 2, 12,
+                      generator=torch.Generator().manual_seed(0))  # fmt: skip
+        return reads["n"]
+
+    assert count("graph", 2) == count("graph", 5)
+    assert count("eager", 2) < count("eager", 5)
+
+
+@pytest.mark.parametrize("model_kind", ["block", "block-masked", "diffusion_gemma"])
+def test_the_captured_step_reads_nothing_on_the_host_and_is_captured_once_per_shape(monkeypatch, model_kind):
+    """What the engine would capture on CUDA (the whole in-block step: denoiser call, the draws from the rows'
+    streams, the update) is one function of static tensors: no host read of a device value happens inside it,
+    and one StepGraph per step kind (inner steps, last step) serves every block of the decode."""
+    from tcsm.paths import MaskedPath, UniformPath
+    from tcsm.sampling import engine
+    from tcsm.sampling.blocks import decode_blocks
+    from tcsm.sampling.registry import sampler_class
+
+    if model_kind.startswith("block"):  # (its id check reads CPU tensors only, and is skipped on a GPU)
+        masked = model_kind == "block-masked"
+        model = _block_model(time_conditioning=not masked, check_inputs=False)
+        path = (MaskedPath if masked else UniformPath)(7, block_length=4)
+    else:
+        model, path = _dgemma(self_conditioning=True), UniformPath(16, block_length=4)
+    inside, reads, graphs = {"on": 0}, {"in": 0, "out": 0}, []
+    for name in ("__bool__", "item", "tolist", "nonzero", "__int__", "__float__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _original=original, **kw):
+            reads["in" if inside["on"] else "out"] += 1
+            return _original(self, *a, **kw)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    call = engine.StepGraph.__call__
+
+    def spy(self, *inputs):
+        if self not in graphs:
+            graphs.append(self)
+        inside["on"] += 1
+        try:
+            return call(self, *inputs)
+        finally:
+            inside["on"] -= 1
+
+    monkeypatch.setattr(engine.StepGraph, "__call__", spy)
+    cls = sampler_class("ancestral")
+    _, stats = decode_blocks(model, path, cls(cls.settings_type(steps=3, engine="graph")), 2, 16,
+                             generator=torch.Generator().manual_seed(0))  # fmt: skip
+    assert stats.counts["captured_steps"] == stats.num_calls == 3 * 4
+    assert reads["in"] == 0 and reads["out"] > 0  # (the check sees reads outside)
+    assert len(graphs) == 2 and all(len(g._entries) == 1 for g in graphs)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("method", ["ancestral", "confidence"])
+def test_hugging_face_block_models_through_the_engine_draw_the_eager_tokens(arch, method):
+    """A block denoiser started from a Hugging Face causal LM, on its fixed-shape cache (the clean stream's buffers
+    written in place, the noisy block's keys in scratch slots, its position on the device), draws the tokens of
+    its DynamicCache path (fp32, time-conditioned, a prompt that ends inside a block); a path sampler's every step
+    runs as one captured step."""
+    tf = pytest.importorskip("transformers")
+    from tcsm.models.hf_block import HFBlockDenoiser
+    from tcsm.paths import MaskedPath
+    from tcsm.sampling.settings import draw, sample_settings
+
+    if arch == "gpt2":
+        config = tf.GPT2Config(vocab_size=40, n_positions=40, n_embd=32, n_layer=2, n_head=2, bos_token_id=1)
+    else:
+        config = tf.LlamaConfig(vocab_size=40, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=40,
+                                bos_token_id=1)  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        hf = tf.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+        model = HFBlockDenoiser(hf, list(range(10, 18)), block_length=4, num_states=9, time_conditioning=True,
+                                cond_dim=16).eval()  # fmt: skip
+        with torch.no_grad():  # the time path starts at zero: give it weight so that the time input matters
+            model.time_proj.weight.normal_(0, 0.5)
+    path = MaskedPath(8, block_length=4)
+    out = {}
+    for engine in ("eager", "graph"):
+        settings = sample_settings({"method": method, "steps": 3, "engine": engine})
+        out[engine] = draw(model, path, 3, 16, settings, generator=torch.Generator().manual_seed(4),
+                           prompt=torch.tensor([1, 2, 3, 4, 5, 6]))  # fmt: skip
+    assert torch.equal(out["eager"][0], out["graph"][0])
+    if method == "ancestral":
+        assert out["graph"][1].counts["captured_steps"] == out["graph"][1].num_calls == 9
+    with torch.no_grad():  # the fixed-shape cache holds the decode's length, allocated once, written in place
+        cache = model.new_cache(2, fixed_shape=True, capacity=16)
+        model.extend_cache(cache, torch.zeros(2, 4, dtype=torch.long))
+        buffers = [b[0].data_ptr() for b in cache.hf.buffers.values()]
+        model.denoise(torch.full((2, 4), 8), 0.5, cache)
+        model.extend_cache(cache, torch.ones(2, 4, dtype=torch.long))
+        assert [b[0].data_ptr() for b in cache.hf.buffers.values()] == buffers
+        assert int(cache.position) == cache.length == 8 and cache.hf.fill == 9
+        assert all(b[0].shape[2] == 17 + 5 for b in cache.hf.buffers.values())

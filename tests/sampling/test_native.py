@@ -87,3 +87,27 @@ def test_a_native_sample_prints_no_torch_jit_deprecation(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, check=False)
     assert r.returncode == 0, r.stderr
     assert "torch.jit" not in r.stderr
+
+
+@pytest.mark.parametrize("window", [20, 3])
+def test_the_engine_runs_generate_on_its_static_cache_where_that_is_exact(window, monkeypatch):
+    """sample.engine=graph: generate() on the model's own static cache when the sequence fits the sliding window
+    (the same tokens as its DynamicCache path); past the window (where transformers' static sliding layers hold
+    one key more) the DynamicCache path runs, so the tokens are the eager ones there too."""
+    model = DiffusionGemmaDenoiser(tiny_hf(V=V, k=K, window=window))
+    prompt = torch.tensor([[3, 4, 5], [6, 7, 3]])
+    fixed, values = prefix_condition(prompt, 2, 11)
+    seen, generate = [], model.hf.generate
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("cache_implementation"))
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(model.hf, "generate", spy)
+    out = {}
+    for engine in ("eager", "graph"):
+        native = sampler_class("native")(SamplerSettings(steps=3, engine=engine))
+        out[engine], _ = native(model, UniformPath(V, block_length=K), 2, 11, fixed=fixed, values=values,
+                                generator=torch.Generator().manual_seed(0))  # fmt: skip
+    assert torch.equal(out["eager"], out["graph"])
+    assert seen == [None, "static" if window == 20 else None]

@@ -270,10 +270,13 @@ class BlockDenoiser(Denoiser):
 
     # ------------------------------------------------------------------------------------------ KV cache
 
-    def new_cache(self, batch_size: int, fixed_shape: bool = False) -> BlockCache:
-        """An empty cache for `batch_size` rows decoded in lockstep (`fixed_shape`: see `BlockCache`)."""
-        device = self.head.weight.device
-        return BlockCache(batch_size, len(self.blocks), self.cfg.max_len, fixed_shape, device)
+    def new_cache(self, batch_size: int, fixed_shape: bool = False, capacity: int | None = None) -> BlockCache:
+        """An empty cache for `batch_size` rows decoded in lockstep (`fixed_shape`: see `BlockCache`) of `capacity`
+        positions at most (default max_len)."""
+        cap = self.cfg.max_len if capacity is None else int(capacity)
+        if not 0 < cap <= self.cfg.max_len:
+            raise ValueError(f"capacity must be in [1, max_len={self.cfg.max_len}], got {capacity}")
+        return BlockCache(batch_size, len(self.blocks), cap, fixed_shape, self.head.weight.device)
 
     def _check_step(self, cache: BlockCache, x: Tensor, what: str) -> int:
         if not isinstance(cache, BlockCache):

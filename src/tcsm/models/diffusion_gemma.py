@@ -69,13 +69,70 @@ DIFFUSION_GEMMA = ModelKind(
 
 class DiffusionGemmaCache:
     """The model's encoder KV cache of the clean tokens at positions 0..length−1 (shared across the batch), and
-    the previous step's logits of the block being drawn (self-conditioning only)."""
+    the previous step's logits of the block being drawn (self-conditioning only).
 
-    def __init__(self, hf_cache, batch_size: int):
+    With `fixed_shape` (`new_cache(..., fixed_shape=True)`, the decode engine's cache) `hf` is a `_PrefixBuffers`:
+    every layer's keys and values live in buffers of `capacity` positions allocated once and written in place,
+    `position` (a 1-element long tensor on the device, kept equal to `length`) places `denoise`'s block,
+    and the self-conditioning logits are a buffer too, switched per row by `has_previous`: every `denoise` call
+    then has one shape for the whole decode and reads no host value."""
+
+    def __init__(self, hf_cache, batch_size: int, position: Tensor | None = None):
         self.hf = hf_cache
         self.batch_size = int(batch_size)
         self.length = 0
+        self.position = position
         self.previous_logits: Tensor | None = None
+        self.has_previous: Tensor | None = None
+
+    @property
+    def step_state(self) -> tuple[Tensor, ...]:
+        """The fixed-shape cache's tensors that `denoise` updates in place (what a captured call's warm-up must
+        leave as it found them)."""
+        if self.position is None or self.has_previous is None:
+            return ()
+        return self.previous_logits, self.has_previous
+
+
+class _PrefixLayer:
+    """One layer's preallocated keys / values [B, kv_heads, capacity, head_dim], as the decoder reads a static
+    cache layer (`cumulative_length` = capacity: its canvas keys go right after the whole buffer)."""
+
+    def __init__(self, capacity: int):  # (keys / values: set by `_PrefixBuffers`)
+        self.keys: Tensor | None = None
+        self.values: Tensor | None = None
+        self.cumulative_length = int(capacity)
+
+    @property
+    def device(self):
+        return self.keys.device
+
+
+class _PrefixBuffers:
+    """The clean prefix in preallocated buffers, in the cache interface the model's attention layers call: the
+    encoder's `update` writes its new keys in place at positions `length`.. and attends over the buffer up to
+    them (a view, no concatenation); the decoder sees a static cache (`is_compileable`) and attends over the whole
+    buffer and its canvas, the positions past the prefix masked by `DiffusionGemmaDenoiser._fixed_masks`."""
+
+    is_compileable = True
+
+    def __init__(self, layouts: list[tuple[Tensor, Tensor]], batch_size: int, capacity: int, device):
+        self.capacity = int(capacity)
+        self.layers = [_PrefixLayer(capacity) for _ in layouts]
+        for layer, (k, v) in zip(self.layers, layouts):
+            layer.keys, layer.values = (torch.zeros(batch_size, a.shape[1], self.capacity, a.shape[3], dtype=a.dtype,
+                                                    device=device) for a in (k, v))  # fmt: skip
+        self.length = 0  # where the encoder's next update writes (host int: extend_cache runs outside the graph)
+
+    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs):
+        layer, n = self.layers[layer_idx], key_states.shape[2]
+        if self.length + n > self.capacity:
+            raise ValueError(f"the fixed-shape cache holds {self.capacity} positions; writing up to "
+                             f"{self.length + n} does not fit")  # fmt: skip
+        end = self.length + n
+        layer.keys[:, :, self.length : end] = key_states
+        layer.values[:, :, self.length : end] = value_states
+        return layer.keys[:, :, :end], layer.values[:, :, :end]
 
 
 class DiffusionGemmaDenoiser(nn.Module):
@@ -199,12 +256,28 @@ class DiffusionGemmaDenoiser(nn.Module):
                 "sliding_attention": self._mask(torch.cat([recent, own], 1))}  # fmt: skip
 
     # ------------------------------------------------------------------------------------------ KV cache
-    def new_cache(self, batch_size: int) -> DiffusionGemmaCache:
-        """An empty encoder cache (the model's own `DynamicCache` layers), ready for `denoise` at position 0."""
+    #: `new_cache(..., fixed_shape=True)`: `denoise` at a device position, one shape per decode (sampling.engine)
+    fixed_shape_cache = True
+
+    def new_cache(self, batch_size: int, fixed_shape: bool = False, capacity: int | None = None) -> DiffusionGemmaCache:
+        """An empty encoder cache, ready for `denoise` at position 0: the model's own `DynamicCache` layers, or with
+        `fixed_shape` preallocated buffers of `capacity` positions (default max_position_embeddings) written in
+        place (`DiffusionGemmaCache`)."""
+        p = next(self.hf.parameters())
+        if fixed_shape:
+            cap = self.cfg.max_len if capacity is None else int(capacity)
+            if not 0 < cap <= self.cfg.max_len:
+                raise ValueError(f"capacity must be in [1, max_position_embeddings={self.cfg.max_len}], got {capacity}")
+            buffers = _PrefixBuffers(self._key_layouts(p.device), int(batch_size), cap, p.device)
+            cache = DiffusionGemmaCache(buffers, batch_size, torch.zeros(1, dtype=torch.long, device=p.device))
+            if self.cfg.self_conditioning:
+                cache.previous_logits = torch.zeros(int(batch_size), self.block_length, self.vocab_size,
+                                                    dtype=p.dtype, device=p.device)  # fmt: skip
+                cache.has_previous = torch.zeros(int(batch_size), dtype=torch.bool, device=p.device)
+            return cache
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.hf.config.get_text_config())
-        p = next(self.hf.parameters())
         empty = torch.empty(int(batch_size), 1, 0, 1, dtype=p.dtype, device=p.device)
         for layer in cache.layers:
             layer.lazy_initialization(empty, empty)  # an empty prefix: the decoder reads zero cached keys
@@ -216,13 +289,59 @@ class DiffusionGemmaDenoiser(nn.Module):
         if n == 0:
             return
         pos = torch.arange(cache.length, cache.length + n, device=x_clean.device)
-        self.hf.model.encoder(input_ids=x_clean, cache=cache.hf, position_ids=pos[None])
+        if cache.position is None:
+            self.hf.model.encoder(input_ids=x_clean, cache=cache.hf, position_ids=pos[None])
+            cache.previous_logits = None
+        else:  # the buffers written in place, under the masks the model's own cache would give these queries
+            masks = self._prefix_masks(cache.length, cache.length + n, x_clean.device)
+            self.hf.model.encoder(input_ids=x_clean, cache=cache.hf, position_ids=pos[None], attention_mask=masks)
+            cache.hf.length += n
+            cache.position.fill_(cache.length + n)  # a device write, no host read
+            if cache.has_previous is not None:
+                cache.has_previous.fill_(False)
         cache.length += n
-        cache.previous_logits = None
+
+    def _native_cache(self, engine: str, device, total: int) -> dict:
+        """generate()'s cache arguments for `native_generate` (its docstring)."""
+        if engine != "graph" or not _static_fits(total, self.sliding_window):
+            return {}
+        return {"cache_implementation": "static", "disable_compile": torch.device(device).type != "cuda"}
+
+    def _key_layouts(self, device) -> list[tuple[Tensor, Tensor]]:
+        """One position's keys and values [1, heads, 1, dim] of every encoder layer, as the encoder makes them here
+        (full and sliding layers may differ in heads and dim, and keys and values in dtype under autocast): one
+        token's encoder call on a throwaway cache."""
+        from transformers import DynamicCache
+
+        probe = DynamicCache(config=self.hf.config.get_text_config())
+        one = torch.zeros(1, 1, dtype=torch.long, device=device)
+        self.hf.model.encoder(input_ids=one, cache=probe, position_ids=one, attention_mask=self._prefix_masks(0, 1, device))
+        return [(layer.keys, layer.values) for layer in probe.layers]
+
+    def _prefix_masks(self, start: int, end: int, device) -> dict:
+        """The encoder's masks for queries start..end−1 over keys 0..end−1: causal; sliding layers see the last
+        `sliding_window` positions."""
+        q, k = torch.arange(start, end, device=device)[:, None], torch.arange(end, device=device)[None, :]
+        causal = k <= q
+        return {"full_attention": self._mask(causal),
+                "sliding_attention": self._mask(causal & (k > q - self.sliding_window))}  # fmt: skip
+
+    def _fixed_masks(self, position: Tensor, n: int, capacity: int) -> dict:
+        """The decoder's masks for a block of n at the device `position` over the whole buffer and the block: the
+        cached prefix (all of it in full layers, its last `sliding_window − 1` keys in sliding ones, as the model's
+        own cache holds them) and the block itself; the buffer past the prefix is masked."""
+        k = torch.arange(capacity + n, device=position.device)
+        own = k >= capacity
+        prefix = k < position
+        recent = prefix & (k >= position - (self.sliding_window - 1))
+        return {"full_attention": self._mask((prefix | own).expand(n, -1)),
+                "sliding_attention": self._mask((recent | own).expand(n, -1))}  # fmt: skip
 
     def denoise(self, xt_block: Tensor, t, cache: DiffusionGemmaCache, *, self_cond: Tensor | None = None) -> Tensor:
         """Logits [B, n, V] of the block at positions cache.length.. given the cached prefix (t ignored)."""
         n = int(xt_block.shape[1])
+        if cache.position is not None:
+            return self._fixed_denoise(xt_block, cache, self_cond)
         if self_cond is None and self.cfg.self_conditioning:
             self_cond = cache.previous_logits
         pos = torch.arange(cache.length, cache.length + n, device=xt_block.device)
@@ -232,14 +351,35 @@ class DiffusionGemmaDenoiser(nn.Module):
             cache.previous_logits = logits.detach()
         return logits
 
+    def _fixed_denoise(self, xt_block: Tensor, cache: DiffusionGemmaCache, self_cond: Tensor | None) -> Tensor:
+        """`denoise` on the fixed-shape cache: positions and masks from `cache.position` (device values), the
+        previous logits fed through the buffer and switched off per row by `has_previous` (the model's
+        self-conditioning mask zeroes the signal, as no logits would)."""
+        n = int(xt_block.shape[1])
+        pos = cache.position + torch.arange(n, device=xt_block.device)
+        sc_mask = None
+        if self_cond is None and self.cfg.self_conditioning:
+            self_cond, sc_mask = cache.previous_logits[:, :n], cache.has_previous
+        logits = self.hf(cache=cache.hf, decoder_input_ids=xt_block, decoder_position_ids=pos[None],
+                         decoder_attention_mask=self._fixed_masks(cache.position, n, cache.hf.capacity),
+                         self_conditioning_logits=self_cond, self_conditioning_mask=sc_mask).logits.float()  # fmt: skip
+        if self.cfg.self_conditioning:
+            cache.previous_logits[:, :n].copy_(logits)
+            cache.has_previous.fill_(True)
+        return logits
 
     # ------------------------------------------------------------------------------------------ its own sampler
     @torch.no_grad()
     def native_generate(self, prompt: Tensor | None, length: int, *, steps: int, generator=None,
-                        device=None) -> tuple[Tensor, int]:  # fmt: skip
+                        device=None, engine: str = "eager") -> tuple[Tensor, int]:  # fmt: skip
         """(tokens [B, length], decoder calls) from the model's own `generate()` (its entropy-bound sampler with
         self-conditioning, at most `steps` denoising steps per canvas), continuing `prompt` [B, P]. Its encoder
-        cannot read an empty prefix, so without a prompt it starts from the model's BOS, which is not returned."""
+        cannot read an empty prefix, so without a prompt it starts from the model's BOS, which is not returned.
+
+        With `engine="graph"` (the decode engine, resolved by the caller) generate() runs on the model's own static cache
+        (`cache_implementation="static"`, its functions compiled on CUDA) where that is exact: when the whole
+        sequence fits the sliding window. Past it transformers' static sliding layers hold one key more than its
+        dynamic ones (the samples differ), so the DynamicCache path runs."""
         text = self.hf.config.get_text_config()
         device = device if device is not None else next(self.hf.parameters()).device
         lead = prompt is None or prompt.shape[1] == 0
@@ -256,10 +396,17 @@ class DiffusionGemmaDenoiser(nn.Module):
             # generate() imports torch's compiler stack, whose import warns of torch.jit's deprecation: not the user's
             warnings.filterwarnings("ignore", message=r".*torch\.jit", category=DeprecationWarning)
             torch.manual_seed(seed)
-            out = self.hf.generate(prompt.to(device), max_new_tokens=new, max_denoising_steps=int(steps))
+            kw = self._native_cache(engine, device, prompt.shape[1] + new)
+            out = self.hf.generate(prompt.to(device), max_new_tokens=new, max_denoising_steps=int(steps), **kw)
         seqs = out.sequences[:, 1:] if lead else out.sequences
         calls = math.ceil(new / self.block_length) * int(steps)  # an upper bound: canvases may stop early
         return seqs[:, : int(length)], calls
+
+
+def _static_fits(total: int, sliding_window: int) -> bool:
+    """Whether a sequence of `total` tokens never fills a sliding layer's cache (transformers' static and dynamic
+    sliding layers then hold the same keys)."""
+    return total <= sliding_window - 1
 
 
 def draw_seed(generator: torch.Generator | None) -> int:

@@ -69,12 +69,53 @@ def block_allowed(q: tuple[Tensor, Tensor, Tensor], kv: tuple[Tensor, Tensor, Te
 
 class HFBlockCache:
     """The HF model's key/value cache of the clean stream (BOS and the clean tokens at positions 0..length−1) for
-    `batch_size` rows in lockstep, and each row's last clean token: the anchor of the next noisy block."""
+    `batch_size` rows in lockstep, and each row's last clean token: the anchor of the next noisy block.
 
-    def __init__(self, hf_cache, batch_size: int, anchor: Tensor):
+    With `fixed_shape` (the decode engine's cache) `hf` holds preallocated buffers written in place
+    (`_fixed_stream`), and `position` (a 1-element long tensor on the device, kept equal to `length`) places
+    `denoise`'s block: its calls have one shape for the whole decode and read no host value."""
+
+    def __init__(self, hf_cache, batch_size: int, anchor: Tensor, position: Tensor | None = None):
         self.hf, self.batch_size = hf_cache, int(batch_size)
         self.length = 0
         self.anchor = anchor  # [B] tcsm ids, −1 for BOS
+        self.position = position
+
+
+def _fixed_stream(config, capacity: int, block: int):
+    """A transformers `DynamicCache` whose layers are preallocated buffers of `capacity` clean-stream positions
+    (BOS and the tokens) and `block` scratch slots after them: `fill` positions of the clean stream are written in
+    place at their own index and attended up to there (a view); with `scratch` the noisy block's keys go to the
+    scratch slots and the whole buffer is attended, the unfilled positions masked by the caller."""
+    from transformers import DynamicCache
+
+    class FixedStream(DynamicCache):
+        def __init__(self):
+            super().__init__(config=config)
+            self.capacity, self.fill, self.scratch, self.buffers = capacity, 0, False, {}
+
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            if layer_idx not in self.buffers:
+                B, H, _, D = key_states.shape
+                self.buffers[layer_idx] = (key_states.new_zeros(B, H, capacity + block, D),
+                                           value_states.new_zeros(B, H, capacity + block, value_states.shape[3]))  # fmt: skip
+            keys, values = self.buffers[layer_idx]
+            n = key_states.shape[2]
+            if self.scratch:
+                keys[:, :, capacity : capacity + n] = key_states
+                values[:, :, capacity : capacity + n] = value_states
+                return keys[:, :, : capacity + n], values[:, :, : capacity + n]
+            end = self.fill + n
+            if end > capacity:
+                raise ValueError(f"the fixed-shape cache holds {capacity} positions; writing up to {end} does not fit")
+            keys[:, :, self.fill : end] = key_states
+            values[:, :, self.fill : end] = value_states
+            return keys[:, :, :end], values[:, :, :end]
+
+        def get_seq_length(self, layer_idx: int = 0) -> int:
+            return self.fill
+
+    return FixedStream()
 
 
 class HFBlockDenoiser(HFDenoiser):
@@ -197,8 +238,12 @@ class HFBlockDenoiser(HFDenoiser):
         return self._masks[key]
 
     # ------------------------------------------------------------------------------------------ KV cache
-    def new_cache(self, batch_size: int) -> HFBlockCache:
-        """An empty cache (the HF model's own `DynamicCache`) for `batch_size` rows decoded in lockstep."""
+    #: `new_cache(..., fixed_shape=True)`: `denoise` at a device position, one shape per decode (sampling.engine)
+    fixed_shape_cache = True
+
+    def new_cache(self, batch_size: int, fixed_shape: bool = False, capacity: int | None = None) -> HFBlockCache:
+        """An empty cache (the HF model's own `DynamicCache`) for `batch_size` rows decoded in lockstep; with
+        `fixed_shape`, preallocated buffers for `capacity` tokens (default max_len) written in place."""
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.hf.config)
@@ -206,7 +251,14 @@ class HFBlockDenoiser(HFDenoiser):
             raise ValueError("a causal LM with sliding-window attention cannot hold the block cache here; use a model "
                              "with full attention in every layer")  # fmt: skip
         dev = self.token_ids.device
-        return HFBlockCache(cache, batch_size, torch.full((int(batch_size),), -1, dtype=torch.long, device=dev))
+        anchor = torch.full((int(batch_size),), -1, dtype=torch.long, device=dev)
+        if not fixed_shape:
+            return HFBlockCache(cache, batch_size, anchor)
+        cap = self.cfg.max_len if capacity is None else int(capacity)
+        if not 0 < cap <= self.cfg.max_len:
+            raise ValueError(f"capacity must be in [1, max_len={self.cfg.max_len}], got {capacity}")
+        stream = _fixed_stream(self.hf.config, cap + 1, self.block_length + 1)  # BOS and the tokens; anchor + block
+        return HFBlockCache(stream, batch_size, anchor, torch.zeros(1, dtype=torch.long, device=dev))
 
     def _check_step(self, cache: HFBlockCache, x: Tensor, what: str) -> int:
         if not isinstance(cache, HFBlockCache):
@@ -241,7 +293,13 @@ class HFBlockDenoiser(HFDenoiser):
                                 k, self.cfg.bidirectional)  # fmt: skip
         t = None if self.time_embed is None else torch.ones(x.shape, device=dev)
         self._run(self._embed(x, t), pos, allowed, cache.hf)
-        cache.length, cache.anchor = end, x_clean[:, -1].clone()
+        cache.length = end
+        if cache.position is None:
+            cache.anchor = x_clean[:, -1].clone()
+        else:  # in place: the captured calls read these tensors
+            cache.hf.fill = end + 1
+            cache.anchor.copy_(x_clean[:, -1])
+            cache.position.fill_(end)
 
     @torch.no_grad()
     def denoise(self, xt_block: Tensor, t, cache: HFBlockCache) -> Tensor:
@@ -251,6 +309,8 @@ class HFBlockDenoiser(HFDenoiser):
         B, n = self._check(xt_block, "xt_block", self.num_states)
         if n > self.block_length:
             raise ValueError(f"denoise takes one block of at most {self.block_length} positions, got {n}")
+        if cache.position is not None:
+            return self._fixed_denoise(xt_block, t, cache)
         s, dev = cache.length, xt_block.device
         x = torch.cat([cache.anchor[:, None], xt_block], 1)
         pos = torch.arange(s, s + n + 1, device=dev)
@@ -266,3 +326,23 @@ class HFBlockDenoiser(HFDenoiser):
         scratch = copy.copy(cache.hf)
         scratch.layers = [copy.copy(layer) for layer in cache.hf.layers]
         return self._run(self._embed(x, tt), pos, allowed, scratch)[:, :n]
+
+    def _fixed_denoise(self, xt_block: Tensor, t, cache: HFBlockCache) -> Tensor:
+        """`denoise` on the fixed-shape cache: the anchor and the block at positions s..s+n from the device value
+        s = `cache.position`, their keys in the scratch slots after the clean stream's buffer, attending all of it
+        under `block_allowed` (which already leaves out the clean positions from s on: unfilled, or the anchor)."""
+        B, n = xt_block.shape
+        dev, k, C = xt_block.device, self.block_length, cache.hf.capacity
+        x = torch.cat([cache.anchor[:, None], xt_block], 1)
+        s = cache.position
+        idx = torch.arange(C + n + 1, device=dev)
+        noisy = idx >= C
+        keys = torch.where(noisy, s + idx - C, idx)  # the clean stream's buffer holds position p at index p
+        block = torch.where(noisy, s.div(k, rounding_mode="floor"), clean_blocks(keys, k))
+        allowed = block_allowed((keys[C:], block[C:], noisy[C:]), (keys, block, noisy), k, self.cfg.bidirectional)
+        tt = self._times(t, B, n + 1, dev)
+        cache.hf.scratch = True
+        try:
+            return self._run(self._embed(x, tt), keys[C:], allowed, cache.hf)[:, :n]
+        finally:
+            cache.hf.scratch = False

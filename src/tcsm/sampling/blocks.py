@@ -87,7 +87,7 @@ class CachedBlockDenoiser:
     The cache is shared by the whole batch, so an in-block sampler that evaluates some rows only gets them through
     `batch_rows` (`tcsm.sampling.common.denoise_rows`): the model runs on the whole batch, the rows are returned."""
 
-    def __init__(self, model, cache, time_independent: bool, graph=None):
+    def __init__(self, model, cache, time_independent: bool, graph=None, steps: dict | None = None):
         self.model, self.cache = model, cache
         #: read by `may_cache`: the in-block sampler may reuse a row's output while its block is unchanged
         self.time_independent = bool(time_independent)
@@ -96,6 +96,23 @@ class CachedBlockDenoiser:
         #: read by the path samplers: every call evaluates the whole batch at one shape, so they call it on every
         #: row at every step and update densely, without reading device values on the host
         self.static_rows = graph is not None
+        self._steps = steps  # the decode's captured whole steps, shared by its blocks: {key: StepGraph}
+
+    def raw(self, xt: Tensor, t: Tensor) -> Tensor:
+        """`model.denoise` on the cache, uncaptured: what a captured step calls inside its graph."""
+        return self.model.denoise(xt, t, self.cache)
+
+    def capture_step(self, key, fn):
+        """The engine's `StepGraph` of a sampler's whole step `fn` (its `raw` call, its draws, its update: a
+        function of static tensors, the same for every block of the decode), one per `key`, captured once per
+        decode and shape; None without the engine. The in-block samplers call it instead of `__call__`."""
+        if self.graph is None or self._steps is None:
+            return None
+        graph = self._steps.get(key)
+        if graph is None:
+            graph = self._steps[key] = StepGraph(fn, self.graph.device, strict=self.graph.strict,
+                                                 preserve=self.graph.preserve)  # fmt: skip
+        return graph
 
     def _denoise(self, xt: Tensor, t) -> Tensor:
         if self.graph is None:
@@ -121,7 +138,8 @@ def decode_blocks(model, path, inner, num: int, length: int, *, fixed: Tensor | 
     """(tokens [num, length], stats) drawn block by block (module docstring) with the in-block sampler `inner`.
     `fixed` / `values` [num, length] pin positions; `callback(step, t, x)` sees x [num, length] after every in-block
     step (undrawn positions hold the path's mask id, or 0 without one). `stats.num_calls` counts `denoise` calls,
-    `stats.counts["cache_calls"]` the `extend_cache` calls, `stats.counts["blocks"]` the blocks drawn."""
+    `stats.counts["cache_calls"]` the `extend_cache` calls, `stats.counts["blocks"]` the blocks drawn,
+    `stats.counts["captured_steps"]` (engine only) the in-block steps run as one captured step (call, draws, update)."""
     k = check_block_model(model, inner)
     B, L = int(num), int(length)
     if B < 1 or L < 1 or L % k:
@@ -156,14 +174,16 @@ def decode_blocks(model, path, inner, num: int, length: int, *, fixed: Tensor | 
     graph = None
     with torch.no_grad(), autocast_weight_cache():
         if engine == "graph" and getattr(model, "fixed_shape_cache", False):
-            cache = model.new_cache(B, fixed_shape=True)
+            cache = model.new_cache(B, fixed_shape=True, capacity=L)  # one buffer of the decode's length
             graph = StepGraph(lambda xt, t: model.denoise(xt, t, cache), device,
-                              strict=getattr(inner.settings, "engine", "auto") == "graph")  # fmt: skip
+                              strict=getattr(inner.settings, "engine", "auto") == "graph",
+                              preserve=getattr(cache, "step_state", ()))  # fmt: skip
         else:
             cache = model.new_cache(B)
         # the engine reads no device value inside the loop: which blocks the prompts pin for every row is read once,
         # and a stopped row is masked (pinned to eos_id) instead of ending the decode when every row has stopped
         static = graph is not None
+        steps: dict = {}
         pinned_blocks = fixed.view(B, L // k, k).all(-1).all(0).tolist() if static else None
         for lo in range(0, L, k):
             hi = lo + k
@@ -183,11 +203,13 @@ def decode_blocks(model, path, inner, num: int, length: int, *, fixed: Tensor | 
                     x[:, lo:hi] = xb
                     callback(step, t, x)
 
-            denoiser = CachedBlockDenoiser(model, cache, time_independent, graph)
+            denoiser = CachedBlockDenoiser(model, cache, time_independent, graph, steps)
             xb, st = inner(denoiser, block_path, B, k, generator=streams.fork(lo // k), device=device, fixed=pinned,
                            values=block_values, callback=on_step)  # fmt: skip
             x[:, lo:hi] = xb
             stats.num_calls += st.num_calls
+            if "captured_steps" in st.counts:
+                stats.counts["captured_steps"] = stats.counts.get("captured_steps", 0) + st.counts["captured_steps"]
             stats.num_rows += B * st.num_calls  # the model evaluates the whole batch at every call
             stats.counts["blocks"] += 1
             if eos_id is not None:

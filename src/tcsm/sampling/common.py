@@ -119,9 +119,16 @@ class RowStreams:
         base = torch.randint(0, 2**62, (1,), generator=generator, device=gen_device).to(device)
         return cls(base + torch.arange(int(batch_size), device=device))
 
+    @classmethod
+    def of_base(cls, base: Tensor) -> RowStreams:
+        """The streams whose hashed seeds are `base` (a captured step reads a static copy of `streams.base`)."""
+        streams = cls.__new__(cls)
+        streams.seeds, streams.base = None, base
+        return streams
+
     @property
     def device(self):
-        return self.seeds.device
+        return self.base.device
 
     def __len__(self) -> int:
         return self.seeds.numel()
@@ -134,10 +141,13 @@ class RowStreams:
 
     def uniform(self, keys, length: int, rows: Tensor | None = None) -> Tensor:
         """float64 uniforms in (0, 1) with 53 random bits: [n, length] for one key, [n, len(keys), length] for a
-        list of keys (one hash call), element (r, key, i) keyed by (seed of row `rows[r]`, all rows when None, key,
-        position i < 2^32)."""
+        list (or a long tensor) of keys (one hash call), element (r, key, i) keyed by (seed of row `rows[r]`, all
+        rows when None, key, position i < 2^32)."""
         one = isinstance(keys, int)
-        key = torch.as_tensor([keys] if one else list(keys), dtype=torch.long, device=self.device)
+        if isinstance(keys, Tensor):  # keys on the device (a captured step's): no host value
+            key = keys.reshape(-1)
+        else:
+            key = torch.as_tensor([keys] if one else list(keys), dtype=torch.long, device=self.device)
         counter = (key[:, None] << 32) + torch.arange(int(length), device=self.device)
         base = self.base if rows is None else self.base[rows]
         z = _splitmix(base[:, None, None] ^ (counter * _GOLDEN))

@@ -55,11 +55,13 @@ class StepGraph:
     """`fn(*inputs)` replayed from one CUDA graph per input shape: the inputs are copied into static buffers, the
     graph replays, and the outputs are the graph's static outputs (valid until the next call). The first call of a
     shape warms up on a side stream and captures; `fn` must be idempotent for equal inputs (the warm-up calls run it
-    on the same inputs). Off CUDA, `fn` runs eagerly on the static buffers. A capture that fails falls back to eager
-    calls with a warning when `strict` is False (`sample.engine=auto`)."""
+    on the same inputs) but for the tensors it updates in place named in `preserve`, which are restored after the
+    warm-up (a decoder's state carried from call to call). Off CUDA, `fn` runs eagerly on the static buffers. A
+    capture that fails falls back to eager calls with a warning when `strict` is False (`sample.engine=auto`)."""
 
-    def __init__(self, fn, device, *, strict: bool = False, warmup: int = 2):
+    def __init__(self, fn, device, *, strict: bool = False, warmup: int = 2, preserve: tuple[Tensor, ...] = ()):
         self.fn, self.device, self.strict, self.warmup = fn, torch.device(device), bool(strict), int(warmup)
+        self.preserve = tuple(preserve)
         self._entries: dict[tuple, tuple] = {}
         self.captures = 0
 
@@ -82,11 +84,14 @@ class StepGraph:
         if self.device.type != "cuda":
             return static, None, None
         try:
+            saved = [t.clone() for t in self.preserve]
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
                 for _ in range(self.warmup):
                     self.fn(*static)
+                for t, v in zip(self.preserve, saved):
+                    t.copy_(v)
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             # cached weight casts made inside a capture would live in the graph's pool and be freed under it

@@ -1,12 +1,14 @@
 """`sample.method=native`: a model's own sampler, for models that bring one (`native_generate`): DiffusionGemma's
 `generate()` (entropy-bound acceptance, renoising and self-conditioning, its generation_config), drawn canvas by
-canvas after a prompt. `sample.steps` is its number of denoising steps per canvas."""
+canvas after a prompt. `sample.steps` is its number of denoising steps per canvas; with the decode engine
+(`sample.engine`, on by default on CUDA) it runs on the model's own static cache where that is exact."""
 
 from __future__ import annotations
 
 import torch
 
 from tcsm.core.errors import ConfigError
+from tcsm.sampling.engine import resolve_engine
 from tcsm.sampling.registry import Sampler, SamplerSettings, register_sampler
 from tcsm.sampling.samplers import SamplingStats
 
@@ -47,7 +49,8 @@ class Native(Sampler):
                               "nothing is left to draw; ask for new tokens (--max-new-tokens N) or a longer "
                               "--length")  # fmt: skip
         steps = int(self.settings.steps)
-        tokens, calls = own(prompt, length, steps=steps, generator=generator, device=device)
+        engine = resolve_engine(getattr(self.settings, "engine", "auto"), device if device is not None else "cpu")
+        tokens, calls = own(prompt, length, steps=steps, generator=generator, device=device, engine=engine)
         stats = SamplingStats(method=self.name, num_steps=steps, cached=True, times=torch.empty(0), num_calls=calls,
                               num_rows=calls * num)  # fmt: skip
         return tokens, stats

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from tcsm.paths import ProbabilityPath
 from tcsm.sampling.common import (
+    RowStreams,
     adjust_log_probs,
     as_grid,
     denoise_rows,
@@ -159,8 +160,27 @@ def _sample_chunk(
         if callback is not None:
             callback(k, grid_host[k], x)
 
+    # the engine's denoiser may replay the whole step (its call, the draws, the update) as one captured graph
+    capture = getattr(denoiser, "capture_step", None) if dense else None
+    if capture is not None:  # step k draws at keys 2k (reveal) and 2k + 1 (token), read from the device
+        keys = torch.arange(2 * K, device=device).view(K, 2)
     emit(0)
     for k in range(K):
+        last = k == K - 1
+        step = None if capture is None else capture(
+            ("dense", id(path), method, temperature, top_p, final_argmax, last),
+            lambda x, fixed, ts, key, base, last=last: _dense_update(
+                path, x, fixed, denoiser.raw, ts, RowStreams.of_base(base).uniform(key, L), method, temperature,
+                top_p, final_argmax, last))  # fmt: skip
+        if step is not None:
+            # its output is static: read before the next step, cloned at the end
+            x = step(x, fixed, grid[k : k + 2], keys[k], generator.base)
+            stats["calls"] += 1
+            stats["rows"] += B
+            stats["row_calls"] += 1
+            stats["captured_steps"] = stats.get("captured_steps", 0) + 1
+            emit(k + 1)
+            continue
         if dense:
             x = _dense_step(denoiser, path, x, fixed, grid, grid_host, k, method, generator, temperature, top_p,
                             final_argmax)  # fmt: skip
@@ -170,7 +190,6 @@ def _sample_chunk(
             emit(k + 1)
             continue
         t, s = grid[k], grid[k + 1]
-        last = k == K - 1
         free = ~fixed & path.free(x)
         u = generator.uniform([2 * k, 2 * k + 1], L)  # the reveal's and the token's uniform of every position
         active = free.any(-1)  # rows with nothing left to resolve need no network call
@@ -235,25 +254,31 @@ def _sample_chunk(
 
     if not dense and (x >= V).any():  # (the dense path reads nothing on the host: its caller checks once)
         raise RuntimeError("sampler left noise-only ids (masks) in the output; the time grid must end at t = 1")
-    return x, stats, trajectory
+    return (x.clone() if "captured_steps" in stats else x), stats, trajectory
 
 
 def _dense_step(denoiser, path, x, fixed, grid, grid_host, k, method, streams, temperature, top_p, final_argmax):
     """x_{t_{k+1}} from x_{t_k} [B, L] with the denoiser on every row and dense selects, drawing what the sparse
     step draws: a reveal uniform (key 2k) and a token uniform (key 2k + 1) per position."""
-    B, L = x.shape
     last = k == grid.numel() - 2
+    u = streams.uniform([2 * k, 2 * k + 1], x.shape[1])
+    return _dense_update(path, x, fixed, denoiser, grid[k : k + 2], u, method, temperature, top_p, final_argmax, last)
+
+
+def _dense_update(path, x, fixed, denoiser, ts, u, method, temperature, top_p, final_argmax, last):
+    """The dense step from t = ts[0] to s = ts[1] (device values) with the uniforms u [B, 2, L]: a function of
+    tensors only, with no host read, which the engine captures whole (`capture_step`)."""
+    B = x.shape[0]
     free = ~fixed & path.free(x)
-    t = torch.full((B,), grid_host[k], dtype=torch.get_default_dtype(), device=x.device)
+    t = ts[0].to(torch.get_default_dtype()).expand(B)
     lp = adjust_log_probs(denoiser(x, t), temperature, top_p)
-    u = streams.uniform([2 * k, 2 * k + 1], L)
     if last or method in ("euler", "ancestral"):
         move = free
         if not last:
-            move = free & (u[:, 0] < path.jump_prob(grid[k].reshape(1), grid[k + 1].reshape(1)))
+            move = free & (u[:, 0] < path.jump_prob(ts[:1], ts[1:]))
         new = lp.argmax(-1) if (last and final_argmax) else inverse_cdf(lp, u[:, 1])
         return torch.where(move, new, x)
-    bridge = path.bridge(x, grid[k].expand(B).to(torch.float64), grid[k + 1].expand(B).to(torch.float64), lp.exp())
+    bridge = path.bridge(x, ts[0].expand(B).to(torch.float64), ts[1].expand(B).to(torch.float64), lp.exp())
     return torch.where(free, inverse_cdf(torch.log(bridge), u[:, 1]), x)
 
 
@@ -399,6 +424,8 @@ def sample(
             trajs.append(traj)
             stats.num_calls += st["calls"]
             stats.num_rows += st["rows"]
+            if "captured_steps" in st:  # steps replayed whole by the engine (call, draws and update)
+                stats.counts["captured_steps"] = stats.counts.get("captured_steps", 0) + st["captured_steps"]
     tokens = torch.cat(outs)
     if not return_stats:
         return tokens
