@@ -290,3 +290,65 @@ def test_block_model_with_eos_is_cut_like_block_decoding():
     first = torch.where(x == 0, torch.arange(L), torch.full_like(x, L)).min(-1).values
     after = torch.arange(L) > first.unsqueeze(1)
     assert (x[after] == 0).all() and after.any()
+
+
+def tiny_lm(seed, L, scale=4.0, vocab=V, base=None, noise=0.0):
+    """A CausalLM with a static cache, its weights random (its initialisation zeroes the head) and `scale` sharp, so
+    that drafts get rejected; with `base`, a perturbed copy of it (a good drafter)."""
+    from tcsm.models.causal import CausalLM
+    from tcsm.models.lm import LMConfig
+
+    torch.manual_seed(seed)
+    model = CausalLM(LMConfig(vocab_size=vocab, max_len=L, d_model=16, n_layers=2, n_heads=2)).eval()
+    with torch.no_grad():
+        if base is not None:
+            for p, q in zip(model.parameters(), base.parameters()):
+                p.copy_(q + noise * torch.randn_like(q))
+        else:
+            for p in model.parameters():
+                p.copy_(0.5 * torch.randn_like(p))
+            model.head.weight.mul_(scale)
+    return model
+
+
+def _no_full_pass(model):
+    def refuse(*a, **k):
+        raise AssertionError("the cached verifier recomputed the whole prefix")
+
+    model.forward = refuse
+    return model
+
+
+@pytest.mark.parametrize("drafter", ["good", "bad"])
+def test_cached_causal_verifier_keeps_the_ar_law(drafter):
+    L = 4
+    target = tiny_lm(0, L)
+    law = causal_law(target, L)
+    d = tiny_lm(1, L, base=target, noise=0.05) if drafter == "good" else tiny_lm(2, L, scale=12.0)
+    x, st = run(_no_full_pass(target), L, _no_full_pass(d), draft_length=3)
+    check_law(x, law)
+    assert 0 < st.counts["accepted"] < st.counts["drafted"]
+    if drafter == "good":
+        assert st.counts["sequence_passes"] / N < 0.6 * L
+
+
+@pytest.mark.parametrize("batch", [1, 7])
+def test_cached_verifier_draws_the_uncached_tokens(batch):
+    """fp32 on the CPU, the same generator: the KV-cached verifier and drafter (rolled back after each rejection)
+    give the tokens and counts of recomputing the prefix on every pass, also with pinned positions in the middle."""
+    L, vocab = 12, 6
+    target = tiny_lm(3, L, scale=3.0, vocab=vocab)
+    d = tiny_lm(4, L, vocab=vocab, base=target, noise=0.1)
+    fixed = torch.zeros(batch, L, dtype=torch.bool)
+    fixed[:, 5] = True
+    values = torch.full((batch, L), 2)
+    for seed in range(6):
+        outs = []
+        for cached in (False, True):
+            outs.append(speculative_decode(target, MaskedPath(vocab), batch, L, drafter=d, draft_length=3,
+                                           generator=torch.Generator().manual_seed(seed), cached=cached,
+                                           fixed=fixed if seed % 2 else None, values=values if seed % 2 else None))  # fmt: skip
+        (a, sa), (b, sb) = outs
+        assert torch.equal(a, b)
+        assert sa.counts == sb.counts and sa.num_calls == sb.num_calls
+        assert 0 < sb.counts["accepted"] < sb.counts["drafted"]

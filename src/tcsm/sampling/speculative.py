@@ -23,6 +23,7 @@ from tcsm.core.errors import ConfigError
 from tcsm.models.kinds import kind_of
 from tcsm.sampling.common import adjust_log_probs, categorical, pinned_positions
 from tcsm.sampling.registry import DrawSettings, Sampler, register_sampler
+from tcsm.sampling.rollback_cache import RollbackCache, has_static_cache
 from tcsm.sampling.samplers import SamplingStats, _infer_device
 
 __all__ = ["ORDERS", "CausalDraft", "MaskedDraft", "SelfDraft", "Speculative", "SpeculativeSettings", "make_draft",
@@ -110,15 +111,32 @@ class MaskedDraft:
 
 class CausalDraft:
     """An autoregressive LM: the drafts left to right, one position per pass (the next-token logits of the
-    sequence with the earlier drafts filled in; unrevealed positions after it are never read)."""
+    sequence with the earlier drafts filled in; unrevealed positions after it are never read). With `cached` (a
+    model with a static cache) each pass feeds only the inputs its `RollbackCache` does not hold: one token a
+    draft, after the tokens the last round accepted."""
 
     needs_memo = False
 
-    def __init__(self, model):
-        self.model = model
+    def __init__(self, model, cached: bool = False):
+        self.model, self.cached = model, bool(cached) and has_static_cache(model)
+        self.cache: RollbackCache | None = None
 
     def reset(self, B, device):
-        pass
+        self.cache = None
+
+    def _logits(self, xr, rows, p, live, B, L):
+        """Next-token logits [rows, V'] at positions p [rows] of the rows xr of the batch."""
+        at = torch.arange(rows.numel(), device=xr.device)
+        if not self.cached:
+            return self.model(xr)[at, p]
+        if self.cache is None:
+            self.cache = RollbackCache(self.model, B, L, xr.device)
+        x = torch.zeros(B, L, dtype=torch.long, device=xr.device)
+        x[rows] = xr
+        first = torch.full((B,), L, dtype=torch.long, device=xr.device)
+        first[rows] = torch.where(live, p, torch.full_like(p, L))
+        logits, start = self.cache.outputs(x, first, first)  # some row is live: at least one output
+        return logits[rows, (p - start[rows]).clamp(0, logits.shape[1] - 1)]
 
     def propose(self, x, pos, valid, lo, shape, generator, stats):
         B, k = pos.shape
@@ -132,9 +150,8 @@ class CausalDraft:
             live = valid[rows, m]
             if not live.any():
                 break
-            logits = self.model(xr)
             p = pos[rows, m]
-            lp = shape.log_probs(logits[torch.arange(rows.numel(), device=x.device), p])
+            lp = shape.log_probs(self._logits(xr, rows, p, live, B, x.shape[1]))
             d = categorical(lp, generator)
             y[rows, m], lq[rows, m] = d, lp
             at = torch.arange(rows.numel(), device=x.device)
@@ -144,14 +161,15 @@ class CausalDraft:
         return y, lq, valid
 
 
-def make_draft(drafter, path):
-    """The drafter of a model object (None: the target itself): a causal LM drafts left to right, a full-sequence
-    denoiser in one pass; ValueError (one line) for anything else."""
+def make_draft(drafter, path, cached: bool = False):
+    """The drafter of a model object (None: the target itself): a causal LM drafts left to right (against its
+    static cache with `cached`), a full-sequence denoiser in one pass, an n-gram table from its context;
+    ValueError (one line) for anything else."""
     if drafter is None:
         return SelfDraft()
     kind = kind_of(drafter)
     if kind.is_autoregressive:
-        return CausalDraft(drafter)
+        return CausalDraft(drafter, cached)
     if kind.is_denoiser and not kind.blocks and kind.sampler == "path":
         return MaskedDraft(drafter, path)
     raise ValueError(f"a drafter must be an autoregressive LM or a full-sequence masked denoiser, not "
@@ -172,8 +190,9 @@ class _MaskedTarget:
     def begin_region(self, x, lo, hi, rows_per_seq):
         pass
 
-    def __call__(self, X: Tensor, need: Tensor, free_total: Tensor, shape: _Shape, lo: int, hi: int):
-        """X [B, R, L] → log-probs [B, R, hi − lo, V] at the needed rows (others zero), rows evaluated."""
+    def __call__(self, X: Tensor, need: Tensor, free_total: Tensor, shape: _Shape, lo: int, hi: int, positions):
+        """X [B, R, L] → log-probs [B, R, hi − lo, V] at the needed rows (others zero), rows evaluated; `positions`
+        [B, R]: the position each row reveals."""
         B, R, _L = X.shape
         flat = X[need]
         ft = free_total.unsqueeze(1).expand(B, R)[need]
@@ -203,7 +222,7 @@ class _BlockTarget:
             self.stats.counts["cache_calls"] += 1
             self.stats.counts["cache_rows"] += B * self.R
 
-    def __call__(self, X, need, free_total, shape, lo, hi):
+    def __call__(self, X, need, free_total, shape, lo, hi, positions):
         B, R, _L = X.shape
         block = X[:, :, lo:hi].reshape(B * R, hi - lo)
         t = _time(block, free_total.repeat_interleave(R), shape.mask, self.path)
@@ -213,25 +232,47 @@ class _BlockTarget:
 
 
 class _CausalTarget:
-    """An autoregressive LM: one row with every draft filled in gives each draft's conditional (causal)."""
+    """An autoregressive LM: one row with every draft filled in gives each draft's conditional (causal). With
+    `cached` (a model with a static cache) the pass runs against a `RollbackCache` holding the accepted prefix: it
+    feeds the last accepted token and the drafts, the outputs at the positions it reveals and no others."""
 
     causal = True
 
-    def __init__(self, model):
-        self.model = model
+    def __init__(self, model, cached: bool = False):
+        self.model, self.cached = model, bool(cached) and has_static_cache(model)
+        self.cache: RollbackCache | None = None
+        self.out: Tensor | None = None
 
     def begin_region(self, x, lo, hi, rows_per_seq):
-        pass
+        if self.cached:
+            B, L = x.shape
+            self.cache = RollbackCache(self.model, B, L, x.device)
+            self.out = torch.zeros(B, 2 * L + 1, 0, dtype=torch.float64, device=x.device)
 
-    def __call__(self, X, need, free_total, shape, lo, hi):
+    def __call__(self, X, need, free_total, shape, lo, hi, positions):
         B, R, _L = X.shape
         rows = need.any(-1)
         last = X[:, -1]  # the row with every draft: its position j reads x^{<j} only
+        if self.cached:
+            return self._cached(last, need, shape, positions, rows), rows.long()
         xr = torch.where(last[rows] >= shape.V, 0, last[rows])
         out = shape.log_probs(self.model(xr)[:, lo:hi])
         full = torch.zeros(B, hi - lo, shape.V, dtype=torch.float64, device=X.device)
         full[rows] = out
         return full.unsqueeze(1).expand(B, R, hi - lo, shape.V), rows.long()
+
+    def _cached(self, last, need, shape, positions, rows):
+        B, R = need.shape
+        L = last.shape[1]
+        first = positions[:, 0]
+        upto = positions.gather(1, (need.sum(-1, keepdim=True) - 1).clamp_min(0)).squeeze(1)
+        logits, start = self.cache.outputs(torch.where(last >= shape.V, 0, last), first, torch.where(rows, upto, -1))
+        if self.out.shape[-1] != shape.V:
+            self.out = torch.zeros(B, 2 * L + 1, shape.V, dtype=torch.float64, device=last.device)
+        if logits.shape[1]:  # the outputs land at their positions; a padded row's scratch ones past its own
+            at = start.unsqueeze(1) + torch.arange(logits.shape[1], device=last.device)
+            self.out.scatter_(1, at.unsqueeze(-1).expand(-1, -1, shape.V), shape.log_probs(logits))
+        return self.out[:, :L].unsqueeze(1).expand(B, R, L, shape.V)
 
 
 # ------------------------------------------------------------------------------------------------- the loop
@@ -285,7 +326,7 @@ def _region(x, lo, hi, free, target, draft, k, order, shape, free_total, generat
             X[:, m].scatter_(1, cols, torch.where(fill, y[:, :m], cur))
         if target.causal:
             X = X[:, -1:].expand(B, k + 1, L).clone()
-        lp_all, rows = target(X, need, free_total, shape, lo, hi)
+        lp_all, rows = target(X, need, free_total, shape, lo, hi, tpos)
         stats.num_calls += 1
         stats.num_rows += int(rows.sum())
         stats.row_calls += rows
@@ -327,13 +368,16 @@ def _region(x, lo, hi, free, target, draft, k, order, shape, free_total, generat
 def speculative_decode(target, path, num: int, length: int, *, drafter=None, draft_length: int = 4,
                        order: str | None = None, temperature: float = 1.0, top_p: float = 1.0,
                        fixed: Tensor | None = None, values: Tensor | None = None, generator=None,
-                       device=None) -> tuple[Tensor, SamplingStats]:  # fmt: skip
+                       device=None, cached: bool = True) -> tuple[Tensor, SamplingStats]:  # fmt: skip
     """(tokens [num, length], stats) whose law is the target's one-position-per-step sampler's in `order` (random:
     a uniform permutation of the free positions, the law of the `random` decoding order with one position per step;
     left_to_right; None: left to right for an AR target, random otherwise), block by block for a block model
     (MATH.md §6.4). `drafter`: None (the target itself), a masked denoiser or an AR LM. `stats.num_calls` counts the
     sequential target passes, `stats.num_rows` the target rows they evaluated, `stats.counts` the drafts proposed and
-    accepted, the drafter's calls and rows, and `sequence_passes` (Σ over sequences of the passes each took part in)."""
+    accepted, the drafter's calls and rows, and `sequence_passes` (Σ over sequences of the passes each took part in).
+    `cached`: an AR target and an AR drafter with a static cache (`new_cache` / `decode`) run against their KV
+    caches, rolled back after a rejection (`RollbackCache`), instead of recomputing the prefix on every pass; the
+    same draws and the same tokens up to float rounding."""
     kind = kind_of(target)
     k = int(draft_length)
     if k < 0:
@@ -353,7 +397,7 @@ def speculative_decode(target, path, num: int, length: int, *, drafter=None, dra
     order = order or "random"
     if order not in ORDERS:
         raise ValueError(f"reveal order must be one of {list(ORDERS)}, got {order!r}")
-    draft = make_draft(drafter, path)
+    draft = make_draft(drafter, path, cached)
     if isinstance(draft, CausalDraft) and order != "left_to_right":
         raise ValueError("an autoregressive drafter proposes left to right: use the left_to_right reveal order")
     device = torch.device(device if device is not None else _infer_device(target, values))
@@ -371,7 +415,7 @@ def speculative_decode(target, path, num: int, length: int, *, drafter=None, dra
             raise ValueError(f"a block model decodes lengths that are multiples of its block length {bl}, got {L}")
         tgt, regions = _BlockTarget(target, path, stats), [(lo, lo + bl) for lo in range(0, L, bl)]
     elif kind.is_autoregressive:
-        tgt, regions = _CausalTarget(target), [(0, L)]
+        tgt, regions = _CausalTarget(target, cached), [(0, L)]
     else:
         tgt, regions = _MaskedTarget(target, path), [(0, L)]
     free = ~fixed
@@ -398,6 +442,11 @@ class SpeculativeSettings(DrawSettings):
                           "denoiser (null: the model itself, drafting from its last pass at no extra pass)"},
     )  # fmt: skip
     draft_length: int = field(default=4, metadata={"help": "method=speculative: positions drafted per target pass"})
+    kv_cache: bool = field(
+        default=True,
+        metadata={"help": "method=speculative: verify (and draft with) an AR model against its KV cache, rolled back "
+                          "to the accepted prefix after a rejection (false: recompute the prefix on every pass)"},
+    )  # fmt: skip
     reveal_order: str | None = field(
         default=None,
         metadata={"help": "method=speculative: random | left_to_right, the order whose one-position-per-step law "
@@ -443,7 +492,7 @@ class Speculative(Sampler):
             return speculative_decode(
                 model, path, num, length, drafter=self.drafter_model, draft_length=s.draft_length,
                 order=s.reveal_order, temperature=s.temperature, top_p=s.top_p, fixed=fixed, values=values,
-                generator=generator, device=device,
+                generator=generator, device=device, cached=s.kv_cache,
             )  # fmt: skip
         except ValueError as e:
             raise ConfigError(f"method=speculative: {e}") from None
