@@ -352,3 +352,26 @@ def test_cached_verifier_draws_the_uncached_tokens(batch):
         assert torch.equal(a, b)
         assert sa.counts == sb.counts and sa.num_calls == sb.num_calls
         assert 0 < sb.counts["accepted"] < sb.counts["drafted"]
+
+
+def test_ngram_drafter_keeps_the_ar_law_and_learns_its_data():
+    """An n-gram table counted on the target's own draws drafts well (most drafts accepted) and the law stays the
+    target's; its q is the back-off of the counts (checked against a direct count at one context)."""
+    from tcsm.sampling.ngram import NGramDraft
+
+    L = 4
+    target = tiny_lm(5, L)
+    data, _ = run(target, L, tiny_lm(6, L, base=target, noise=0.1), draft_length=2, seed=1)
+    table = NGramDraft(data, V, order=3)
+    law = causal_law(target, L)
+    x, st = run(_no_full_pass(target), L, table, draft_length=3)
+    check_law(x, law)
+    assert st.counts["accepted"] > 0.8 * st.counts["drafted"]
+    # q(· | x^0 = 1, x^1 = 2) at p = 2 from the trigram counts with β = 1 back-off to the bigram's
+    ctx = torch.tensor([[1, 2, 0, 0]])
+    at2 = data[:, 2:][(data[:, :-2] == 1) & (data[:, 1:-1] == 2)]
+    after2 = data[:, 1:][data[:, :-1] == 2]
+    uni = (torch.bincount(data.flatten(), minlength=V).double() + 1) / (data.numel() + V)
+    big = (torch.bincount(after2, minlength=V).double() + uni) / (after2.numel() + 1)
+    tri = (torch.bincount(at2, minlength=V).double() + big) / (at2.numel() + 1)
+    torch.testing.assert_close(table.log_q(ctx, torch.tensor([2])).exp()[0], tri)

@@ -116,6 +116,7 @@ class CausalDraft:
     draft, after the tokens the last round accepted."""
 
     needs_memo = False
+    left_to_right = True
 
     def __init__(self, model, cached: bool = False):
         self.model, self.cached = model, bool(cached) and has_static_cache(model)
@@ -167,6 +168,8 @@ def make_draft(drafter, path, cached: bool = False):
     ValueError (one line) for anything else."""
     if drafter is None:
         return SelfDraft()
+    if hasattr(drafter, "propose"):  # a drafter object already (`tcsm.sampling.ngram.NGramDraft`)
+        return drafter
     kind = kind_of(drafter)
     if kind.is_autoregressive:
         return CausalDraft(drafter, cached)
@@ -372,10 +375,10 @@ def speculative_decode(target, path, num: int, length: int, *, drafter=None, dra
     """(tokens [num, length], stats) whose law is the target's one-position-per-step sampler's in `order` (random:
     a uniform permutation of the free positions, the law of the `random` decoding order with one position per step;
     left_to_right; None: left to right for an AR target, random otherwise), block by block for a block model
-    (MATH.md §6.4). `drafter`: None (the target itself), a masked denoiser or an AR LM. `stats.num_calls` counts the
+    (MATH.md §6.4). `drafter`: None (the target itself), a masked denoiser, an AR LM or an n-gram table. `stats.num_calls` counts the
     sequential target passes, `stats.num_rows` the target rows they evaluated, `stats.counts` the drafts proposed and
     accepted, the drafter's calls and rows, and `sequence_passes` (Σ over sequences of the passes each took part in).
-    `cached`: an AR target and an AR drafter with a static cache (`new_cache` / `decode`) run against their KV
+    A drafter object with `propose` (`tcsm.sampling.ngram.NGramDraft`) drafts as it is. `cached`: an AR target and an AR drafter with a static cache (`new_cache` / `decode`) run against their KV
     caches, rolled back after a rejection (`RollbackCache`), instead of recomputing the prefix on every pass; the
     same draws and the same tokens up to float rounding."""
     kind = kind_of(target)
@@ -398,7 +401,7 @@ def speculative_decode(target, path, num: int, length: int, *, drafter=None, dra
     if order not in ORDERS:
         raise ValueError(f"reveal order must be one of {list(ORDERS)}, got {order!r}")
     draft = make_draft(drafter, path, cached)
-    if isinstance(draft, CausalDraft) and order != "left_to_right":
+    if getattr(draft, "left_to_right", False) and order != "left_to_right":
         raise ValueError("an autoregressive drafter proposes left to right: use the left_to_right reveal order")
     device = torch.device(device if device is not None else _infer_device(target, values))
     mask = V if path.mask_id is None else int(path.mask_id)
