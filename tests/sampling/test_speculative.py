@@ -375,3 +375,29 @@ def test_ngram_drafter_keeps_the_ar_law_and_learns_its_data():
     big = (torch.bincount(after2, minlength=V).double() + uni) / (after2.numel() + 1)
     tri = (torch.bincount(at2, minlength=V).double() + big) / (at2.numel() + 1)
     torch.testing.assert_close(table.log_q(ctx, torch.tensor([2])).exp()[0], tri)
+
+
+def test_ngram_drafter_draws_one_row_from_its_q():
+    """Batch 1 drafts on the host (memoised q, inverse CDF): each draft's frequency is its q, and q is the batched
+    table's at the context with the earlier draft filled in."""
+    from tcsm.sampling.ngram import NGramDraft
+    from tcsm.sampling.samplers import SamplingStats
+    from tcsm.sampling.speculative import _Shape
+
+    data = torch.randint(0, V, (200, 4), generator=torch.Generator().manual_seed(0))
+    table = NGramDraft(data, V, order=2)
+    shape, g = _Shape(V, V, 1.0, 1.0), torch.Generator().manual_seed(1)
+    x, pos, valid = torch.tensor([[1, V, V]]), torch.tensor([[1, 2]]), torch.ones(1, 2, dtype=torch.bool)
+    stats = SamplingStats(method="speculative", num_steps=2, cached=False, times=torch.empty(0))
+    stats.counts.update(draft_calls=0, draft_rows=0)
+    first, second, n = torch.zeros(V), {}, 4000
+    for _ in range(n):
+        y, lq, _ = table.propose(x, pos, valid, 0, shape, g, stats)
+        first[y[0, 0]] += 1
+        second[int(y[0, 0])] = lq[0, 1]
+    for y0, lq1 in second.items():
+        torch.testing.assert_close(lq1, table.log_q(torch.tensor([[1, y0, 0]]), torch.tensor([2]))[0])
+    q = table.log_q(torch.tensor([[1, 0, 0]]), torch.tensor([1]))[0].exp()
+    torch.testing.assert_close(lq[0, 0].exp(), q)
+    assert (first / n - q).abs().max() < 5 * math.sqrt(0.25 / n)
+    assert stats.counts["draft_calls"] == 2 * n

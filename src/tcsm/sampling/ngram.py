@@ -9,6 +9,8 @@ exact; a q close to the target's only saves passes.
 
 from __future__ import annotations
 
+import bisect
+
 import torch
 from torch import Tensor
 
@@ -32,6 +34,7 @@ class NGramDraft:
         if (self.V + 1) ** self.order >= 2**62:
             raise ValueError(f"order {order} over {vocab_size} tokens overflows the 64-bit context keys")
         self.tables = tables if tables is not None else self._count(sequences.long())
+        self._memo: dict = {}  # batch 1: q by its context, drawn on the host
 
     def _count(self, seq: Tensor) -> dict[str, Tensor]:
         N, L = seq.shape
@@ -83,6 +86,37 @@ class NGramDraft:
             q = torch.where(seen.unsqueeze(1), (counts + self.strength * q) / (total + self.strength), q)
         return q.log()
 
+    def _one(self, row: list[int], p: int, shape, device) -> tuple[Tensor, list[float]]:
+        """(adjusted log q [V], its cumulative sums) of one row at position p, memoised by the context."""
+        lo = max(0, p - self.order + 1)
+        key = (shape.temperature, shape.top_p, p - lo, *row[lo:p])
+        hit = self._memo.get(key)
+        if hit is None:
+            ctx = torch.tensor([[*row[lo:p], 0]], device=device)
+            lp = shape.log_probs(self.log_q(ctx, torch.tensor([p - lo], device=device)))[0]
+            hit = self._memo[key] = (lp, lp.exp().cumsum(0).tolist())
+        return hit
+
+    def _propose_one(self, x, pos, valid, shape, generator, stats):
+        """`propose` for one sequence on the host: the memoised q of each context, drawn by its inverse CDF from
+        k uniforms of the generator (no tensor work per draft)."""
+        k = pos.shape[1]
+        lq = torch.zeros(1, k, shape.V, dtype=torch.float64, device=x.device)
+        row, at, live = x[0].tolist(), pos[0].tolist(), valid[0].tolist()
+        u = torch.rand(k, dtype=torch.float64, generator=generator).tolist()
+        y, qs = [0] * k, []
+        for m in range(k):
+            if not live[m]:
+                break
+            lp, cum = self._one(row, at[m], shape, x.device)
+            y[m] = row[at[m]] = min(bisect.bisect_right(cum, u[m] * cum[-1]), shape.V - 1)
+            qs.append(lp)
+            stats.counts["draft_calls"] += 1
+            stats.counts["draft_rows"] += 1
+        if qs:
+            lq[0, : len(qs)] = torch.stack(qs)
+        return torch.tensor([y], device=x.device), lq, valid
+
     # the drafter protocol of `tcsm.sampling.speculative`
     def reset(self, B, device):
         pass
@@ -90,6 +124,8 @@ class NGramDraft:
     def propose(self, x, pos, valid, lo, shape, generator, stats):
         """Drafts left to right, each from its context with the earlier drafts filled in (as `CausalDraft`)."""
         B, k = pos.shape
+        if B == 1:
+            return self._propose_one(x, pos, valid, shape, generator, stats)
         rows = valid.any(-1).nonzero().squeeze(1)
         y = torch.zeros(B, k, dtype=torch.long, device=x.device)
         lq = torch.zeros(B, k, shape.V, dtype=torch.float64, device=x.device)

@@ -35,11 +35,14 @@ class RollbackCache:
         self.valid = torch.zeros(self.B, dtype=torch.long, device=device)  # positions held that are still valid
         self.bos = int(model.bos_id)
         self.passes = 0
+        self._fed_one: list[int] = []  # batch 1: the ids held, as host ints (no tensor bookkeeping per pass)
 
     def outputs(self, x: Tensor, first: Tensor, last: Tensor) -> tuple[Tensor, Tensor]:
         """(logits [B, W, V'], start [B]): logits[r, s] is the output at position start[r] + s of row r of x [B, L]
         (ids ≥ the vocabulary: unknown yet, never read before position last[r]), for s ≤ last[r] − start[r];
         start[r] ≤ first[r]. A row with last < first asks for nothing. W = 0: nothing was asked."""
+        if self.B == 1:
+            return self._outputs_one(x, int(first[0]), int(last[0]))
         ids = torch.cat([torch.full_like(x[:, :1], self.bos), x[:, :-1]], 1)
         width_in = ids.shape[1]
         same = (self.fed[:, :width_in] == ids).long().cumprod(1).sum(1)
@@ -53,11 +56,23 @@ class RollbackCache:
         self.passes += 1
         at = start.unsqueeze(1) + torch.arange(W, device=x.device)  # [B, W]; past count[r]: scratch
         tok = ids.gather(1, at.clamp_max(width_in - 1))
-        if self.B == 1:  # one row: a prefill against the kept prefix, attending to it only
-            self.cache.length = int(start[0])
-            logits = self.model.decode(tok, self.cache)
-        else:
-            logits = self.model.decode(tok, self.cache, position=start)
+        logits = self.model.decode(tok, self.cache, position=start)
         self.fed.scatter_(1, at, tok)
         self.valid = start + count
         return logits, start
+
+    def _outputs_one(self, x: Tensor, first: int, last: int) -> tuple[Tensor, Tensor]:
+        """`outputs` of one row: the kept prefix found on the host, then one prefill against it (attending to the
+        kept positions only, the cache's `length` rolled back)."""
+        held = self._fed_one
+        if last < first:
+            return x.new_zeros((1, 0, 0), dtype=torch.float32), x.new_full((1,), len(held))
+        ids = [self.bos, *x[0, :last].tolist()]
+        start, limit = 0, min(len(held), first)
+        while start < limit and held[start] == ids[start]:
+            start += 1
+        self.passes += 1
+        self.cache.length = start
+        logits = self.model.decode(torch.tensor([ids[start:]], device=x.device), self.cache)
+        self._fed_one = ids
+        return logits, x.new_full((1,), start)

@@ -321,14 +321,17 @@ def _region(x, lo, hi, free, target, draft, k, order, shape, free_total, generat
             y, lq, valid = proposal
         ke = valid.sum(-1)  # drafts are a prefix of the k slots
         need = active.unsqueeze(1) & (ar.unsqueeze(0) <= ke.unsqueeze(1)) & (ar.unsqueeze(0) < r.unsqueeze(1))
-        X = x.unsqueeze(1).repeat(1, k + 1, 1)
-        for m in range(1, k + 1):  # row m: the first m drafts filled in
-            fill = valid[:, :m]
-            cols = tpos[:, :m]
-            cur = X[:, m].gather(1, cols)
-            X[:, m].scatter_(1, cols, torch.where(fill, y[:, :m], cur))
-        if target.causal:
-            X = X[:, -1:].expand(B, k + 1, L).clone()
+        if target.causal:  # one row with every draft (at distinct positions) serves every m
+            X = x.clone()
+            X[bidx.unsqueeze(1).expand(B, k)[valid], tpos[:, :k][valid]] = y[valid]
+            X = X.unsqueeze(1).expand(B, k + 1, L)
+        else:
+            X = x.unsqueeze(1).repeat(1, k + 1, 1)
+            for m in range(1, k + 1):  # row m: the first m drafts filled in
+                fill = valid[:, :m]
+                cols = tpos[:, :m]
+                cur = X[:, m].gather(1, cols)
+                X[:, m].scatter_(1, cols, torch.where(fill, y[:, :m], cur))
         lp_all, rows = target(X, need, free_total, shape, lo, hi, tpos)
         stats.num_calls += 1
         stats.num_rows += int(rows.sum())
@@ -357,9 +360,9 @@ def _region(x, lo, hi, free, target, draft, k, order, shape, free_total, generat
         res = torch.where(res.sum(-1, keepdim=True) > 1e-12, res, p)
         z = categorical(res.log(), generator)
         extra = active & (a < r)
-        for m in range(k):
-            take = (m < a) & active
-            x[bidx[take], tpos[take, m]] = y[take, m]
+        if k:  # the accepted drafts: slots m < a, at distinct positions
+            take = (ar[:k].unsqueeze(0) < a.unsqueeze(1)) & active.unsqueeze(1)
+            x[bidx.unsqueeze(1).expand(B, k)[take], tpos[:, :k][take]] = y[take]
         x[bidx[extra], tpos[extra, a[extra]]] = z[extra]
         ptr = ptr + torch.where(active, a + extra.long(), torch.zeros_like(a))
         if draft.needs_memo:
