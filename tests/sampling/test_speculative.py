@@ -335,7 +335,8 @@ def test_cached_causal_verifier_keeps_the_ar_law(drafter):
 @pytest.mark.parametrize("batch", [1, 7])
 def test_cached_verifier_draws_the_uncached_tokens(batch):
     """fp32 on the CPU, the same generator: the KV-cached verifier and drafter (rolled back after each rejection)
-    give the tokens and counts of recomputing the prefix on every pass, also with pinned positions in the middle."""
+    give the tokens and counts of recomputing the prefix on every pass, also with pinned positions in the middle;
+    at batch 1 the host-side round (`host_loop`) gives those of the tensor loop."""
     L, vocab = 12, 6
     target = tiny_lm(3, L, scale=3.0, vocab=vocab)
     d = tiny_lm(4, L, vocab=vocab, base=target, noise=0.1)
@@ -344,14 +345,16 @@ def test_cached_verifier_draws_the_uncached_tokens(batch):
     values = torch.full((batch, L), 2)
     for seed in range(6):
         outs = []
-        for cached in (False, True):
+        for cached, host_loop in ((False, False), (True, False), (True, True)):  # batch 1: host bookkeeping too
             outs.append(speculative_decode(target, MaskedPath(vocab), batch, L, drafter=d, draft_length=3,
                                            generator=torch.Generator().manual_seed(seed), cached=cached,
-                                           fixed=fixed if seed % 2 else None, values=values if seed % 2 else None))  # fmt: skip
-        (a, sa), (b, sb) = outs
-        assert torch.equal(a, b)
-        assert sa.counts == sb.counts and sa.num_calls == sb.num_calls
-        assert 0 < sb.counts["accepted"] < sb.counts["drafted"]
+                                           host_loop=host_loop, fixed=fixed if seed % 2 else None,
+                                           values=values if seed % 2 else None))  # fmt: skip
+        (a, sa), *rest = outs
+        for b, sb in rest:
+            assert torch.equal(a, b)
+            assert sa.counts == sb.counts and sa.num_calls == sb.num_calls and sa.num_rows == sb.num_rows
+            assert 0 < sb.counts["accepted"] < sb.counts["drafted"]
 
 
 def test_ngram_drafter_keeps_the_ar_law_and_learns_its_data():

@@ -292,12 +292,68 @@ def _orders(free: Tensor, order: str, generator) -> tuple[Tensor, Tensor]:
     return key.argsort(-1), free.sum(-1)
 
 
-def _region(x, lo, hi, free, target, draft, k, order, shape, free_total, generator, stats, seq_passes):
+def _region_one(x, lo, hi, ordr, n_free, target, draft, k, shape, free_total, generator, stats, seq_passes):
+    """`_region` for one sequence of a causal target, its bookkeeping on the host: the same rule, the same draws
+    from the generator in the same order, so the same tokens (`host_loop`)."""
+    L, dev = x.shape[1], x.device
+    order_list, n, ptr = ordr[0].tolist(), int(n_free[0]), 0
+    while ptr < n:
+        r = n - ptr
+        at = [order_list[min(ptr + m, hi - lo - 1)] for m in range(k + 1)]
+        tpos = torch.tensor([at], device=dev)
+        ke = min(k, r)
+        valid = torch.tensor([[m < ke for m in range(k)]], device=dev)
+        proposal = draft.propose(x, tpos[:, :k], valid, lo, shape, generator, stats) if k else None
+        if proposal is None:
+            y = torch.zeros(1, k, dtype=torch.long, device=dev)
+            lq = torch.zeros(1, k, shape.V, dtype=torch.float64, device=dev)
+            ke = 0
+        else:
+            y, lq, valid = proposal
+            ke = int(valid.sum())
+        need = torch.tensor([[m <= ke and m < r for m in range(k + 1)]], device=dev)
+        X = x.clone()
+        X[0, tpos[0, :ke]] = y[0, :ke]
+        lp_all, rows = target(X.unsqueeze(1).expand(1, k + 1, L), need, free_total, shape, lo, hi, tpos)
+        stats.num_calls += 1
+        stats.num_rows += 1
+        stats.row_calls += rows
+        seq_passes += 1
+        lp = lp_all[0, 0, tpos[0] - lo]  # [k+1, V]
+        a = 0
+        if k:
+            lpy = lp[:k].gather(-1, y[0].unsqueeze(-1)).squeeze(-1)
+            lqy = lq[0].gather(-1, y[0].unsqueeze(-1)).squeeze(-1)
+            u = torch.rand((1, k), dtype=torch.float64, device=dev, generator=generator)
+            ok = (u[0] < torch.exp(torch.clamp(lpy - lqy, max=0.0))).tolist()
+            while a < ke and ok[a]:
+                a += 1
+        stats.counts["drafted"] += ke
+        stats.counts["accepted"] += a
+        p = lp[a].exp()
+        res = (p - lq[0, a].exp()).clamp_min(0.0) if a < ke else p
+        if float(res.sum()) <= 1e-12:
+            res = p
+        z = categorical(res.log().unsqueeze(0), generator)
+        if a:
+            x[0, tpos[0, :a]] = y[0, :a]
+        if a < r:
+            x[0, at[a]] = z[0]
+        ptr += a + (a < r)
+
+
+def _region(x, lo, hi, free, target, draft, k, order, shape, free_total, generator, stats, seq_passes,
+            host_loop=True):  # fmt: skip
     """Fill the free positions of x[:, lo:hi] speculatively (module docstring)."""
     B, L = x.shape
     dev = x.device
     ordr, n_free = _orders(free[:, lo:hi], order, generator)
     ordr = ordr + lo
+    if host_loop and B == 1 and target.causal and not draft.needs_memo:
+        draft.reset(B, dev)
+        target.begin_region(x, lo, hi, k + 1)
+        return _region_one(x, lo, hi, ordr, n_free, target, draft, k, shape, free_total, generator, stats,
+                           seq_passes)  # fmt: skip
     ptr = torch.zeros(B, dtype=torch.long, device=dev)
     ar = torch.arange(k + 1, device=dev)
     bidx = torch.arange(B, device=dev)
@@ -374,7 +430,7 @@ def _region(x, lo, hi, free, target, draft, k, order, shape, free_total, generat
 def speculative_decode(target, path, num: int, length: int, *, drafter=None, draft_length: int = 4,
                        order: str | None = None, temperature: float = 1.0, top_p: float = 1.0,
                        fixed: Tensor | None = None, values: Tensor | None = None, generator=None,
-                       device=None, cached: bool = True) -> tuple[Tensor, SamplingStats]:  # fmt: skip
+                       device=None, cached: bool = True, host_loop: bool = True) -> tuple[Tensor, SamplingStats]:  # fmt: skip
     """(tokens [num, length], stats) whose law is the target's one-position-per-step sampler's in `order` (random:
     a uniform permutation of the free positions, the law of the `random` decoding order with one position per step;
     left_to_right; None: left to right for an AR target, random otherwise), block by block for a block model
@@ -383,7 +439,8 @@ def speculative_decode(target, path, num: int, length: int, *, drafter=None, dra
     accepted, the drafter's calls and rows, and `sequence_passes` (Σ over sequences of the passes each took part in).
     A drafter object with `propose` (`tcsm.sampling.ngram.NGramDraft`) drafts as it is. `cached`: an AR target and an AR drafter with a static cache (`new_cache` / `decode`) run against their KV
     caches, rolled back after a rejection (`RollbackCache`), instead of recomputing the prefix on every pass; the
-    same draws and the same tokens up to float rounding."""
+    same draws and the same tokens up to float rounding. `host_loop`: one sequence of an AR target keeps a round's
+    bookkeeping on the host (fewer tensor calls per round; the same draws and tokens as the tensor loop)."""
     kind = kind_of(target)
     k = int(draft_length)
     if k < 0:
@@ -430,7 +487,7 @@ def speculative_decode(target, path, num: int, length: int, *, drafter=None, dra
             if not free[:, lo:hi].any():
                 continue
             free_total = free[:, lo:hi].sum(-1) if kind.blocks else free.sum(-1)
-            _region(x, lo, hi, free, tgt, draft, k, order, shape, free_total, generator, stats, seq_passes)
+            _region(x, lo, hi, free, tgt, draft, k, order, shape, free_total, generator, stats, seq_passes, host_loop)
     if (x >= V).any():
         raise RuntimeError("speculative decoding left masks in the output")
     stats.counts["sequence_passes"] = int(seq_passes.sum())
