@@ -67,7 +67,10 @@ def main() -> None:
         for o in map(int, args.sample_orders.split(",")):
             tables[f"{draws.shape[0]} draws {o}-gram"] = NGramDraft(draws, V, order=o)
         build_cpu["count_draws"] = time.process_time() - c0
-    print(f"drafters built: {build_cpu} CPU-s", flush=True)
+    c0 = time.process_time()
+    memo = {name: t.precompute() for name, t in tables.items()}  # q of the longest contexts, where they fit
+    build_cpu["precompute"] = time.process_time() - c0
+    print(f"drafters built: {build_cpu} CPU-s; contexts precomputed: {memo}", flush=True)
 
     def own(g):
         return sample_ar(model, 1, L, generator=g, engine="eager"), None
@@ -135,7 +138,7 @@ def main() -> None:
         print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     out = {"target": str(ckpt.directory), "target_step": ckpt.step,
            "target_params": sum(p.numel() for p in model.parameters()), "L": L, "V": V,
-           "train_tokens": train.numel(), "drafter_build_cpu_s": build_cpu, "rounds": args.rounds,
+           "train_tokens": train.numel(), "drafter_build_cpu_s": build_cpu, "contexts_precomputed": memo, "rounds": args.rounds,
            "sequences": args.sequences, "warmup": args.warmup, "loadavg_1min": loads, "rows": rows}  # fmt: skip
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=1) + "\n")

@@ -404,3 +404,9 @@ def test_ngram_drafter_draws_one_row_from_its_q():
     torch.testing.assert_close(lq[0, 0].exp(), q)
     assert (first / n - q).abs().max() < 5 * math.sqrt(0.25 / n)
     assert stats.counts["draft_calls"] == 2 * n
+    # the memo filled in one batched lookup holds what the lookups one by one found
+    lazy = dict(table._memo)
+    filled = NGramDraft(data, V, order=2)
+    assert filled.precompute() == V + 1  # every token and the sequence start as contexts
+    for key, (lp, _cum) in lazy.items():
+        torch.testing.assert_close(filled._memo[key][0], lp)

@@ -14,7 +14,7 @@ import bisect
 import torch
 from torch import Tensor
 
-from tcsm.sampling.common import categorical
+from tcsm.sampling.common import adjust_log_probs, categorical
 
 __all__ = ["NGramDraft"]
 
@@ -85,6 +85,27 @@ class NGramDraft:
             total = counts.sum(-1, keepdim=True)
             q = torch.where(seen.unsqueeze(1), (counts + self.strength * q) / (total + self.strength), q)
         return q.log()
+
+    def precompute(self, temperature: float = 1.0, top_p: float = 1.0, limit: int = 2**22) -> int:
+        """Fill the batch-1 memo with q of every context of the longest order seen in the counts, in one batched
+        lookup, when they hold at most `limit` numbers (contexts × V); the number of contexts filled."""
+        c = self.order - 1
+        if c < 1:
+            return 0
+        keys = self.tables[f"keys{c}"]
+        if keys.numel() * self.V > limit:
+            return 0
+        digits = torch.stack([(keys // (self.V + 1) ** i) % (self.V + 1) for i in range(c - 1, -1, -1)], 1)
+        pads = (digits == self.V).sum(1)  # pads only lead (a context cut at the sequence's start)
+        ctx = torch.zeros(keys.numel(), c + 1, dtype=torch.long)
+        for n_pad in range(c + 1):  # the tokens from position 0, then the position they precede
+            sel = pads == n_pad
+            ctx[sel, : c - n_pad] = digits[sel, n_pad:]
+        lp = adjust_log_probs(self.log_q(ctx, c - pads), float(temperature), float(top_p))
+        cum = lp.exp().cumsum(1).tolist()
+        for i, (row, n_pad) in enumerate(zip(digits.tolist(), pads.tolist())):
+            self._memo[(float(temperature), float(top_p), c - n_pad, *row[n_pad:])] = (lp[i], cum[i])
+        return keys.numel()
 
     def _one(self, row: list[int], p: int, shape, device) -> tuple[Tensor, list[float]]:
         """(adjusted log q [V], its cumulative sums) of one row at position p, memoised by the context."""
