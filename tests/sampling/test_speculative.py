@@ -290,3 +290,123 @@ def test_block_model_with_eos_is_cut_like_block_decoding():
     first = torch.where(x == 0, torch.arange(L), torch.full_like(x, L)).min(-1).values
     after = torch.arange(L) > first.unsqueeze(1)
     assert (x[after] == 0).all() and after.any()
+
+
+def tiny_lm(seed, L, scale=4.0, vocab=V, base=None, noise=0.0):
+    """A CausalLM with a static cache, its weights random (its initialisation zeroes the head) and `scale` sharp, so
+    that drafts get rejected; with `base`, a perturbed copy of it (a good drafter)."""
+    from tcsm.models.causal import CausalLM
+    from tcsm.models.lm import LMConfig
+
+    torch.manual_seed(seed)
+    model = CausalLM(LMConfig(vocab_size=vocab, max_len=L, d_model=16, n_layers=2, n_heads=2)).eval()
+    with torch.no_grad():
+        if base is not None:
+            for p, q in zip(model.parameters(), base.parameters()):
+                p.copy_(q + noise * torch.randn_like(q))
+        else:
+            for p in model.parameters():
+                p.copy_(0.5 * torch.randn_like(p))
+            model.head.weight.mul_(scale)
+    return model
+
+
+def _no_full_pass(model):
+    def refuse(*a, **k):
+        raise AssertionError("the cached verifier recomputed the whole prefix")
+
+    model.forward = refuse
+    return model
+
+
+@pytest.mark.parametrize("drafter", ["good", "bad"])
+def test_cached_causal_verifier_keeps_the_ar_law(drafter):
+    L = 4
+    target = tiny_lm(0, L)
+    law = causal_law(target, L)
+    d = tiny_lm(1, L, base=target, noise=0.05) if drafter == "good" else tiny_lm(2, L, scale=12.0)
+    x, st = run(_no_full_pass(target), L, _no_full_pass(d), draft_length=3)
+    check_law(x, law)
+    assert 0 < st.counts["accepted"] < st.counts["drafted"]
+    if drafter == "good":
+        assert st.counts["sequence_passes"] / N < 0.6 * L
+
+
+@pytest.mark.parametrize("batch", [1, 7])
+def test_cached_verifier_draws_the_uncached_tokens(batch):
+    """fp32 on the CPU, the same generator: the KV-cached verifier and drafter (rolled back after each rejection)
+    give the tokens and counts of recomputing the prefix on every pass, also with pinned positions in the middle;
+    at batch 1 the host-side round (`host_loop`) gives those of the tensor loop."""
+    L, vocab = 12, 6
+    target = tiny_lm(3, L, scale=3.0, vocab=vocab)
+    d = tiny_lm(4, L, vocab=vocab, base=target, noise=0.1)
+    fixed = torch.zeros(batch, L, dtype=torch.bool)
+    fixed[:, 5] = True
+    values = torch.full((batch, L), 2)
+    for seed in range(6):
+        outs = []
+        for cached, host_loop in ((False, False), (True, False), (True, True)):  # batch 1: host bookkeeping too
+            outs.append(speculative_decode(target, MaskedPath(vocab), batch, L, drafter=d, draft_length=3,
+                                           generator=torch.Generator().manual_seed(seed), cached=cached,
+                                           host_loop=host_loop, fixed=fixed if seed % 2 else None,
+                                           values=values if seed % 2 else None))  # fmt: skip
+        (a, sa), *rest = outs
+        for b, sb in rest:
+            assert torch.equal(a, b)
+            assert sa.counts == sb.counts and sa.num_calls == sb.num_calls and sa.num_rows == sb.num_rows
+            assert 0 < sb.counts["accepted"] < sb.counts["drafted"]
+
+
+def test_ngram_drafter_keeps_the_ar_law_and_learns_its_data():
+    """An n-gram table counted on the target's own draws drafts well (most drafts accepted) and the law stays the
+    target's; its q is the back-off of the counts (checked against a direct count at one context)."""
+    from tcsm.sampling.ngram import NGramDraft
+
+    L = 4
+    target = tiny_lm(5, L)
+    data, _ = run(target, L, tiny_lm(6, L, base=target, noise=0.1), draft_length=2, seed=1)
+    table = NGramDraft(data, V, order=3)
+    law = causal_law(target, L)
+    x, st = run(_no_full_pass(target), L, table, draft_length=3)
+    check_law(x, law)
+    assert st.counts["accepted"] > 0.8 * st.counts["drafted"]
+    # q(· | x^0 = 1, x^1 = 2) at p = 2 from the trigram counts with β = 1 back-off to the bigram's
+    ctx = torch.tensor([[1, 2, 0, 0]])
+    at2 = data[:, 2:][(data[:, :-2] == 1) & (data[:, 1:-1] == 2)]
+    after2 = data[:, 1:][data[:, :-1] == 2]
+    uni = (torch.bincount(data.flatten(), minlength=V).double() + 1) / (data.numel() + V)
+    big = (torch.bincount(after2, minlength=V).double() + uni) / (after2.numel() + 1)
+    tri = (torch.bincount(at2, minlength=V).double() + big) / (at2.numel() + 1)
+    torch.testing.assert_close(table.log_q(ctx, torch.tensor([2])).exp()[0], tri)
+
+
+def test_ngram_drafter_draws_one_row_from_its_q():
+    """Batch 1 drafts on the host (memoised q, inverse CDF): each draft's frequency is its q, and q is the batched
+    table's at the context with the earlier draft filled in."""
+    from tcsm.sampling.ngram import NGramDraft
+    from tcsm.sampling.samplers import SamplingStats
+    from tcsm.sampling.speculative import _Shape
+
+    data = torch.randint(0, V, (200, 4), generator=torch.Generator().manual_seed(0))
+    table = NGramDraft(data, V, order=2)
+    shape, g = _Shape(V, V, 1.0, 1.0), torch.Generator().manual_seed(1)
+    x, pos, valid = torch.tensor([[1, V, V]]), torch.tensor([[1, 2]]), torch.ones(1, 2, dtype=torch.bool)
+    stats = SamplingStats(method="speculative", num_steps=2, cached=False, times=torch.empty(0))
+    stats.counts.update(draft_calls=0, draft_rows=0)
+    first, second, n = torch.zeros(V), {}, 4000
+    for _ in range(n):
+        y, lq, _ = table.propose(x, pos, valid, 0, shape, g, stats)
+        first[y[0, 0]] += 1
+        second[int(y[0, 0])] = lq[0, 1]
+    for y0, lq1 in second.items():
+        torch.testing.assert_close(lq1, table.log_q(torch.tensor([[1, y0, 0]]), torch.tensor([2]))[0])
+    q = table.log_q(torch.tensor([[1, 0, 0]]), torch.tensor([1]))[0].exp()
+    torch.testing.assert_close(lq[0, 0].exp(), q)
+    assert (first / n - q).abs().max() < 5 * math.sqrt(0.25 / n)
+    assert stats.counts["draft_calls"] == 2 * n
+    # the memo filled in one batched lookup holds what the lookups one by one found
+    lazy = dict(table._memo)
+    filled = NGramDraft(data, V, order=2)
+    assert filled.precompute() == V + 1  # every token and the sequence start as contexts
+    for key, (lp, _cum) in lazy.items():
+        torch.testing.assert_close(filled._memo[key][0], lp)

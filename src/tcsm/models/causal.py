@@ -61,6 +61,12 @@ class StaticKVCache:
         """Store k, v [N, H, n, Dh] at positions start.. of layer i; return the keys/values attention reads: those
         of positions < start + n (a view), or with `fixed_shape` the whole buffer (`start` a 1-element tensor)."""
         keys, values = self.keys[i], self.values[i]
+        if fixed_shape and start.numel() > 1:  # a start per row: row r's positions start[r]..
+            at = (start.view(-1, 1) + torch.arange(k.shape[2], device=start.device))[:, None, :, None]
+            at = at.expand(-1, k.shape[1], -1, k.shape[3])
+            keys.scatter_(2, at, k.to(keys.dtype))
+            values.scatter_(2, at, v.to(values.dtype))
+            return keys, values
         if fixed_shape:
             at = start + torch.arange(k.shape[2], device=start.device)
             keys.index_copy_(2, at, k.to(keys.dtype))
@@ -83,7 +89,7 @@ def _block_with_cache(block: TransformerBlock, x: Tensor, rope, past, allowed=No
     h = block.norm1(x)
     q, k, v = attn.qkv(h).split(attn.d_model, dim=-1)
     q, k, v = attn._heads(q), attn._heads(k), attn._heads(v)  # [B, n, H, Dh]
-    cos, sin = (r[:, None] for r in rope)
+    cos, sin = (r.unsqueeze(-2) for r in rope)  # [n, Dh] → [n, 1, Dh]; per row [N, n, Dh] → [N, n, 1, Dh]
     q, k = apply_rotary(q, cos, sin).transpose(1, 2), apply_rotary(k, cos, sin).transpose(1, 2)
     v = v.transpose(1, 2)
     if callable(past):  # a static cache: written in place, read back up to the new positions
@@ -164,15 +170,18 @@ class CausalLM(LMTransformer):
         return self.head(self.final_norm(h)).float(), new_cache
 
     # --- decoding with a static cache --------------------------------------------------------------------
-    def new_cache(self, batch_size: int, device=None, dtype: torch.dtype | None = None) -> StaticKVCache:
-        """An empty `StaticKVCache` for `batch_size` rows and `max_len` positions, in `dtype` (default: the dtype
-        the layers compute in now, the autocast dtype under autocast)."""
+    def new_cache(self, batch_size: int, device=None, dtype: torch.dtype | None = None,
+                  capacity: int | None = None) -> StaticKVCache:  # fmt: skip
+        """An empty `StaticKVCache` for `batch_size` rows and `capacity` positions (default `max_len`; more leaves
+        room for scratch positions a caller discards, see `decode`), in `dtype` (default: the dtype the layers
+        compute in now, the autocast dtype under autocast)."""
         device = torch.device(device) if device is not None else self.embed.weight.device
         if dtype is None:
             on = torch.is_autocast_enabled(device.type)
             dtype = torch.get_autocast_dtype(device.type) if on else self.embed.weight.dtype
         attn = self.blocks[0].attn
-        return StaticKVCache(len(self.blocks), int(batch_size), attn.n_heads, self.cfg.max_len, attn.head_dim, dtype,
+        capacity = self.cfg.max_len if capacity is None else int(capacity)
+        return StaticKVCache(len(self.blocks), int(batch_size), attn.n_heads, capacity, attn.head_dim, dtype,
                              device)  # fmt: skip
 
     @torch.no_grad()
@@ -181,14 +190,23 @@ class CausalLM(LMTransformer):
         cache.length..+n−1, which enter the cache; `cache.length` advances by n. The same arithmetic as `extend`.
         With `position` (a 1-element long tensor on the device, for n = 1) the call has fixed shapes and reads no
         host value: it writes at `position`, attends over the whole buffer under a mask, and leaves `length` alone
-        (the caller counts), so one captured graph serves every position."""
+        (the caller counts), so one captured graph serves every position. A `position` of N elements starts each
+        row at its own position (n ≥ 1 tokens a row; speculative verification, rows that accepted different
+        numbers of drafts): positions past `max_len` take the last rotary angle, for scratch positions whose
+        outputs the caller discards."""
         n = ids.shape[1]
         fixed = position is not None
         start = position if fixed else cache.length
         if not fixed and start + n > cache.capacity:
             raise ValueError(f"positions up to {start + n} exceed max_len={cache.capacity}")
         h = self.embed(ids)
-        if fixed:
+        if fixed and position.numel() > 1:
+            at = position.view(-1, 1) + torch.arange(n, device=position.device)  # [N, n]
+            cos, sin = self.rotary.cos_cached, self.rotary.sin_cached
+            angle = at.clamp_max(cos.shape[0] - 1)
+            rope = (cos[angle], sin[angle])
+            allowed = (cache.positions <= at[:, :, None])[:, None]  # [N, 1, n, capacity]
+        elif fixed:
             cos, sin = self.rotary.cos_cached, self.rotary.sin_cached
             rope = (cos.index_select(0, position), sin.index_select(0, position))
             allowed = (cache.positions <= position)[None, :]

@@ -23,6 +23,7 @@ from tcsm.core.errors import ConfigError
 from tcsm.models.kinds import kind_of
 from tcsm.sampling.common import adjust_log_probs, categorical, pinned_positions
 from tcsm.sampling.registry import DrawSettings, Sampler, register_sampler
+from tcsm.sampling.rollback_cache import RollbackCache, has_static_cache
 from tcsm.sampling.samplers import SamplingStats, _infer_device
 
 __all__ = ["ORDERS", "CausalDraft", "MaskedDraft", "SelfDraft", "Speculative", "SpeculativeSettings", "make_draft",
@@ -110,15 +111,33 @@ class MaskedDraft:
 
 class CausalDraft:
     """An autoregressive LM: the drafts left to right, one position per pass (the next-token logits of the
-    sequence with the earlier drafts filled in; unrevealed positions after it are never read)."""
+    sequence with the earlier drafts filled in; unrevealed positions after it are never read). With `cached` (a
+    model with a static cache) each pass feeds only the inputs its `RollbackCache` does not hold: one token a
+    draft, after the tokens the last round accepted."""
 
     needs_memo = False
+    left_to_right = True
 
-    def __init__(self, model):
-        self.model = model
+    def __init__(self, model, cached: bool = False):
+        self.model, self.cached = model, bool(cached) and has_static_cache(model)
+        self.cache: RollbackCache | None = None
 
     def reset(self, B, device):
-        pass
+        self.cache = None
+
+    def _logits(self, xr, rows, p, live, B, L):
+        """Next-token logits [rows, V'] at positions p [rows] of the rows xr of the batch."""
+        at = torch.arange(rows.numel(), device=xr.device)
+        if not self.cached:
+            return self.model(xr)[at, p]
+        if self.cache is None:
+            self.cache = RollbackCache(self.model, B, L, xr.device)
+        x = torch.zeros(B, L, dtype=torch.long, device=xr.device)
+        x[rows] = xr
+        first = torch.full((B,), L, dtype=torch.long, device=xr.device)
+        first[rows] = torch.where(live, p, torch.full_like(p, L))
+        logits, start = self.cache.outputs(x, first, first)  # some row is live: at least one output
+        return logits[rows, (p - start[rows]).clamp(0, logits.shape[1] - 1)]
 
     def propose(self, x, pos, valid, lo, shape, generator, stats):
         B, k = pos.shape
@@ -132,9 +151,8 @@ class CausalDraft:
             live = valid[rows, m]
             if not live.any():
                 break
-            logits = self.model(xr)
             p = pos[rows, m]
-            lp = shape.log_probs(logits[torch.arange(rows.numel(), device=x.device), p])
+            lp = shape.log_probs(self._logits(xr, rows, p, live, B, x.shape[1]))
             d = categorical(lp, generator)
             y[rows, m], lq[rows, m] = d, lp
             at = torch.arange(rows.numel(), device=x.device)
@@ -144,14 +162,17 @@ class CausalDraft:
         return y, lq, valid
 
 
-def make_draft(drafter, path):
-    """The drafter of a model object (None: the target itself): a causal LM drafts left to right, a full-sequence
-    denoiser in one pass; ValueError (one line) for anything else."""
+def make_draft(drafter, path, cached: bool = False):
+    """The drafter of a model object (None: the target itself): a causal LM drafts left to right (against its
+    static cache with `cached`), a full-sequence denoiser in one pass, an n-gram table from its context;
+    ValueError (one line) for anything else."""
     if drafter is None:
         return SelfDraft()
+    if hasattr(drafter, "propose"):  # a drafter object already (`tcsm.sampling.ngram.NGramDraft`)
+        return drafter
     kind = kind_of(drafter)
     if kind.is_autoregressive:
-        return CausalDraft(drafter)
+        return CausalDraft(drafter, cached)
     if kind.is_denoiser and not kind.blocks and kind.sampler == "path":
         return MaskedDraft(drafter, path)
     raise ValueError(f"a drafter must be an autoregressive LM or a full-sequence masked denoiser, not "
@@ -172,8 +193,9 @@ class _MaskedTarget:
     def begin_region(self, x, lo, hi, rows_per_seq):
         pass
 
-    def __call__(self, X: Tensor, need: Tensor, free_total: Tensor, shape: _Shape, lo: int, hi: int):
-        """X [B, R, L] → log-probs [B, R, hi − lo, V] at the needed rows (others zero), rows evaluated."""
+    def __call__(self, X: Tensor, need: Tensor, free_total: Tensor, shape: _Shape, lo: int, hi: int, positions):
+        """X [B, R, L] → log-probs [B, R, hi − lo, V] at the needed rows (others zero), rows evaluated; `positions`
+        [B, R]: the position each row reveals."""
         B, R, _L = X.shape
         flat = X[need]
         ft = free_total.unsqueeze(1).expand(B, R)[need]
@@ -203,7 +225,7 @@ class _BlockTarget:
             self.stats.counts["cache_calls"] += 1
             self.stats.counts["cache_rows"] += B * self.R
 
-    def __call__(self, X, need, free_total, shape, lo, hi):
+    def __call__(self, X, need, free_total, shape, lo, hi, positions):
         B, R, _L = X.shape
         block = X[:, :, lo:hi].reshape(B * R, hi - lo)
         t = _time(block, free_total.repeat_interleave(R), shape.mask, self.path)
@@ -213,25 +235,47 @@ class _BlockTarget:
 
 
 class _CausalTarget:
-    """An autoregressive LM: one row with every draft filled in gives each draft's conditional (causal)."""
+    """An autoregressive LM: one row with every draft filled in gives each draft's conditional (causal). With
+    `cached` (a model with a static cache) the pass runs against a `RollbackCache` holding the accepted prefix: it
+    feeds the last accepted token and the drafts, the outputs at the positions it reveals and no others."""
 
     causal = True
 
-    def __init__(self, model):
-        self.model = model
+    def __init__(self, model, cached: bool = False):
+        self.model, self.cached = model, bool(cached) and has_static_cache(model)
+        self.cache: RollbackCache | None = None
+        self.out: Tensor | None = None
 
     def begin_region(self, x, lo, hi, rows_per_seq):
-        pass
+        if self.cached:
+            B, L = x.shape
+            self.cache = RollbackCache(self.model, B, L, x.device)
+            self.out = torch.zeros(B, 2 * L + 1, 0, dtype=torch.float64, device=x.device)
 
-    def __call__(self, X, need, free_total, shape, lo, hi):
+    def __call__(self, X, need, free_total, shape, lo, hi, positions):
         B, R, _L = X.shape
         rows = need.any(-1)
         last = X[:, -1]  # the row with every draft: its position j reads x^{<j} only
+        if self.cached:
+            return self._cached(last, need, shape, positions, rows), rows.long()
         xr = torch.where(last[rows] >= shape.V, 0, last[rows])
         out = shape.log_probs(self.model(xr)[:, lo:hi])
         full = torch.zeros(B, hi - lo, shape.V, dtype=torch.float64, device=X.device)
         full[rows] = out
         return full.unsqueeze(1).expand(B, R, hi - lo, shape.V), rows.long()
+
+    def _cached(self, last, need, shape, positions, rows):
+        B, R = need.shape
+        L = last.shape[1]
+        first = positions[:, 0]
+        upto = positions.gather(1, (need.sum(-1, keepdim=True) - 1).clamp_min(0)).squeeze(1)
+        logits, start = self.cache.outputs(torch.where(last >= shape.V, 0, last), first, torch.where(rows, upto, -1))
+        if self.out.shape[-1] != shape.V:
+            self.out = torch.zeros(B, 2 * L + 1, shape.V, dtype=torch.float64, device=last.device)
+        if logits.shape[1]:  # the outputs land at their positions; a padded row's scratch ones past its own
+            at = start.unsqueeze(1) + torch.arange(logits.shape[1], device=last.device)
+            self.out.scatter_(1, at.unsqueeze(-1).expand(-1, -1, shape.V), shape.log_probs(logits))
+        return self.out[:, :L].unsqueeze(1).expand(B, R, L, shape.V)
 
 
 # ------------------------------------------------------------------------------------------------- the loop
@@ -248,12 +292,68 @@ def _orders(free: Tensor, order: str, generator) -> tuple[Tensor, Tensor]:
     return key.argsort(-1), free.sum(-1)
 
 
-def _region(x, lo, hi, free, target, draft, k, order, shape, free_total, generator, stats, seq_passes):
+def _region_one(x, lo, hi, ordr, n_free, target, draft, k, shape, free_total, generator, stats, seq_passes):
+    """`_region` for one sequence of a causal target, its bookkeeping on the host: the same rule, the same draws
+    from the generator in the same order, so the same tokens (`host_loop`)."""
+    L, dev = x.shape[1], x.device
+    order_list, n, ptr = ordr[0].tolist(), int(n_free[0]), 0
+    while ptr < n:
+        r = n - ptr
+        at = [order_list[min(ptr + m, hi - lo - 1)] for m in range(k + 1)]
+        tpos = torch.tensor([at], device=dev)
+        ke = min(k, r)
+        valid = torch.tensor([[m < ke for m in range(k)]], device=dev)
+        proposal = draft.propose(x, tpos[:, :k], valid, lo, shape, generator, stats) if k else None
+        if proposal is None:
+            y = torch.zeros(1, k, dtype=torch.long, device=dev)
+            lq = torch.zeros(1, k, shape.V, dtype=torch.float64, device=dev)
+            ke = 0
+        else:
+            y, lq, valid = proposal
+            ke = int(valid.sum())
+        need = torch.tensor([[m <= ke and m < r for m in range(k + 1)]], device=dev)
+        X = x.clone()
+        X[0, tpos[0, :ke]] = y[0, :ke]
+        lp_all, rows = target(X.unsqueeze(1).expand(1, k + 1, L), need, free_total, shape, lo, hi, tpos)
+        stats.num_calls += 1
+        stats.num_rows += 1
+        stats.row_calls += rows
+        seq_passes += 1
+        lp = lp_all[0, 0, tpos[0] - lo]  # [k+1, V]
+        a = 0
+        if k:
+            lpy = lp[:k].gather(-1, y[0].unsqueeze(-1)).squeeze(-1)
+            lqy = lq[0].gather(-1, y[0].unsqueeze(-1)).squeeze(-1)
+            u = torch.rand((1, k), dtype=torch.float64, device=dev, generator=generator)
+            ok = (u[0] < torch.exp(torch.clamp(lpy - lqy, max=0.0))).tolist()
+            while a < ke and ok[a]:
+                a += 1
+        stats.counts["drafted"] += ke
+        stats.counts["accepted"] += a
+        p = lp[a].exp()
+        res = (p - lq[0, a].exp()).clamp_min(0.0) if a < ke else p
+        if float(res.sum()) <= 1e-12:
+            res = p
+        z = categorical(res.log().unsqueeze(0), generator)
+        if a:
+            x[0, tpos[0, :a]] = y[0, :a]
+        if a < r:
+            x[0, at[a]] = z[0]
+        ptr += a + (a < r)
+
+
+def _region(x, lo, hi, free, target, draft, k, order, shape, free_total, generator, stats, seq_passes,
+            host_loop=True):  # fmt: skip
     """Fill the free positions of x[:, lo:hi] speculatively (module docstring)."""
     B, L = x.shape
     dev = x.device
     ordr, n_free = _orders(free[:, lo:hi], order, generator)
     ordr = ordr + lo
+    if host_loop and B == 1 and target.causal and not draft.needs_memo:
+        draft.reset(B, dev)
+        target.begin_region(x, lo, hi, k + 1)
+        return _region_one(x, lo, hi, ordr, n_free, target, draft, k, shape, free_total, generator, stats,
+                           seq_passes)  # fmt: skip
     ptr = torch.zeros(B, dtype=torch.long, device=dev)
     ar = torch.arange(k + 1, device=dev)
     bidx = torch.arange(B, device=dev)
@@ -277,15 +377,18 @@ def _region(x, lo, hi, free, target, draft, k, order, shape, free_total, generat
             y, lq, valid = proposal
         ke = valid.sum(-1)  # drafts are a prefix of the k slots
         need = active.unsqueeze(1) & (ar.unsqueeze(0) <= ke.unsqueeze(1)) & (ar.unsqueeze(0) < r.unsqueeze(1))
-        X = x.unsqueeze(1).repeat(1, k + 1, 1)
-        for m in range(1, k + 1):  # row m: the first m drafts filled in
-            fill = valid[:, :m]
-            cols = tpos[:, :m]
-            cur = X[:, m].gather(1, cols)
-            X[:, m].scatter_(1, cols, torch.where(fill, y[:, :m], cur))
-        if target.causal:
-            X = X[:, -1:].expand(B, k + 1, L).clone()
-        lp_all, rows = target(X, need, free_total, shape, lo, hi)
+        if target.causal:  # one row with every draft (at distinct positions) serves every m
+            X = x.clone()
+            X[bidx.unsqueeze(1).expand(B, k)[valid], tpos[:, :k][valid]] = y[valid]
+            X = X.unsqueeze(1).expand(B, k + 1, L)
+        else:
+            X = x.unsqueeze(1).repeat(1, k + 1, 1)
+            for m in range(1, k + 1):  # row m: the first m drafts filled in
+                fill = valid[:, :m]
+                cols = tpos[:, :m]
+                cur = X[:, m].gather(1, cols)
+                X[:, m].scatter_(1, cols, torch.where(fill, y[:, :m], cur))
+        lp_all, rows = target(X, need, free_total, shape, lo, hi, tpos)
         stats.num_calls += 1
         stats.num_rows += int(rows.sum())
         stats.row_calls += rows
@@ -313,9 +416,9 @@ def _region(x, lo, hi, free, target, draft, k, order, shape, free_total, generat
         res = torch.where(res.sum(-1, keepdim=True) > 1e-12, res, p)
         z = categorical(res.log(), generator)
         extra = active & (a < r)
-        for m in range(k):
-            take = (m < a) & active
-            x[bidx[take], tpos[take, m]] = y[take, m]
+        if k:  # the accepted drafts: slots m < a, at distinct positions
+            take = (ar[:k].unsqueeze(0) < a.unsqueeze(1)) & active.unsqueeze(1)
+            x[bidx.unsqueeze(1).expand(B, k)[take], tpos[:, :k][take]] = y[take]
         x[bidx[extra], tpos[extra, a[extra]]] = z[extra]
         ptr = ptr + torch.where(active, a + extra.long(), torch.zeros_like(a))
         if draft.needs_memo:
@@ -327,13 +430,17 @@ def _region(x, lo, hi, free, target, draft, k, order, shape, free_total, generat
 def speculative_decode(target, path, num: int, length: int, *, drafter=None, draft_length: int = 4,
                        order: str | None = None, temperature: float = 1.0, top_p: float = 1.0,
                        fixed: Tensor | None = None, values: Tensor | None = None, generator=None,
-                       device=None) -> tuple[Tensor, SamplingStats]:  # fmt: skip
+                       device=None, cached: bool = True, host_loop: bool = True) -> tuple[Tensor, SamplingStats]:  # fmt: skip
     """(tokens [num, length], stats) whose law is the target's one-position-per-step sampler's in `order` (random:
     a uniform permutation of the free positions, the law of the `random` decoding order with one position per step;
     left_to_right; None: left to right for an AR target, random otherwise), block by block for a block model
-    (MATH.md §6.4). `drafter`: None (the target itself), a masked denoiser or an AR LM. `stats.num_calls` counts the
+    (MATH.md §6.4). `drafter`: None (the target itself), a masked denoiser, an AR LM or an n-gram table. `stats.num_calls` counts the
     sequential target passes, `stats.num_rows` the target rows they evaluated, `stats.counts` the drafts proposed and
-    accepted, the drafter's calls and rows, and `sequence_passes` (Σ over sequences of the passes each took part in)."""
+    accepted, the drafter's calls and rows, and `sequence_passes` (Σ over sequences of the passes each took part in).
+    A drafter object with `propose` (`tcsm.sampling.ngram.NGramDraft`) drafts as it is. `cached`: an AR target and an AR drafter with a static cache (`new_cache` / `decode`) run against their KV
+    caches, rolled back after a rejection (`RollbackCache`), instead of recomputing the prefix on every pass; the
+    same draws and the same tokens up to float rounding. `host_loop`: one sequence of an AR target keeps a round's
+    bookkeeping on the host (fewer tensor calls per round; the same draws and tokens as the tensor loop)."""
     kind = kind_of(target)
     k = int(draft_length)
     if k < 0:
@@ -353,8 +460,8 @@ def speculative_decode(target, path, num: int, length: int, *, drafter=None, dra
     order = order or "random"
     if order not in ORDERS:
         raise ValueError(f"reveal order must be one of {list(ORDERS)}, got {order!r}")
-    draft = make_draft(drafter, path)
-    if isinstance(draft, CausalDraft) and order != "left_to_right":
+    draft = make_draft(drafter, path, cached)
+    if getattr(draft, "left_to_right", False) and order != "left_to_right":
         raise ValueError("an autoregressive drafter proposes left to right: use the left_to_right reveal order")
     device = torch.device(device if device is not None else _infer_device(target, values))
     mask = V if path.mask_id is None else int(path.mask_id)
@@ -371,7 +478,7 @@ def speculative_decode(target, path, num: int, length: int, *, drafter=None, dra
             raise ValueError(f"a block model decodes lengths that are multiples of its block length {bl}, got {L}")
         tgt, regions = _BlockTarget(target, path, stats), [(lo, lo + bl) for lo in range(0, L, bl)]
     elif kind.is_autoregressive:
-        tgt, regions = _CausalTarget(target), [(0, L)]
+        tgt, regions = _CausalTarget(target, cached), [(0, L)]
     else:
         tgt, regions = _MaskedTarget(target, path), [(0, L)]
     free = ~fixed
@@ -380,7 +487,7 @@ def speculative_decode(target, path, num: int, length: int, *, drafter=None, dra
             if not free[:, lo:hi].any():
                 continue
             free_total = free[:, lo:hi].sum(-1) if kind.blocks else free.sum(-1)
-            _region(x, lo, hi, free, tgt, draft, k, order, shape, free_total, generator, stats, seq_passes)
+            _region(x, lo, hi, free, tgt, draft, k, order, shape, free_total, generator, stats, seq_passes, host_loop)
     if (x >= V).any():
         raise RuntimeError("speculative decoding left masks in the output")
     stats.counts["sequence_passes"] = int(seq_passes.sum())
@@ -398,6 +505,11 @@ class SpeculativeSettings(DrawSettings):
                           "denoiser (null: the model itself, drafting from its last pass at no extra pass)"},
     )  # fmt: skip
     draft_length: int = field(default=4, metadata={"help": "method=speculative: positions drafted per target pass"})
+    kv_cache: bool = field(
+        default=True,
+        metadata={"help": "method=speculative: verify (and draft with) an AR model against its KV cache, rolled back "
+                          "to the accepted prefix after a rejection (false: recompute the prefix on every pass)"},
+    )  # fmt: skip
     reveal_order: str | None = field(
         default=None,
         metadata={"help": "method=speculative: random | left_to_right, the order whose one-position-per-step law "
@@ -443,7 +555,7 @@ class Speculative(Sampler):
             return speculative_decode(
                 model, path, num, length, drafter=self.drafter_model, draft_length=s.draft_length,
                 order=s.reveal_order, temperature=s.temperature, top_p=s.top_p, fixed=fixed, values=values,
-                generator=generator, device=device,
+                generator=generator, device=device, cached=s.kv_cache,
             )  # fmt: skip
         except ValueError as e:
             raise ConfigError(f"method=speculative: {e}") from None
