@@ -14,7 +14,8 @@ import bisect
 import torch
 from torch import Tensor
 
-from tcsm.sampling.common import adjust_log_probs, categorical
+from tcsm.sampling.common import adjust_log_probs
+from tcsm.sampling.speculative import draft_left_to_right
 
 __all__ = ["NGramDraft"]
 
@@ -144,25 +145,6 @@ class NGramDraft:
 
     def propose(self, x, pos, valid, lo, shape, generator, stats):
         """Drafts left to right, each from its context with the earlier drafts filled in (as `CausalDraft`)."""
-        B, k = pos.shape
-        if B == 1:
+        if pos.shape[0] == 1:
             return self._propose_one(x, pos, valid, shape, generator, stats)
-        rows = valid.any(-1).nonzero().squeeze(1)
-        y = torch.zeros(B, k, dtype=torch.long, device=x.device)
-        lq = torch.zeros(B, k, shape.V, dtype=torch.float64, device=x.device)
-        if not rows.numel():
-            return y, lq, valid
-        xr = torch.where(x[rows] >= shape.V, 0, x[rows])
-        at = torch.arange(rows.numel(), device=x.device)
-        for m in range(k):
-            live = valid[rows, m]
-            if not live.any():
-                break
-            p = pos[rows, m]
-            lp = shape.log_probs(self.log_q(xr, p))
-            d = categorical(lp, generator)
-            y[rows, m], lq[rows, m] = d, lp
-            xr[at, p] = torch.where(live, d, xr[at, p])
-            stats.counts["draft_calls"] += 1
-            stats.counts["draft_rows"] += int(live.sum())
-        return y, lq, valid
+        return draft_left_to_right(x, pos, valid, shape, generator, stats, lambda xr, rows, p, live: self.log_q(xr, p))

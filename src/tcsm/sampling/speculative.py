@@ -140,26 +140,36 @@ class CausalDraft:
         return logits[rows, (p - start[rows]).clamp(0, logits.shape[1] - 1)]
 
     def propose(self, x, pos, valid, lo, shape, generator, stats):
-        B, k = pos.shape
-        rows = valid.any(-1).nonzero().squeeze(1)
-        y = torch.zeros(B, k, dtype=torch.long, device=x.device)
-        lq = torch.zeros(B, k, shape.V, dtype=torch.float64, device=x.device)
-        if not rows.numel():
-            return y, lq, valid
-        xr = torch.where(x[rows] >= shape.V, 0, x[rows])
-        for m in range(k):
-            live = valid[rows, m]
-            if not live.any():
-                break
-            p = pos[rows, m]
-            lp = shape.log_probs(self._logits(xr, rows, p, live, B, x.shape[1]))
-            d = categorical(lp, generator)
-            y[rows, m], lq[rows, m] = d, lp
-            at = torch.arange(rows.numel(), device=x.device)
-            xr[at, p] = torch.where(live, d, xr[at, p])
-            stats.counts["draft_calls"] += 1
-            stats.counts["draft_rows"] += int(live.sum())
+        L = x.shape[1]
+        return draft_left_to_right(
+            x, pos, valid, shape, generator, stats,
+            lambda xr, rows, p, live: self._logits(xr, rows, p, live, x.shape[0], L),
+        )  # fmt: skip
+
+
+def draft_left_to_right(x, pos, valid, shape, generator, stats, next_logits):
+    """Drafts of an autoregressive drafter: position by position, each drawn from `next_logits(xr, rows, p, live)`
+    (logits [rows, V'] at positions p of the live rows xr, earlier drafts filled in); (tokens, log q, valid)."""
+    B, k = pos.shape
+    rows = valid.any(-1).nonzero().squeeze(1)
+    y = torch.zeros(B, k, dtype=torch.long, device=x.device)
+    lq = torch.zeros(B, k, shape.V, dtype=torch.float64, device=x.device)
+    if not rows.numel():
         return y, lq, valid
+    xr = torch.where(x[rows] >= shape.V, 0, x[rows])
+    at = torch.arange(rows.numel(), device=x.device)
+    for m in range(k):
+        live = valid[rows, m]
+        if not live.any():
+            break
+        p = pos[rows, m]
+        lp = shape.log_probs(next_logits(xr, rows, p, live))
+        d = categorical(lp, generator)
+        y[rows, m], lq[rows, m] = d, lp
+        xr[at, p] = torch.where(live, d, xr[at, p])
+        stats.counts["draft_calls"] += 1
+        stats.counts["draft_rows"] += int(live.sum())
+    return y, lq, valid
 
 
 def make_draft(drafter, path, cached: bool = False):
