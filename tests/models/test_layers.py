@@ -59,12 +59,16 @@ def test_a_block_models_cached_denoise_gives_a_row_the_same_bits_at_batch_1_and_
 
 
 @torch.no_grad()
-def test_the_ar_decode_step_gives_a_row_the_same_bits_when_the_batch_is_padded_to_the_floor():
+def test_the_ar_decode_gives_a_row_the_same_bits_at_batch_1_and_16():
     model = _randomised(build_lm("causal", "tiny", vocab_size=V, max_len=L))
     ids = torch.randint(0, V, (B, 6))
-    outs = []
-    for n in (B, ROW_FLOOR):
+    full = None
+    for n in (B, 1, 2, 3):
         cache = model.new_cache(n)
-        model.decode(ids[:n, :5], cache)
-        outs.append(model.decode(ids[:n, 5:], cache))
-    assert torch.equal(outs[1], outs[0][:ROW_FLOOR])
+        prefill = model.decode(ids[:n, :5], cache)
+        out = (prefill, model.decode(ids[:n, 5:], cache))
+        if full is None:
+            full = out
+        assert all(torch.equal(o, f[:n]) for o, f in zip(out, full))
+    one = model.decode(ids[:1, :1], model.new_cache(1))  # a prefill of one position: one row in all
+    assert torch.equal(one, full[0][:1, :1])

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tcsm.models.kinds import CAUSAL
-from tcsm.models.layers import TransformerBlock, apply_rotary
+from tcsm.models.layers import ROW_FLOOR, TransformerBlock, apply_rotary
 from tcsm.models.lm import LMConfig, LMTransformer
 
 __all__ = ["CausalLM", "KVCache", "StaticKVCache"]
@@ -72,20 +72,23 @@ class StaticKVCache:
         return keys[:, :, :end], values[:, :, :end]
 
 
-def _block_with_cache(block: TransformerBlock, x: Tensor, rope, past, allowed=None):
+def _block_with_cache(block: TransformerBlock, x: Tensor, rope, past, allowed=None, rows: int | None = None):
     """One causal block on new positions x [N, n, d], attending to cached keys/values of earlier positions.
 
     Same computation as `TransformerBlock.forward` (pre-norm, residuals, no conditioning) in eval mode, but it
     also returns this layer's keys/values: the shared layers expose no cache, and a cache is what makes the
-    exact AR marginal cost Σ_i V(L−i) token evaluations instead of V·L² (MATH.md §4).
+    exact AR marginal cost Σ_i V(L−i) token evaluations instead of V·L² (MATH.md §4). `rows`: only the first
+    `rows` rows of x are sequences (`_padded`); the others pass through the linears only. `allowed` = "all": every
+    key is visible (no mask).
     """
     attn = block.attn
-    h = block.norm1(x)
-    q, k, v = attn.qkv(h).split(attn.d_model, dim=-1)
-    q, k, v = attn._heads(q), attn._heads(k), attn._heads(v)  # [B, n, H, Dh]
-    cos, sin = (r[:, None] for r in rope)
-    q, k = apply_rotary(q, cos, sin).transpose(1, 2), apply_rotary(k, cos, sin).transpose(1, 2)
-    v = v.transpose(1, 2)
+    qkv = attn.qkv(block.norm1(x))
+    if rows is not None:
+        qkv = qkv[:rows]
+    b, n = qkv.shape[:2]
+    qkv = qkv.view(b, n, 3, attn.n_heads, attn.head_dim)
+    qk = apply_rotary(qkv[:, :, :2], *(r[:, None, None] for r in rope))  # q and k in one call
+    q, k, v = qk[:, :, 0].transpose(1, 2), qk[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2)
     if callable(past):  # a static cache: written in place, read back up to the new positions
         k, v = past(k, v)
     elif past is not None:
@@ -94,11 +97,24 @@ def _block_with_cache(block: TransformerBlock, x: Tensor, rope, past, allowed=No
         lq, lk = q.shape[2], k.shape[2]
         # Bottom-right-aligned causal mask: new position p sees every cached position and the new ones ≤ p.
         allowed = torch.ones(lq, lk, dtype=torch.bool, device=x.device).tril(lk - lq)
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
-    n_b, _, n, _ = y.shape
-    x = x + attn.out(y.transpose(1, 2).reshape(n_b, n, attn.d_model))
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=None if isinstance(allowed, str) else allowed)
+    y = y.transpose(1, 2).reshape(b, n, attn.d_model)
+    if rows is not None:
+        y = F.pad(y, (0, 0, 0, 0, 0, x.shape[0] - rows))
+    x = x + attn.out(y)
     x = x + block.mlp(block.norm2(x))
     return x, (k, v)
+
+
+def _padded(h: Tensor) -> tuple[Tensor, int | None]:
+    """(h [N, n, d], None), or, when its N·n rows are fewer than `ROW_FLOOR`, h with zero rows appended up to
+    ROW_FLOOR sequences and N: BLAS multiplies matrices of 1-3 rows with other kernels (another summation order), so
+    a one-token step at batch 1 would not give a row the bits it gets in a batch of 16. The extra rows run through
+    the linears only (attention, norms and the element-wise work give a row the same bits at any batch)."""
+    N, n = h.shape[:2]
+    if N * n >= ROW_FLOOR:
+        return h, None
+    return F.pad(h, (0, 0, 0, 0, 0, ROW_FLOOR - N)), N
 
 
 class CausalLM(LMTransformer):
@@ -154,14 +170,14 @@ class CausalLM(LMTransformer):
         return (logits, new_cache) if return_cache else logits
 
     def _run_cached(self, ids: Tensor, cache: KVCache | None, start: int) -> tuple[Tensor, KVCache]:
-        h = self.embed(ids)
+        h, rows = _padded(self.embed(ids))
         rope = self.rotary(ids.shape[1], offset=start)
         new_cache: KVCache = []
         for li, block in enumerate(self.blocks):
             with _gathered(block):
-                h, kv = _block_with_cache(block, h, rope, None if cache is None else cache[li])
+                h, kv = _block_with_cache(block, h, rope, None if cache is None else cache[li], rows=rows)
             new_cache.append(kv)
-        return self.head(self.final_norm(h)).float(), new_cache
+        return self.head(self.final_norm(h))[:rows].float(), new_cache
 
     # --- decoding with a static cache --------------------------------------------------------------------
     def new_cache(self, batch_size: int, device=None, dtype: torch.dtype | None = None) -> StaticKVCache:
@@ -187,21 +203,21 @@ class CausalLM(LMTransformer):
         start = position if fixed else cache.length
         if not fixed and start + n > cache.capacity:
             raise ValueError(f"positions up to {start + n} exceed max_len={cache.capacity}")
-        h = self.embed(ids)
+        h, rows = _padded(self.embed(ids))
         if fixed:
             cos, sin = self.rotary.cos_cached, self.rotary.sin_cached
             rope = (cos.index_select(0, position), sin.index_select(0, position))
             allowed = (cache.positions <= position)[None, :]
         else:
             rope = self.rotary(n, offset=start)
-            lk = start + n
-            allowed = torch.ones(n, lk, dtype=torch.bool, device=ids.device).tril(lk - n)
+            lk = start + n  # one new position sees every key: no mask
+            allowed = "all" if n == 1 else torch.ones(n, lk, dtype=torch.bool, device=ids.device).tril(lk - n)
         for li, block in enumerate(self.blocks):
             def past(k, v, li=li):
                 return cache.write(li, k, v, start, fixed)
 
             with _gathered(block):
-                h, _ = _block_with_cache(block, h, rope, past, allowed)
+                h, _ = _block_with_cache(block, h, rope, past, allowed, rows)
         if not fixed:
             cache.length = start + n
-        return self.head(self.final_norm(h)).float()
+        return self.head(self.final_norm(h))[:rows].float()
