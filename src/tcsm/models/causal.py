@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tcsm.models.kinds import CAUSAL
-from tcsm.models.layers import ROW_FLOOR, TransformerBlock, apply_rotary
+from tcsm.models.layers import TransformerBlock, apply_rotary
 from tcsm.models.lm import LMConfig, LMTransformer
 
 __all__ = ["CausalLM", "KVCache", "StaticKVCache"]
@@ -72,19 +72,17 @@ class StaticKVCache:
         return keys[:, :, :end], values[:, :, :end]
 
 
-def _block_with_cache(block: TransformerBlock, x: Tensor, rope, past, allowed=None, rows: int | None = None):
+def _block_with_cache(block: TransformerBlock, x: Tensor, rope, past, allowed=None, per_sequence: bool = False):
     """One causal block on new positions x [N, n, d], attending to cached keys/values of earlier positions.
 
     Same computation as `TransformerBlock.forward` (pre-norm, residuals, no conditioning) in eval mode, but it
     also returns this layer's keys/values: the shared layers expose no cache, and a cache is what makes the
-    exact AR marginal cost Σ_i V(L−i) token evaluations instead of V·L² (MATH.md §4). `rows`: only the first
-    `rows` rows of x are sequences (`_padded`); the others pass through the linears only. `allowed` = "all": every
-    key is visible (no mask).
+    exact AR marginal cost Σ_i V(L−i) token evaluations instead of V·L² (MATH.md §4). `per_sequence`: the linears
+    run per sequence (`_per_sequence`). `allowed` = "all": every key is visible (no mask).
     """
-    attn = block.attn
-    qkv = attn.qkv(block.norm1(x))
-    if rows is not None:
-        qkv = qkv[:rows]
+    attn, mlp = block.attn, block.mlp
+    lin = _per_sequence if per_sequence else _whole
+    qkv = lin(attn.qkv, block.norm1(x))
     b, n = qkv.shape[:2]
     qkv = qkv.view(b, n, 3, attn.n_heads, attn.head_dim)
     qk = apply_rotary(qkv[:, :, :2], *(r[:, None, None] for r in rope))  # q and k in one call
@@ -98,23 +96,22 @@ def _block_with_cache(block: TransformerBlock, x: Tensor, rope, past, allowed=No
         # Bottom-right-aligned causal mask: new position p sees every cached position and the new ones ≤ p.
         allowed = torch.ones(lq, lk, dtype=torch.bool, device=x.device).tril(lk - lq)
     y = F.scaled_dot_product_attention(q, k, v, attn_mask=None if isinstance(allowed, str) else allowed)
-    y = y.transpose(1, 2).reshape(b, n, attn.d_model)
-    if rows is not None:
-        y = F.pad(y, (0, 0, 0, 0, 0, x.shape[0] - rows))
-    x = x + attn.out(y)
-    x = x + block.mlp(block.norm2(x))
-    return x, (k, v)
+    x = x + lin(attn.out, y.transpose(1, 2).reshape(b, n, attn.d_model))
+    h = F.gelu(lin(mlp.fc, block.norm2(x)), approximate=mlp.approximate)
+    return x + lin(mlp.proj, mlp.drop(h)), (k, v)
 
 
-def _padded(h: Tensor) -> tuple[Tensor, int | None]:
-    """(h [N, n, d], None), or, when its N·n rows are fewer than `ROW_FLOOR`, h with zero rows appended up to
-    ROW_FLOOR sequences and N: BLAS multiplies matrices of 1-3 rows with other kernels (another summation order), so
-    a one-token step at batch 1 would not give a row the bits it gets in a batch of 16. The extra rows run through
-    the linears only (attention, norms and the element-wise work give a row the same bits at any batch)."""
-    N, n = h.shape[:2]
-    if N * n >= ROW_FLOOR:
-        return h, None
-    return F.pad(h, (0, 0, 0, 0, 0, ROW_FLOOR - N)), N
+def _whole(layer: nn.Linear, x: Tensor) -> Tensor:
+    return layer(x)
+
+
+def _per_sequence(layer: nn.Linear, x: Tensor) -> Tensor:
+    """layer(x) for x [N, n, d] as N matrix products of n rows, one per sequence (one batched call). BLAS multiplies
+    1-3 rows with other kernels (another summation order) than 4 or more, so a product over all N·n rows would give
+    a one-token step's row other bits at batch 1 than at batch 16; per sequence it gets the same bits at any batch,
+    at the cost of a matrix-vector product at batch 1 (padding the rows to 4 instead cost 15-30% of a step there)."""
+    w = layer.weight.t().expand(x.shape[0], -1, -1)
+    return torch.bmm(x, w) if layer.bias is None else torch.baddbmm(layer.bias, x, w)
 
 
 class CausalLM(LMTransformer):
@@ -170,14 +167,14 @@ class CausalLM(LMTransformer):
         return (logits, new_cache) if return_cache else logits
 
     def _run_cached(self, ids: Tensor, cache: KVCache | None, start: int) -> tuple[Tensor, KVCache]:
-        h, rows = _padded(self.embed(ids))
+        h = self.embed(ids)
         rope = self.rotary(ids.shape[1], offset=start)
         new_cache: KVCache = []
         for li, block in enumerate(self.blocks):
             with _gathered(block):
-                h, kv = _block_with_cache(block, h, rope, None if cache is None else cache[li], rows=rows)
+                h, kv = _block_with_cache(block, h, rope, None if cache is None else cache[li])
             new_cache.append(kv)
-        return self.head(self.final_norm(h))[:rows].float(), new_cache
+        return self.head(self.final_norm(h)).float(), new_cache
 
     # --- decoding with a static cache --------------------------------------------------------------------
     def new_cache(self, batch_size: int, device=None, dtype: torch.dtype | None = None) -> StaticKVCache:
@@ -203,7 +200,7 @@ class CausalLM(LMTransformer):
         start = position if fixed else cache.length
         if not fixed and start + n > cache.capacity:
             raise ValueError(f"positions up to {start + n} exceed max_len={cache.capacity}")
-        h, rows = _padded(self.embed(ids))
+        h = self.embed(ids)
         if fixed:
             cos, sin = self.rotary.cos_cached, self.rotary.sin_cached
             rope = (cos.index_select(0, position), sin.index_select(0, position))
@@ -217,7 +214,7 @@ class CausalLM(LMTransformer):
                 return cache.write(li, k, v, start, fixed)
 
             with _gathered(block):
-                h, _ = _block_with_cache(block, h, rope, past, allowed, rows)
+                h, _ = _block_with_cache(block, h, rope, past, allowed, per_sequence=True)
         if not fixed:
             cache.length = start + n
-        return self.head(self.final_norm(h))[:rows].float()
+        return _per_sequence(self.head, self.final_norm(h)).float()

@@ -109,7 +109,7 @@ def decode_ar(model, x: Tensor, P: int, generator, adjust=None, *, engine: str =
     `adjust(logits)`) drawn from each row's stream (`generator`: `RowStreams` or a torch.Generator they are drawn
     from) keyed by j, as `tcsm.targets.ar.sample_ar` draws. With the graph engine the per-token call has fixed
     shapes (position as a device tensor) and replays one captured graph. A row's arithmetic does not depend on the
-    batch it shares: the model's step pads its linears' rows (`models.layers.row_stable`), not the whole batch."""
+    batch it shares: the model's `decode` runs its linears per sequence (`models.causal._per_sequence`)."""
     N, L = x.shape
     u = row_streams(generator, N, x.device).uniform(0, L)  # x^j of row r: drawn at the uniform keyed (r's seed, j)
     if P >= L:
