@@ -1,8 +1,9 @@
 """Decoding speed on the CPU of two source trees side by side (e.g. before and after a change to the decoders):
-tokens per CPU-second of full-sequence cached ancestral, block decoding (k = 16) with its KV cache and AR with its
-KV cache, `small` preset, random weights, L = 256, fp32, one thread. Each round runs every tree in a fresh process
-(trees alternate, so machine load hits them alike); a process warms up with one decode per configuration, then
-times one decode per configuration (`time.process_time`, wall time beside it).
+tokens per CPU-second of full-sequence cached ancestral, the confidence decoding order, block decoding (k = 16) with
+its KV cache and AR with its KV cache, at batch 1 and 8, `small` preset, random weights, L = 256, fp32, one thread.
+Each round runs every tree in a fresh process (trees alternate, so machine load hits them alike); a process warms up
+with one decode per configuration, then times `--repeats` decodes per configuration (`time.process_time`, median;
+wall time beside it).
 
     python benchmarks/decode_cpu.py --srcs /tmp/base/src,src --rounds 3 --out runs/decode_cpu.json
     python benchmarks/decode_cpu.py --srcs /tmp/base/src,src --only block,ar --batches 1 --repeats 3 --rounds 2
@@ -18,7 +19,10 @@ import subprocess
 import sys
 import time
 
-CONFIGS = [("full", 1, 64), ("block", 1, 4), ("ar", 1, 0), ("block", 8, 4), ("ar", 8, 0)]
+#: (decoder, batch, steps): full-sequence cached ancestral and the confidence decoding order (full-sequence model,
+#: steps in all), block decoding (steps per block of 16), AR (one token per call)
+CONFIGS = [("full", 1, 64), ("block", 1, 4), ("ar", 1, 0), ("confidence", 1, 64), ("full", 8, 64), ("block", 8, 4),
+           ("ar", 8, 0), ("confidence", 8, 64)]  # fmt: skip
 
 
 def child(length: int, configs, repeats: int) -> dict:
@@ -46,8 +50,9 @@ def child(length: int, configs, repeats: int) -> dict:
         with torch.no_grad():
             if name == "ar":
                 return sample_ar(ar, B, L, g)
-            model, p = (full, path) if name == "full" else (blk, bpath)
-            return draw(model, p, B, L, sample_settings({}, steps=steps, method="ancestral"), generator=g)[0]
+            model, p = (blk, bpath) if name == "block" else (full, path)
+            method = "confidence" if name == "confidence" else "ancestral"
+            return draw(model, p, B, L, sample_settings({}, steps=steps, method=method), generator=g)[0]
 
     out = {}
     for c in configs:
@@ -68,7 +73,7 @@ def main(argv=None):
     ap.add_argument("--srcs", default="src", help="comma-separated source trees (PYTHONPATH of each run)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--length", type=int, default=256)
-    ap.add_argument("--only", default=None, help="comma-separated decoder names of CONFIGS to run (full, block, ar)")
+    ap.add_argument("--only", default=None, help="comma-separated decoder names of CONFIGS to run (full, block, ar, confidence)")
     ap.add_argument("--batches", default=None, help="comma-separated batch sizes of CONFIGS to run")
     ap.add_argument("--repeats", type=int, default=1, help="timed decodes per configuration in a process (median)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

@@ -176,13 +176,8 @@ def test_a_torch_generator_seed_gives_the_first_rows_of_a_bigger_batch():
     assert torch.equal(one[0], many[0])
 
 
-@pytest.mark.parametrize("method", ["ancestral", "analytic"])
-def test_the_engines_block_steps_read_nothing_on_the_host(monkeypatch, method):
-    # host reads of device values (bool(), item(), tolist(), nonzero()) counted over a whole block decode: with the
-    # engine they do not grow with the steps per block (none inside the step loop), eagerly they do
-    path = (MaskedPath if method == "ancestral" else UniformPath)(V, block_length=4)
-    model = _randomised(build_block_denoiser("tiny", 4, vocab_size=V, num_states=path.num_states, max_len=L,
-                                             check_inputs=False), 0.3)  # (its id check reads CPU tensors only)
+def _count_host_reads(monkeypatch) -> dict:
+    """Counts host reads of tensor values (bool(), item(), tolist(), nonzero(), int(), float()) into reads["n"]."""
     reads = {"n": 0}
     for name in ("__bool__", "item", "tolist", "nonzero", "__int__", "__float__"):
         original = getattr(torch.Tensor, name)
@@ -192,6 +187,17 @@ def test_the_engines_block_steps_read_nothing_on_the_host(monkeypatch, method):
             return _original(self, *a, **kw)
 
         monkeypatch.setattr(torch.Tensor, name, counted)
+    return reads
+
+
+@pytest.mark.parametrize("method", ["ancestral", "analytic", "confidence", "random"])
+def test_the_engines_block_steps_read_nothing_on_the_host(monkeypatch, method):
+    # host reads of device values counted over a whole block decode (path samplers and decoding orders in the
+    # blocks): with the engine they do not grow with the steps per block (none inside the step loop), eagerly they do
+    path = (UniformPath if method == "analytic" else MaskedPath)(V, block_length=4)
+    model = _randomised(build_block_denoiser("tiny", 4, vocab_size=V, num_states=path.num_states, max_len=L,
+                                             check_inputs=False), 0.3)  # (its id check reads CPU tensors only)
+    reads = _count_host_reads(monkeypatch)
 
     def count(engine, steps):
         cls = sampler_class(method)
@@ -201,3 +207,27 @@ def test_the_engines_block_steps_read_nothing_on_the_host(monkeypatch, method):
 
     assert count("graph", 2) == count("graph", 4)
     assert count("eager", 2) < count("eager", 4)
+
+
+@pytest.mark.parametrize("method", ["confidence", "threshold", "ancestral"])
+def test_the_engines_decoding_order_loop_reads_nothing_on_the_host(monkeypatch, method):
+    # a full-sequence model's decoding-order loop (semi-autoregressive blocks, a prompt): with the engine the host
+    # reads do not grow with the steps (counted per decode, per block), eagerly they do (threshold 1: one position
+    # a step, so every step is taken)
+    path = MaskedPath(V)
+    model = _randomised(build_denoiser("tiny", vocab_size=V, num_states=V + 1, max_len=L, check_inputs=False), 0.3)
+    prompt = torch.randint(0, V, (B, 3), generator=torch.Generator().manual_seed(1))
+    fixed = torch.zeros(B, L, dtype=torch.bool)
+    fixed[:, :3] = True
+    values = torch.zeros(B, L, dtype=torch.long)
+    values[:, :3] = prompt
+    reads = _count_host_reads(monkeypatch)
+
+    def count(engine, steps):
+        reads["n"] = 0
+        decode(model, path, batch_size=B, length=L, num_steps=steps, method=method, block_length=6, threshold=1.0,
+               fixed=fixed, values=values, generator=_streams(), engine=engine)  # fmt: skip
+        return reads["n"]
+
+    assert count("graph", 4) == count("graph", 12)
+    assert count("eager", 4) < count("eager", 12)

@@ -118,6 +118,36 @@ def test_blocks_are_decoded_left_to_right_and_pinned_positions_kept(method):
         assert st.num_calls == 6  # 2 steps per block, each unmasks >= 1 position
 
 
+@pytest.mark.parametrize("method", DECODERS + ("ancestral",))
+@pytest.mark.parametrize("time_independent", [True, False])
+def test_the_engines_dense_loop_draws_the_eager_tokens(method, time_independent):
+    """`engine="graph"`: every row evaluated at every step, every region run to its last step, no host read in the
+    loop; the same tokens as the eager loop (fp32 CPU), which evaluates the rows that need it and stops early."""
+    from tcsm.models.transformer import build_denoiser
+
+    V, L, B = 5, 12, 6
+    path = MaskedPath(V)
+    torch.manual_seed(0)
+    model = build_denoiser("tiny", vocab_size=V, num_states=V + 1, max_len=L,
+                           time_conditioning=not time_independent).eval()  # fmt: skip
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    fixed = torch.zeros(B, L, dtype=torch.bool)
+    fixed[:, :5] = True  # a prompt that pins the first block and part of the second
+    fixed[:2, 9] = True
+    values = torch.randint(0, V, (B, L), generator=torch.Generator().manual_seed(0))
+    out = {}
+    for engine in ("eager", "graph"):
+        out[engine] = decode(model, path, batch_size=B, length=L, num_steps=9, method=method, block_length=4,
+                             fixed=fixed, values=values, threshold=0.3, time_independent=time_independent,
+                             generator=torch.Generator().manual_seed(1), engine=engine)  # fmt: skip
+    (x, st), (xg, sg) = out["eager"], out["graph"]
+    assert torch.equal(x, xg)
+    assert st.num_steps == sg.num_steps  # threshold: the steps a region took, counted on the device
+    assert sg.num_calls >= st.num_calls and (sg.row_calls == sg.num_calls).all()
+
+
 def test_threshold_unmasks_more_per_call_as_it_falls():
     V, L = 4, 32
     path = MaskedPath(V)

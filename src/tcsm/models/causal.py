@@ -78,20 +78,22 @@ class StaticKVCache:
         return keys[:, :, :end], values[:, :, :end]
 
 
-def _block_with_cache(block: TransformerBlock, x: Tensor, rope, past, allowed=None):
+def _block_with_cache(block: TransformerBlock, x: Tensor, rope, past, allowed=None, per_sequence: bool = False):
     """One causal block on new positions x [N, n, d], attending to cached keys/values of earlier positions.
 
     Same computation as `TransformerBlock.forward` (pre-norm, residuals, no conditioning) in eval mode, but it
     also returns this layer's keys/values: the shared layers expose no cache, and a cache is what makes the
-    exact AR marginal cost Σ_i V(L−i) token evaluations instead of V·L² (MATH.md §4).
+    exact AR marginal cost Σ_i V(L−i) token evaluations instead of V·L² (MATH.md §4). `per_sequence`: the linears
+    run per sequence (`_per_sequence`). `allowed` = "all": every key is visible (no mask).
     """
-    attn = block.attn
-    h = block.norm1(x)
-    q, k, v = attn.qkv(h).split(attn.d_model, dim=-1)
-    q, k, v = attn._heads(q), attn._heads(k), attn._heads(v)  # [B, n, H, Dh]
-    cos, sin = (r.unsqueeze(-2) for r in rope)  # [n, Dh] → [n, 1, Dh]; per row [N, n, Dh] → [N, n, 1, Dh]
-    q, k = apply_rotary(q, cos, sin).transpose(1, 2), apply_rotary(k, cos, sin).transpose(1, 2)
-    v = v.transpose(1, 2)
+    attn, mlp = block.attn, block.mlp
+    lin = _per_sequence if per_sequence else _whole
+    qkv = lin(attn.qkv, block.norm1(x))
+    b, n = qkv.shape[:2]
+    qkv = qkv.view(b, n, 3, attn.n_heads, attn.head_dim)
+    # q and k in one call; rope [n, Dh] → [n, 1, 1, Dh], per row [N, n, Dh] → [N, n, 1, 1, Dh]
+    qk = apply_rotary(qkv[:, :, :2], *(r.unsqueeze(-2).unsqueeze(-2) for r in rope))
+    q, k, v = qk[:, :, 0].transpose(1, 2), qk[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2)
     if callable(past):  # a static cache: written in place, read back up to the new positions
         k, v = past(k, v)
     elif past is not None:
@@ -100,11 +102,23 @@ def _block_with_cache(block: TransformerBlock, x: Tensor, rope, past, allowed=No
         lq, lk = q.shape[2], k.shape[2]
         # Bottom-right-aligned causal mask: new position p sees every cached position and the new ones ≤ p.
         allowed = torch.ones(lq, lk, dtype=torch.bool, device=x.device).tril(lk - lq)
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
-    n_b, _, n, _ = y.shape
-    x = x + attn.out(y.transpose(1, 2).reshape(n_b, n, attn.d_model))
-    x = x + block.mlp(block.norm2(x))
-    return x, (k, v)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=None if isinstance(allowed, str) else allowed)
+    x = x + lin(attn.out, y.transpose(1, 2).reshape(b, n, attn.d_model))
+    h = F.gelu(lin(mlp.fc, block.norm2(x)), approximate=mlp.approximate)
+    return x + lin(mlp.proj, mlp.drop(h)), (k, v)
+
+
+def _whole(layer: nn.Linear, x: Tensor) -> Tensor:
+    return layer(x)
+
+
+def _per_sequence(layer: nn.Linear, x: Tensor) -> Tensor:
+    """layer(x) for x [N, n, d] as N matrix products of n rows, one per sequence (one batched call). BLAS multiplies
+    1-3 rows with other kernels (another summation order) than 4 or more, so a product over all N·n rows would give
+    a one-token step's row other bits at batch 1 than at batch 16; per sequence it gets the same bits at any batch,
+    at the cost of a matrix-vector product at batch 1 (padding the rows to 4 instead cost 15-30% of a step there)."""
+    w = layer.weight.t().expand(x.shape[0], -1, -1)
+    return torch.bmm(x, w) if layer.bias is None else torch.baddbmm(layer.bias, x, w)
 
 
 class CausalLM(LMTransformer):
@@ -212,14 +226,14 @@ class CausalLM(LMTransformer):
             allowed = (cache.positions <= position)[None, :]
         else:
             rope = self.rotary(n, offset=start)
-            lk = start + n
-            allowed = torch.ones(n, lk, dtype=torch.bool, device=ids.device).tril(lk - n)
+            lk = start + n  # one new position sees every key: no mask
+            allowed = "all" if n == 1 else torch.ones(n, lk, dtype=torch.bool, device=ids.device).tril(lk - n)
         for li, block in enumerate(self.blocks):
             def past(k, v, li=li):
                 return cache.write(li, k, v, start, fixed)
 
             with _gathered(block):
-                h, _ = _block_with_cache(block, h, rope, past, allowed)
+                h, _ = _block_with_cache(block, h, rope, past, allowed, per_sequence=True)
         if not fixed:
             cache.length = start + n
-        return self.head(self.final_norm(h)).float()
+        return _per_sequence(self.head, self.final_norm(h)).float()

@@ -54,6 +54,7 @@ from tcsm.sampling.common import (
     pinned_positions,
     row_streams,
 )
+from tcsm.sampling.engine import resolve_engine
 from tcsm.sampling.samplers import SamplingStats, _infer_device
 
 __all__ = ["COUNTED", "DECODERS", "TIE_DECIMALS", "check_decoding", "count_schedule", "decode"]
@@ -146,11 +147,18 @@ def decode(
     generator: torch.Generator | None = None,
     device=None,
     callback=None,
+    engine: str | None = None,
 ) -> tuple[Tensor, SamplingStats]:
     """Draw `batch_size` sequences of `length` tokens from a masked model by unmasking positions in the order
     `method` (module docstring), `num_steps` steps in all, block by block when `block_length` is given.
     `fixed` / `values` [B, L] pin positions (prompts, infilling) from the start. Returns (tokens, stats) with
-    `stats.num_calls` the batched denoiser calls, `stats.row_calls` [B] the evaluations of each sequence."""
+    `stats.num_calls` the batched denoiser calls, `stats.row_calls` [B] the evaluations of each sequence.
+
+    With the decode engine (`engine` resolving to "graph", or a denoiser with `static_rows`: the engine's block
+    calls) the step loop reads no device value on the host: every step calls the denoiser on every row and updates
+    by dense selects, a region runs all its steps (a step with nothing left to reveal changes nothing), and the
+    steps a region really took are counted on the device. The draws are keyed by (block, step, position), so the
+    tokens are those of the eager loop, which evaluates only the rows that need it and stops a region early."""
     if path.mask_id is None or not path.absorbing:
         raise ValueError(
             f"decoding order {method!r} unmasks positions: it needs a masked path, not {path.kind!r}"
@@ -165,8 +173,10 @@ def decode(
     streams = row_streams(generator, B, device)
     x = torch.where(fixed, values, torch.full((B, L), mask, dtype=torch.long, device=device))
     bl = L // nb
-    # blocks that are wholly pinned (a prompt) need no steps; the others share the K steps
-    todo = [b for b in range(nb) if (~fixed[:, b * bl : (b + 1) * bl]).any()]
+    # blocks that are wholly pinned (a prompt) need no steps; the others share the K steps (one host read)
+    free_blocks = (~fixed).view(B, nb, bl).any(-1).any(0).tolist()
+    todo = [b for b in range(nb) if free_blocks[b]]
+    dense = bool(getattr(denoiser, "static_rows", False)) or resolve_engine(engine, device) == "graph"
     if K < len(todo):
         raise ValueError(f"{K} steps for {len(todo)} blocks to decode: every block needs at least one step")
     steps_per_block = {b: K // len(todo) + (j < K % len(todo)) for j, b in enumerate(todo)}
@@ -176,18 +186,33 @@ def decode(
     valid = torch.zeros(B, dtype=torch.bool, device=device)
     free_total = (~fixed).sum(-1).clamp_min(1)
     step = 0
+    taken = torch.zeros((), dtype=torch.long, device=device)  # the steps that had a position to reveal
     if callback is not None:
         callback(0, 0.0, x)
 
+    def times(rows) -> Tensor:
+        revealed = 1.0 - (x[rows] == mask).sum(-1).double() / free_total[rows]
+        t = path.schedule.alpha_inverse(revealed.clamp(0.0, 1.0))  # the t at which that fraction is clean
+        return t.clamp(0.0, 1.0 - 1e-6).to(torch.get_default_dtype())
+
+    def call_all():
+        nonlocal cache
+        out = denoiser(x, times(slice(None)))
+        if out.shape != (B, L, V):
+            raise ValueError(f"denoiser returned shape {tuple(out.shape)}, expected {(B, L, V)}")
+        cache = out
+        stats.num_calls += 1
+        stats.num_rows += B
+        stats.row_calls += 1
+
     def call(rows: Tensor):
         nonlocal cache
+        if dense:
+            return call_all()
         need = rows & ~valid if time_independent else rows
         if need.any():
             idx = need.nonzero().squeeze(1)
-            revealed = 1.0 - (x[idx] == mask).sum(-1).double() / free_total[idx]
-            t = path.schedule.alpha_inverse(revealed.clamp(0.0, 1.0))  # the t at which that fraction is clean
-            t = t.clamp(0.0, 1.0 - 1e-6).to(torch.get_default_dtype())
-            out = denoise_rows(denoiser, x, idx, t)
+            out = denoise_rows(denoiser, x, idx, times(idx))
             if out.shape != (idx.numel(), L, V):
                 raise ValueError(
                     f"denoiser returned shape {tuple(out.shape)}, expected {(idx.numel(), L, V)}"
@@ -209,23 +234,26 @@ def decode(
             g = as_grid(grid, max(Kb, 1), device)
             counts = count_schedule(((x == mask) & region).sum(-1), g, path) if method in COUNTED else None
             gb = streams.fork(b)  # step k of block b: uniforms of the reveal, the tokens, the random order, the ties
+            if method == "ancestral":  # λ of every step, read on the host once per block
+                lams = torch.cat([path.jump_prob(g[j].reshape(1), g[j + 1].reshape(1)) for j in range(Kb)]).tolist()
             k = 0
             while True:
                 open_ = (x == mask) & region
-                if not open_.any() or k >= Kb:
+                if k >= Kb or not (dense or open_.any()):
                     break
+                if dense:
+                    taken += open_.any()
                 last = k == Kb - 1
                 u = gb.uniform(range(4 * k, 4 * k + 4), L)
                 if method in COUNTED:
                     n = counts[:, k]
                     rows = open_.any(-1) & (n > 0)
                 elif method == "ancestral":
-                    lam = 1.0 if last else float(path.jump_prob(g[k].reshape(1), g[k + 1].reshape(1)))
-                    move = open_ & (u[:, 0] < lam)
+                    move = open_ & (u[:, 0] < (1.0 if last else lams[k]))
                     rows = open_.any(-1)
                 else:
                     rows = open_.any(-1)
-                if rows.any():
+                if dense or rows.any():
 
                     def order(u=u, lo=lo, hi=hi):
                         return u[:, 2, lo:hi]
@@ -253,6 +281,6 @@ def decode(
                     callback(step, min(1.0, step / max(K, 1)), x)
     if (x >= V).any():
         raise RuntimeError("decoding left masks in the output")
-    if method == "threshold":
-        stats.num_steps = step  # its steps follow from the threshold (at most num_steps)
+    if method == "threshold":  # its steps follow from the threshold (at most num_steps)
+        stats.num_steps = int(taken) if dense else step
     return x, stats

@@ -20,7 +20,6 @@ import warnings
 import torch
 from torch import Tensor
 
-from tcsm.models.layers import ROW_FLOOR
 from tcsm.sampling.common import inverse_cdf, row_streams
 
 __all__ = ["ENGINES", "StepGraph", "autocast_weight_cache", "decode_ar", "resolve_engine"]
@@ -114,18 +113,16 @@ def decode_ar(model, x: Tensor, P: int, generator, adjust=None, *, engine: str =
     the prompt [BOS, x^{<P}] in one call, then one token per call, x^j ~ softmax(logits) (or the log-probabilities
     `adjust(logits)`) drawn from each row's stream (`generator`: `RowStreams` or a torch.Generator they are drawn
     from) keyed by j, as `tcsm.targets.ar.sample_ar` draws. With the graph engine the per-token call has fixed
-    shapes (position as a device tensor) and replays one captured graph. Fewer than `ROW_FLOOR` rows are padded up
-    to it, so a row's arithmetic does not depend on the batch it shares."""
+    shapes (position as a device tensor) and replays one captured graph. A row's arithmetic does not depend on the
+    batch it shares: the model's `decode` runs its linears per sequence (`models.causal._per_sequence`)."""
     N, L = x.shape
     u = row_streams(generator, N, x.device).uniform(0, L)  # x^j of row r: drawn at the uniform keyed (r's seed, j)
     if P >= L:
         return x
     mode = resolve_engine(engine, x.device)
-    rows = max(N, ROW_FLOOR)  # a batch of fewer rows would run other BLAS kernels: the rows past N are dropped
-    out, x = x, torch.cat([x, x[:1].expand(rows - N, L)])
     with autocast_weight_cache():
-        cache = model.new_cache(rows, x.device)
-        bos = torch.full((rows, 1), int(model.bos_id), dtype=torch.long, device=x.device)
+        cache = model.new_cache(N, x.device)
+        bos = torch.full((N, 1), int(model.bos_id), dtype=torch.long, device=x.device)
         logits = model.decode(torch.cat([bos, x[:, :P]], 1), cache)[:, -1]
         step = None
         if mode == "graph":
@@ -139,10 +136,9 @@ def decode_ar(model, x: Tensor, P: int, generator, adjust=None, *, engine: str =
                 return out
 
         for j in range(P, L):
-            lp = torch.log_softmax(logits[:N].double(), dim=-1) if adjust is None else adjust(logits[:N])
-            x[:N, j] = inverse_cdf(lp, u[:, j])
+            lp = torch.log_softmax(logits.double(), dim=-1) if adjust is None else adjust(logits)
+            x[:, j] = inverse_cdf(lp, u[:, j])
             if j + 1 < L:
                 tok = x[:, j : j + 1]
                 logits = model.decode(tok, cache)[:, -1] if step is None else step(tok)
-    out.copy_(x[:N])
-    return out
+    return x

@@ -24,7 +24,7 @@ class _Order(Sampler):
             model, path, batch_size=num, length=length, num_steps=s.steps, method=self.name, grid=s.grid,
             temperature=s.temperature, top_p=s.top_p, block_length=s.semi_ar_block, final_argmax=s.final_argmax,
             time_independent=s.time_independent(model, path), fixed=fixed, values=values, generator=generator,
-            device=device, callback=callback, **self.order_settings(),
+            device=device, callback=callback, engine=s.engine, **self.order_settings(),
         )  # fmt: skip
 
     def order_settings(self) -> dict:

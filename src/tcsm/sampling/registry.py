@@ -46,7 +46,8 @@ class SamplerSettings(Settings):
     grid: str = field(default="uniform", metadata=_help("time grid: uniform | cosine"))
     cache: bool = field(default=True, metadata=_help("MDLM's cache where the model and path allow it"))
     engine: str = field(default="auto", metadata=_help(
-        "decode engine (sampling.engine) of block and AR models: auto (CUDA graphs on a GPU, eager elsewhere) | "
+        "decode engine (sampling.engine) of block and AR models and the decoding orders: auto (CUDA graphs on a "
+        "GPU, eager elsewhere) | "
         "eager | graph"))  # fmt: skip
 
     def checks(self) -> list[tuple[bool, str]]:
