@@ -267,6 +267,39 @@ def test_speculative_drafter_from_a_run_or_an_exported_hf_directory(run_dir, cap
     assert code != 0 and "drafter" in err and len(err.strip().splitlines()) == 1
 
 
+def test_speculative_ngram_drafter_counted_for_the_run(run_dir, capsys, tmp_path):
+    """`sample.drafter=ngram` counts an n-gram for the run: on its training split, or on seeded draws of an AR run
+    (the same drafter, so the same samples, each time); draws of a diffusion run are refused in one line."""
+    from tcsm.builders.components import build_model_for_checkpoint
+    from tcsm.builders.config import load_config, to_dict
+    from tcsm.builders.loading import load_checkpoint
+    from tcsm.storage.checkpoint import save_checkpoint
+
+    code, _, err = _sample(capsys, run_dir, "-n", 2, "--method", "speculative", "--drafter", "ngram",
+                           "sample.ngram_order=2", "sample.reveal_order=left_to_right", "--draft-length", 3)  # fmt: skip
+    assert code == 0, err
+    assert "drafts accepted" in err
+    code, _, err = _sample(capsys, run_dir, "-n", 1, "--method", "speculative", "--drafter", "ngram",
+                           "sample.ngram_draws=8")  # fmt: skip
+    assert code != 0 and "ngram_draws" in err and len(err.strip().splitlines()) == 1
+    own = load_checkpoint(run_dir)
+    cfg = load_config(base={**to_dict(own.config), "model": {"name": "causal", "preset": "small", "d_model": 16,
+                                                             "n_layers": 1, "n_heads": 2, "max_len": 32}})
+    save_checkpoint(tmp_path / "ar" / "checkpoints", 1, model=build_model_for_checkpoint(cfg, own.data_info, "cpu"),
+                    state={"config": to_dict(cfg), "data_info": own.data_info})
+    outs = []
+    for _ in range(2):
+        code, out, err = _sample(capsys, tmp_path / "ar", "-n", 2, "--method", "speculative", "--drafter", "ngram",
+                                 "sample.ngram_draws=16", "sample.ngram_order=3", "--seed", 5)  # fmt: skip
+        assert code == 0, err
+        assert "drafts accepted" in err
+        outs.append(out)
+    assert outs[0] == outs[1] and outs[0].strip()
+    res = _eval_json(capsys, tmp_path / "ar", "--genppl", "--reference", tmp_path / "ar", "--num-samples", 2,
+                     "--method", "speculative", "--drafter", "ngram", "--draft-length", 3)  # fmt: skip
+    assert res["genppl"][0]["method"] == "speculative" and 0.0 <= res["genppl"][0]["acceptance"] <= 1.0
+
+
 @pytest.fixture(scope="module")
 def bpe_run(tmp_path_factory):
     """One training step of a tiny GPT-2-BPE denoiser (V = 50,257)."""

@@ -27,6 +27,7 @@ __all__ = [
     "load_checkpoint",
     "load_drafter",
     "load_scorer_lm",
+    "ngram_drafter",
 ]
 
 
@@ -142,10 +143,16 @@ def load_scorer_lm(path: str, device):
     return ScorerLM.from_tcsm(ref.model, data.tokenizer, eos_id=data.eos_id, device=device, name=str(p))
 
 
-def load_drafter(path: str | os.PathLike, device, vocab_size: int) -> torch.nn.Module:
+def load_drafter(path: str | os.PathLike, device, vocab_size: int, target: LoadedCheckpoint | None = None,
+                 settings=None):  # fmt: skip
     """The drafter of speculative decoding (`sample.drafter`, MATH.md §6.4) from a run, checkpoints, step_* or
     exported Hugging Face directory: an autoregressive LM or a full-sequence masked denoiser over the target's
-    `vocab_size` tokens. CheckpointError (one line) otherwise."""
+    `vocab_size` tokens; `ngram`: the n-gram table `ngram_drafter` counts for the `target` run under the sampler's
+    `settings`. CheckpointError (one line) otherwise."""
+    if str(path) == NGRAM:
+        if target is None or settings is None:
+            raise CheckpointError("sample.drafter=ngram is counted for the target run; this caller passed none")
+        return ngram_drafter(target, settings, device)
     try:
         ref = load_checkpoint(path, device=device)
     except FileNotFoundError as e:
@@ -161,3 +168,38 @@ def load_drafter(path: str | os.PathLike, device, vocab_size: int) -> torch.nn.M
         raise CheckpointError(f"sample.drafter={path} has {ref.data_info['vocab_size']} tokens, the model {vocab_size}: "
                               "a drafter must share the model's tokenizer")  # fmt: skip
     return ref.model
+
+
+#: `sample.drafter` naming the n-gram drafter (`tcsm.sampling.ngram`) instead of a directory
+NGRAM = "ngram"
+
+
+def ngram_drafter(target: LoadedCheckpoint, settings, device):
+    """An n-gram drafter of order `settings.ngram_order` for the `target` run: counted on its training split, or on
+    `settings.ngram_draws` sequences drawn from it (an AR run; the draws are seeded, so the drafter is the same each
+    time), with q of its longest contexts precomputed at the sampler's temperature and top-p. The counting is paid
+    once per command, before the first sample."""
+    from tcsm.sampling.ngram import NGramDraft
+    from tcsm.targets.ar import sample_ar
+
+    V, L = int(target.data_info["vocab_size"]), int(target.data_info["seq_len"])
+    draws = int(settings.ngram_draws)
+    if draws:
+        if not kind_of(target.model).is_autoregressive:
+            raise CheckpointError(f"sample.ngram_draws={draws} counts draws of an AR run; this run holds "
+                                  f"{kind_of(target.model).description}: set sample.ngram_draws=0 to count its data")  # fmt: skip
+        g = torch.Generator(device=device).manual_seed(0)
+        chunks = [sample_ar(target.model, min(256, draws - s), L, generator=g, device=device,
+                            temperature=settings.temperature, top_p=settings.top_p) for s in range(0, draws, 256)]  # fmt: skip
+        sequences = torch.cat(chunks).cpu()
+    else:
+        sequences = target.build_data().train
+        if not isinstance(sequences, torch.Tensor):
+            raise CheckpointError("sample.drafter=ngram counts a training split of fixed-length rows; this run's data "
+                                  "are records: set sample.ngram_draws to count draws of the model instead")  # fmt: skip
+    try:
+        drafter = NGramDraft(sequences.long(), V, order=int(settings.ngram_order))
+    except ValueError as e:
+        raise CheckpointError(f"sample.drafter=ngram: {e}") from None
+    drafter.precompute(temperature=settings.temperature, top_p=settings.top_p)
+    return drafter

@@ -217,7 +217,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "the run's sample.steps for --task)")
     g.add_argument("--method", help="sampler, one of `tcsm sample --method`'s (default: the run's sample.method)")
     g.add_argument("--drafter", metavar="PATH", help="--method speculative: the drafter's run / checkpoint / exported "
-                   "directory (default: the run's sample.drafter, else the model drafts from its last pass)")
+                   "directory, or ngram (default: the run's sample.drafter, else the model drafts from its last pass)")
     g.add_argument("--draft-length", type=int, help="--method speculative: positions drafted per model pass")
     g.add_argument("--temperature", type=float, help="sampling temperature (default: the run's sample.temperature)")
     g.add_argument("--top-p", type=float, help="nucleus mass in (0, 1] (default: the run's sample.top_p)")
@@ -397,7 +397,7 @@ def _run_genppl(args) -> int:
                                        top_p=args.top_p, drafter=getattr(args, "drafter", None),
                                        draft_length=getattr(args, "draft_length", None))  # fmt: skip
             if settings.drafter and settings.method == "speculative" and drafter_model is None:
-                drafter_model = load_drafter(settings.drafter, device, path.vocab_size)
+                drafter_model = load_drafter(settings.drafter, device, path.vocab_size, ckpt, settings)
             generator = torch.Generator(device=device).manual_seed(args.seed)
             t0, outs, calls, evals = time.perf_counter(), [], 0, 0
             spec = {"sequence_passes": 0, "drafted": 0, "accepted": 0}

@@ -412,7 +412,7 @@ def run(args) -> int:
     if getattr(settings, "drafter", None) and "drafter" in {f.name for f in dataclasses.fields(cls.settings_type)}:
         from tcsm.builders.loading import load_drafter
 
-        sampler.drafter_model = load_drafter(settings.drafter, device, path.vocab_size)
+        sampler.drafter_model = load_drafter(settings.drafter, device, path.vocab_size, loaded, settings)
     generator = torch.Generator(device=device).manual_seed(int(cmd.seed))
     chunks = [(g, min(cmd.batch_size, cmd.num_samples - s)) for g in groups
               for s in range(0, cmd.num_samples, cmd.batch_size)]

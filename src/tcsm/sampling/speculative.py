@@ -512,7 +512,16 @@ class SpeculativeSettings(DrawSettings):
     drafter: str | None = field(
         default=None,
         metadata={"help": "method=speculative: the drafter, a run / checkpoint directory of an AR LM or a masked "
-                          "denoiser (null: the model itself, drafting from its last pass at no extra pass)"},
+                          "denoiser, or `ngram` (a table counted for the run: ngram_order, ngram_draws; null: the "
+                          "model itself, drafting from its last pass at no extra pass)"},
+    )  # fmt: skip
+    ngram_order: int = field(
+        default=4, metadata={"help": "method=speculative, drafter=ngram: the n-gram's order (order-1 tokens of context)"}
+    )
+    ngram_draws: int = field(
+        default=0,
+        metadata={"help": "method=speculative, drafter=ngram: count the n-gram on this many seeded draws of the "
+                          "model (an AR run) instead of its training split (0)"},
     )  # fmt: skip
     draft_length: int = field(default=4, metadata={"help": "method=speculative: positions drafted per target pass"})
     kv_cache: bool = field(
@@ -530,6 +539,8 @@ class SpeculativeSettings(DrawSettings):
         return [
             *super().checks(),
             (int(self.draft_length) >= 1, f"draft_length must be >= 1, got {self.draft_length}"),
+            (int(self.ngram_order) >= 1, f"ngram_order must be >= 1, got {self.ngram_order}"),
+            (int(self.ngram_draws) >= 0, f"ngram_draws must be >= 0, got {self.ngram_draws}"),
             (self.reveal_order is None or self.reveal_order in ORDERS,
              f"reveal_order must be one of {list(ORDERS)} or null, got {self.reveal_order!r}"),
         ]  # fmt: skip
