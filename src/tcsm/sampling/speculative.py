@@ -332,8 +332,11 @@ def _region_one(x, lo, hi, ordr, n_free, target, draft, k, shape, free_total, ge
             probe[at[m]] = y[m]
         lp, off = target.one(probe, at[0], at[min(ke, r - 1)], shape)  # fresh rows: positions at[0..min(ke, r−1)]
         passes += 1
-        rows_at = torch.tensor([min(max(at[m] - off, 0), lp.shape[0] - 1) for m in range(k + 1)], device=dev)
-        lp = lp.index_select(0, rows_at)  # [k+1, V]; rows past the fresh ones are never read
+        rows_at = [min(max(at[m] - off, 0), lp.shape[0] - 1) for m in range(k + 1)]
+        if rows_at == list(range(rows_at[0], rows_at[0] + k + 1)):  # no pinned position in between: a view
+            lp = lp[rows_at[0] : rows_at[0] + k + 1]
+        else:  # [k+1, V]; rows past the fresh ones are never read
+            lp = lp.index_select(0, torch.tensor(rows_at, device=dev))
         a = 0
         if k:
             yt = torch.tensor(y + [0] * (k - ke), device=dev)
@@ -349,9 +352,11 @@ def _region_one(x, lo, hi, ordr, n_free, target, draft, k, shape, free_total, ge
             row[at[m]] = y[m]
         if a < r:
             p = lp[a].exp()
-            res = (p - lq_rows[a].exp()).clamp_min(0.0) if a < ke else p
-            if float(res.sum()) <= 1e-12:
-                res = p
+            res = p
+            if a < ke:  # after a rejection: the residual (p itself where it vanishes)
+                res = (p - lq_rows[a].exp()).clamp_min(0.0)
+                if float(res.sum()) <= 1e-12:
+                    res = p
             row[at[a]] = int(categorical(res.log().unsqueeze(0), generator)[0])
         else:  # every position filled: the draw the tensor loop makes and discards
             torch.rand((1, shape.V), dtype=torch.float64, device=dev, generator=generator)
