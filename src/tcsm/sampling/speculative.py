@@ -257,7 +257,7 @@ class _CausalTarget:
         self.out: Tensor | None = None
 
     def begin_region(self, x, lo, hi, rows_per_seq):
-        self.lo, self.hi, self.cache_device = lo, hi, x.device
+        self.lo, self.hi, self.device = lo, hi, x.device
         if self.cached:
             B, L = x.shape
             self.cache = RollbackCache(self.model, B, L, x.device)
@@ -282,7 +282,7 @@ class _CausalTarget:
         if self.cached:
             logits, start = self.cache.outputs_list(ids, first, last)
             return shape.log_probs(logits)[0], start
-        xr = torch.tensor([ids], device=self.cache_device)
+        xr = torch.tensor([ids], device=self.device)
         return shape.log_probs(self.model(xr)[:, self.lo : self.hi])[0], self.lo
 
     def _cached(self, last, need, shape, positions, rows):
