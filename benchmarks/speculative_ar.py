@@ -3,8 +3,8 @@
 or on draws of the target itself (MATH.md §6.4),
 against the target's own cached AR samplers, which have the same output law (p^AR at temperature 1).
 
-Baselines: `sample_ar` (what `tcsm sample` runs for an AR run: `decode_ar`, eager on the CPU, which pads batch 1 up
-to `ROW_FLOOR` rows for batch invariance) and a bare one-row loop (`decode` of one token against the static cache,
+Baselines: `sample_ar` (what `tcsm sample` runs for an AR run: `decode_ar`, eager on the CPU, one row at batch 1,
+its linears per sequence for batch invariance) and a bare one-row loop (`decode` of one token against the static cache,
 then a draw), the cheapest exact sampler of this model. Speculative configurations: n-gram order and draft length
 k, the cached verifier, and once the uncached one (the whole prefix recomputed every pass). One sequence at a time,
 configurations interleaved in rounds (order reversed every other round) after `--warmup` untimed sequences each, one
@@ -92,7 +92,7 @@ def main() -> None:
                                       cached=cached)  # fmt: skip
         return go
 
-    configs = {"sample_ar (decode_ar, ROW_FLOOR rows)": own, "bare one-row cached loop": bare}
+    configs = {"sample_ar (decode_ar)": own, "bare one-row cached loop": bare}
     for t in tables:
         for k in map(int, args.draft_lengths.split(",")):
             configs[f"speculative, cached, {t}, k={k}"] = spec(t, k, True)

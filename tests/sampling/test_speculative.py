@@ -410,3 +410,29 @@ def test_ngram_drafter_draws_one_row_from_its_q():
     assert filled.precompute() == V + 1  # every token and the sequence start as contexts
     for key, (lp, _cum) in lazy.items():
         torch.testing.assert_close(filled._memo[key][0], lp)
+
+
+def test_ngram_drafter_host_round_draws_the_tensor_loops_tokens():
+    """Batch 1 with an n-gram drafter: the host round (`draft_one`, the sequence as a host list, cached and
+    uncached verifier) gives the tokens and counts of the tensor loop, also with a pinned position in between."""
+    from tcsm.sampling.ngram import NGramDraft
+
+    L, vocab = 12, 6
+    target = tiny_lm(3, L, scale=3.0, vocab=vocab)
+    data = torch.randint(0, vocab, (300, L), generator=torch.Generator().manual_seed(0))
+    fixed = torch.zeros(1, L, dtype=torch.bool)
+    fixed[:, 5] = True
+    values = torch.full((1, L), 2)
+    for seed in range(6):
+        outs = []
+        for cached, host_loop in ((True, False), (True, True), (False, True)):
+            table = NGramDraft(data, vocab, order=3)
+            outs.append(speculative_decode(target, MaskedPath(vocab), 1, L, drafter=table, draft_length=4,
+                                           generator=torch.Generator().manual_seed(seed), cached=cached,
+                                           host_loop=host_loop, fixed=fixed if seed % 2 else None,
+                                           values=values if seed % 2 else None))  # fmt: skip
+        (a, sa), *rest = outs
+        for b, sb in rest:
+            assert torch.equal(a, b)
+            assert sa.counts == sb.counts and sa.num_calls == sb.num_calls and sa.num_rows == sb.num_rows
+        assert 0 < sa.counts["accepted"] < sa.counts["drafted"]

@@ -178,7 +178,8 @@ def row_streams(generator, batch_size: int, device) -> RowStreams:
 def adjust_log_probs(logits: Tensor, temperature: float = 1.0, top_p: float = 1.0) -> Tensor:
     """log m ∝ logits / T, then nucleus truncation: keep the smallest most-likely set with mass ≥ top_p and
     renormalise. Returns float64 log-probabilities over the last axis."""
-    lp = torch.log_softmax(logits.double() / temperature, dim=-1)
+    lp = logits.double()
+    lp = torch.log_softmax(lp if temperature == 1.0 else lp / temperature, dim=-1)  # x / 1 is x, bit for bit
     if top_p < 1.0:
         sorted_lp, order = lp.sort(dim=-1, descending=True)
         p = sorted_lp.exp()

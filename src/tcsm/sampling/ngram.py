@@ -36,6 +36,7 @@ class NGramDraft:
             raise ValueError(f"order {order} over {vocab_size} tokens overflows the 64-bit context keys")
         self.tables = tables if tables is not None else self._count(sequences.long())
         self._memo: dict = {}  # batch 1: q by its context, drawn on the host
+        self._floats: dict = {}  # batch 1: a memoised q as host floats (log q of a draft without a tensor read)
 
     def _count(self, seq: Tensor) -> dict[str, Tensor]:
         N, L = seq.shape
@@ -108,10 +109,14 @@ class NGramDraft:
             self._memo[(float(temperature), float(top_p), c - n_pad, *row[n_pad:])] = (lp[i], cum[i])
         return keys.numel()
 
+    def _key(self, row: list[int], p: int, shape) -> tuple:
+        lo = max(0, p - self.order + 1)
+        return (shape.temperature, shape.top_p, p - lo, *row[lo:p])
+
     def _one(self, row: list[int], p: int, shape, device) -> tuple[Tensor, list[float]]:
         """(adjusted log q [V], its cumulative sums) of one row at position p, memoised by the context."""
         lo = max(0, p - self.order + 1)
-        key = (shape.temperature, shape.top_p, p - lo, *row[lo:p])
+        key = self._key(row, p, shape)
         hit = self._memo.get(key)
         if hit is None:
             ctx = torch.tensor([[*row[lo:p], 0]], device=device)
@@ -138,6 +143,26 @@ class NGramDraft:
         if qs:
             lq[0, : len(qs)] = torch.stack(qs)
         return torch.tensor([y], device=x.device), lq, valid
+
+    def draft_one(self, row: list[int], at: list[int], k: int, shape, generator, stats, device=None):
+        """The host round of `tcsm.sampling.speculative` at batch 1: `_propose_one` on a host row (drafts at the
+        positions `at`, k uniforms drawn) as (drafts, their log q rows [V], log q of each draft as a float)."""
+        row = list(row)
+        u = torch.rand(k, dtype=torch.float64, generator=generator).tolist()
+        y, qs, qy = [], [], []
+        for m, p in enumerate(at):
+            key = self._key(row, p, shape)
+            lp, cum = self._one(row, p, shape, device)
+            d = row[p] = min(bisect.bisect_right(cum, u[m] * cum[-1]), shape.V - 1)
+            y.append(d)
+            qs.append(lp)
+            floats = self._floats.get(key)
+            if floats is None:
+                floats = self._floats[key] = lp.tolist()
+            qy.append(floats[d])
+        stats.counts["draft_calls"] += len(at)
+        stats.counts["draft_rows"] += len(at)
+        return y, qs, qy
 
     # the drafter protocol of `tcsm.sampling.speculative`
     def reset(self, B, device):

@@ -76,3 +76,17 @@ class RollbackCache:
         logits = self.model.decode(torch.tensor([ids[start:]], device=x.device), self.cache)
         self._fed_one = ids
         return logits, x.new_full((1,), start)
+
+    def outputs_list(self, ids: list[int], first: int, last: int) -> tuple[Tensor, int]:
+        """Batch 1 from a host row (ids < the vocabulary up to `last`): (logits [1, n, V'] of positions start..last,
+        start ≤ first), one prefill of the inputs past the kept prefix."""
+        held = self._fed_one
+        fed = [self.bos, *ids[:last]]
+        start, limit = 0, min(len(held), first)
+        while start < limit and held[start] == fed[start]:
+            start += 1
+        self.passes += 1
+        self.cache.length = start
+        logits = self.model.decode(torch.tensor([fed[start:]], device=self.cache.keys.device), self.cache)
+        self._fed_one = fed
+        return logits, start

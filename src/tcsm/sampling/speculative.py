@@ -257,6 +257,7 @@ class _CausalTarget:
         self.out: Tensor | None = None
 
     def begin_region(self, x, lo, hi, rows_per_seq):
+        self.lo, self.hi, self.device = lo, hi, x.device
         if self.cached:
             B, L = x.shape
             self.cache = RollbackCache(self.model, B, L, x.device)
@@ -273,6 +274,16 @@ class _CausalTarget:
         full = torch.zeros(B, hi - lo, shape.V, dtype=torch.float64, device=X.device)
         full[rows] = out
         return full.unsqueeze(1).expand(B, R, hi - lo, shape.V), rows.long()
+
+    def one(self, row: list[int], first: int, last: int, shape: _Shape) -> tuple[Tensor, int]:
+        """Batch 1 on the host: (log-probs [n, V], offset), row j − offset the conditional at position j, fresh for
+        first ≤ j ≤ last (the same arithmetic as `__call__`)."""
+        ids = [t if t < shape.V else 0 for t in row]
+        if self.cached:
+            logits, start = self.cache.outputs_list(ids, first, last)
+            return shape.log_probs(logits)[0], start
+        xr = torch.tensor([ids], device=self.device)
+        return shape.log_probs(self.model(xr)[:, self.lo : self.hi])[0], self.lo
 
     def _cached(self, last, need, shape, positions, rows):
         B, R = need.shape
@@ -304,52 +315,76 @@ def _orders(free: Tensor, order: str, generator) -> tuple[Tensor, Tensor]:
 
 def _region_one(x, lo, hi, ordr, n_free, target, draft, k, shape, free_total, generator, stats, seq_passes):
     """`_region` for one sequence of a causal target, its bookkeeping on the host: the same rule, the same draws
-    from the generator in the same order, so the same tokens (`host_loop`)."""
-    L, dev = x.shape[1], x.device
-    order_list, n, ptr = ordr[0].tolist(), int(n_free[0]), 0
+    from the generator in the same order and the same float operations on the same shapes, so the same tokens
+    (`host_loop`). The sequence lives in a host list; a round's tensor work is the drafter's, the target's pass,
+    the acceptance test of the k drafts and the draw of the next token."""
+    dev = x.device
+    row, order_list, n, ptr = x[0].tolist(), ordr[0].tolist(), int(n_free[0]), 0
+    passes = drafted = accepted = 0
     while ptr < n:
         r = n - ptr
         at = [order_list[min(ptr + m, hi - lo - 1)] for m in range(k + 1)]
-        tpos = torch.tensor([at], device=dev)
         ke = min(k, r)
-        valid = torch.tensor([[m < ke for m in range(k)]], device=dev)
-        proposal = draft.propose(x, tpos[:, :k], valid, lo, shape, generator, stats) if k else None
-        if proposal is None:
-            y = torch.zeros(1, k, dtype=torch.long, device=dev)
-            lq = torch.zeros(1, k, shape.V, dtype=torch.float64, device=dev)
-            ke = 0
-        else:
-            y, lq, valid = proposal
-            ke = int(valid.sum())
-        need = torch.tensor([[m <= ke and m < r for m in range(k + 1)]], device=dev)
-        X = x.clone()
-        X[0, tpos[0, :ke]] = y[0, :ke]
-        lp_all, rows = target(X.unsqueeze(1).expand(1, k + 1, L), need, free_total, shape, lo, hi, tpos)
-        stats.num_calls += 1
-        stats.num_rows += 1
-        stats.row_calls += rows
-        seq_passes += 1
-        lp = lp_all[0, 0, tpos[0] - lo]  # [k+1, V]
+        y, lq_rows, lqy = _host_draft(draft, x, row, at, ke, k, lo, shape, generator, stats) if k else ([], None, [])
+        ke = len(y)
+        probe = list(row)  # the row with every draft: position j of the causal pass reads x^{<j} only
+        for m in range(ke):
+            probe[at[m]] = y[m]
+        lp, off = target.one(probe, at[0], at[min(ke, r - 1)], shape)  # fresh rows: positions at[0..min(ke, r−1)]
+        passes += 1
+        rows_at = [min(max(at[m] - off, 0), lp.shape[0] - 1) for m in range(k + 1)]
+        if rows_at == list(range(rows_at[0], rows_at[0] + k + 1)):  # no pinned position in between: a view
+            lp = lp[rows_at[0] : rows_at[0] + k + 1]
+        else:  # [k+1, V]; rows past the fresh ones are never read
+            lp = lp.index_select(0, torch.tensor(rows_at, device=dev))
         a = 0
         if k:
-            lpy = lp[:k].gather(-1, y[0].unsqueeze(-1)).squeeze(-1)
-            lqy = lq[0].gather(-1, y[0].unsqueeze(-1)).squeeze(-1)
+            yt = torch.tensor(y + [0] * (k - ke), device=dev)
+            lpy = lp[:k].gather(-1, yt.unsqueeze(-1)).squeeze(-1)
+            lqy_t = torch.tensor(lqy + [0.0] * (k - ke), dtype=torch.float64, device=dev)
             u = torch.rand((1, k), dtype=torch.float64, device=dev, generator=generator)
-            ok = (u[0] < torch.exp(torch.clamp(lpy - lqy, max=0.0))).tolist()
+            ok = (u[0] < torch.exp(torch.clamp(lpy - lqy_t, max=0.0))).tolist()
             while a < ke and ok[a]:
                 a += 1
-        stats.counts["drafted"] += ke
-        stats.counts["accepted"] += a
-        p = lp[a].exp()
-        res = (p - lq[0, a].exp()).clamp_min(0.0) if a < ke else p
-        if float(res.sum()) <= 1e-12:
-            res = p
-        z = categorical(res.log().unsqueeze(0), generator)
-        if a:
-            x[0, tpos[0, :a]] = y[0, :a]
+        drafted += ke
+        accepted += a
+        for m in range(a):
+            row[at[m]] = y[m]
         if a < r:
-            x[0, at[a]] = z[0]
+            p = lp[a].exp()
+            res = p
+            if a < ke:  # after a rejection: the residual (p itself where it vanishes)
+                res = (p - lq_rows[a].exp()).clamp_min(0.0)
+                if float(res.sum()) <= 1e-12:
+                    res = p
+            row[at[a]] = int(categorical(res.log().unsqueeze(0), generator)[0])
+        else:  # every position filled: the draw the tensor loop makes and discards
+            torch.rand((1, shape.V), dtype=torch.float64, device=dev, generator=generator)
         ptr += a + (a < r)
+    x[0] = torch.tensor(row, device=dev)
+    stats.num_calls += passes
+    stats.num_rows += passes
+    stats.row_calls += passes
+    seq_passes += passes
+    stats.counts["drafted"] += drafted
+    stats.counts["accepted"] += accepted
+
+
+def _host_draft(draft, x, row, at, ke, k, lo, shape, generator, stats):
+    """(drafts y [ke'] as ints, log q rows (row m: [V] of draft m), log q(y_m) as floats) of one round at batch 1:
+    from the drafter's host path (`draft_one`) where it has one, else from `propose` on x holding the row."""
+    if hasattr(draft, "draft_one"):
+        return draft.draft_one(row, at[:ke], k, shape, generator, stats, x.device)
+    dev = x.device
+    x[0] = torch.tensor(row, device=dev)
+    valid = torch.tensor([[m < ke for m in range(k)]], device=dev)
+    proposal = draft.propose(x, torch.tensor([at[:k]], device=dev), valid, lo, shape, generator, stats)
+    if proposal is None:
+        return [], None, []
+    y, lq, valid = proposal
+    ke = int(valid.sum())
+    ys = y[0, :ke].tolist()
+    return ys, lq[0], lq[0, torch.arange(ke, device=dev), y[0, :ke]].tolist()
 
 
 def _region(x, lo, hi, free, target, draft, k, order, shape, free_total, generator, stats, seq_passes,
