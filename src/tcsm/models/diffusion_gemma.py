@@ -237,7 +237,10 @@ class DiffusionGemmaDenoiser(nn.Module):
 
     def _encoder_masks(self, pos: Tensor) -> dict:
         """The encoder's own masks: causal; sliding layers see the last `sliding_window` positions."""
-        q, k = pos[:, None], pos[None, :]
+        return self._causal_masks(pos[:, None], pos[None, :])
+
+    def _causal_masks(self, q: Tensor, k: Tensor) -> dict:
+        """Masks of queries q [n, 1] over keys k [1, m]: causal; sliding layers see the last `sliding_window`."""
         causal = k <= q
         return {"full_attention": self._mask(causal),
                 "sliding_attention": self._mask(causal & (k > q - self.sliding_window))}  # fmt: skip
@@ -321,10 +324,7 @@ class DiffusionGemmaDenoiser(nn.Module):
     def _prefix_masks(self, start: int, end: int, device) -> dict:
         """The encoder's masks for queries start..end−1 over keys 0..end−1: causal; sliding layers see the last
         `sliding_window` positions."""
-        q, k = torch.arange(start, end, device=device)[:, None], torch.arange(end, device=device)[None, :]
-        causal = k <= q
-        return {"full_attention": self._mask(causal),
-                "sliding_attention": self._mask(causal & (k > q - self.sliding_window))}  # fmt: skip
+        return self._causal_masks(torch.arange(start, end, device=device)[:, None], torch.arange(end, device=device)[None, :])
 
     def _fixed_masks(self, position: Tensor, n: int, capacity: int) -> dict:
         """The decoder's masks for a block of n at the device `position` over the whole buffer and the block: the

@@ -294,11 +294,12 @@ class HFBlockDenoiser(HFDenoiser):
         t = None if self.time_embed is None else torch.ones(x.shape, device=dev)
         self._run(self._embed(x, t), pos, allowed, cache.hf)
         cache.length = end
+        last = x_clean[:, -1]  # the next noisy block's anchor
         if cache.position is None:
-            cache.anchor = x_clean[:, -1].clone()
+            cache.anchor = last.clone()
         else:  # in place: the captured calls read these tensors
             cache.hf.fill = end + 1
-            cache.anchor.copy_(x_clean[:, -1])
+            cache.anchor.copy_(last)
             cache.position.fill_(end)
 
     @torch.no_grad()
