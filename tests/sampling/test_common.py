@@ -176,7 +176,7 @@ def test_a_torch_generator_seed_gives_the_first_rows_of_a_bigger_batch():
     assert torch.equal(one[0], many[0])
 
 
-def _count_host_reads(monkeypatch) -> dict:
+def count_host_reads(monkeypatch) -> dict:
     """Counts host reads of tensor values (bool(), item(), tolist(), nonzero(), int(), float()) into reads["n"]."""
     reads = {"n": 0}
     for name in ("__bool__", "item", "tolist", "nonzero", "__int__", "__float__"):
@@ -197,7 +197,7 @@ def test_the_engines_block_steps_read_nothing_on_the_host(monkeypatch, method):
     path = (UniformPath if method == "analytic" else MaskedPath)(V, block_length=4)
     model = _randomised(build_block_denoiser("tiny", 4, vocab_size=V, num_states=path.num_states, max_len=L,
                                              check_inputs=False), 0.3)  # (its id check reads CPU tensors only)
-    reads = _count_host_reads(monkeypatch)
+    reads = count_host_reads(monkeypatch)
 
     def count(engine, steps):
         cls = sampler_class(method)
@@ -221,7 +221,7 @@ def test_the_engines_decoding_order_loop_reads_nothing_on_the_host(monkeypatch, 
     fixed[:, :3] = True
     values = torch.zeros(B, L, dtype=torch.long)
     values[:, :3] = prompt
-    reads = _count_host_reads(monkeypatch)
+    reads = count_host_reads(monkeypatch)
 
     def count(engine, steps):
         reads["n"] = 0

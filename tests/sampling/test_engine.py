@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_common import count_host_reads
 
 from tcsm.models.lm_families import build_lm
 from tcsm.sampling.engine import StepGraph, autocast_weight_cache, resolve_engine
@@ -346,15 +347,7 @@ def test_diffusion_gemma_engine_steps_read_nothing_on_the_host(monkeypatch):
 
     model = _dgemma(self_conditioning=True)
     path = UniformPath(16, block_length=4)
-    reads = {"n": 0}
-    for name in ("__bool__", "item", "tolist", "nonzero", "__int__", "__float__"):
-        original = getattr(torch.Tensor, name)
-
-        def counted(self, *a, _original=original, **kw):
-            reads["n"] += 1
-            return _original(self, *a, **kw)
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
+    reads = count_host_reads(monkeypatch)
 
     def count(engine, steps):
         cls = sampler_class("ancestral")
