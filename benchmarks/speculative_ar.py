@@ -24,6 +24,24 @@ import time
 from pathlib import Path
 
 
+def bare_loop(model, L: int, V: int, g):
+    """The cheapest exact sampler of an AR model at batch 1: one `decode` of one token against its static cache,
+    then a draw, L times; the sequence [1, L]."""
+    import torch
+
+    from tcsm.sampling.common import categorical
+
+    with torch.no_grad():
+        cache = model.new_cache(1, "cpu")
+        x = torch.zeros(1, L, dtype=torch.long)
+        tok = torch.full((1, 1), int(model.bos_id))
+        for j in range(L):
+            lp = torch.log_softmax(model.decode(tok, cache)[:, -1, :V].double(), -1)
+            x[:, j] = categorical(lp, g)
+            tok = x[:, j : j + 1]
+    return x
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", required=True, help="the AR target's run / checkpoint directory")
@@ -45,7 +63,6 @@ def main() -> None:
     import torch
 
     from tcsm.builders.loading import load_checkpoint
-    from tcsm.sampling.common import categorical
     from tcsm.sampling.ngram import NGramDraft
     from tcsm.sampling.speculative import speculative_decode
     from tcsm.targets.ar import sample_ar
@@ -75,16 +92,8 @@ def main() -> None:
     def own(g):
         return sample_ar(model, 1, L, generator=g, engine="eager"), None
 
-    @torch.no_grad()
     def bare(g):
-        cache = model.new_cache(1, "cpu")
-        x = torch.zeros(1, L, dtype=torch.long)
-        tok = torch.full((1, 1), int(model.bos_id))
-        for j in range(L):
-            lp = torch.log_softmax(model.decode(tok, cache)[:, -1, :V].double(), -1)
-            x[:, j] = categorical(lp, g)
-            tok = x[:, j : j + 1]
-        return x, None
+        return bare_loop(model, L, V, g), None
 
     def spec(table, k, cached):
         def go(g):

@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from speculative_ar import bare_loop  # this script's folder is on sys.path
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -36,7 +38,6 @@ def main() -> None:
 
     from tcsm.builders.loading import load_checkpoint
     from tcsm.sampling import registry
-    from tcsm.sampling.common import categorical
     from tcsm.sampling.ngram import NGramDraft
     from tcsm.sampling.speculative import speculative_decode
 
@@ -54,15 +55,8 @@ def main() -> None:
     for t in tables.values():
         t.precompute()
 
-    @torch.no_grad()
     def bare(g):
-        cache = model.new_cache(1, "cpu")
-        x = torch.zeros(1, L, dtype=torch.long)
-        tok = torch.full((1, 1), int(model.bos_id))
-        for j in range(L):
-            lp = torch.log_softmax(model.decode(tok, cache)[:, -1, :V].double(), -1)
-            x[:, j] = categorical(lp, g)
-            tok = x[:, j : j + 1]
+        bare_loop(model, L, V, g)
 
     def run(fn, table, k):
         def go(g):
