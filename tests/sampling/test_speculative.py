@@ -350,11 +350,17 @@ def test_cached_verifier_draws_the_uncached_tokens(batch):
                                            generator=torch.Generator().manual_seed(seed), cached=cached,
                                            host_loop=host_loop, fixed=fixed if seed % 2 else None,
                                            values=values if seed % 2 else None))  # fmt: skip
-        (a, sa), *rest = outs
-        for b, sb in rest:
-            assert torch.equal(a, b)
-            assert sa.counts == sb.counts and sa.num_calls == sb.num_calls and sa.num_rows == sb.num_rows
-            assert 0 < sb.counts["accepted"] < sb.counts["drafted"]
+        sa = _same_draws(outs)
+        assert 0 < sa.counts["accepted"] < sa.counts["drafted"]
+
+
+def _same_draws(outs):
+    """Asserts that every (tokens, stats) of `outs` equals the first, tokens and counts; the first's stats."""
+    (a, sa), *rest = outs
+    for b, sb in rest:
+        assert torch.equal(a, b)
+        assert sa.counts == sb.counts and sa.num_calls == sb.num_calls and sa.num_rows == sb.num_rows
+    return sa
 
 
 def test_ngram_drafter_keeps_the_ar_law_and_learns_its_data():
@@ -431,8 +437,5 @@ def test_ngram_drafter_host_round_draws_the_tensor_loops_tokens():
                                            generator=torch.Generator().manual_seed(seed), cached=cached,
                                            host_loop=host_loop, fixed=fixed if seed % 2 else None,
                                            values=values if seed % 2 else None))  # fmt: skip
-        (a, sa), *rest = outs
-        for b, sb in rest:
-            assert torch.equal(a, b)
-            assert sa.counts == sb.counts and sa.num_calls == sb.num_calls and sa.num_rows == sb.num_rows
+        sa = _same_draws(outs)
         assert 0 < sa.counts["accepted"] < sa.counts["drafted"]
