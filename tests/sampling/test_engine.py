@@ -284,6 +284,20 @@ def _dgemma(self_conditioning=False, attn="sdpa"):
     return DiffusionGemmaDenoiser(tiny_hf(V=16, k=4, window=3, attn=attn), self_conditioning=self_conditioning)
 
 
+def _eager_and_graph(model, path, method: str) -> dict:
+    """Three 16-token draws after a 6-token prompt under each engine (same seed); asserts that they are the same
+    tokens; {engine: (x, stats)}."""
+    from tcsm.sampling.settings import draw, sample_settings
+
+    out = {}
+    for engine in ("eager", "graph"):
+        settings = sample_settings({"method": method, "steps": 3, "engine": engine})
+        out[engine] = draw(model, path, 3, 16, settings, generator=torch.Generator().manual_seed(4),
+                           prompt=torch.tensor([1, 2, 3, 4, 5, 6]))  # fmt: skip
+    assert torch.equal(out["eager"][0], out["graph"][0])
+    return out
+
+
 @pytest.mark.parametrize("method", ["ancestral", "euler"])
 @pytest.mark.parametrize("self_conditioning", [False, True])
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
@@ -292,16 +306,10 @@ def test_diffusion_gemma_through_the_engine_draws_the_eager_tokens(method, self_
     device, self-conditioning through a buffer and the model's per-row mask) draws the tokens of its own
     DynamicCache path (fp32), with a prompt that ends inside a canvas and a sliding window shorter than it."""
     from tcsm.paths import UniformPath
-    from tcsm.sampling.settings import draw, sample_settings
 
     model = _dgemma(self_conditioning, attn)
     path = UniformPath(16, block_length=4)
-    out = {}
-    for engine in ("eager", "graph"):
-        settings = sample_settings({"method": method, "steps": 3, "engine": engine})
-        out[engine] = draw(model, path, 3, 16, settings, generator=torch.Generator().manual_seed(4),
-                           prompt=torch.tensor([1, 2, 3, 4, 5, 6]))  # fmt: skip
-    assert torch.equal(out["eager"][0], out["graph"][0])
+    out = _eager_and_graph(model, path, method)
     assert out["graph"][1].num_calls == 3 * out["graph"][1].counts["blocks"] == 9
     assert out["graph"][1].counts["captured_steps"] == 9
 
@@ -415,7 +423,6 @@ def test_hugging_face_block_models_through_the_engine_draw_the_eager_tokens(arch
     tf = pytest.importorskip("transformers")
     from tcsm.models.hf_block import HFBlockDenoiser
     from tcsm.paths import MaskedPath
-    from tcsm.sampling.settings import draw, sample_settings
 
     if arch == "gpt2":
         config = tf.GPT2Config(vocab_size=40, n_positions=40, n_embd=32, n_layer=2, n_head=2, bos_token_id=1)
@@ -431,12 +438,7 @@ def test_hugging_face_block_models_through_the_engine_draw_the_eager_tokens(arch
         with torch.no_grad():  # the time path starts at zero: give it weight so that the time input matters
             model.time_proj.weight.normal_(0, 0.5)
     path = MaskedPath(8, block_length=4)
-    out = {}
-    for engine in ("eager", "graph"):
-        settings = sample_settings({"method": method, "steps": 3, "engine": engine})
-        out[engine] = draw(model, path, 3, 16, settings, generator=torch.Generator().manual_seed(4),
-                           prompt=torch.tensor([1, 2, 3, 4, 5, 6]))  # fmt: skip
-    assert torch.equal(out["eager"][0], out["graph"][0])
+    out = _eager_and_graph(model, path, method)
     if method == "ancestral":
         assert out["graph"][1].counts["captured_steps"] == out["graph"][1].num_calls == 9
     with torch.no_grad():  # the fixed-shape cache holds the decode's length, allocated once, written in place
