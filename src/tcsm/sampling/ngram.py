@@ -21,20 +21,18 @@ __all__ = ["NGramDraft"]
 
 
 class NGramDraft:
-    """`NGramDraft(sequences [N, L], vocab_size, order)`: the counts of every context of 1..order−1 tokens; the
-    tables (`state_dict`) are what a saved drafter holds."""
+    """`NGramDraft(sequences [N, L], vocab_size, order)`: the counts of every context of 1..order−1 tokens."""
 
     needs_memo = False
     left_to_right = True
 
-    def __init__(self, sequences: Tensor | None, vocab_size: int, order: int = 4, strength: float = 1.0,
-                 tables: dict[str, Tensor] | None = None):  # fmt: skip
+    def __init__(self, sequences: Tensor, vocab_size: int, order: int = 4, strength: float = 1.0):
         self.V, self.order, self.strength = int(vocab_size), int(order), float(strength)
         if self.order < 1:
             raise ValueError(f"an n-gram drafter's order must be >= 1, got {order}")
         if (self.V + 1) ** self.order >= 2**62:
             raise ValueError(f"order {order} over {vocab_size} tokens overflows the 64-bit context keys")
-        self.tables = tables if tables is not None else self._count(sequences.long())
+        self.tables = self._count(sequences.long())
         self._memo: dict = {}  # batch 1: q by its context, drawn on the host
         self._floats: dict = {}  # batch 1: a memoised q as host floats (log q of a draft without a tensor read)
 
@@ -56,9 +54,6 @@ class NGramDraft:
             tables[f"next{c}"] = pair % self.V
             tables[f"count{c}"] = count.double()
         return tables
-
-    def state_dict(self) -> dict[str, Tensor]:
-        return dict(self.tables)
 
     def log_q(self, x: Tensor, p: Tensor) -> Tensor:
         """log q(· | x^{<p}) [N, V] for rows x [N, L] (known before p) at positions p [N]."""
@@ -125,28 +120,20 @@ class NGramDraft:
         return hit
 
     def _propose_one(self, x, pos, valid, shape, generator, stats):
-        """`propose` for one sequence on the host: the memoised q of each context, drawn by its inverse CDF from
-        k uniforms of the generator (no tensor work per draft)."""
+        """`propose` for one sequence: `draft_one` at its live positions (a prefix of the k slots)."""
         k = pos.shape[1]
+        live = valid[0].tolist()
+        n = live.index(False) if False in live else k
+        ys, qs, _ = self.draft_one(x[0].tolist(), pos[0, :n].tolist(), k, shape, generator, stats, x.device)
         lq = torch.zeros(1, k, shape.V, dtype=torch.float64, device=x.device)
-        row, at, live = x[0].tolist(), pos[0].tolist(), valid[0].tolist()
-        u = torch.rand(k, dtype=torch.float64, generator=generator).tolist()
-        y, qs = [0] * k, []
-        for m in range(k):
-            if not live[m]:
-                break
-            lp, cum = self._one(row, at[m], shape, x.device)
-            y[m] = row[at[m]] = min(bisect.bisect_right(cum, u[m] * cum[-1]), shape.V - 1)
-            qs.append(lp)
-            stats.counts["draft_calls"] += 1
-            stats.counts["draft_rows"] += 1
         if qs:
-            lq[0, : len(qs)] = torch.stack(qs)
-        return torch.tensor([y], device=x.device), lq, valid
+            lq[0, :n] = torch.stack(qs)
+        return torch.tensor([ys + [0] * (k - n)], device=x.device), lq, valid
 
     def draft_one(self, row: list[int], at: list[int], k: int, shape, generator, stats, device=None):
-        """The host round of `tcsm.sampling.speculative` at batch 1: `_propose_one` on a host row (drafts at the
-        positions `at`, k uniforms drawn) as (drafts, their log q rows [V], log q of each draft as a float)."""
+        """Drafts of one host row at the positions `at`, left to right (each from the memoised q of its context, the
+        earlier drafts filled in, by its inverse CDF; k uniforms drawn, the first len(at) used): (drafts, their
+        log q rows [V], log q of each draft as a float). The host round of `tcsm.sampling.speculative` at batch 1."""
         row = list(row)
         u = torch.rand(k, dtype=torch.float64, generator=generator).tolist()
         y, qs, qy = [], [], []

@@ -47,8 +47,7 @@ class SamplerSettings(Settings):
     cache: bool = field(default=True, metadata=_help("MDLM's cache where the model and path allow it"))
     engine: str = field(default="auto", metadata=_help(
         "decode engine (sampling.engine) of block and AR models and the decoding orders: auto (CUDA graphs on a "
-        "GPU, eager elsewhere) | "
-        "eager | graph"))  # fmt: skip
+        "GPU, eager elsewhere) | eager | graph"))  # fmt: skip
 
     def checks(self) -> list[tuple[bool, str]]:
         from tcsm.sampling.engine import ENGINES

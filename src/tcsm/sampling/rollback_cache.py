@@ -62,24 +62,16 @@ class RollbackCache:
         return logits, start
 
     def _outputs_one(self, x: Tensor, first: int, last: int) -> tuple[Tensor, Tensor]:
-        """`outputs` of one row: the kept prefix found on the host, then one prefill against it (attending to the
-        kept positions only, the cache's `length` rolled back)."""
-        held = self._fed_one
+        """`outputs` of one row: `outputs_list` of its ids."""
         if last < first:
-            return x.new_zeros((1, 0, 0), dtype=torch.float32), x.new_full((1,), len(held))
-        ids = [self.bos, *x[0, :last].tolist()]
-        start, limit = 0, min(len(held), first)
-        while start < limit and held[start] == ids[start]:
-            start += 1
-        self.passes += 1
-        self.cache.length = start
-        logits = self.model.decode(torch.tensor([ids[start:]], device=x.device), self.cache)
-        self._fed_one = ids
+            return x.new_zeros((1, 0, 0), dtype=torch.float32), x.new_full((1,), len(self._fed_one))
+        logits, start = self.outputs_list(x[0, :last].tolist(), first, last)
         return logits, x.new_full((1,), start)
 
     def outputs_list(self, ids: list[int], first: int, last: int) -> tuple[Tensor, int]:
         """Batch 1 from a host row (ids < the vocabulary up to `last`): (logits [1, n, V'] of positions start..last,
-        start ≤ first), one prefill of the inputs past the kept prefix."""
+        start ≤ first), one prefill of the inputs past the kept prefix (found on the host; the cache's `length`
+        rolled back to it)."""
         held = self._fed_one
         fed = [self.bos, *ids[:last]]
         start, limit = 0, min(len(held), first)

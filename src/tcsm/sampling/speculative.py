@@ -479,10 +479,11 @@ def speculative_decode(target, path, num: int, length: int, *, drafter=None, dra
     """(tokens [num, length], stats) whose law is the target's one-position-per-step sampler's in `order` (random:
     a uniform permutation of the free positions, the law of the `random` decoding order with one position per step;
     left_to_right; None: left to right for an AR target, random otherwise), block by block for a block model
-    (MATH.md §6.4). `drafter`: None (the target itself), a masked denoiser, an AR LM or an n-gram table. `stats.num_calls` counts the
-    sequential target passes, `stats.num_rows` the target rows they evaluated, `stats.counts` the drafts proposed and
+    (MATH.md §6.4). `drafter`: None (the target itself), a masked denoiser, an AR LM, or a drafter object with
+    `propose` (`tcsm.sampling.ngram.NGramDraft`), which drafts as it is. `stats.num_calls` counts the sequential
+    target passes, `stats.num_rows` the target rows they evaluated, `stats.counts` the drafts proposed and
     accepted, the drafter's calls and rows, and `sequence_passes` (Σ over sequences of the passes each took part in).
-    A drafter object with `propose` (`tcsm.sampling.ngram.NGramDraft`) drafts as it is. `cached`: an AR target and an AR drafter with a static cache (`new_cache` / `decode`) run against their KV
+    `cached`: an AR target and an AR drafter with a static cache (`new_cache` / `decode`) run against their KV
     caches, rolled back after a rejection (`RollbackCache`), instead of recomputing the prefix on every pass; the
     same draws and the same tokens up to float rounding. `host_loop`: one sequence of an AR target keeps a round's
     bookkeeping on the host (fewer tensor calls per round; the same draws and tokens as the tensor loop)."""
