@@ -24,7 +24,7 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
 from tcsm.models.kinds import BLOCK_DENOISER
-from tcsm.models.layers import KERNELS, gate, modulate, row_stable
+from tcsm.models.layers import KERNELS, cache_capacity, gate, modulate, row_stable
 from tcsm.models.transformer import Denoiser, DenoiserConfig, _compute_dtype, denoiser_fields
 
 __all__ = [
@@ -273,9 +273,7 @@ class BlockDenoiser(Denoiser):
     def new_cache(self, batch_size: int, fixed_shape: bool = False, capacity: int | None = None) -> BlockCache:
         """An empty cache for `batch_size` rows decoded in lockstep (`fixed_shape`: see `BlockCache`) of `capacity`
         positions at most (default max_len)."""
-        cap = self.cfg.max_len if capacity is None else int(capacity)
-        if not 0 < cap <= self.cfg.max_len:
-            raise ValueError(f"capacity must be in [1, max_len={self.cfg.max_len}], got {capacity}")
+        cap = cache_capacity(capacity, self.cfg.max_len)
         return BlockCache(batch_size, len(self.blocks), cap, fixed_shape, self.head.weight.device)
 
     def _check_step(self, cache: BlockCache, x: Tensor, what: str) -> int:

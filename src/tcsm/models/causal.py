@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tcsm.models.kinds import CAUSAL
-from tcsm.models.layers import TransformerBlock, apply_rotary
+from tcsm.models.layers import TransformerBlock, apply_rotary, write_in_place
 from tcsm.models.lm import LMConfig, LMTransformer
 
 __all__ = ["CausalLM", "KVCache", "StaticKVCache"]
@@ -72,10 +72,7 @@ class StaticKVCache:
             keys.index_copy_(2, at, k.to(keys.dtype))
             values.index_copy_(2, at, v.to(values.dtype))
             return keys, values
-        end = start + k.shape[2]
-        keys[:, :, start:end] = k
-        values[:, :, start:end] = v
-        return keys[:, :, :end], values[:, :, :end]
+        return write_in_place(keys, values, k, v, start)
 
 
 def _block_with_cache(block: TransformerBlock, x: Tensor, rope, past, allowed=None, per_sequence: bool = False):

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from tcsm.models.config import ModelConfig
 from tcsm.models.kinds import ModelKind
+from tcsm.models.layers import cache_capacity, write_in_place
 
 __all__ = ["DIFFUSION_GEMMA", "DiffusionGemmaCache", "DiffusionGemmaDenoiser", "DiffusionGemmaDenoiserConfig", "check_canvas_fit",
            "draw_seed"]
@@ -125,14 +126,8 @@ class _PrefixBuffers:
         self.length = 0  # where the encoder's next update writes (host int: extend_cache runs outside the graph)
 
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs):
-        layer, n = self.layers[layer_idx], key_states.shape[2]
-        if self.length + n > self.capacity:
-            raise ValueError(f"the fixed-shape cache holds {self.capacity} positions; writing up to "
-                             f"{self.length + n} does not fit")  # fmt: skip
-        end = self.length + n
-        layer.keys[:, :, self.length : end] = key_states
-        layer.values[:, :, self.length : end] = value_states
-        return layer.keys[:, :, :end], layer.values[:, :, :end]
+        layer = self.layers[layer_idx]
+        return write_in_place(layer.keys, layer.values, key_states, value_states, self.length, self.capacity)
 
 
 class DiffusionGemmaDenoiser(nn.Module):
@@ -268,9 +263,7 @@ class DiffusionGemmaDenoiser(nn.Module):
         place (`DiffusionGemmaCache`)."""
         p = next(self.hf.parameters())
         if fixed_shape:
-            cap = self.cfg.max_len if capacity is None else int(capacity)
-            if not 0 < cap <= self.cfg.max_len:
-                raise ValueError(f"capacity must be in [1, max_position_embeddings={self.cfg.max_len}], got {capacity}")
+            cap = cache_capacity(capacity, self.cfg.max_len)
             buffers = _PrefixBuffers(self._key_layouts(p.device), int(batch_size), cap, p.device)
             cache = DiffusionGemmaCache(buffers, batch_size, torch.zeros(1, dtype=torch.long, device=p.device))
             if self.cfg.self_conditioning:

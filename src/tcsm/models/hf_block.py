@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from tcsm.models.hf_denoiser import HFDenoiser, HFDenoiserConfig
 from tcsm.models.kinds import ModelKind
+from tcsm.models.layers import cache_capacity, write_in_place
 
 __all__ = ["HF_BLOCK_DENOISER", "HFBlockCache", "HFBlockDenoiser", "HFBlockDenoiserConfig", "block_allowed", "clean_blocks"]
 
@@ -105,12 +106,7 @@ def _fixed_stream(config, capacity: int, block: int):
                 keys[:, :, capacity : capacity + n] = key_states
                 values[:, :, capacity : capacity + n] = value_states
                 return keys[:, :, : capacity + n], values[:, :, : capacity + n]
-            end = self.fill + n
-            if end > capacity:
-                raise ValueError(f"the fixed-shape cache holds {capacity} positions; writing up to {end} does not fit")
-            keys[:, :, self.fill : end] = key_states
-            values[:, :, self.fill : end] = value_states
-            return keys[:, :, :end], values[:, :, :end]
+            return write_in_place(keys, values, key_states, value_states, self.fill, capacity)
 
         def get_seq_length(self, layer_idx: int = 0) -> int:
             return self.fill
@@ -254,9 +250,7 @@ class HFBlockDenoiser(HFDenoiser):
         anchor = torch.full((int(batch_size),), -1, dtype=torch.long, device=dev)
         if not fixed_shape:
             return HFBlockCache(cache, batch_size, anchor)
-        cap = self.cfg.max_len if capacity is None else int(capacity)
-        if not 0 < cap <= self.cfg.max_len:
-            raise ValueError(f"capacity must be in [1, max_len={self.cfg.max_len}], got {capacity}")
+        cap = cache_capacity(capacity, self.cfg.max_len)
         stream = _fixed_stream(self.hf.config, cap + 1, self.block_length + 1)  # BOS and the tokens; anchor + block
         return HFBlockCache(stream, batch_size, anchor, torch.zeros(1, dtype=torch.long, device=dev))
 

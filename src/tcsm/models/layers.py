@@ -62,11 +62,13 @@ __all__ = [
     "TransformerBlock",
     "apply_rotary",
     "attention_kernel",
+    "cache_capacity",
     "flex_attend",
     "gate",
     "init_weights",
     "make_norm",
     "modulate",
+    "write_in_place",
     "zero_init_",
 ]
 
@@ -342,6 +344,25 @@ class MLP(nn.Module):
 #: BLAS (MKL on the CPU) multiplies matrices of 1–3 rows with another kernel, another summation order, than larger
 #: ones; at 4 rows and more every row's result is the same whatever the row count (measured: docs/benchmarks.md)
 ROW_FLOOR = 4
+
+
+def cache_capacity(capacity: int | None, max_len: int) -> int:
+    """The positions a fixed-shape decode cache holds: `capacity` (default `max_len`), refused past `max_len`."""
+    cap = max_len if capacity is None else int(capacity)
+    if not 0 < cap <= max_len:
+        raise ValueError(f"capacity must be in [1, max_len={max_len}], got {capacity}")
+    return cap
+
+
+def write_in_place(keys: Tensor, values: Tensor, k: Tensor, v: Tensor, start: int, limit: int | None = None):
+    """Store k, v [N, H, n, D] in the buffers keys / values [N, H, C, D] at positions start..start+n−1; the keys and
+    values of positions < start + n (views). `limit`: the positions the buffers may hold (ValueError past it)."""
+    end = start + k.shape[2]
+    if limit is not None and end > limit:
+        raise ValueError(f"the fixed-shape cache holds {limit} positions; writing up to {end} does not fit")
+    keys[:, :, start:end] = k
+    values[:, :, start:end] = v
+    return keys[:, :, :end], values[:, :, :end]
 
 
 def row_stable(fn, c: Tensor) -> Tensor:
