@@ -246,7 +246,8 @@ def decode(
     taken = torch.zeros((), dtype=torch.long, device=device)  # the steps that had a position to reveal
     # the engine's block denoiser replays the whole dense step (its call, the draws, the update) as one captured graph
     capture = getattr(denoiser, "capture_step", None) if dense else None
-    no_count, no_lam = torch.zeros(B, dtype=torch.long, device=device), torch.ones(1, dtype=torch.float64, device=device)
+    if dense:  # the captured step's inputs of the orders without counts, or without a reveal probability
+        no_count, no_lam = torch.zeros(B, dtype=torch.long, device=device), torch.ones(1, dtype=torch.float64, device=device)
     if callback is not None:
         callback(0, 0.0, x)
 
@@ -277,12 +278,13 @@ def decode(
             g = as_grid(grid, max(Kb, 1), device)
             counts = count_schedule(((x == mask) & region).sum(-1), g, path) if method in COUNTED else None
             gb = streams.fork(b)  # step k of block b: uniforms of the reveal, the tokens, the random order, the ties
-            lams = no_lam.expand(Kb)
             if method == "ancestral":  # λ of every step (1 at the last: it reveals every position still masked)
                 lams = torch.cat([path.jump_prob(g[j].reshape(1), g[j + 1].reshape(1)) for j in range(Kb - 1)]
-                                 + [no_lam]).double()  # fmt: skip
+                                 + [torch.ones(1, dtype=torch.float64, device=device)]).double()  # fmt: skip
                 if not dense:
                     lams = lams.tolist()  # read on the host once per block
+            elif dense:
+                lams = no_lam.expand(Kb)
             keys = torch.arange(4 * Kb, device=device).view(Kb, 4) if dense else None
             k = 0
             while True:
@@ -290,7 +292,7 @@ def decode(
                 if k >= Kb or not (dense or open_.any()):
                     break
                 last = k == Kb - 1
-                n = counts[:, k] if method in COUNTED else no_count
+                n = counts[:, k] if method in COUNTED else (no_count if dense else None)
                 if dense:
                     fn = functools.partial(_dense_order_step, lo=lo, hi=hi, method=method, temperature=temperature,
                                            top_p=top_p, threshold=threshold, final_argmax=final_argmax, last=last)
@@ -312,7 +314,7 @@ def decode(
                     if rows.any():
                         call(rows)
                         lp = adjust_log_probs(cache[:, lo:hi], temperature, top_p)
-                        ur = u[..., lo:hi]
+                        ur = u if lo == 0 and hi == L else u[..., lo:hi]
                         drawn = lp.argmax(-1) if (last and final_argmax) else inverse_cdf(lp, ur[:, 1])
                         move = open_[:, lo:hi] & (ur[:, 0] < lams[k]) if method == "ancestral" else None
                         eligible = open_[:, lo:hi] & rows.unsqueeze(-1)
