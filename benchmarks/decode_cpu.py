@@ -1,6 +1,6 @@
 """Decoding speed on the CPU of two source trees side by side (e.g. before and after a change to the decoders):
 tokens per CPU-second of full-sequence cached ancestral, the confidence decoding order, block decoding (k = 16) with
-its KV cache and AR with its KV cache, at batch 1 and 8 (AR also at 64), `small` preset, random weights, L = 256, fp32, one thread.
+its KV cache (ancestral, and the confidence order inside the blocks: block-confidence) and AR with its KV cache, at batch 1 and 8 (AR also at 64), `small` preset, random weights, L = 256, fp32, one thread.
 Each round runs every tree in a fresh process (trees alternate, so machine load hits them alike); a process warms up
 with one decode per configuration, then times `--repeats` decodes per configuration (`time.process_time`, median;
 wall time beside it).
@@ -20,9 +20,11 @@ import sys
 import time
 
 #: (decoder, batch, steps): full-sequence cached ancestral and the confidence decoding order (full-sequence model,
-#: steps in all), block decoding (steps per block of 16), AR (one token per call)
+#: steps in all), block decoding (steps per block of 16; ancestral, or the confidence order: block-confidence), AR
+#: (one token per call)
 CONFIGS = [("full", 1, 64), ("block", 1, 4), ("ar", 1, 0), ("confidence", 1, 64), ("full", 8, 64), ("block", 8, 4),
-           ("ar", 8, 0), ("confidence", 8, 64), ("ar", 64, 0)]  # fmt: skip
+           ("ar", 8, 0), ("confidence", 8, 64), ("ar", 64, 0), ("block-confidence", 1, 4),
+           ("block-confidence", 8, 4)]  # fmt: skip
 
 
 def child(length: int, configs, repeats: int) -> dict:
@@ -50,8 +52,8 @@ def child(length: int, configs, repeats: int) -> dict:
         with torch.no_grad():
             if name == "ar":
                 return sample_ar(ar, B, L, g)
-            model, p = (blk, bpath) if name == "block" else (full, path)
-            method = "confidence" if name == "confidence" else "ancestral"
+            model, p = (blk, bpath) if name.startswith("block") else (full, path)
+            method = "confidence" if name.endswith("confidence") else "ancestral"
             return draw(model, p, B, L, sample_settings({}, steps=steps, method=method), generator=g)[0]
 
     out = {}
@@ -73,7 +75,7 @@ def main(argv=None):
     ap.add_argument("--srcs", default="src", help="comma-separated source trees (PYTHONPATH of each run)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--length", type=int, default=256)
-    ap.add_argument("--only", default=None, help="comma-separated decoder names of CONFIGS to run (full, block, ar, confidence)")
+    ap.add_argument("--only", default=None, help="comma-separated decoder names of CONFIGS to run (full, block, ar, confidence, block-confidence)")
     ap.add_argument("--batches", default=None, help="comma-separated batch sizes of CONFIGS to run")
     ap.add_argument("--repeats", type=int, default=1, help="timed decodes per configuration in a process (median)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

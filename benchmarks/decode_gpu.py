@@ -1,5 +1,6 @@
 """Decoding on one GPU: the decode engine (`sample.engine=graph`: static caches, captured CUDA graphs) beside the
-eager path, for full-sequence, block (k = 16), AR and DiffusionGemma decoders at batch 1 and 16, L = 1024, random
+eager path, for full-sequence, block (k = 16; ancestral, and the confidence order inside the blocks:
+block-confidence), AR and DiffusionGemma decoders at batch 1 and 16, L = 1024, random
 weights of the `text8` preset (85M parameters) under bf16 autocast; speed only.
 
 For each configuration and engine, in interleaved rounds (round 0 warms up and captures): tokens/s of wall time
@@ -48,7 +49,8 @@ def parse_args(argv=None):
     ap.add_argument("--no-dg", action="store_true", help="leave out DiffusionGemma")
     ap.add_argument("--dg-size", default="mid", choices=sorted(DG_SIZES),
                     help="DiffusionGemma instance: mid = the reference 8 x 1024 MoE 8x2 (284M); small, tiny for CPUs")
-    ap.add_argument("--decoders", default="full,block,ar,dg", help="which decoders to run (comma-separated)")
+    ap.add_argument("--decoders", default="full,block,block-confidence,ar,dg",
+                    help="which decoders to run (comma-separated)")
     ap.add_argument("--rounds", type=int, default=2, help="timed rounds after the warm-up round")
     ap.add_argument("--budget-s", type=float, default=270.0)
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
@@ -85,8 +87,9 @@ def build(a, dev):
     models = {}
     if "full" in wanted:
         models["full"] = (build_denoiser(a.preset, **kw).to(dev).eval(), path)
-    if "block" in wanted:
-        models["block"] = (build_block_denoiser(a.preset, k, **kw).to(dev).eval(), block_path)
+    if wanted & {"block", "block-confidence"}:  # one block model: ancestral and the confidence order inside blocks
+        block = (build_block_denoiser(a.preset, k, **kw).to(dev).eval(), block_path)
+        models.update({n: block for n in ("block", "block-confidence") if n in wanted})
     if "ar" in wanted:
         models["ar"] = (build_lm("causal", ar_preset, vocab_size=V, max_len=L).to(dev).eval(), None)
         with torch.no_grad():  # the AR head starts at zero (uniform); give it random conditionals like the others
@@ -164,8 +167,9 @@ def decode(a, models, conf, dev, seed):
         x = sample_ar(model, B, L, g, dev, prefix=prefix, engine=engine)
         return x[:, P:], L - P, None
     model, path = models[name]
-    steps = {"full": a.full_steps, "block": a.block_steps, "dg": a.dg_steps}[name]
-    settings = sample_settings({}, steps=steps, method="ancestral", engine=engine)
+    steps = {"full": a.full_steps, "block": a.block_steps, "block-confidence": a.block_steps, "dg": a.dg_steps}[name]
+    method = "confidence" if name == "block-confidence" else "ancestral"
+    settings = sample_settings({}, steps=steps, method=method, engine=engine)
     prompt = torch.tensor([2, 5, 6, 7], device=dev) if name == "dg" else None
     x, st = draw(model, path, B, L, settings, generator=g, device=dev, prompt=prompt)
     return x, float(st.num_calls), st.counts.get("captured_steps", 0) / max(st.num_calls, 1)

@@ -535,6 +535,11 @@ MUTANTS: list[Mutant] = [
                  "token at its last step), which overwrites whatever an earlier step recorded for it"),
     M("eng.stale_inputs", ENG, "                s.copy_(t)", "                pass",
       "a replayed call reads the inputs of its first call", T_ENG),
+    M("dec.captured_last_kind", S + "sampling/decoding.py",
+      "(\"order\", id(path), method, temperature, top_p, threshold, final_argmax, lo, hi, last)",
+      "(\"order\", id(path), method, temperature, top_p, threshold, final_argmax, lo, hi)",
+      "a decoding order's last in-block step replays the inner steps' captured graph (no step cap, no final argmax)",
+      ("tests/sampling/test_decoding.py",)),
 ]
 # fmt: on
 

@@ -190,7 +190,7 @@ def count_host_reads(monkeypatch) -> dict:
     return reads
 
 
-@pytest.mark.parametrize("method", ["ancestral", "analytic", "confidence", "random"])
+@pytest.mark.parametrize("method", ["ancestral", "analytic", "confidence", "random", "margin", "entropy", "threshold"])
 def test_the_engines_block_steps_read_nothing_on_the_host(monkeypatch, method):
     # host reads of device values counted over a whole block decode (path samplers and decoding orders in the
     # blocks): with the engine they do not grow with the steps per block (none inside the step loop), eagerly they do
@@ -201,8 +201,10 @@ def test_the_engines_block_steps_read_nothing_on_the_host(monkeypatch, method):
 
     def count(engine, steps):
         cls = sampler_class(method)
+        kw = {"threshold": 1.0} if method == "threshold" else {}  # (one position a step: every step is taken)
         reads["n"] = 0
-        decode_blocks(model, path, cls(cls.settings_type(steps=steps, engine=engine)), B, L, generator=_streams())
+        decode_blocks(model, path, cls(cls.settings_type(steps=steps, engine=engine, **kw)), B, L,
+                      generator=_streams())  # fmt: skip
         return reads["n"]
 
     assert count("graph", 2) == count("graph", 4)

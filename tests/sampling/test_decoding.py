@@ -148,6 +148,77 @@ def test_the_engines_dense_loop_draws_the_eager_tokens(method, time_independent)
     assert sg.num_calls >= st.num_calls and (sg.row_calls == sg.num_calls).all()
 
 
+def _block_model(V, L, time_conditioning):
+    from tcsm.models.blocks import build_block_denoiser
+
+    torch.manual_seed(0)
+    model = build_block_denoiser("tiny", 4, vocab_size=V, num_states=V + 1, max_len=L, check_inputs=False,
+                                 time_conditioning=time_conditioning).eval()  # (its id check reads CPU tensors)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+def _in_blocks(model, V, L, method, engine, prompt, **kw):
+    from tcsm.sampling.settings import sample_settings
+
+    settings = sample_settings({"method": method, "steps": 3, "engine": engine, "threshold": 0.3, **kw})
+    prompt = torch.tensor([1, 2, 3, 4, 0, 1])[:prompt] if prompt else None
+    return draw(model, MaskedPath(V, block_length=4), 3, L, settings, generator=torch.Generator().manual_seed(4),
+                prompt=prompt)  # fmt: skip
+
+
+@pytest.mark.parametrize("method", DECODERS)
+@pytest.mark.parametrize("prompt", [0, 6])
+@pytest.mark.parametrize("time_independent", [True, False])
+def test_the_captured_order_step_in_blocks_draws_the_eager_tokens(method, prompt, time_independent):
+    """Inside a block model under the engine, every step of a decoding order (the denoiser call, the draws from
+    the rows' streams, the reveal) is one captured step (off CUDA: run on its static buffers), and the tokens are
+    the eager loop's (fp32 CPU), with and without a prompt that ends inside a block."""
+    V, L = 5, 16
+    model = _block_model(V, L, time_conditioning=not time_independent)
+    (x, st), (xg, sg) = (_in_blocks(model, V, L, method, e, prompt) for e in ("eager", "graph"))
+    assert torch.equal(x, xg)
+    assert sg.counts["captured_steps"] == sg.num_calls == 3 * sg.counts["blocks"]
+    assert sg.counts["blocks"] == st.counts["blocks"] == (4 if prompt == 0 else 3)
+    assert "captured_steps" not in st.counts and st.num_calls <= sg.num_calls
+
+
+@pytest.mark.parametrize("method", DECODERS)
+def test_the_captured_order_step_reads_nothing_on_the_host_and_two_graphs_serve_every_block(monkeypatch, method):
+    """What the engine captures on CUDA is a function of static tensors: no host read of a device value happens
+    inside a captured order step (counted as `test_common.count_host_reads` counts), and two StepGraphs (the
+    inner steps, the last step), each of one shape, serve every step of every block; tempered, nucleus-truncated
+    draws and a final argmax included, with the eager tokens."""
+    from test_common import count_host_reads
+
+    from tcsm.sampling import engine
+
+    V, L = 5, 16
+    model = _block_model(V, L, time_conditioning=True)
+    kw = {"temperature": 0.9, "top_p": 0.95, "final_argmax": True}
+    x, _ = _in_blocks(model, V, L, method, "eager", 5, **kw)
+    reads, inside, graphs = count_host_reads(monkeypatch), {"n": 0}, []
+    call = engine.StepGraph.__call__
+
+    def spy(self, *inputs):
+        if self not in graphs:
+            graphs.append(self)
+        before = reads["n"]
+        try:
+            return call(self, *inputs)
+        finally:
+            inside["n"] += reads["n"] - before
+
+    monkeypatch.setattr(engine.StepGraph, "__call__", spy)
+    xg, sg = _in_blocks(model, V, L, method, "graph", 5, **kw)
+    assert torch.equal(x, xg)
+    assert sg.counts["captured_steps"] == sg.num_calls == 3 * 3
+    assert inside["n"] == 0 and reads["n"] > 0  # (the count sees the reads outside the steps)
+    assert len(graphs) == 2 and all(len(g._entries) == 1 for g in graphs)
+
+
 def test_threshold_unmasks_more_per_call_as_it_falls():
     V, L = 4, 32
     path = MaskedPath(V)

@@ -225,10 +225,10 @@ def test_block_decoding_fixed_shape_cache_draws_the_eager_tokens(method, uniform
     # nothing): no host read decides whether to call
     blocks = out["graph"][1].counts["blocks"]
     assert out["eager"][1].num_calls <= out["graph"][1].num_calls
-    if method in ("ancestral", "analytic", "euler"):
-        assert out["graph"][1].num_calls == 3 * blocks
-        # every step ran as one captured step: the call, the draws and the update of the block
-        assert out["graph"][1].counts["captured_steps"] == out["graph"][1].num_calls
+    assert out["graph"][1].num_calls == 3 * blocks
+    # every step ran as one captured step: the call, the draws and the update of the block (path samplers and
+    # decoding orders alike)
+    assert out["graph"][1].counts["captured_steps"] == out["graph"][1].num_calls
     assert "captured_steps" not in out["eager"][1].counts
 
 
@@ -262,7 +262,10 @@ def test_decode_gpu_benchmark_smoke_on_the_cpu():
     spec.loader.exec_module(bench)
     rows = bench.main(["--device", "cpu", "--smoke", "--batches", "2"])
     seen = {(w["decoder"], w["engine"]) for w in rows}
-    assert {("full", "eager"), ("block", "graph"), ("ar", "graph"), ("ar-whole", "graph")} <= seen
+    assert {("full", "eager"), ("block", "graph"), ("block-confidence", "graph"), ("ar", "graph"),
+            ("ar-whole", "graph")} <= seen
+    # the confidence order inside blocks runs every step as one captured step under the engine
+    assert [w["captured_steps"] for w in rows if w["decoder"] == "block-confidence"] == [0.0, 1.0] * 2
     if ("dg", "eager") in seen:  # (where transformers has DiffusionGemma)
         assert [w["captured_steps"] for w in rows if w["decoder"] == "dg"] == [0.0, 1.0] * 2
     for w in rows:

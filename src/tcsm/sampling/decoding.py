@@ -42,11 +42,14 @@ only saves calls for "ancestral" steps that reveal nothing.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
 from tcsm.paths import ProbabilityPath
 from tcsm.sampling.common import (
+    RowStreams,
     adjust_log_probs,
     as_grid,
     denoise_rows,
@@ -127,6 +130,57 @@ def _top_n(scores: Tensor, eligible: Tensor, n: Tensor, u: Tensor) -> Tensor:
     return eligible & (rank < n.unsqueeze(-1))
 
 
+def _times(path: ProbabilityPath, x: Tensor, free_total: Tensor) -> Tensor:
+    """The denoiser's time of each row of x: t = α^{-1}(r), r the fraction of the row's free positions revealed."""
+    revealed = 1.0 - (x == path.mask_id).sum(-1).double() / free_total
+    t = path.schedule.alpha_inverse(revealed.clamp(0.0, 1.0))  # the t at which that fraction is clean
+    return t.clamp(0.0, 1.0 - 1e-6).to(torch.get_default_dtype())
+
+
+def _pick(method: str, lp: Tensor, drawn: Tensor, eligible: Tensor, u: Tensor, n, move, last: bool,
+          threshold: float) -> Tensor:  # fmt: skip
+    """The eligible positions of a region that a step reveals, from the conditionals lp, the drawn tokens and the
+    step's uniforms u [B, 4, region] (2: the random order's, 3: the ties'); n [B] the counted orders' counts, move
+    the ancestral reveal."""
+
+    def order():
+        return u[:, 2]
+
+    if method in COUNTED:
+        return _top_n(_scores(method, lp, drawn, order), eligible, n, u[:, 3])
+    if method == "ancestral":
+        return move & eligible
+    if last:  # the step cap: what is still masked is revealed now
+        return eligible
+    conf = _scores(method, lp, drawn, order).masked_fill(~eligible, -1.0)
+    pick = (conf > threshold) & eligible
+    return pick | _top_n(conf, eligible, eligible.any(-1).long(), u[:, 3])
+
+
+def _dense_order_step(denoiser, path, x, free_total, u, n, lam, taken, *, lo: int, hi: int, method: str,
+                      temperature: float, top_p: float, threshold: float, final_argmax: bool,
+                      last: bool) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """One step of the region [lo, hi) on every row of x [B, L]: the denoiser on every row, the tokens drawn at
+    the uniforms u [B, 4, L] (the reveal's, the token's, the random order's, the ties'), the reveal by dense
+    selects; n [B] the counted orders' counts of this step, lam [1] the ancestral reveal probability. Returns
+    (x after the step, `taken` + 1 when a position of the region was still masked). A function of tensors only,
+    with no host read: the engine captures it whole (`capture_step`)."""
+    B, L = x.shape
+    open_ = x[:, lo:hi] == path.mask_id
+    rows = open_.any(-1) & (n > 0) if method in COUNTED else open_.any(-1)
+    out = denoiser(x, _times(path, x, free_total))
+    if out.shape != (B, L, path.vocab_size):
+        raise ValueError(f"denoiser returned shape {tuple(out.shape)}, expected {(B, L, path.vocab_size)}")
+    lp = adjust_log_probs(out[:, lo:hi], temperature, top_p)
+    u = u[..., lo:hi]
+    drawn = lp.argmax(-1) if (last and final_argmax) else inverse_cdf(lp, u[:, 1])
+    move = open_ & (u[:, 0] < lam) if method == "ancestral" else None
+    pick = _pick(method, lp, drawn, open_ & rows.unsqueeze(-1), u, n, move, last, threshold)
+    x = x.clone()
+    x[:, lo:hi] = torch.where(pick, drawn, x[:, lo:hi])
+    return x, taken + open_.any()
+
+
 def decode(
     denoiser,
     path: ProbabilityPath,
@@ -158,7 +212,10 @@ def decode(
     calls) the step loop reads no device value on the host: every step calls the denoiser on every row and updates
     by dense selects, a region runs all its steps (a step with nothing left to reveal changes nothing), and the
     steps a region really took are counted on the device. The draws are keyed by (block, step, position), so the
-    tokens are those of the eager loop, which evaluates only the rows that need it and stops a region early."""
+    tokens are those of the eager loop, which evaluates only the rows that need it and stops a region early. A
+    denoiser that captures whole steps (`capture_step`: the engine's block calls) replays each dense step — the
+    call, the draws, the reveal (`_dense_order_step`) — as one captured graph, one per step kind (inner, last);
+    `stats.counts["captured_steps"]` counts them."""
     if path.mask_id is None or not path.absorbing:
         raise ValueError(
             f"decoding order {method!r} unmasks positions: it needs a masked path, not {path.kind!r}"
@@ -187,32 +244,19 @@ def decode(
     free_total = (~fixed).sum(-1).clamp_min(1)
     step = 0
     taken = torch.zeros((), dtype=torch.long, device=device)  # the steps that had a position to reveal
+    # the engine's block denoiser replays the whole dense step (its call, the draws, the update) as one captured graph
+    capture = getattr(denoiser, "capture_step", None) if dense else None
+    if dense:  # the captured step's inputs of the orders without counts, or without a reveal probability
+        no_count, no_lam = torch.zeros(B, dtype=torch.long, device=device), torch.ones(1, dtype=torch.float64, device=device)
     if callback is not None:
         callback(0, 0.0, x)
 
-    def times(rows) -> Tensor:
-        revealed = 1.0 - (x[rows] == mask).sum(-1).double() / free_total[rows]
-        t = path.schedule.alpha_inverse(revealed.clamp(0.0, 1.0))  # the t at which that fraction is clean
-        return t.clamp(0.0, 1.0 - 1e-6).to(torch.get_default_dtype())
-
-    def call_all():
-        nonlocal cache
-        out = denoiser(x, times(slice(None)))
-        if out.shape != (B, L, V):
-            raise ValueError(f"denoiser returned shape {tuple(out.shape)}, expected {(B, L, V)}")
-        cache = out
-        stats.num_calls += 1
-        stats.num_rows += B
-        stats.row_calls += 1
-
     def call(rows: Tensor):
         nonlocal cache
-        if dense:
-            return call_all()
         need = rows & ~valid if time_independent else rows
         if need.any():
             idx = need.nonzero().squeeze(1)
-            out = denoise_rows(denoiser, x, idx, times(idx))
+            out = denoise_rows(denoiser, x, idx, _times(path, x[idx], free_total[idx]))
             if out.shape != (idx.numel(), L, V):
                 raise ValueError(
                     f"denoiser returned shape {tuple(out.shape)}, expected {(idx.numel(), L, V)}"
@@ -234,47 +278,49 @@ def decode(
             g = as_grid(grid, max(Kb, 1), device)
             counts = count_schedule(((x == mask) & region).sum(-1), g, path) if method in COUNTED else None
             gb = streams.fork(b)  # step k of block b: uniforms of the reveal, the tokens, the random order, the ties
-            if method == "ancestral":  # λ of every step, read on the host once per block
-                lams = torch.cat([path.jump_prob(g[j].reshape(1), g[j + 1].reshape(1)) for j in range(Kb)]).tolist()
+            if method == "ancestral":  # λ of every step (1 at the last: it reveals every position still masked)
+                lams = torch.cat([path.jump_prob(g[j].reshape(1), g[j + 1].reshape(1)) for j in range(Kb - 1)]
+                                 + [torch.ones(1, dtype=torch.float64, device=device)]).double()  # fmt: skip
+                if not dense:
+                    lams = lams.tolist()  # read on the host once per block
+            elif dense:
+                lams = no_lam.expand(Kb)
+            keys = torch.arange(4 * Kb, device=device).view(Kb, 4) if dense else None
             k = 0
             while True:
-                open_ = (x == mask) & region
+                open_ = None if dense else (x == mask) & region
                 if k >= Kb or not (dense or open_.any()):
                     break
-                if dense:
-                    taken += open_.any()
                 last = k == Kb - 1
-                u = gb.uniform(range(4 * k, 4 * k + 4), L)
-                if method in COUNTED:
-                    n = counts[:, k]
-                    rows = open_.any(-1) & (n > 0)
-                elif method == "ancestral":
-                    move = open_ & (u[:, 0] < (1.0 if last else lams[k]))
-                    rows = open_.any(-1)
-                else:
-                    rows = open_.any(-1)
-                if dense or rows.any():
-
-                    def order(u=u, lo=lo, hi=hi):
-                        return u[:, 2, lo:hi]
-
-                    call(rows)
-                    lp = adjust_log_probs(cache[:, lo:hi], temperature, top_p)
-                    drawn = lp.argmax(-1) if (last and final_argmax) else inverse_cdf(lp, u[:, 1, lo:hi])
-                    eligible = open_[:, lo:hi] & rows.unsqueeze(-1)
-                    if method in COUNTED:
-                        pick = _top_n(_scores(method, lp, drawn, order), eligible, n, u[:, 3, lo:hi])
-                    elif method == "ancestral":
-                        pick = move[:, lo:hi] & eligible
-                    elif last:  # the step cap: what is still masked is revealed now
-                        pick = eligible
+                n = counts[:, k] if method in COUNTED else (no_count if dense else None)
+                if dense:
+                    fn = functools.partial(_dense_order_step, lo=lo, hi=hi, method=method, temperature=temperature,
+                                           top_p=top_p, threshold=threshold, final_argmax=final_argmax, last=last)
+                    graph = None if capture is None else capture(
+                        ("order", id(path), method, temperature, top_p, threshold, final_argmax, lo, hi, last),
+                        lambda x, free_total, key, n, lam, taken, base, fn=fn: fn(
+                            denoiser.raw, path, x, free_total, RowStreams.of_base(base).uniform(key, L), n, lam, taken))  # fmt: skip
+                    if graph is not None:  # its outputs are static: read before the next step, cloned at the end
+                        x, taken = graph(x, free_total, keys[k], n, lams[k : k + 1], taken, gb.base)
+                        stats.counts["captured_steps"] = stats.counts.get("captured_steps", 0) + 1
                     else:
-                        conf = _scores(method, lp, drawn, order).masked_fill(~eligible, -1.0)
-                        pick = (conf > threshold) & eligible
-                        pick |= _top_n(conf, eligible, eligible.any(-1).long(), u[:, 3, lo:hi])
-                    before = x[:, lo:hi]
-                    x[:, lo:hi] = torch.where(pick, drawn, before)
-                    valid &= ~pick.any(-1)
+                        x, taken = fn(denoiser, path, x, free_total, gb.uniform(keys[k], L), n, lams[k : k + 1], taken)
+                    stats.num_calls += 1
+                    stats.num_rows += B
+                    stats.row_calls += 1
+                else:
+                    u = gb.uniform(range(4 * k, 4 * k + 4), L)
+                    rows = open_.any(-1) & (n > 0) if method in COUNTED else open_.any(-1)
+                    if rows.any():
+                        call(rows)
+                        lp = adjust_log_probs(cache[:, lo:hi], temperature, top_p)
+                        ur = u if lo == 0 and hi == L else u[..., lo:hi]
+                        drawn = lp.argmax(-1) if (last and final_argmax) else inverse_cdf(lp, ur[:, 1])
+                        move = open_[:, lo:hi] & (ur[:, 0] < lams[k]) if method == "ancestral" else None
+                        eligible = open_[:, lo:hi] & rows.unsqueeze(-1)
+                        pick = _pick(method, lp, drawn, eligible, ur, n, move, last, threshold)
+                        x[:, lo:hi] = torch.where(pick, drawn, x[:, lo:hi])
+                        valid &= ~pick.any(-1)
                 k += 1
                 step += 1
                 if callback is not None:
@@ -283,4 +329,4 @@ def decode(
         raise RuntimeError("decoding left masks in the output")
     if method == "threshold":  # its steps follow from the threshold (at most num_steps)
         stats.num_steps = int(taken) if dense else step
-    return x, stats
+    return (x.clone() if "captured_steps" in stats.counts else x), stats
