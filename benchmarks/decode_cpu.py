@@ -1,6 +1,7 @@
 """Decoding speed on the CPU of two source trees side by side (e.g. before and after a change to the decoders):
 tokens per CPU-second of full-sequence cached ancestral, the confidence decoding order, block decoding (k = 16) with
-its KV cache and AR with its KV cache, at batch 1 and 8 (AR also at 64), `small` preset, random weights, L = 256, fp32, one thread.
+its KV cache and AR with its KV cache (batch-invariant, and `ar-whole` with one product over all rows), at batch 1 and 8
+(AR also at 64), `small` preset, random weights, L = 256, fp32, one thread.
 Each round runs every tree in a fresh process (trees alternate, so machine load hits them alike); a process warms up
 with one decode per configuration, then times `--repeats` decodes per configuration (`time.process_time`, median;
 wall time beside it).
@@ -22,7 +23,10 @@ import time
 #: (decoder, batch, steps): full-sequence cached ancestral and the confidence decoding order (full-sequence model,
 #: steps in all), block decoding (steps per block of 16), AR (one token per call)
 CONFIGS = [("full", 1, 64), ("block", 1, 4), ("ar", 1, 0), ("confidence", 1, 64), ("full", 8, 64), ("block", 8, 4),
-           ("ar", 8, 0), ("confidence", 8, 64), ("ar", 64, 0)]  # fmt: skip
+           ("ar", 8, 0), ("confidence", 8, 64), ("ar", 64, 0), ("ar-whole", 1, 0), ("ar-whole", 8, 0),
+           ("ar-whole", 64, 0)]  # fmt: skip
+#: "ar-whole": AR outside `batch_invariance` (`sample.batch_invariant=false`: one product over all rows); on a tree
+#: without that switch, plain AR
 
 
 def child(length: int, configs, repeats: int) -> dict:
@@ -48,8 +52,13 @@ def child(length: int, configs, repeats: int) -> dict:
     def run(name, B, steps, seed):
         g = torch.Generator().manual_seed(seed)
         with torch.no_grad():
-            if name == "ar":
-                return sample_ar(ar, B, L, g)
+            if name.startswith("ar"):
+                try:
+                    from tcsm.models.layers import batch_invariance
+                except ImportError:  # a tree from before the switch
+                    from contextlib import nullcontext as batch_invariance
+                with batch_invariance(name == "ar"):
+                    return sample_ar(ar, B, L, g)
             model, p = (blk, bpath) if name == "block" else (full, path)
             method = "confidence" if name == "confidence" else "ancestral"
             return draw(model, p, B, L, sample_settings({}, steps=steps, method=method), generator=g)[0]
@@ -73,7 +82,7 @@ def main(argv=None):
     ap.add_argument("--srcs", default="src", help="comma-separated source trees (PYTHONPATH of each run)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--length", type=int, default=256)
-    ap.add_argument("--only", default=None, help="comma-separated decoder names of CONFIGS to run (full, block, ar, confidence)")
+    ap.add_argument("--only", default=None, help="comma-separated decoder names of CONFIGS to run (full, block, ar, ar-whole, confidence)")
     ap.add_argument("--batches", default=None, help="comma-separated batch sizes of CONFIGS to run")
     ap.add_argument("--repeats", type=int, default=1, help="timed decodes per configuration in a process (median)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
