@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tcsm.models.blocks import build_block_denoiser
-from tcsm.models.layers import ROW_FLOOR, row_stable
+from tcsm.models.layers import ROW_FLOOR, batch_invariance, batch_invariant, row_stable
 from tcsm.models.lm_families import build_lm
 from tcsm.models.transformer import build_denoiser
 
@@ -59,8 +59,9 @@ def test_a_block_models_cached_denoise_gives_a_row_the_same_bits_at_batch_1_and_
 
 
 @torch.no_grad()
-def test_the_ar_decode_gives_a_row_the_same_bits_at_batch_1_and_16():
-    model = _randomised(build_lm("causal", "tiny", vocab_size=V, max_len=L))
+@pytest.mark.parametrize("preset", ["tiny", "small"])
+def test_the_ar_decode_gives_a_row_the_same_bits_at_batch_1_and_16(preset):
+    model = _randomised(build_lm("causal", preset, vocab_size=V, max_len=L))
     ids = torch.randint(0, V, (B, 6))
     full = None
     for n in (B, 1, 2, 3):
@@ -70,3 +71,28 @@ def test_the_ar_decode_gives_a_row_the_same_bits_at_batch_1_and_16():
         if full is None:
             full = out
         assert all(torch.equal(o, f[:n]) for o, f in zip(out, full))
+
+
+@torch.no_grad()
+def test_outside_batch_invariance_the_ar_decode_runs_one_product_over_all_rows(monkeypatch):
+    model = _randomised(build_lm("causal", "tiny", vocab_size=V, max_len=L))
+    ids = torch.randint(0, V, (B, 6))
+    batched = []
+    monkeypatch.setattr(torch, "baddbmm", lambda *a, **k: batched.append(1) or torch.Tensor.baddbmm(*a, **k))
+
+    def decode():
+        cache = model.new_cache(B)
+        return model.decode(ids[:, :5], cache), model.decode(ids[:, 5:], cache)
+
+    invariant = decode()
+    assert batched and batch_invariant()
+    batched.clear()
+    with batch_invariance(False):
+        assert not batch_invariant()
+        whole = decode()
+    assert not batched and batch_invariant()
+    for a, b in zip(invariant, whole):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    c = torch.randn(2, 8)
+    with batch_invariance(False):  # and the conditioning linears take their rows unpadded
+        assert row_stable(lambda r: torch.full((r.shape[0], 1), float(r.shape[0])), c).flatten().tolist() == [2.0, 2.0]

@@ -144,3 +144,17 @@ def test_bad_decoding_requests_are_one_line_errors(run, capsys, flags, match):
 def test_bad_decoding_settings_are_config_errors(bad, match):
     with pytest.raises(ConfigError, match=match):
         load_config("synthetic", [bad])
+
+
+@pytest.mark.parametrize("invariant", [True, False])
+def test_sample_batch_invariant_reaches_the_models_calls(run, invariant):
+    from tcsm.builders.loading import load_checkpoint
+    from tcsm.models.layers import batch_invariant
+    from tcsm.sampling.settings import build_sampler
+
+    ck = load_checkpoint(run)
+    seen, forward = [], ck.model.forward
+    ck.model.forward = lambda *a, **k: seen.append(batch_invariant()) or forward(*a, **k)
+    sampler = build_sampler(ck.config, ck.model, ck.build_path(), None, batch_invariant=invariant)
+    sampler(2, 8, generator=torch.Generator().manual_seed(0))
+    assert seen and set(seen) == {invariant} and batch_invariant()

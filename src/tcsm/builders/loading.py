@@ -18,6 +18,7 @@ from tcsm.builders.components import build_data, build_model_for_checkpoint, bui
 from tcsm.builders.config import load_config, to_dict
 from tcsm.core.errors import CheckpointError
 from tcsm.models.kinds import kind_of
+from tcsm.models.layers import batch_invariance
 from tcsm.storage.checkpoint import load_weights_into, read_state, read_weights, resolve_checkpoint
 
 __all__ = [
@@ -189,8 +190,9 @@ def ngram_drafter(target: LoadedCheckpoint, settings, device):
             raise CheckpointError(f"sample.ngram_draws={draws} counts draws of an AR run; this run holds "
                                   f"{kind_of(target.model).description}: set sample.ngram_draws=0 to count its data")  # fmt: skip
         g = torch.Generator(device=device).manual_seed(0)
-        chunks = [sample_ar(target.model, min(256, draws - s), L, generator=g, device=device,
-                            temperature=settings.temperature, top_p=settings.top_p) for s in range(0, draws, 256)]  # fmt: skip
+        with batch_invariance(settings.batch_invariant):
+            chunks = [sample_ar(target.model, min(256, draws - s), L, generator=g, device=device,
+                                temperature=settings.temperature, top_p=settings.top_p) for s in range(0, draws, 256)]  # fmt: skip
         sequences = torch.cat(chunks).cpu()
     else:
         sequences = target.build_data().train

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tcsm.models.kinds import CAUSAL
-from tcsm.models.layers import TransformerBlock, apply_rotary, write_in_place
+from tcsm.models.layers import TransformerBlock, apply_rotary, batch_invariant, write_in_place
 from tcsm.models.lm import LMConfig, LMTransformer
 
 __all__ = ["CausalLM", "KVCache", "StaticKVCache"]
@@ -113,7 +113,11 @@ def _per_sequence(layer: nn.Linear, x: Tensor) -> Tensor:
     """layer(x) for x [N, n, d] as N matrix products of n rows, one per sequence (one batched call). BLAS multiplies
     1-3 rows with other kernels (another summation order) than 4 or more, so a product over all N·n rows would give
     a one-token step's row other bits at batch 1 than at batch 16; per sequence it gets the same bits at any batch,
-    at the cost of a matrix-vector product at batch 1 (padding the rows to 4 instead cost 15-30% of a step there)."""
+    at the cost of a matrix-vector product at batch 1 (padding the rows to 4 instead cost 15-30% of a step there), and
+    at the cost of speed at large batch, where one product over all rows is faster (docs/benchmarks.md): that product
+    runs outside the default `batch_invariance`."""
+    if not batch_invariant():
+        return layer(x)
     w = layer.weight.t().expand(x.shape[0], -1, -1)
     return torch.bmm(x, w) if layer.bias is None else torch.baddbmm(layer.bias, x, w)
 

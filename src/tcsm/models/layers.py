@@ -34,6 +34,8 @@ transformers are all stacks of the same pieces, so these pieces have a small, st
   Without `cond_dim` the block is a standard pre-norm block (no time pathway at all).
 * `modulate(x, shift, scale)` = x·(1 + scale) + shift with per-sequence shift/scale [B, d] or per group of
   consecutive positions [B, G, d]; `gate(g, h)` = g ⊙ h likewise.
+* `batch_invariance(enabled)`: a context in which `row_stable` and the AR decode keep a row's bits independent of
+  its batch (the default) or run one product over all rows (faster at large batch, batch-dependent last bits).
 * `init_weights(module, std=0.02)`: GPT-2-style normal init for Linear/Embedding, used via `model.apply`;
   it skips layers marked `_zero_init = True`, so zero-initialised gates/heads survive it.
 
@@ -45,6 +47,8 @@ from __future__ import annotations
 import functools
 import math
 import warnings
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +66,8 @@ __all__ = [
     "TransformerBlock",
     "apply_rotary",
     "attention_kernel",
+    "batch_invariance",
+    "batch_invariant",
     "cache_capacity",
     "flex_attend",
     "gate",
@@ -365,13 +371,33 @@ def write_in_place(keys: Tensor, values: Tensor, k: Tensor, v: Tensor, start: in
     return keys[:, :, :end], values[:, :, :end]
 
 
+_BATCH_INVARIANT: ContextVar[bool] = ContextVar("tcsm_batch_invariant", default=True)
+
+
+@contextmanager
+def batch_invariance(enabled: bool = True):
+    """Within it, `row_stable` and the AR decode's per-sequence linears keep a row's bits independent of the batch
+    it shares (the default), or, `enabled=False`, run one product over all rows: a row's last bits may then depend
+    on its batch, and large batches decode faster on the CPU (docs/benchmarks.md)."""
+    token = _BATCH_INVARIANT.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _BATCH_INVARIANT.reset(token)
+
+
+def batch_invariant() -> bool:
+    """Whether the innermost `batch_invariance` context (default: on) keeps rows batch-invariant."""
+    return _BATCH_INVARIANT.get()
+
+
 def row_stable(fn, c: Tensor) -> Tensor:
     """fn(c) for per-sequence vectors c [..., d] with fewer rows than `ROW_FLOOR` padded up to it (their results
     dropped), so that a sequence's conditioning does not depend on how many sequences share the call (batch
-    invariance of the samplers)."""
+    invariance of the samplers; off outside `batch_invariance`'s default)."""
     rows = c.reshape(-1, c.shape[-1])
     n = rows.shape[0]
-    if n >= ROW_FLOOR or n == 0:
+    if n >= ROW_FLOOR or n == 0 or not batch_invariant():
         return fn(c)
     out = fn(torch.cat([rows, rows[:1].expand(ROW_FLOOR - n, -1)]))[:n]
     return out.reshape(*c.shape[:-1], out.shape[-1])

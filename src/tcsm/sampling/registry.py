@@ -48,6 +48,9 @@ class SamplerSettings(Settings):
     engine: str = field(default="auto", metadata=_help(
         "decode engine (sampling.engine) of block and AR models and the decoding orders: auto (CUDA graphs on a "
         "GPU, eager elsewhere) | eager | graph"))  # fmt: skip
+    batch_invariant: bool = field(default=True, metadata=_help(
+        "a row's tokens depend only on its seed and prompt, not on the batch it shares; false: one product over all "
+        "rows (faster AR decoding at large batch on the CPU)"))  # fmt: skip
 
     def checks(self) -> list[tuple[bool, str]]:
         from tcsm.sampling.engine import ENGINES

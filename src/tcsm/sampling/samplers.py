@@ -48,6 +48,8 @@ X1Sampler = Callable[[Tensor, Tensor, "torch.Generator | None"], Tensor]
 StepCallback = Callable[[int, float, Tensor], None]
 
 METHODS = ("ancestral", "analytic", "euler", "joint")
+#: the most uniforms (rows × 2 keys a step × steps × positions) an eager decode hashes ahead of its steps (8 MB)
+_UNIFORMS_AHEAD = 2**20
 
 
 @dataclass
@@ -164,6 +166,11 @@ def _sample_chunk(
     capture = getattr(denoiser, "capture_step", None) if dense else None
     if capture is not None:  # step k draws at keys 2k (reveal) and 2k + 1 (token), read from the device
         keys = torch.arange(2 * K, device=device).view(K, 2)
+    # the eager steps' uniforms in one hash call when they are few: the same values (each is keyed by its row, key
+    # and position) for a fraction of the per-step calls' tensor ops, which a block model's short steps feel
+    ahead = None
+    if not dense and B * 2 * K * L <= _UNIFORMS_AHEAD:
+        ahead = generator.uniform(range(2 * K), L).view(B, K, 2, L)
     emit(0)
     for k in range(K):
         last = k == K - 1
@@ -191,7 +198,8 @@ def _sample_chunk(
             continue
         t, s = grid[k], grid[k + 1]
         free = ~fixed & path.free(x)
-        u = generator.uniform([2 * k, 2 * k + 1], L)  # the reveal's and the token's uniform of every position
+        # the reveal's and the token's uniform of every position
+        u = ahead[:, k] if ahead is not None else generator.uniform([2 * k, 2 * k + 1], L)
         active = free.any(-1)  # rows with nothing left to resolve need no network call
 
         need = active & ~valid if use_cache else active

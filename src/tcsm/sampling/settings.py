@@ -24,6 +24,7 @@ from torch import Tensor
 from tcsm.core.errors import ConfigError
 from tcsm.core.protocols import Samples
 from tcsm.models.kinds import kind_of
+from tcsm.models.layers import batch_invariance
 from tcsm.sampling.blocks import BlockDecodeSettings, _fill_after_eos, decode_blocks
 from tcsm.sampling.common import prefix_condition, row_streams
 from tcsm.sampling.registry import (
@@ -149,6 +150,13 @@ def draw(
         if fixed is not None:
             raise ValueError("give a prompt or fixed/values, not both")
         fixed, values = prefix_condition(prompt, num, length)
+    with batch_invariance(getattr(settings, "batch_invariant", True)):
+        return _draw(model, path, num, length, settings, objective, generator, device, fixed, values, callback,
+                     chunk_size, record_steps, drafter_model)  # fmt: skip
+
+
+def _draw(model, path, num, length, settings, objective, generator, device, fixed, values, callback, chunk_size,
+          record_steps, drafter_model):  # fmt: skip
     sampler = make_sampler(settings, objective, drafter_model)
     eos_id = getattr(settings, "eos_id", None)
     if kind_of(model).blocks and not sampler.whole_sequence:  # block by block with its KV cache, the sampler in each
