@@ -187,8 +187,8 @@ def report(result: dict) -> str:
         lines.append(f"| {m} | " + " | ".join(f"{cells[m, k]['entropy_mean']:.4f} ± {cells[m, k]['entropy_sd']:.4f}"
                                              for k in steps) + " |")  # fmt: skip
     if all("tokens" in r for r in result["rows"]):  # sampling throughput: tokens per CPU-second of the draws alone
-        lines += ["", "Sampling, tokens per CPU-second (one thread; network calls and step-head calls per draw of "
-                      f"{result['num_samples']} sequences, mean over the seeds):", "", head]  # fmt: skip
+        lines += ["", ("Sampling, tokens per CPU-second (one thread; network calls and step-head calls per draw of "
+                       f"{result['num_samples']} sequences, mean over the seeds):"), "", head]  # fmt: skip
         for m in models:
             cell = []
             for k in steps:
