@@ -1,16 +1,13 @@
 """The step head (MATH.md §10, "The joint student"): its incremental form (a sampler's) equals its teacher-forced form
-(training's), a position's logits read only the tokens drawn before it in the step, and at initialisation the
-joint sampler draws the factorised denoiser's tokens for the same seed."""
+(training's), a position's logits read only the tokens drawn before it in the step, and a warm start from the
+teacher's denoiser keeps the new head (the joint sampler at initialisation: tests/sampling/test_joint_step.py)."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from tcsm.models import build_denoiser
-from tcsm.models.kinds import denoise, kind_of
-from tcsm.paths import MaskedPath
-from tcsm.sampling.settings import draw, sample_settings
+from tcsm.models.kinds import denoise
 from tcsm.train.checkpointer import fresh_weights
 
 V, L = 5, 12
@@ -54,18 +51,6 @@ def test_the_incremental_head_equals_the_teacher_forced_one_and_reads_only_earli
     after = reveal[0] & (torch.arange(L) > first)
     assert torch.equal(again[0, : first + 1], forced[0, : first + 1])
     assert (again[0, after] - forced[0, after]).abs().max() > 1e-4
-
-
-@pytest.mark.parametrize("steps", [1, 4, 8])
-def test_at_initialisation_the_joint_sampler_draws_the_factorised_tokens(steps):
-    joint, plain = _pair(1)
-    assert "joint_step" in kind_of(joint).offers and "joint_step" not in kind_of(plain).offers
-    path = MaskedPath(V)
-    with torch.no_grad():
-        a, sa = draw(joint, path, 16, L, sample_settings({}, steps=steps), generator=torch.Generator().manual_seed(3))
-        b, sb = draw(plain, path, 16, L, sample_settings({}, steps=steps), generator=torch.Generator().manual_seed(3))
-    assert torch.equal(a, b)
-    assert sa.num_calls == sb.num_calls and sa.counts["head_calls"] >= steps
 
 
 def test_a_warm_start_from_the_denoiser_keeps_the_new_head_and_nothing_else():
