@@ -39,7 +39,8 @@ def _args(argv=None):
     ap.add_argument("--batch-size", type=int, default=16, help="training batch per round")
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--window", type=int, default=None, help="teacher steps per rollout before its step to 1 (None: all)")
-    ap.add_argument("--form", default="conditionals", choices=("conditionals", "draws"))
+    ap.add_argument("--form", default="conditionals", choices=("conditionals", "draws", "joint"),
+                    help="target.form; joint: the joint student (a step head, the teacher's steps over one student step)")
     ap.add_argument("--eval-steps", default="4,8,16,32,64")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--num-samples", type=int, default=32)
@@ -87,7 +88,7 @@ def train_round(source: Path, teacher_steps: int, run_dir: Path, args) -> dict:
                  f"train.batch_size={args.batch_size}", f"optim.lr={args.lr}", f"target.form={args.form}",
                  "train.threads=1", "train.device=cpu", "train.progress=false", "train.tensorboard=false",
                  "train.save_every=25", "train.log_every=10", "sample.num=0"]  # fmt: skip
-    if args.window is not None:
+    if args.window is not None and args.form != "joint":  # the joint round takes no window
         overrides.append(f"target.window={args.window}")
     if args.precision:
         overrides.append(f"train.precision={args.precision}")
@@ -149,7 +150,8 @@ def evaluate(models: dict, judge, steps: list[int], seeds: list[int], args) -> l
                 ent = sample_entropy(x)["entropy_mean"]
                 rows.append({"model": name, "steps": K, "seed": seed, "gen_ppl": res.gen_ppl, "entropy": ent,
                              "sample_cpu_s": cpu, "sample_wall_s": time.perf_counter() - t0,
-                             "network_calls": int(st.num_calls)})  # fmt: skip
+                             "network_calls": int(st.num_calls), "head_calls": int(st.counts.get("head_calls", 0)),
+                             "tokens": int(x.numel())})  # fmt: skip
                 _log(f"{name:>8} K={K:3d} seed={seed}: gen-PPL {res.gen_ppl:8.3f}  entropy {ent:.4f}")
     return rows
 
@@ -184,6 +186,18 @@ def report(result: dict) -> str:
     for m in models:
         lines.append(f"| {m} | " + " | ".join(f"{cells[m, k]['entropy_mean']:.4f} ± {cells[m, k]['entropy_sd']:.4f}"
                                              for k in steps) + " |")  # fmt: skip
+    if all("tokens" in r for r in result["rows"]):  # sampling throughput: tokens per CPU-second of the draws alone
+        lines += ["", ("Sampling, tokens per CPU-second (one thread; network calls and step-head calls per draw of "
+                       f"{result['num_samples']} sequences, mean over the seeds):"), "", head]  # fmt: skip
+        for m in models:
+            cell = []
+            for k in steps:
+                rs = [r for r in result["rows"] if r["model"] == m and r["steps"] == k]
+                rate = sum(r["tokens"] for r in rs) / sum(r["sample_cpu_s"] for r in rs)
+                calls = statistics.mean(r["network_calls"] for r in rs)
+                heads = statistics.mean(r["head_calls"] for r in rs)
+                cell.append(f"{rate:.0f} ({calls:.0f} calls" + (f", {heads:.0f} head" if heads else "") + ")")
+            lines.append(f"| {m} | " + " | ".join(cell) + " |")
     probe = result.get("pretraining_probe") or {}
     lines += ["", "| round | teacher → student steps | CPU-s / step | pre-training steps / step | round CPU-s | wall s |",
               "|---|---|---|---|---|---|"]  # fmt: skip

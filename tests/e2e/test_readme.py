@@ -73,7 +73,7 @@ FLAGS = {
     "finetune dre": (*RECIPE, "--eval-examples", "4"),
     "finetune sft": (*RECIPE, "data.pad=.", "data.valid_frac=0.25"),
     "finetune rl": (*RECIPE, "-G", "2", "--eval-prompts", "2"),
-    "finetune fewstep": (*RECIPE, "--window", "1"),
+    "finetune fewstep": RECIPE,  # the preset's window (1); a joint round (--form joint) takes none
     "distill": (*RECIPE, "--eval-samples", "2", "--eval-steps", "2"),
     "demo grid": (
         "--size",

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["BLOCK_DENOISER", "CAUSAL", "DENOISER", "ENERGY", "HF_CAUSAL", "HF_DENOISER", "HF_MLM", "HOLLOW", "MLM", "ModelKind",
+__all__ = ["BLOCK_DENOISER", "CAUSAL", "DENOISER", "ENERGY", "HF_CAUSAL", "HF_DENOISER", "HF_MLM", "HOLLOW",
+           "JOINT_STEP_DENOISER", "MLM", "ModelKind",
            "denoise", "kind_of"]
 
 
@@ -37,8 +38,13 @@ class ModelKind:
     #: optional training inputs and outputs it offers (MATH.md §9): "encoder_lm" (`model(x_t, t, x1=x_1,
     #: encoder_logits=True)` also gives its clean encoder's next-token logits), "self_conditioning" (`self_cond=`
     #: logits and a per-sequence `self_cond_mask=`), "router" (`model.router_parameters()`: its MoE routing),
-    #: "decode_from" (`decode_from=` a block boundary: only the blocks from there on are decoded)
+    #: "decode_from" (`decode_from=` a block boundary: only the blocks from there on are decoded), "joint_step" (a
+    #: step head, MATH.md §10: `model(x_t, t, reveal=R, tokens=y)` gives the logits of each revealed position given
+    #: the tokens drawn at the revealed positions before it, and `model.step_head` draws a step's tokens jointly)
     offers: frozenset = frozenset()
+    #: state-dict prefixes a warm start (`train.init_from`) from a model without them keeps at their initialisation
+    #: (a step head added to a teacher's denoiser)
+    fresh: tuple[str, ...] = ()
 
     @property
     def is_autoregressive(self) -> bool:
@@ -79,6 +85,10 @@ ENERGY = ModelKind(
     "energy", "sir", "energy", "an energy model (tcsm finetune dre strategy ii; sampled by SIR)", "estimate"
 )
 
+#: a denoiser with a step head (MATH.md §10): the ancestral sampler draws each step's revealed tokens jointly
+JOINT_STEP_DENOISER = ModelKind("denoiser", "path", None, "a few-step denoiser with a step head (draws a step's tokens "
+                                "jointly)", offers=frozenset({"joint_step"}), fresh=("step_head.",))  # fmt: skip
+
 HF_DENOISER = ModelKind("denoiser", "path", "hf_denoiser", "a diffusion denoiser started from a Hugging Face LM")
 HF_MLM = ModelKind("mlm", "none", None, "a Hugging Face masked LM", "nll")
 HF_CAUSAL = ModelKind("causal", "left_to_right", None, "a Hugging Face causal LM", "nll")
@@ -95,9 +105,13 @@ def kind_of(model) -> ModelKind:
     return kind if isinstance(kind, ModelKind) else DENOISER
 
 
-def denoise(model, xt, t, x1):
+def denoise(model, xt, t, x1, reveal=None):
     """The denoiser's logits at (x_t, t) for clean sequences x_1 [B, L]: a block denoiser reads the clean blocks
-    before each noisy block from x_1 (MATH.md §9); any other denoiser sees x_t and t only."""
-    if kind_of(model).blocks:
+    before each noisy block from x_1 (MATH.md §9); a model with a step head, given a step's reveal set `reveal`
+    [B, L], reads the tokens x_1 drawn there (MATH.md §10, the joint student); any other denoiser sees x_t and t."""
+    kind = kind_of(model)
+    if reveal is not None and "joint_step" in kind.offers:
+        return model(xt, t, reveal=reveal, tokens=x1)
+    if kind.blocks:
         return model(xt, t, x1=x1)
     return model(xt, t)

@@ -8,6 +8,8 @@ drives adaLN-Zero modulation of every block and of the final norm; with `time_co
 time pathway at all (the masked posterior does not depend on t given the mask pattern, MATH.md §1.3), and t is
 ignored exactly. The head is zero-initialised, so every model starts at uniform logits (loss = log V).
 
+`JointStepDenoiser` is the denoiser with a step head (`models.step_head`; MATH.md §10, the joint few-step student).
+
 Helpers: `PRESETS` (architecture sizes "tiny", "small", "text8"), `build_denoiser(preset_or_cfg, **overrides)`,
 `count_parameters(model)` and `flops_per_token(cfg, seq_len)` for MFU accounting.
 """
@@ -21,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from tcsm.models.config import TrunkConfig
-from tcsm.models.kinds import DENOISER
+from tcsm.models.kinds import DENOISER, JOINT_STEP_DENOISER
 from tcsm.models.layers import (
     ACTIVATIONS,
     KERNELS,
@@ -30,8 +32,9 @@ from tcsm.models.layers import (
     run_trunk,
     zero_init_,
 )
+from tcsm.models.step_head import JointStep, StepHead
 
-__all__ = ["PRESETS", "Denoiser", "DenoiserConfig", "build_denoiser", "count_parameters", "denoiser_fields", "flops_per_token"]
+__all__ = ["PRESETS", "Denoiser", "DenoiserConfig", "JointStepDenoiser", "build_denoiser", "count_parameters", "denoiser_fields", "flops_per_token"]
 
 
 @dataclass
@@ -44,6 +47,8 @@ class DenoiserConfig(TrunkConfig):
     # MLP nonlinearity: exact GELU, 5× cheaper than the tanh form on a CPU in bf16; "gelu_tanh" is what checkpoints
     # saved before this field used (tcsm.storage.checkpoint.read_state fills it in for them)
     activation: str = "gelu"
+    # layers of a step head (MATH.md §10, the joint few-step student: `models.step_head`); 0: none
+    step_head_layers: int = 0
 
     label: ClassVar[str] = "DenoiserConfig"
     #: the values `attention` takes (a block model's add "flex")
@@ -56,6 +61,8 @@ class DenoiserConfig(TrunkConfig):
             raise ValueError(f"attention must be one of {list(self.attentions)}, got {self.attention!r}{hint}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {self.activation!r}")
+        if int(self.step_head_layers) < 0:
+            raise ValueError(f"step_head_layers must be >= 0, got {self.step_head_layers}")
 
 
 # Architecture sizes only: vocab_size / num_states come from the data and the path.
@@ -118,14 +125,47 @@ class Denoiser(nn.Module):
             ok = (xt >= 0).all() & (xt < self.num_states).all()
             torch._assert_async(ok, f"token ids must lie in [0, {self.num_states}) (num_states)")
 
-    def forward(self, xt: Tensor, t: Tensor | None = None) -> Tensor:
+    def features(self, xt: Tensor, t: Tensor | None = None) -> Tensor:
+        """The final hidden states [B, L, d_model] the logits are a linear function of (a step head reads them)."""
         self._check(xt, t)
         x = self.embed(xt)
         # Rotary tables in the dtype the attention projections produce (bf16 under autocast): cast once here.
         rope = self.rotary(xt.shape[1], dtype=_compute_dtype(xt.device))
-        h = run_trunk(self, x, rope, t)
+        return run_trunk(self, x, rope, t)
+
+    def forward(self, xt: Tensor, t: Tensor | None = None) -> Tensor:
         # float32 logits: losses take log-softmax over V, which bf16 would quantise badly.
-        return self.head(h).float()
+        return self.head(self.features(xt, t)).float()
+
+
+class JointStepDenoiser(Denoiser):
+    """The `Denoiser` with a step head (`cfg.step_head_layers` layers): `model(x_t, t)` are the denoiser's own
+    factorised logits, `model(x_t, t, reveal=R, tokens=y)` add the head's correction at R given the tokens drawn
+    before each position in the step (training, teacher-forced), `open_step(x_t, t, R)` one denoiser call and the
+    incremental head of a sampler step. Its weights are the denoiser's plus `step_head.*` (a warm start from the
+    teacher's denoiser keeps the new head at its initialisation: `JOINT_STEP_DENOISER.fresh`)."""
+
+    model_kind = JOINT_STEP_DENOISER
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.step_head = StepHead(cfg.vocab_size, cfg.d_model, cfg.n_heads, cfg.step_head_layers, cfg.max_len,
+                                  mlp_ratio=cfg.mlp_ratio, norm=cfg.norm, activation=cfg.activation,
+                                  rope_base=cfg.rope_base)  # fmt: skip
+
+    def forward(self, xt: Tensor, t: Tensor | None = None, *, reveal: Tensor | None = None,
+                tokens: Tensor | None = None) -> Tensor:  # fmt: skip
+        h = self.features(xt, t)
+        logits = self.head(h).float()
+        if reveal is None:
+            return logits
+        if tokens is None:
+            raise ValueError("a step head reads the tokens drawn at the revealed positions: pass tokens")
+        return logits + self.step_head.correction(h, reveal & (xt == self.cfg.vocab_size), tokens).float()
+
+    def open_step(self, xt: Tensor, t: Tensor | None, reveal: Tensor) -> JointStep:
+        h = self.features(xt, t)
+        return JointStep(self.step_head, h, reveal, base=self.head(h).float())
 
 
 def _compute_dtype(device: torch.device) -> torch.dtype:
@@ -136,12 +176,14 @@ def _compute_dtype(device: torch.device) -> torch.dtype:
 
 
 def build_denoiser(preset_or_cfg: str | DenoiserConfig | dict[str, Any], **overrides: Any) -> Denoiser:
-    """Build a `Denoiser` from a preset name, a config dict or a `DenoiserConfig`, with keyword overrides.
+    """Build a `Denoiser` from a preset name, a config dict or a `DenoiserConfig`, with keyword overrides (with
+    `step_head_layers` > 0 the `models.step_head.JointStepDenoiser`, a denoiser with a step head).
 
     Presets hold sizes only, so pass at least vocab_size and num_states:
     `build_denoiser("tiny", vocab_size=27, num_states=28)`.
     """
-    return Denoiser(DenoiserConfig.from_dict(denoiser_fields(preset_or_cfg, **overrides)))
+    cfg = DenoiserConfig.from_dict(denoiser_fields(preset_or_cfg, **overrides))
+    return JointStepDenoiser(cfg) if cfg.step_head_layers else Denoiser(cfg)
 
 
 def denoiser_fields(preset_or_cfg: str | DenoiserConfig | dict[str, Any], **overrides: Any) -> dict[str, Any]:

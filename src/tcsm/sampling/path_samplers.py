@@ -1,14 +1,17 @@
 """The path samplers (MATH.md §6.1, §6.2) as selectable samplers: `ancestral` (the default; the sparse cached
 reveal for an absorbing path, the analytic bridge otherwise), `analytic`, `euler`, and `joint` (the bridge applied
 to a jointly drawn x̂_1, for a model that draws one: `model.x1_sampler(path)`). With `semi_ar_block` the first three
-decode block by block (`sampling.decoding`, the ancestral law inside each block)."""
+decode block by block (`sampling.decoding`, the ancestral law inside each block). A model with a step head
+(`ModelKind.offers` "joint_step") is sampled by the masked joint step (`sampling.joint_step`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from tcsm.core.errors import ConfigError
+from tcsm.models.kinds import kind_of
 from tcsm.sampling.decoding import decode
+from tcsm.sampling.joint_step import sample_joint_steps
 from tcsm.sampling.registry import DrawSettings, Sampler, SamplerSettings, register_sampler
 from tcsm.sampling.samplers import sample
 
@@ -35,6 +38,13 @@ class _PathSampler(Sampler):
     def __call__(self, model, path, num, length, *, objective=None, generator=None, device=None, fixed=None,
                  values=None, callback=None, chunk_size=None, record_steps=None):  # fmt: skip
         s = self.settings
+        if "joint_step" in kind_of(model).offers:  # a step head: each step's tokens drawn jointly (MATH.md §10)
+            if s.semi_ar_block is not None or record_steps is not None or not path.absorbing:
+                raise ConfigError("a model with a step head samples with the masked joint step: no semi_ar_block, "
+                                  "no record_steps, masked source only")  # fmt: skip
+            return sample_joint_steps(model, path, num, length, s.steps, grid=s.grid, temperature=s.temperature,
+                                      top_p=s.top_p, final_argmax=s.final_argmax, fixed=fixed, values=values,
+                                      generator=generator, device=device, callback=callback)  # fmt: skip
         if s.semi_ar_block is not None:
             _no_trajectory(self, record_steps)  # blocks run the path sampler's law as "ancestral" (masked: §6.1 = §6.2)
             return decode(

@@ -32,6 +32,9 @@ class TargetBatch:
     log_q: Tensor | None = None  # FloatTensor[B, L, V]: explicit N^1 target conditionals
     weight: Tensor | None = None  # FloatTensor[B]: per-sequence weights (e.g. importance weights)
     stats: dict[str, Tensor] = field(default_factory=dict)  # what the target reports about this call
+    # BoolTensor[B, L]: a sampler step's reveal set R whose tokens `x1` were drawn jointly (MATH.md §10); a model
+    # with a step head reads them, left to right over R (`models.kinds.denoise`)
+    reveal: Tensor | None = None
 
     @property
     def explicit(self) -> bool:

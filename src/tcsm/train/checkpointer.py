@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from tcsm.builders.config import load_config, to_dict
 from tcsm.builders.loading import check_same_architecture
 from tcsm.core.errors import CheckpointError
+from tcsm.models.kinds import kind_of
 from tcsm.models.lora import fold_adapters, foldable, has_adapters, start_weights
 from tcsm.storage.checkpoint import (
     SHARDS,
@@ -61,9 +62,19 @@ def warm_start(model: torch.nn.Module, where: str, *, ema: bool, data, device: t
     # on tied weights cannot be folded, so the new run trains them further (its reference is then loaded apart:
     # builders.lora.keeps_start_adapters).
     weights, fold = start_weights(model, read_weights(directory, ema=use_ema, device=device))
+    weights = {**fresh_weights(model, weights), **weights}
     load_weights_into(model, weights, str(directory))
     if fold and has_adapters(model) and foldable(model):
         fold_adapters(model, seed)
+
+
+def fresh_weights(model: torch.nn.Module, weights: dict) -> dict:
+    """The model's own initial weights under the prefixes its kind declares `fresh` (a part the start checkpoint may
+    lack, such as a step head on a teacher's denoiser) and that `weights` do not hold."""
+    fresh = kind_of(model).fresh
+    if not fresh:
+        return {}
+    return {k: v for k, v in model.state_dict().items() if k.startswith(fresh) and k not in weights}
 
 
 class Checkpointer:

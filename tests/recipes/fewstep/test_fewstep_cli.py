@@ -42,3 +42,31 @@ def test_the_student_step_count_must_divide_the_teachers(teacher):
         fewstep_config(teacher, overrides=["target.teacher_steps=8", "target.student_steps=3"])
     cfg = fewstep_config(teacher, overrides=["target.teacher_steps=8", "target.student_steps=2"])
     assert cfg.sample.steps == 2
+
+
+def test_a_joint_round_adds_a_step_head_and_its_student_samples_with_the_joint_step(teacher, tmp_path, capsys):
+    """`--form joint` (MATH.md §10, "The joint student"): the student is the teacher's denoiser with a new step head,
+    trained on the teacher's steps over one student step; `tcsm sample` of it draws with the joint step and its
+    distilled steps, and a second round takes it as a (joint) teacher. The uniform source is refused in one line."""
+    from tcsm.models.kinds import kind_of
+
+    out = tmp_path / "joint"
+    argv = ["finetune", "fewstep", "--from", str(teacher), "-o", str(out), "--teacher-steps", "8", "--form", "joint",
+            "--steps", "2", *tiny(*QUIET, synthetic=False)]  # fmt: skip
+    if teacher.name == "uniform":
+        assert main(argv) not in (0, None)
+        assert "uniform source" in capsys.readouterr().err
+        return
+    assert main(argv) in (0, None)
+    run = load_checkpoint(out)
+    assert "joint_step" in kind_of(run.model).offers and run.config.target.window is None
+    assert run.config.sample.steps == 4 and run.config.model.step_head_layers == 1
+    rows = [r for r in read_metrics(out) if "target/teacher_calls" in r]
+    assert rows and all(r["target/teacher_calls"] == 2 for r in rows) and rows[-1]["target/revealed"] > 0
+    capsys.readouterr()
+    assert main(["sample", str(out), "-n", "2"]) in (0, None)
+    assert "ancestral (joint step) sampler, 4 steps" in capsys.readouterr().err
+    again = tmp_path / "joint2"
+    assert main(["finetune", "fewstep", "--from", str(out), "-o", str(again), "--teacher-steps", "4", "--form",
+                 "joint", "--steps", "1", *tiny(*QUIET, synthetic=False)]) in (0, None)  # fmt: skip
+    assert load_checkpoint(again).config.sample.steps == 2

@@ -18,6 +18,7 @@ from torch import Tensor
 from tcsm.core.batch import as_batch
 from tcsm.models.kinds import denoise, kind_of
 from tcsm.sampling.common import adjust_log_probs, categorical, time_grid
+from tcsm.sampling.joint_step import joint_reveal
 from tcsm.targets.base import Target, TargetBatch, freeze
 
 __all__ = ["FORMS", "MultiStepTarget", "grid_start", "teacher_rollout"]
@@ -29,14 +30,16 @@ FORMS = ("conditionals", "draws")
 @torch.no_grad()
 def teacher_rollout(teacher, path, xt: Tensor, start: Tensor, num_steps: int, *, movable: Tensor | None = None,
                     window: int | None = None, generator: torch.Generator | None = None, temperature: float = 1.0,
-                    x1: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+                    x1: Tensor | None = None, until: int | None = None) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """(x̂_1 [B, L], log conditionals [B, L, V] float64, teacher calls per row [B]): the teacher's sampler on the
     uniform grid of `num_steps` steps from x_t = `xt` at t_{start} to 1 (MATH.md §10). `start` is per row [B], or on a
     block path per position [B, L] (constant within a block): every block runs its own rollout, all in lock step, the
     block model reading each block's clean prefix from `x1` (MATH.md §9). `movable` [B, L]: positions the sampler may
     change (default `path.free(xt)`; conditioning positions are not). `window`: at most this many steps of the grid,
-    then the step to t = 1 (SDTT's window is 2; None: the whole remaining grid). Off `movable` the conditionals are
-    uniform (no loss is taken there)."""
+    then the step to t = 1 (SDTT's window is 2; None: the whole remaining grid). `until`: stop at the grid point
+    t_until instead (the state x_{t_until}, masks kept: one student step's worth of teacher steps, MATH.md §10 "The
+    joint student"). Off `movable` the conditionals are uniform (no loss is taken there). A teacher with a step head
+    (a previous round's joint student) draws each step's revealed tokens jointly (`sampling.joint_step`)."""
     B, L = xt.shape
     V = path.vocab_size
     K = int(num_steps)
@@ -48,7 +51,13 @@ def teacher_rollout(teacher, path, xt: Tensor, start: Tensor, num_steps: int, *,
     if blocks and x1 is None:
         raise ValueError("a block teacher reads each block's clean prefix: pass x1")
     start = start.reshape(B, -1).expand(B, L) if start.dim() == 2 else start.reshape(B, 1).expand(B, L)
-    end = torch.full_like(start, K) if window is None else torch.clamp(start + int(window) + 1, max=K)
+    if until is not None and (window is not None or not 0 < int(until) <= K or bool((start >= int(until)).any())):
+        raise ValueError(f"until ({until}) takes no window and must lie after every start, at most {K}")
+    if window is not None:
+        end = torch.clamp(start + int(window) + 1, max=K)
+    else:
+        end = torch.full_like(start, K if until is None else int(until))
+    joint = "joint_step" in kind_of(teacher).offers
     movable = path.free(xt) if movable is None else movable & path.free(xt)
     x = xt.clone()
     log_cond = torch.full((B, L, V), -float(torch.log(torch.tensor(float(V)))), dtype=torch.float64, device=xt.device)
@@ -60,15 +69,28 @@ def teacher_rollout(teacher, path, xt: Tensor, start: Tensor, num_steps: int, *,
         if rows.numel() == 0:
             continue
         on_r, st_r, en_r = on[rows], start[rows], end[rows]
-        last = en_r == k + 1  # the rollout's last step: to t = 1, where every movable token takes its draw
+        # the rollout's last step: to t = 1, where every movable token takes its draw (`until`: to t_until)
+        last = (en_r == k + 1) & ((until is None) | (en_r == K))
         t = grid[torch.clamp(torch.full_like(st_r, k), st_r, en_r - 1)]  # off `on`: any time of that block's grid
         s = torch.where(last, torch.ones_like(t), grid[min(k + 1, K)])
         xr = x[rows]
         t_in = t if blocks else t[:, 0]
-        logits = denoise(teacher, xr, t_in.to(time_dtype), x1[rows] if blocks else None)
-        lp = adjust_log_probs(logits, temperature)  # float64 log m^i(· | x_t)
         calls[rows] += 1
         free = movable[rows] & path.free(xr) & on_r
+        if joint:  # the masked step with its tokens drawn jointly over the reveal set
+            lam = path.jump_prob(t, s)
+            u = torch.rand((2, *xr.shape), dtype=torch.float64, device=xt.device, generator=generator)
+            move = free & (u[0] < lam)
+            new, _, lp = joint_reveal(teacher, xr, t_in.to(time_dtype), move, u[1], temperature=temperature,
+                                      keep_log_probs=True)  # fmt: skip
+            rec = log_cond[rows]
+            if lp is not None:
+                rec[move] = lp[move]
+            log_cond[rows] = rec
+            x[rows] = new
+            continue
+        logits = denoise(teacher, xr, t_in.to(time_dtype), x1[rows] if blocks else None)
+        lp = adjust_log_probs(logits, temperature)  # float64 log m^i(· | x_t)
         if path.absorbing or bool(last[on_r].all()):
             # reveal with probability λ_{t→s} (λ = 1 at s = 1), the drawn token from m^i (MATH.md §6.1 = §6.2)
             lam = path.jump_prob(t, s)
@@ -85,7 +107,7 @@ def teacher_rollout(teacher, path, xt: Tensor, start: Tensor, num_steps: int, *,
         rec[move] = lp[move]
         log_cond[rows] = rec
         x[rows] = new
-    if (x >= V).any():
+    if until is None and (x >= V).any():
         raise RuntimeError("the teacher's rollout left noise-only ids (masks): its grid must end at t = 1")
     return x, log_cond, calls
 

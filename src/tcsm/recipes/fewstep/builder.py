@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from tcsm.builders.registry import TARGETS, ReferenceUse
 from tcsm.core.errors import ConfigError
+from tcsm.posttrain.fewstep.joint import StepTarget
 from tcsm.posttrain.fewstep.target import FORMS, MultiStepTarget
 
 __all__ = ["FewStepTargetConfig", "build_fewstep_target", "student_steps_of"]
@@ -24,7 +25,10 @@ class FewStepTargetConfig:
         "help": "teacher steps per rollout before its step to t = 1 (null: its whole grid from x_t; 2: SDTT's window)"})
     form: str = field(default="conditionals", metadata={
         "help": "conditionals (the teacher's conditional of each reached token: explicit q, any divergence) | draws "
-                "(the reached tokens: Monte Carlo, distrib KL or the score losses)", "choices": FORMS})
+                "(the reached tokens: Monte Carlo, distrib KL or the score losses) | joint (the joint student: the "
+                "teacher's steps over one student step, their revealed tokens learnt jointly by a step head, "
+                "model.step_head_layers; masked full-sequence models, distrib KL, no window)",
+        "choices": (*FORMS, "joint")})
     temperature: float = field(default=1.0, metadata={"help": "the teacher sampler's temperature"})
 
 
@@ -36,12 +40,18 @@ def student_steps_of(node) -> int:
 
 
 def build_fewstep_target(node: dict, ctx) -> MultiStepTarget:
-    """`target.name: fewstep`: p^{T,K}_{1|t} of the frozen teacher at the student's grid times (MATH.md §10)."""
+    """`target.name: fewstep`: p^{T,K}_{1|t} of the frozen teacher at the student's grid times, or with `form:
+    joint` the teacher's transition over one student step (MATH.md §10)."""
     teacher = ctx.reference
     if teacher is None:
         raise ConfigError("reference.path must name the teacher run (tcsm finetune fewstep --from RUN)")
     if int(node["teacher_steps"]) < 2:
         raise ConfigError(f"target.teacher_steps must be >= 2, got {node['teacher_steps']}")
+    if node["form"] == "joint":
+        if node["window"] is not None:
+            raise ConfigError("target.form=joint learns one student step of teacher steps: set target.window=null")
+        return StepTarget(teacher, int(node["teacher_steps"]), student_steps_of(node),
+                          temperature=float(node["temperature"]))  # fmt: skip
     return MultiStepTarget(teacher, int(node["teacher_steps"]), student_steps_of(node), window=node["window"],
                            form=node["form"], temperature=float(node["temperature"]))  # fmt: skip
 

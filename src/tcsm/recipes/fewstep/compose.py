@@ -1,7 +1,9 @@
 """Few-step distillation as a recipe (MATH.md §10): the run config of one step-halving round. A round is an ordinary
 run: the teacher run's config (data, path, model) < the `finetune-fewstep` preset < overrides, with `reference.path`
 (the frozen teacher) and `train.init_from` (the student's start) the teacher's checkpoint, and `sample.steps` the
-student's step count, so that `tcsm sample` of the student uses the steps it was distilled for unless told."""
+student's step count, so that `tcsm sample` of the student uses the steps it was distilled for unless told. With
+`target.form=joint` the student is the teacher's denoiser with a step head (`model.step_head_layers`, 1 unless
+set; the head new) and the target the teacher's steps over one student step (no window)."""
 
 from __future__ import annotations
 
@@ -27,6 +29,10 @@ def fewstep_config(checkpoint, preset: str | None = "finetune-fewstep", override
         raise ConfigError(f"--student-steps ({Ks}) must divide --teacher-steps ({K})")
     start = {"train.init_from": str(directory), "train.init_weights": "ema" if cfg.reference.ema else "model",
              "sample.steps": Ks}  # fmt: skip
+    if cfg.target.form == "joint":  # the joint student: a step head on the teacher's denoiser, one student step
+        start["target.window"] = None
+        if not cfg.model.get("step_head_layers"):
+            start["model.step_head_layers"] = 1
     return set_values(cfg, {k: v for k, v in start.items() if k not in (values or {})})
 
 

@@ -1,0 +1,133 @@
+"""The step head of a joint few-step student (MATH.md §10, "The joint student"): a small causal transformer over the
+positions a sampler step reveals, on top of the denoiser's final hidden states.
+
+A masked ancestral step reveals a set R = {r_1 < … < r_n} of masked positions. The factorised denoiser draws their
+tokens independently from m^{r_k}(· | x_t); the joint student draws them left to right over R,
+
+    y_{r_k} ~ p_θ(· | x_t, R, y_{r_1..r_{k−1}}),   log p_θ = logits of the denoiser at r_k + the head's correction,
+
+where the head reads at r_k the denoiser's hidden state there, the embedding of the token drawn at r_{k−1} (a start
+token for k = 1), and attends causally over r_1..r_k with rotary positions (so it knows their distances). Its
+output projection is zero-initialised: at initialisation the joint step is the factorised one, token for token.
+
+`StepHead.correction` is the teacher-forced form (training: every r_k in one pass); `StepHead.open` the incremental
+form a sampler uses (one position per row per call, keys and values cached), which
+`models.transformer.JointStepDenoiser.open_step` wraps with the denoiser's one call of the step."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tcsm.models.layers import MLP, RotaryEmbedding, apply_rotary, init_weights, make_norm, zero_init_
+
+__all__ = ["JointStep", "StepHead", "reveal_order"]
+
+
+def reveal_order(reveal: Tensor) -> tuple[Tensor, Tensor]:
+    """(positions [B, n] of each row's revealed positions left to right, padded with position 0; valid [B, n]),
+    n = the largest reveal count of the batch."""
+    B, L = reveal.shape
+    ar = torch.arange(L, device=reveal.device)
+    order = torch.where(reveal, ar, L + ar).argsort(-1)
+    count = reveal.sum(-1)
+    n = int(count.max()) if B else 0
+    valid = torch.arange(n, device=reveal.device) < count[:, None]
+    return torch.where(valid, order[:, :n], 0), valid
+
+
+class _HeadLayer(nn.Module):
+    """Pre-norm causal attention + MLP over a row's revealed positions; rotary tables gathered per position."""
+
+    def __init__(self, d: int, heads: int, mlp_ratio: float, norm: str, activation: str):
+        super().__init__()
+        self.heads, self.dh = heads, d // heads
+        self.norm1, self.norm2 = make_norm(norm, d), make_norm(norm, d)
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.out = nn.Linear(d, d, bias=False)
+        self.mlp = MLP(d, mlp_ratio, 0.0, activation)
+
+    def qkv_of(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        b, n, _ = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, n, 3, self.heads, self.dh).unbind(2)
+        q, k = apply_rotary(q, cos[:, :, None], sin[:, :, None]), apply_rotary(k, cos[:, :, None], sin[:, :, None])
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H, n, Dh]
+
+    def finish(self, x: Tensor, y: Tensor) -> Tensor:
+        b, _, n, _ = y.shape
+        x = x + self.out(y.transpose(1, 2).reshape(b, n, -1))
+        return x + self.mlp(self.norm2(x))
+
+
+class StepHead(nn.Module):
+    """The logit correction of each revealed position given the tokens drawn before it in the step (module doc)."""
+
+    def __init__(self, vocab_size: int, d_model: int, n_heads: int, n_layers: int, max_len: int, *,
+                 mlp_ratio: float = 4, norm: str = "layernorm", activation: str = "gelu", rope_base: float = 10000.0):  # fmt: skip
+        super().__init__()
+        self.vocab_size = int(vocab_size)
+        self.token = nn.Embedding(self.vocab_size + 1, d_model)  # id V: no token drawn before in this step
+        self.rotary = RotaryEmbedding(d_model // n_heads, max_len, rope_base)
+        self.layers = nn.ModuleList(_HeadLayer(d_model, n_heads, mlp_ratio, norm, activation) for _ in range(n_layers))
+        self.norm = make_norm(norm, d_model)
+        self.apply(init_weights)
+        self.out = zero_init_(nn.Linear(d_model, self.vocab_size, bias=True))  # at init: the factorised step
+
+    def _tables(self, positions: Tensor, dtype) -> tuple[Tensor, Tensor]:
+        cos, sin = self.rotary(int(positions.max()) + 1 if positions.numel() else 1, dtype=dtype)
+        return cos[positions], sin[positions]
+
+    def correction(self, h: Tensor, reveal: Tensor, tokens: Tensor) -> Tensor:
+        """[B, L, V]: the correction at every revealed position given the tokens `tokens` [B, L] at the revealed
+        positions before it (teacher forcing), 0 elsewhere. h [B, L, D]: the denoiser's final hidden states."""
+        B, L, D = h.shape
+        pos, valid = reveal_order(reveal)
+        out = h.new_zeros(B, L, self.vocab_size)
+        if pos.shape[1] == 0:
+            return out
+        drawn = tokens.gather(1, pos).clamp(0, self.vocab_size - 1)
+        prev = torch.cat([torch.full_like(drawn[:, :1], self.vocab_size), drawn[:, :-1]], 1)
+        x = h.gather(1, pos[..., None].expand(-1, -1, D)) + self.token(prev).to(h.dtype)
+        cos, sin = self._tables(pos, x.dtype)
+        for layer in self.layers:
+            q, k, v = layer.qkv_of(x, cos, sin)
+            x = layer.finish(x, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        corr = self.out(self.norm(x)) * valid[..., None]
+        return out.scatter_add(1, pos[..., None].expand(-1, -1, self.vocab_size), corr.to(out.dtype))
+
+    def open(self, h: Tensor, reveal: Tensor) -> JointStep:
+        """The incremental form over one step's reveal set (`JointStep`)."""
+        return JointStep(self, h, reveal)
+
+
+class JointStep:
+    """One sampler step's joint draw, incremental: `positions[:, k]` is each row's k-th revealed position (valid
+    where `valid[:, k]`), and `logits(k, prev)` the full logits there given the token `prev` [B] drawn at its
+    (k−1)-th (call k = 0, 1, … in order; keys and values of earlier positions are cached)."""
+
+    def __init__(self, head: StepHead, h: Tensor, reveal: Tensor, base: Tensor | None = None):
+        self.head, self.h, self.base = head, h, base
+        self.positions, self.valid = reveal_order(reveal)
+        B, n = self.positions.shape
+        dh = head.layers[0].dh if len(head.layers) else 0
+        self.cache = [(h.new_zeros(B, layer.heads, n, dh), h.new_zeros(B, layer.heads, n, dh)) for layer in head.layers]
+        self.calls = 0  # head evaluations (one per revealed position index of the batch)
+
+    @property
+    def size(self) -> int:
+        return self.positions.shape[1]
+
+    def logits(self, k: int, prev: Tensor) -> Tensor:
+        head, D = self.head, self.h.shape[-1]
+        pos = self.positions[:, k : k + 1]  # [B, 1]
+        x = self.h.gather(1, pos[..., None].expand(-1, -1, D)) + head.token(prev[:, None]).to(self.h.dtype)
+        cos, sin = head._tables(pos, x.dtype)
+        for layer, (keys, values) in zip(head.layers, self.cache, strict=True):
+            q, kk, vv = layer.qkv_of(x, cos, sin)
+            keys[:, :, k : k + 1], values[:, :, k : k + 1] = kk, vv
+            x = layer.finish(x, F.scaled_dot_product_attention(q, keys[:, :, : k + 1], values[:, :, : k + 1]))
+        self.calls += 1
+        corr = head.out(head.norm(x))[:, 0].float()
+        return corr if self.base is None else self.base.gather(
+            1, pos[..., None].expand(-1, -1, self.base.shape[-1]))[:, 0] + corr  # fmt: skip

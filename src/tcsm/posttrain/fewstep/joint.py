@@ -1,0 +1,66 @@
+"""The joint student's target (MATH.md §10, "The joint student"): one student step's worth of the teacher's sampler.
+
+A student step t_j → t_{j+1} replaces r = K/K_s teacher steps. Started from x_t at t_j, the teacher's r steps reach
+x_{t_{j+1}}: the positions they revealed, R, and their tokens y_R. Reveals compose (a masked position stays masked
+through the r steps with probability Π (1 − λ_i) = 1 − λ_{t_j→t_{j+1}}, whatever the tokens), so R has the law of
+one student step's reveal set, and the teacher's r-step transition is that law of R times the teacher's law of
+y_R given (x_t, R). `StepTarget` hands the objective (x_t, t_j, R, y_R) with R as the loss positions and as
+`TargetBatch.reveal`: a model with a step head reads y_R teacher-forced, and the composed objective's Monte Carlo
+KL (`loss: distrib`, the drawn tokens) is the step's negative log-likelihood −Σ_k log p_θ(y_{r_k} | x_t, R, y_{r<k}),
+whose expectation is KL(teacher's y_R | x_t, R ‖ the student's) + const."""
+
+from __future__ import annotations
+
+import torch
+
+from tcsm.core.batch import as_batch
+from tcsm.posttrain.fewstep.target import grid_start, teacher_rollout
+from tcsm.targets.base import Target, TargetBatch, freeze
+
+__all__ = ["StepTarget"]
+
+
+class StepTarget(Target):
+    """The teacher's r-step transition from x_t at the student's grid point t_j to t_{j+1} (module doc). A call
+    snaps each row's t down to t_j = j/K_s, draws x_t from the batch's clean data, rolls the frozen teacher's
+    `teacher_steps`-step sampler from t_{jr} to t_{(j+1)r} once and returns x_t, t_j, the reveal set R (loss
+    positions and `reveal`) and its tokens (in `x1`). Masked source, full-sequence models. Stats: the teacher's
+    calls per row and the mean reveal count."""
+
+    def __init__(self, teacher, teacher_steps: int, student_steps: int, *, temperature: float = 1.0):
+        K, Ks = int(teacher_steps), int(student_steps)
+        if Ks < 1 or K < Ks or K % Ks:
+            raise ValueError(f"teacher_steps ({K}) must be a multiple of student_steps ({Ks}) >= 1")
+        self.teacher = freeze(teacher)
+        self.teacher_steps, self.student_steps = K, Ks
+        self.temperature = float(temperature)
+
+    def __call__(self, batch, t, path, generator=None, *, model=None):
+        if path.mask_id is None or t.dim() != 1:
+            raise ValueError("the joint step target needs the masked source and a full-sequence path (one t per row)")
+        batch = as_batch(batch)
+        j = grid_start(t, self.student_steps)
+        r = self.teacher_steps // self.student_steps
+        ts = (j.double() / self.student_steps).to(t.dtype)
+        xt = batch.noised(path, batch.x1, ts, generator)
+        movable = batch.scored(path, xt)
+        # every row stops at its own t_{j+1}: one rollout per end point present in the batch
+        xs, calls = xt.clone(), torch.zeros(xt.shape[0], dtype=torch.long, device=xt.device)
+        for end in (j + 1).unique().tolist():
+            rows = (j + 1 == end).nonzero().squeeze(1)
+            x_end, _, c = teacher_rollout(self.teacher, path, xt[rows], j[rows] * r, self.teacher_steps,
+                                          movable=movable[rows], generator=generator, temperature=self.temperature,
+                                          until=end * r)  # fmt: skip
+            xs[rows], calls[rows] = x_end, c
+        reveal = movable & (xs != xt)
+        tokens = torch.where(reveal, xs, batch.x1)
+        stats = {"teacher_calls": calls.float().mean(), "revealed": reveal.float().sum(-1).mean()}
+        return TargetBatch(xt=xt, t=ts, x1=tokens, loss_mask=reveal, reveal=reveal, stats=stats)
+
+    def to(self, device):
+        if isinstance(self.teacher, torch.nn.Module):
+            self.teacher.to(device)
+        return self
+
+    def __repr__(self) -> str:
+        return f"StepTarget(teacher_steps={self.teacher_steps}, student_steps={self.student_steps})"

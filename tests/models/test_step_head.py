@@ -1,0 +1,61 @@
+"""The step head (MATH.md §10, "The joint student"): its incremental form (a sampler's) equals its teacher-forced form
+(training's), a position's logits read only the tokens drawn before it in the step, and a warm start from the
+teacher's denoiser keeps the new head (the joint sampler at initialisation: tests/sampling/test_joint_step.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from tcsm.models import build_denoiser
+from tcsm.models.kinds import denoise
+from tcsm.train.checkpointer import fresh_weights
+
+V, L = 5, 12
+
+
+def _pair(seed=0):
+    torch.manual_seed(seed)
+    joint = build_denoiser("tiny", vocab_size=V, num_states=V + 1, step_head_layers=1, time_conditioning=False)
+    for name, p in joint.named_parameters():  # a trained-looking denoiser (its head is zero at init)
+        if p.dim() > 1 and not name.startswith("step_head."):
+            torch.nn.init.normal_(p, std=0.2)
+    plain = build_denoiser("tiny", vocab_size=V, num_states=V + 1, time_conditioning=False)
+    plain.load_state_dict({k: v for k, v in joint.state_dict().items() if not k.startswith("step_head.")})
+    return joint.eval(), plain.eval()
+
+
+def test_the_incremental_head_equals_the_teacher_forced_one_and_reads_only_earlier_tokens():
+    joint, _ = _pair()
+    for p in joint.step_head.out.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    g = torch.Generator().manual_seed(0)
+    xt = torch.randint(0, V + 1, (4, L), generator=g)
+    xt[:, ::2] = V
+    reveal = (xt == V) & (torch.rand(4, L, generator=g) < 0.7)
+    tokens = torch.randint(0, V, (4, L), generator=g)
+    with torch.no_grad():
+        forced = denoise(joint, xt, None, tokens, reveal)
+        assert torch.equal(forced[~reveal], joint(xt)[~reveal])
+        step = joint.open_step(xt, None, reveal)
+        prev = torch.full((4,), V)
+        rows = torch.arange(4)
+        for k in range(step.size):
+            pos, ok = step.positions[:, k], step.valid[:, k]
+            assert torch.allclose(step.logits(k, prev)[ok], forced[rows, pos][ok], atol=1e-5)
+            prev = tokens[rows, pos]
+        # a later token changes nothing before it, and changes the positions after it
+        first = step.positions[0, 0]
+        changed = tokens.clone()
+        changed[0, first] = (tokens[0, first] + 1) % V
+        again = denoise(joint, xt, None, changed, reveal)
+    after = reveal[0] & (torch.arange(L) > first)
+    assert torch.equal(again[0, : first + 1], forced[0, : first + 1])
+    assert (again[0, after] - forced[0, after]).abs().max() > 1e-4
+
+
+def test_a_warm_start_from_the_denoiser_keeps_the_new_head_and_nothing_else():
+    joint, plain = _pair()
+    fresh = fresh_weights(joint, plain.state_dict())
+    assert fresh and all(k.startswith("step_head.") for k in fresh)
+    assert set(fresh) | set(plain.state_dict()) == set(joint.state_dict())
+    assert fresh_weights(plain, plain.state_dict()) == {}
