@@ -24,7 +24,8 @@ class ModelKind:
     #: registered sampler its objective brings (`own_sampler`): "left_to_right" (an autoregressive draw), "sir" (SIR
     #: over the reference, MATH.md §6.3)
     sampler: str
-    #: what `tcsm export` writes ("denoiser" | "hf_denoiser" | "energy"), or None: not exportable
+    #: what `tcsm export` writes ("denoiser" | "hf_denoiser" | "energy" | "joint_step_denoiser", the last for tcsm
+    #: alone), or None: not exportable
     export: str | None
     #: what it is, for messages ("an autoregressive LM (a teacher for tcsm distill)")
     description: str
@@ -86,8 +87,9 @@ ENERGY = ModelKind(
 )
 
 #: a denoiser with a step head (MATH.md §10): the ancestral sampler draws each step's revealed tokens jointly
-JOINT_STEP_DENOISER = ModelKind("denoiser", "path", None, "a few-step denoiser with a step head (draws a step's tokens "
-                                "jointly)", offers=frozenset({"joint_step"}), fresh=("step_head.",))  # fmt: skip
+#: (exported for tcsm alone: the denoiser's modeling code for transformers would load it without its head)
+JOINT_STEP_DENOISER = ModelKind("denoiser", "path", "joint_step_denoiser", "a few-step denoiser with a step head (draws "
+                                "a step's tokens jointly)", offers=frozenset({"joint_step"}), fresh=("step_head.",))  # fmt: skip
 
 HF_DENOISER = ModelKind("denoiser", "path", "hf_denoiser", "a diffusion denoiser started from a Hugging Face LM")
 HF_MLM = ModelKind("mlm", "none", None, "a Hugging Face masked LM", "nll")

@@ -19,22 +19,21 @@ __all__ = ["joint_reveal", "sample_joint_steps"]
 def joint_reveal(model, x: Tensor, t: Tensor, reveal: Tensor, u: Tensor, *, temperature: float = 1.0,
                  top_p: float = 1.0, argmax: bool = False, keep_log_probs: bool = False):  # fmt: skip
     """(x with the positions `reveal` [B, L] set to tokens drawn jointly, head calls, log conditionals [B, L, V]
-    float64 at the revealed positions (None unless `keep_log_probs`)). The k-th revealed position of a row takes
+    float64 at the revealed positions, 0 elsewhere (None unless `keep_log_probs`)). The k-th revealed position of a row takes
     its token by inversion at its uniform u [B, L] (or the argmax) of p(· | x_t, R, tokens drawn before it)."""
     x = x.clone()
     B, L = x.shape
     step = model.open_step(x, t, reveal)
     rows = torch.arange(B, device=x.device)
-    prev = torch.full((B,), model.cfg.vocab_size, dtype=torch.long, device=x.device)
-    kept = None
+    V = model.cfg.vocab_size
+    prev = torch.full((B,), V, dtype=torch.long, device=x.device)
+    kept = torch.zeros(B, L, V, dtype=torch.float64, device=x.device) if keep_log_probs else None
     for k in range(step.size):
         pos, valid = step.positions[:, k], step.valid[:, k]
         lp = adjust_log_probs(step.logits(k, prev), temperature, top_p)
         y = lp.argmax(-1) if argmax else inverse_cdf(lp, u[rows, pos])
         x[rows, pos] = torch.where(valid, y, x[rows, pos])
         if keep_log_probs:
-            if kept is None:
-                kept = torch.zeros(B, L, lp.shape[-1], dtype=torch.float64, device=x.device)
             kept[rows[valid], pos[valid]] = lp[valid]
         prev = y
     return x, step.calls, kept

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tcsm.builders.loading import load_checkpoint
 from tcsm.cli import main
@@ -66,6 +67,15 @@ def test_a_joint_round_adds_a_step_head_and_its_student_samples_with_the_joint_s
     capsys.readouterr()
     assert main(["sample", str(out), "-n", "2"]) in (0, None)
     assert "ancestral (joint step) sampler, 4 steps" in capsys.readouterr().err
+    # exported for tcsm alone (transformers' denoiser code would drop the head), and loaded back with it
+    exported = tmp_path / "export"
+    assert main(["export", str(out), "-o", str(exported)]) in (0, None)
+    said = capsys.readouterr()
+    assert "(load with tcsm.from_pretrained)" in said.out and "no Hugging Face modeling code" in said.err
+    assert not (exported / "modeling_tcsm.py").exists()
+    back = load_checkpoint(exported).model
+    assert "joint_step" in kind_of(back).offers
+    assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), run.model.state_dict().values()))
     again = tmp_path / "joint2"
     assert main(["finetune", "fewstep", "--from", str(out), "-o", str(again), "--teacher-steps", "4", "--form",
                  "joint", "--steps", "1", *tiny(*QUIET, synthetic=False)]) in (0, None)  # fmt: skip

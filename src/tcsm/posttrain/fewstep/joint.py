@@ -14,13 +14,13 @@ from __future__ import annotations
 import torch
 
 from tcsm.core.batch import as_batch
-from tcsm.posttrain.fewstep.target import grid_start, teacher_rollout
-from tcsm.targets.base import Target, TargetBatch, freeze
+from tcsm.posttrain.fewstep.target import TeacherRounds, teacher_rollout
+from tcsm.targets.base import TargetBatch
 
 __all__ = ["StepTarget"]
 
 
-class StepTarget(Target):
+class StepTarget(TeacherRounds):
     """The teacher's r-step transition from x_t at the student's grid point t_j to t_{j+1} (module doc). A call
     snaps each row's t down to t_j = j/K_s, draws x_t from the batch's clean data, rolls the frozen teacher's
     `teacher_steps`-step sampler from t_{jr} to t_{(j+1)r} once and returns x_t, t_j, the reveal set R (loss
@@ -28,22 +28,14 @@ class StepTarget(Target):
     calls per row and the mean reveal count."""
 
     def __init__(self, teacher, teacher_steps: int, student_steps: int, *, temperature: float = 1.0):
-        K, Ks = int(teacher_steps), int(student_steps)
-        if Ks < 1 or K < Ks or K % Ks:
-            raise ValueError(f"teacher_steps ({K}) must be a multiple of student_steps ({Ks}) >= 1")
-        self.teacher = freeze(teacher)
-        self.teacher_steps, self.student_steps = K, Ks
-        self.temperature = float(temperature)
+        super().__init__(teacher, teacher_steps, student_steps, temperature)
 
     def __call__(self, batch, t, path, generator=None, *, model=None):
         if path.mask_id is None or t.dim() != 1:
             raise ValueError("the joint step target needs the masked source and a full-sequence path (one t per row)")
         batch = as_batch(batch)
-        j = grid_start(t, self.student_steps)
+        j, ts, xt, movable = self.start(batch, t, path, generator)
         r = self.teacher_steps // self.student_steps
-        ts = (j.double() / self.student_steps).to(t.dtype)
-        xt = batch.noised(path, batch.x1, ts, generator)
-        movable = batch.scored(path, xt)
         # every row stops at its own t_{j+1}: one rollout per end point present in the batch
         xs, calls = xt.clone(), torch.zeros(xt.shape[0], dtype=torch.long, device=xt.device)
         for end in (j + 1).unique().tolist():
@@ -56,11 +48,6 @@ class StepTarget(Target):
         tokens = torch.where(reveal, xs, batch.x1)
         stats = {"teacher_calls": calls.float().mean(), "revealed": reveal.float().sum(-1).mean()}
         return TargetBatch(xt=xt, t=ts, x1=tokens, loss_mask=reveal, reveal=reveal, stats=stats)
-
-    def to(self, device):
-        if isinstance(self.teacher, torch.nn.Module):
-            self.teacher.to(device)
-        return self
 
     def __repr__(self) -> str:
         return f"StepTarget(teacher_steps={self.teacher_steps}, student_steps={self.student_steps})"

@@ -21,7 +21,7 @@ from tcsm.sampling.common import adjust_log_probs, categorical, time_grid
 from tcsm.sampling.joint_step import joint_reveal
 from tcsm.targets.base import Target, TargetBatch, freeze
 
-__all__ = ["FORMS", "MultiStepTarget", "grid_start", "teacher_rollout"]
+__all__ = ["FORMS", "MultiStepTarget", "TeacherRounds", "grid_start", "teacher_rollout"]
 
 #: how the target reaches the loss: the teacher's conditionals (explicit log q) or its drawn tokens (Monte Carlo)
 FORMS = ("conditionals", "draws")
@@ -83,25 +83,20 @@ def teacher_rollout(teacher, path, xt: Tensor, start: Tensor, num_steps: int, *,
             move = free & (u[0] < lam)
             new, _, lp = joint_reveal(teacher, xr, t_in.to(time_dtype), move, u[1], temperature=temperature,
                                       keep_log_probs=True)  # fmt: skip
-            rec = log_cond[rows]
-            if lp is not None:
-                rec[move] = lp[move]
-            log_cond[rows] = rec
-            x[rows] = new
-            continue
-        logits = denoise(teacher, xr, t_in.to(time_dtype), x1[rows] if blocks else None)
-        lp = adjust_log_probs(logits, temperature)  # float64 log m^i(· | x_t)
-        if path.absorbing or bool(last[on_r].all()):
-            # reveal with probability λ_{t→s} (λ = 1 at s = 1), the drawn token from m^i (MATH.md §6.1 = §6.2)
-            lam = path.jump_prob(t, s)
-            u = torch.rand(xr.shape, dtype=torch.float64, device=xt.device, generator=generator)
-            move = free & (u < lam)
-            new = torch.where(move, categorical(lp, generator), xr)
         else:
-            # the analytic bridge x_s^i ~ Σ_a m^i(a) B(· | x_t^i, a) (MATH.md §6.2); rows at their last step take x̂
-            bridge = path.bridge(xr, t if blocks else t[:, 0], s if blocks else s[:, 0], lp.exp())
-            new = torch.where(free, categorical(torch.log(bridge), generator), xr)
-            move = free & last  # the last step redraws every movable token; earlier ones are overwritten
+            logits = denoise(teacher, xr, t_in.to(time_dtype), x1[rows] if blocks else None)
+            lp = adjust_log_probs(logits, temperature)  # float64 log m^i(· | x_t)
+            if path.absorbing or bool(last[on_r].all()):
+                # reveal with probability λ_{t→s} (λ = 1 at s = 1), the drawn token from m^i (MATH.md §6.1 = §6.2)
+                lam = path.jump_prob(t, s)
+                u = torch.rand(xr.shape, dtype=torch.float64, device=xt.device, generator=generator)
+                move = free & (u < lam)
+                new = torch.where(move, categorical(lp, generator), xr)
+            else:
+                # the analytic bridge x_s^i ~ Σ_a m^i(a) B(· | x_t^i, a) (MATH.md §6.2); rows at their last step take x̂
+                bridge = path.bridge(xr, t if blocks else t[:, 0], s if blocks else s[:, 0], lp.exp())
+                new = torch.where(free, categorical(torch.log(bridge), generator), xr)
+                move = free & last  # the last step redraws every movable token; earlier ones are overwritten
         # the conditional a token was drawn from at the last step that set it: that step's m^i
         rec = log_cond[rows]
         rec[move] = lp[move]
@@ -118,7 +113,33 @@ def grid_start(t: Tensor, student_steps: int) -> Tensor:
     return (t.double() * Ks).floor().clamp(0, Ks - 1).long()
 
 
-class MultiStepTarget(Target):
+class TeacherRounds(Target):
+    """What a round's targets share: the frozen teacher's `teacher_steps`-step sampler, the student's
+    `student_steps` grid, and the student's start — each row's t snapped down to its grid point t_j = j/K_s and
+    x_t drawn there from the batch's clean data (the proposal h of the data)."""
+
+    def __init__(self, teacher, teacher_steps: int, student_steps: int, temperature: float = 1.0):
+        K, Ks = int(teacher_steps), int(student_steps)
+        if Ks < 1 or K < Ks or K % Ks:
+            raise ValueError(f"teacher_steps ({K}) must be a multiple of student_steps ({Ks}) >= 1")
+        self.teacher = freeze(teacher)
+        self.teacher_steps, self.student_steps = K, Ks
+        self.temperature = float(temperature)
+
+    def start(self, batch, t, path, generator):
+        """(grid points j [B], times t_j [B], x_t [B, L], the positions a loss may score [B, L])."""
+        j = grid_start(t, self.student_steps)
+        ts = (j.double() / self.student_steps).to(t.dtype)
+        xt = batch.noised(path, batch.x1, ts, generator)
+        return j, ts, xt, batch.scored(path, xt)
+
+    def to(self, device):
+        if isinstance(self.teacher, torch.nn.Module):
+            self.teacher.to(device)
+        return self
+
+
+class MultiStepTarget(TeacherRounds):
     """p_{1|t}^{T,K} at the student's grid times (MATH.md §10). A call snaps each row's t down to the student's grid
     t_j = j/K_s, draws x_t from the batch's clean data (the proposal h of the data), runs the frozen teacher's
     `teacher_steps`-step sampler from x_t once (`teacher_rollout`: K/K_s of its steps per student step) and returns
@@ -127,26 +148,18 @@ class MultiStepTarget(Target):
 
     def __init__(self, teacher, teacher_steps: int, student_steps: int, *, window: int | None = None,
                  form: str = "conditionals", temperature: float = 1.0):  # fmt: skip
-        K, Ks = int(teacher_steps), int(student_steps)
-        if Ks < 1 or K < Ks or K % Ks:
-            raise ValueError(f"teacher_steps ({K}) must be a multiple of student_steps ({Ks}) >= 1")
+        super().__init__(teacher, teacher_steps, student_steps, temperature)
         if form not in FORMS:
             raise ValueError(f"form must be one of {list(FORMS)}, got {form!r}")
         if window is not None and int(window) < 1:
             raise ValueError(f"window must be >= 1 or null, got {window}")
-        self.teacher = freeze(teacher)
-        self.teacher_steps, self.student_steps = K, Ks
         self.window = None if window is None else int(window)
         self.form = form
-        self.temperature = float(temperature)
 
     def __call__(self, batch, t, path, generator=None, *, model=None):
         batch = as_batch(batch)
-        j = grid_start(t, self.student_steps)
+        j, ts, xt, movable = self.start(batch, t, path, generator)
         ratio = self.teacher_steps // self.student_steps
-        ts = (j.double() / self.student_steps).to(t.dtype)
-        xt = batch.noised(path, batch.x1, ts, generator)
-        movable = batch.scored(path, xt)
         x1, log_cond, calls = teacher_rollout(self.teacher, path, xt, j * ratio, self.teacher_steps, movable=movable,
                                               window=self.window, generator=generator, temperature=self.temperature,
                                               x1=batch.x1)  # fmt: skip
@@ -154,11 +167,6 @@ class MultiStepTarget(Target):
         log_q = log_cond.float() if self.form == "conditionals" else None
         stats = {"teacher_calls": calls.float().mean().detach()}
         return TargetBatch(xt=xt, t=ts, x1=x1, loss_mask=movable, log_q=log_q, stats=stats)
-
-    def to(self, device):
-        if isinstance(self.teacher, torch.nn.Module):
-            self.teacher.to(device)
-        return self
 
     def __repr__(self) -> str:
         return (f"MultiStepTarget(teacher_steps={self.teacher_steps}, student_steps={self.student_steps}, "
