@@ -51,6 +51,8 @@ def _args(argv=None):
     ap.add_argument("--precision", default=None, choices=("fp32", "bf16", "fp16"),
                     help="train.precision of the rounds and of the pre-training probe (default: the teacher run's; "
                          "bf16 autocast is several times slower than fp32 on a CPU)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a further override of every round's config (repeatable), e.g. model.step_head_only=true")
     ap.add_argument("--out", default=None)
     return ap.parse_args(argv)
 
@@ -92,6 +94,7 @@ def train_round(source: Path, teacher_steps: int, run_dir: Path, args) -> dict:
         overrides.append(f"target.window={args.window}")
     if args.precision:
         overrides.append(f"train.precision={args.precision}")
+    overrides += args.set
     cfg = fewstep_config(source, overrides=overrides)
     done = run_dir / "ROUND_DONE"
     if done.exists():

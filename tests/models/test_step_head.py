@@ -59,3 +59,14 @@ def test_a_warm_start_from_the_denoiser_keeps_the_new_head_and_nothing_else():
     assert fresh and all(k.startswith("step_head.") for k in fresh)
     assert set(fresh) | set(plain.state_dict()) == set(joint.state_dict())
     assert fresh_weights(plain, plain.state_dict()) == {}
+
+
+def test_step_head_only_leaves_the_denoisers_weights_to_no_optimizer():
+    import pytest
+
+    model = build_denoiser("tiny", vocab_size=V, num_states=V + 1, max_len=L, step_head_layers=1, step_head_only=True)
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trained and all(n.startswith("step_head.") for n in trained)
+    assert {n for n in model.state_dict() if n.startswith("step_head.")} >= trained
+    with pytest.raises(ValueError, match="step_head_layers >= 1"):
+        build_denoiser("tiny", vocab_size=V, num_states=V + 1, max_len=L, step_head_only=True)

@@ -49,6 +49,8 @@ class DenoiserConfig(TrunkConfig):
     activation: str = "gelu"
     # layers of a step head (MATH.md §10, the joint few-step student: `models.step_head`); 0: none
     step_head_layers: int = 0
+    # train the step head alone: the denoiser's own weights stay at their warm start (frozen)
+    step_head_only: bool = False
 
     label: ClassVar[str] = "DenoiserConfig"
     #: the values `attention` takes (a block model's add "flex")
@@ -63,6 +65,8 @@ class DenoiserConfig(TrunkConfig):
             raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {self.activation!r}")
         if int(self.step_head_layers) < 0:
             raise ValueError(f"step_head_layers must be >= 0, got {self.step_head_layers}")
+        if self.step_head_only and not int(self.step_head_layers):
+            raise ValueError("step_head_only trains the step head alone: set step_head_layers >= 1")
 
 
 # Architecture sizes only: vocab_size / num_states come from the data and the path.
@@ -152,6 +156,9 @@ class JointStepDenoiser(Denoiser):
         self.step_head = StepHead(cfg.vocab_size, cfg.d_model, cfg.n_heads, cfg.step_head_layers, cfg.max_len,
                                   mlp_ratio=cfg.mlp_ratio, norm=cfg.norm, activation=cfg.activation,
                                   rope_base=cfg.rope_base)  # fmt: skip
+        if cfg.step_head_only:  # the optimizer takes only what requires a gradient
+            for name, p in self.named_parameters():
+                p.requires_grad_(name.startswith("step_head."))
 
     def forward(self, xt: Tensor, t: Tensor | None = None, *, reveal: Tensor | None = None,
                 tokens: Tensor | None = None) -> Tensor:  # fmt: skip
