@@ -7,7 +7,7 @@ tokens independently from m^{r_k}(· | x_t); the joint student draws them left t
     y_{r_k} ~ p_θ(· | x_t, R, y_{r_1..r_{k−1}}),   log p_θ = logits of the denoiser at r_k + the head's correction,
 
 where the head reads at r_k the denoiser's hidden state there, the embedding of the token drawn at r_{k−1} (a start
-token for k = 1), and attends causally over r_1..r_k with rotary positions (so it knows their distances). Its
+token for k = 1) and of the gap r_k − r_{k−1}, and attends causally over r_1..r_k with rotary positions. Its
 output projection is zero-initialised: at initialisation the joint step is the factorised one, token for token.
 
 `StepHead.correction` is the teacher-forced form (training: every r_k in one pass); `StepHead.open` the incremental
@@ -68,11 +68,19 @@ class StepHead(nn.Module):
         super().__init__()
         self.vocab_size = int(vocab_size)
         self.token = nn.Embedding(self.vocab_size + 1, d_model)  # id V: no token drawn before in this step
+        # how far back that token sits (0: none before): attention alone would not say it, since a position's own
+        # input carries its predecessor's token, whose distance rotary angles between the two never see
+        self.gap = nn.Embedding(max_len + 1, d_model)
         self.rotary = RotaryEmbedding(d_model // n_heads, max_len, rope_base)
         self.layers = nn.ModuleList(_HeadLayer(d_model, n_heads, mlp_ratio, norm, activation) for _ in range(n_layers))
         self.norm = make_norm(norm, d_model)
         self.apply(init_weights)
         self.out = zero_init_(nn.Linear(d_model, self.vocab_size, bias=True))  # at init: the factorised step
+
+    def _before(self, prev: Tensor, gap: Tensor) -> Tensor:
+        """The input a revealed position adds to its hidden state: the token drawn at the revealed position before
+        it (`prev`, V: none) and how far back that is (`gap`, 0 for the first)."""
+        return self.token(prev) + self.gap(gap.clamp(0, self.gap.num_embeddings - 1))
 
     def _tables(self, positions: Tensor, dtype) -> tuple[Tensor, Tensor]:
         cos, sin = self.rotary(int(positions.max()) + 1 if positions.numel() else 1, dtype=dtype)
@@ -88,7 +96,8 @@ class StepHead(nn.Module):
             return out
         drawn = tokens.gather(1, pos).clamp(0, self.vocab_size - 1)
         prev = torch.cat([torch.full_like(drawn[:, :1], self.vocab_size), drawn[:, :-1]], 1)
-        x = h.gather(1, pos[..., None].expand(-1, -1, D)) + self.token(prev).to(h.dtype)
+        gap = pos.diff(dim=1, prepend=pos[:, :1])
+        x = h.gather(1, pos[..., None].expand(-1, -1, D)) + self._before(prev, gap).to(h.dtype)
         cos, sin = self._tables(pos, x.dtype)
         for layer in self.layers:
             q, k, v = layer.qkv_of(x, cos, sin)
@@ -121,7 +130,8 @@ class JointStep:
     def logits(self, k: int, prev: Tensor) -> Tensor:
         head, D = self.head, self.h.shape[-1]
         pos = self.positions[:, k : k + 1]  # [B, 1]
-        x = self.h.gather(1, pos[..., None].expand(-1, -1, D)) + head.token(prev[:, None]).to(self.h.dtype)
+        gap = pos - self.positions[:, k - 1 : k] if k else torch.zeros_like(pos)
+        x = self.h.gather(1, pos[..., None].expand(-1, -1, D)) + head._before(prev[:, None], gap).to(self.h.dtype)
         cos, sin = head._tables(pos, x.dtype)
         for layer, (keys, values) in zip(head.layers, self.cache, strict=True):
             q, kk, vv = layer.qkv_of(x, cos, sin)
