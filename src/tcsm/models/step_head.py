@@ -10,9 +10,9 @@ where the head reads at r_k the denoiser's hidden state there, the embedding of 
 token for k = 1) and of the gap r_k − r_{k−1}, and attends causally over r_1..r_k with rotary positions. Its
 output projection is zero-initialised: at initialisation the joint step is the factorised one, token for token.
 
-`StepHead.correction` is the teacher-forced form (training: every r_k in one pass); `StepHead.open` the incremental
-form a sampler uses (one position per row per call, keys and values cached), which
-`models.transformer.JointStepDenoiser.open_step` wraps with the denoiser's one call of the step."""
+`StepHead.correction` is the teacher-forced form (training: every r_k in one pass); `JointStep` the incremental form
+a sampler uses (one position per row per call, keys and values cached), which
+`models.transformer.JointStepDenoiser.open_step` opens after the denoiser's one call of the step."""
 
 from __future__ import annotations
 
@@ -105,17 +105,14 @@ class StepHead(nn.Module):
         corr = self.out(self.norm(x)) * valid[..., None]
         return out.scatter_add(1, pos[..., None].expand(-1, -1, self.vocab_size), corr.to(out.dtype))
 
-    def open(self, h: Tensor, reveal: Tensor) -> JointStep:
-        """The incremental form over one step's reveal set (`JointStep`)."""
-        return JointStep(self, h, reveal)
-
 
 class JointStep:
-    """One sampler step's joint draw, incremental: `positions[:, k]` is each row's k-th revealed position (valid
-    where `valid[:, k]`), and `logits(k, prev)` the full logits there given the token `prev` [B] drawn at its
-    (k−1)-th (call k = 0, 1, … in order; keys and values of earlier positions are cached)."""
+    """One sampler step's joint draw, incremental, on the denoiser's hidden states h and logits `base` [B, L, V]:
+    `positions[:, k]` is each row's k-th revealed position (valid where `valid[:, k]`), and `logits(k, prev)` the
+    full logits there given the token `prev` [B] drawn at its (k−1)-th (call k = 0, 1, … in order; keys and values
+    of earlier positions are cached)."""
 
-    def __init__(self, head: StepHead, h: Tensor, reveal: Tensor, base: Tensor | None = None):
+    def __init__(self, head: StepHead, h: Tensor, reveal: Tensor, base: Tensor):
         self.head, self.h, self.base = head, h, base
         self.positions, self.valid = reveal_order(reveal)
         B, n = self.positions.shape
@@ -139,5 +136,4 @@ class JointStep:
             x = layer.finish(x, F.scaled_dot_product_attention(q, keys[:, :, : k + 1], values[:, :, : k + 1]))
         self.calls += 1
         corr = head.out(head.norm(x))[:, 0].float()
-        return corr if self.base is None else self.base.gather(
-            1, pos[..., None].expand(-1, -1, self.base.shape[-1]))[:, 0] + corr  # fmt: skip
+        return self.base.gather(1, pos[..., None].expand(-1, -1, self.base.shape[-1]))[:, 0] + corr

@@ -19,8 +19,8 @@ __all__ = ["joint_reveal", "sample_joint_steps"]
 def joint_reveal(model, x: Tensor, t: Tensor, reveal: Tensor, u: Tensor, *, temperature: float = 1.0,
                  top_p: float = 1.0, argmax: bool = False, keep_log_probs: bool = False):  # fmt: skip
     """(x with the positions `reveal` [B, L] set to tokens drawn jointly, head calls, log conditionals [B, L, V]
-    float64 at the revealed positions, 0 elsewhere (None unless `keep_log_probs`)). The k-th revealed position of a row takes
-    its token by inversion at its uniform u [B, L] (or the argmax) of p(· | x_t, R, tokens drawn before it)."""
+    float64 at the revealed positions, 0 elsewhere (None unless `keep_log_probs`)). The k-th revealed position of a
+    row takes its token by inversion at its uniform u [B, L] (or the argmax) of p(· | x_t, R, tokens drawn before it)."""
     x = x.clone()
     B, L = x.shape
     step = model.open_step(x, t, reveal)

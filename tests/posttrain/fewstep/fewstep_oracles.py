@@ -92,3 +92,20 @@ class TableDenoiser:
     def __call__(self, xt, t):
         j = (t.double() * self.Ks).floor().clamp(0, self.Ks - 1).long()
         return self.log_table[j, self.states.index(xt)]
+
+
+def fit(objective, student, dist, steps: int = 150, lr: float = 0.2, batch: int = 1024, seed: int = 0) -> dict:
+    """Adam on `objective` over fresh draws of `dist`, the learning rate decayed to zero (no SGD noise left at the
+    end); the last step's metrics."""
+    from tcsm.core.batch import Batch
+
+    opt = torch.optim.Adam(student.parameters(), lr=lr)
+    decay = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1 - i / steps)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        loss, metrics = objective(student, Batch(x1=dist.sample(batch, generator=g)), g)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        decay.step()
+    return metrics

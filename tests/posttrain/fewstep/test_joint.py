@@ -11,7 +11,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tcsm.core.batch import Batch
 from tcsm.evaluation.exact import EnumerableDistribution
 from tcsm.objectives.composed import Objective
 from tcsm.objectives.losses import distrib_loss
@@ -20,7 +19,7 @@ from tcsm.posttrain.fewstep.joint import StepTarget
 from tcsm.posttrain.fewstep.target import teacher_rollout
 from tcsm.sampling.common import time_grid
 from tcsm.targets.base import TargetBatch
-from tests.posttrain.fewstep.fewstep_oracles import NoisyStates, TableDenoiser, target_table, tv
+from tests.posttrain.fewstep.fewstep_oracles import NoisyStates, TableDenoiser, fit, target_table, tv
 from tests.posttrain.fewstep.joint_oracles import (
     TabularJointStudent,
     exact_joint_table,
@@ -139,16 +138,7 @@ def test_a_round_trained_on_sampled_rollouts_reaches_the_teacher_k_step_law(setu
     Ks = 2
     student = TabularJointStudent(states, Ks)
     objective = Objective(path, StepTarget(teacher, K, Ks), loss="distrib", divergence="kl", weighting="uniform")
-    steps = 150
-    opt = torch.optim.Adam(student.parameters(), lr=0.2)
-    decay = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1 - i / steps)
-    g = torch.Generator().manual_seed(0)
-    for _ in range(steps):
-        loss, metrics = objective(student, Batch(x1=dist.sample(1024, generator=g)), g)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        decay.step()
+    metrics = fit(objective, student, dist)
     learned = joint_law(states, student, Ks)
     own = states.clean_law(states.law(teacher, states.prior(), time_grid(Ks)))
     assert tv(learned, law) < 0.2 * tv(own, law)

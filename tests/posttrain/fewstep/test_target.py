@@ -16,7 +16,7 @@ from tcsm.paths import MaskedPath, UniformPath
 from tcsm.posttrain.fewstep.target import MultiStepTarget, grid_start, teacher_rollout
 from tcsm.sampling.common import time_grid
 from tcsm.targets.base import TargetBatch
-from tests.posttrain.fewstep.fewstep_oracles import NoisyStates, teacher_law_from, tv
+from tests.posttrain.fewstep.fewstep_oracles import NoisyStates, fit, teacher_law_from, tv
 
 V, L = 2, 3
 
@@ -133,16 +133,7 @@ def test_one_round_from_the_exact_teacher_gives_the_k_half_step_sampler_of_the_t
     K, Ks = 4, 2
     student = TabularStudent(states, Ks)
     objective = Objective(path, MultiStepTarget(teacher, K, Ks), loss="distrib", divergence="kl", weighting="uniform")
-    steps = 150
-    opt = torch.optim.Adam(student.parameters(), lr=0.2)
-    decay = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1 - i / steps)  # to zero: no SGD noise left at the end
-    g = torch.Generator().manual_seed(0)
-    for _ in range(steps):
-        loss, metrics = objective(student, Batch(x1=dist.sample(1024, generator=g)), g)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        decay.step()
+    metrics = fit(objective, student, dist)
     with torch.no_grad():
         learned = states.clean_law(states.law(student, states.prior(), time_grid(Ks)))
     with torch.no_grad():

@@ -27,9 +27,6 @@ class StepTarget(TeacherRounds):
     positions and `reveal`) and its tokens (in `x1`). Masked source, full-sequence models. Stats: the teacher's
     calls per row and the mean reveal count."""
 
-    def __init__(self, teacher, teacher_steps: int, student_steps: int, *, temperature: float = 1.0):
-        super().__init__(teacher, teacher_steps, student_steps, temperature)
-
     def __call__(self, batch, t, path, generator=None, *, model=None):
         if path.mask_id is None or t.dim() != 1:
             raise ValueError("the joint step target needs the masked source and a full-sequence path (one t per row)")
