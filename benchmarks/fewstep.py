@@ -2,7 +2,8 @@
 teacher run, then gen-PPL under a separate causal judge and sample entropy at several step counts, for the teacher
 and for the student after each round, over several sampling seeds.
 
-Round r is `tcsm finetune fewstep --from <round r-1> --teacher-steps K_r` (K_1 = --start-steps, K_{r+1} = K_r / 2),
+Round r is `tcsm finetune fewstep --from <round r-1> --teacher-steps K_r` (K_1 = --start-steps, K_{r+1} = K_r / ratio,
+2 by default: step-halving),
 run in this process through the recipe's own config (`tcsm.recipes.fewstep.compose.fewstep_config`) and the
 Trainer, with its CPU time (time.process_time) and wall time recorded; a round whose run directory already holds
 checkpoints is resumed (or reused when finished). The teacher's pre-training CPU time is read from a JSON file
@@ -33,7 +34,10 @@ def _args(argv=None):
     ap.add_argument("--report", default=None, metavar="JSON",
                     help="print the markdown tables of a result file written by --out, measure nothing")
     ap.add_argument("--teacher-cost", default=None, help="JSON file with the teacher's pre-training cpu_s as {\"cpu_s\": ...}")
-    ap.add_argument("--start-steps", type=int, default=16, help="the teacher's steps in round 1 (halved every round)")
+    ap.add_argument("--start-steps", type=int, default=16,
+                    help="the teacher's steps in round 1 (divided by --ratio every round)")
+    ap.add_argument("--ratio", type=int, default=2,
+                    help="teacher steps per student step in every round (2: step-halving, SDTT's rounds)")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--round-steps", type=int, default=100, help="optimizer steps per round")
     ap.add_argument("--batch-size", type=int, default=16, help="training batch per round")
@@ -86,7 +90,8 @@ def train_round(source: Path, teacher_steps: int, run_dir: Path, args) -> dict:
     from tcsm.recipes.fewstep.compose import fewstep_config
     from tcsm.train.trainer import Trainer
 
-    overrides = [f"target.teacher_steps={teacher_steps}", f"train.steps={args.round_steps}",
+    overrides = [f"target.teacher_steps={teacher_steps}", f"target.student_steps={teacher_steps // args.ratio}",
+                 f"train.steps={args.round_steps}",
                  f"train.batch_size={args.batch_size}", f"optim.lr={args.lr}", f"target.form={args.form}",
                  "train.threads=1", "train.device=cpu", "train.progress=false", "train.tensorboard=false",
                  "train.save_every=25", "train.log_every=10", "sample.num=0"]  # fmt: skip
@@ -105,7 +110,7 @@ def train_round(source: Path, teacher_steps: int, run_dir: Path, args) -> dict:
     Trainer.from_config(cfg, run_dir, log=_log, resume=True if resume else None, callbacks=[clock]).fit()
     cost = {"cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - t0, "resumed": resume,
             "cpu_s_per_step": clock.per_step(),
-            "teacher_steps": teacher_steps, "student_steps": teacher_steps // 2, "optimizer_steps": args.round_steps,
+            "teacher_steps": teacher_steps, "student_steps": teacher_steps // args.ratio, "optimizer_steps": args.round_steps,
             "batch_size": args.batch_size, "window": args.window, "form": args.form,
             "precision": str(cfg.train.precision)}  # fmt: skip
     done.write_text(json.dumps(cost))
@@ -237,13 +242,14 @@ def main(argv=None) -> None:
         run_dir = work / f"round{r}"
         if args.eval_only and not (run_dir / "ROUND_DONE").exists():
             break
-        if K < 2:
-            raise SystemExit(f"round {r} would distil a {K}-step teacher; lower --rounds or raise --start-steps")
+        if K < args.ratio or K % args.ratio:
+            raise SystemExit(f"round {r} would distil a {K}-step teacher by {args.ratio}; lower --rounds or --ratio, "
+                             "or raise --start-steps")
         cost = train_round(source, K, run_dir, args)
         costs.append({"round": r, **cost})
-        _log(f"round {r}: {K} -> {K // 2} steps, {cost['cpu_s']:.0f} CPU-s ({cost['wall_s']:.0f} s wall)")
+        _log(f"round {r}: {K} -> {K // args.ratio} steps, {cost['cpu_s']:.0f} CPU-s ({cost['wall_s']:.0f} s wall)")
         runs[f"round{r}"] = run_dir
-        source, K = run_dir, K // 2
+        source, K = run_dir, K // args.ratio
 
     probe = None if args.eval_only else probe_pretraining(Path(args.teacher), work / "pretrain_probe", args)
     if probe:

@@ -75,6 +75,10 @@ class StepHead(nn.Module):
         self.layers = nn.ModuleList(_HeadLayer(d_model, n_heads, mlp_ratio, norm, activation) for _ in range(n_layers))
         self.norm = make_norm(norm, d_model)
         self.apply(init_weights)
+        # the token and gap inputs join a normalised hidden state of unit scale: at GPT-2's 0.02 they would be 2 % of
+        # it after the head's first norm, and the head would take thousands of steps to start reading them
+        nn.init.normal_(self.token.weight, std=1.0)
+        nn.init.normal_(self.gap.weight, std=1.0)
         self.out = zero_init_(nn.Linear(d_model, self.vocab_size, bias=True))  # at init: the factorised step
 
     def _before(self, prev: Tensor, gap: Tensor) -> Tensor:
