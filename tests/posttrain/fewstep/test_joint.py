@@ -2,8 +2,9 @@
 posterior as teacher: (a) r teacher steps reveal a set with the independent-λ law of one student step, whatever
 the tokens, and a rollout stopped at t_{j+1} (`until`) draws the teacher's r-step law; (b) the step's negative
 log-likelihood is minimal, with zero gradient, at the teacher's law of y_R | (x_t, R); (c) one round gives a
-K/2-step joint sampler with the teacher's K-step law (exact table: TV 0; trained on sampled rollouts through the
-composed objective: at the floor), where the factorised student of §10 stays at the teacher's K/2-step error;
+K/r-step joint sampler (r = 2, 4) with the teacher's K-step law (exact table: TV 0; trained on sampled rollouts
+through the composed objective: at the floor), where the factorised student of §10 stays at the teacher's K/r-step
+error;
 (d) two chained rounds give the teacher's K-step law at K/4."""
 
 from __future__ import annotations
@@ -110,9 +111,9 @@ def test_the_step_nll_is_minimal_with_zero_gradient_at_the_teacher_step_law(setu
         assert value(at.detach() + 0.3 * torch.randn(at.shape, generator=g, dtype=at.dtype)) > v0.detach() + 1e-6
 
 
-def test_one_exact_round_gives_the_teacher_k_step_law_at_k_half_and_the_factorised_one_cannot(setup):
+@pytest.mark.parametrize("Ks", [2, 1])  # step-halving, and one round of ratio 4 (MATH.md §10.1, "One round or a chain")
+def test_one_exact_round_gives_the_teacher_k_step_law_at_k_over_r_and_the_factorised_one_cannot(setup, Ks):
     _, _, states, teacher, law = setup
-    Ks = 2
     exact = exact_joint_table(states, [teacher_step_matrix(states, teacher, K, Ks, j) for j in range(Ks)], Ks)
     assert tv(joint_law(states, TabularJointStudent(states, Ks, exact), Ks), law) < 1e-12
     factorised = TableDenoiser(states, target_table(states, teacher, K, Ks))
