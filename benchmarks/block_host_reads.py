@@ -5,7 +5,8 @@ before the first block and after the last (they do not), and what the eager path
 Host reads are the calls that bring a tensor's value to the host (bool(), item(), tolist(), nonzero(), int(),
 float(), a tensor as a Python index), counted on the CPU, where every tensor is a host tensor (on a GPU each one
 of them on a device tensor is a synchronisation); tensor ops are the aten calls of the decode (a dispatch mode
-counts them); the time is the median CPU time (`time.process_time`) of `--repeats` decodes, without the counting.
+counts them); the time is the median CPU time (`time.process_time`) of `--repeats` decodes, without the counting
+(a tree's decodes run together, so on a loaded machine the times scatter: `decode_cpu.py --paired` compares speed).
 Random tiny block model (k = 16, V = 27, fp32), batch 1, one thread. The trees take turns in one process, their
 `tcsm` modules swapped, as `decode_cpu.py --paired` does.
 
@@ -86,11 +87,12 @@ def main(argv=None):
 
     torch.set_num_threads(1)
     srcs = a.srcs.split(",")
-    rows = []
+    rows, turn = [], 0
     for method in a.methods.split(","):
         for engine in a.engines.split(","):
             for blocks in (int(b) for b in a.blocks.split(",")):
-                for s in srcs:
+                turn += 1
+                for s in srcs if turn % 2 else srcs[::-1]:  # the first tree alternates
                     for name in [m for m in sys.modules if m == "tcsm" or m.startswith("tcsm.")]:
                         del sys.modules[name]
                     sys.path[:] = [os.path.abspath(s)] + [p for p in sys.path if p not in map(os.path.abspath, srcs)]
@@ -102,7 +104,8 @@ def main(argv=None):
     print("|---" * (3 + len(srcs)) + "|")
     for i in range(0, len(rows), len(srcs)):
         method, engine, blocks = rows[i][:3]
-        cells = [f"{r['reads']}, {r['ops']:,}, {r['ms_per_block']:.2f}" for *_, r in rows[i : i + len(srcs)]]
+        by_tree = {s: r for *_, s, r in rows[i : i + len(srcs)]}
+        cells = [f"{by_tree[s]['reads']}, {by_tree[s]['ops']:,}, {by_tree[s]['ms_per_block']:.2f}" for s in srcs]
         print(f"| {method} | {engine} | {blocks} | " + " | ".join(cells) + " |")
     return 0
 
