@@ -213,12 +213,12 @@ def decode(
     With the decode engine (`engine` resolving to "graph", or a denoiser with `static_rows`: the engine's block
     calls) the step loop reads no device value on the host: every step calls the denoiser on every row and updates
     by dense selects, a region runs all its steps (a step with nothing left to reveal changes nothing), and the
-    steps a region really took are counted on the device. Inside a block decoder (a denoiser with `caller_checks`) the
-    pins are not checked again nor the output, so a block reads nothing on the host. The draws are keyed by (block, step, position), so the
-    tokens are those of the eager loop, which evaluates only the rows that need it and stops a region early. A
-    denoiser that captures whole steps (`capture_step`: the engine's block calls) replays each dense step — the
-    call, the draws, the reveal (`_dense_order_step`) — as one captured graph, one per step kind (inner, last);
-    `stats.counts["captured_steps"]` counts them."""
+    steps a region really took are counted on the device. Inside a block decoder (a denoiser with `caller_checks`)
+    neither the pins nor the output are checked again, so a block reads nothing on the host. The draws are keyed by
+    (block, step, position), so the tokens are those of the eager loop, which evaluates only the rows that need it
+    and stops a region early. A denoiser that captures whole steps (`capture_step`: the engine's block calls)
+    replays each dense step — the call, the draws, the reveal (`_dense_order_step`) — as one captured graph, one per
+    step kind (inner, last); `stats.counts["captured_steps"]` counts them."""
     if path.mask_id is None or not path.absorbing:
         raise ValueError(
             f"decoding order {method!r} unmasks positions: it needs a masked path, not {path.kind!r}"
