@@ -35,8 +35,9 @@ CONFIGS = [("full", 1, 64), ("block", 1, 4), ("ar", 1, 0), ("confidence", 1, 64)
 #: without that switch, plain AR
 
 
-def decoders(length: int):
-    """run(decoder, batch, steps, seed) → tokens, for the `tcsm` that imports now (random weights, seeded)."""
+def decoders(length: int, engine: str = "auto"):
+    """run(decoder, batch, steps, seed) → tokens, for the `tcsm` that imports now (random weights, seeded), the
+    diffusion decoders under `sample.engine=engine`."""
     import torch
 
     import tcsm
@@ -67,16 +68,17 @@ def decoders(length: int):
                     return sample_ar(ar, B, L, g)
             model, p = (blk, bpath) if name.startswith("block") else (full, path)
             method = "confidence" if name.endswith("confidence") else "ancestral"
-            return draw(model, p, B, L, sample_settings({}, steps=steps, method=method), generator=g)[0]
+            settings = sample_settings({}, steps=steps, method=method, engine=engine)
+            return draw(model, p, B, L, settings, generator=g)[0]
 
     return run
 
 
-def child(length: int, configs, repeats: int) -> dict:
+def child(length: int, configs, repeats: int, engine: str = "auto") -> dict:
     import torch
 
     torch.set_num_threads(1)
-    run = decoders(length)
+    run = decoders(length, engine)
     out = {}
     for c in configs:
         run(*c, seed=0)
@@ -91,7 +93,7 @@ def child(length: int, configs, repeats: int) -> dict:
     return out
 
 
-def paired(srcs, length: int, configs, rounds: int) -> dict:
+def paired(srcs, length: int, configs, rounds: int, engine: str = "auto") -> dict:
     """Tokens per CPU-second of every tree in this one process, decode by decode: for each configuration the trees
     take turns (their order reversed every round), the `tcsm` modules swapped between them, so that machine load and
     allocator state hit them alike. Round 0 warms each tree up first."""
@@ -105,7 +107,7 @@ def paired(srcs, length: int, configs, rounds: int) -> dict:
                 for name in [m for m in sys.modules if m == "tcsm" or m.startswith("tcsm.")]:
                     del sys.modules[name]
                 sys.path[:] = [os.path.abspath(s)] + [p for p in sys.path if p not in map(os.path.abspath, srcs)]
-                run = decoders(length)
+                run = decoders(length, engine)
                 if r == 0:
                     run(*c, seed=0)
                 c0 = time.process_time()
@@ -126,6 +128,9 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=1, help="timed decodes per configuration in a process (median)")
     ap.add_argument("--paired", action="store_true",
                     help="every tree in one process, alternating decode by decode (one decode per tree and round)")
+    ap.add_argument("--engine", default="auto", choices=["auto", "eager", "graph"],
+                    help="sample.engine of the diffusion decoders (auto: eager on the CPU; graph: the engine's "
+                         "fixed-shape calls, run eagerly on the CPU)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
@@ -133,19 +138,20 @@ def main(argv=None):
     sizes = None if a.batches is None else [int(b) for b in a.batches.split(",")]
     configs = [c for c in CONFIGS if (only is None or c[0] in only) and (sizes is None or c[1] in sizes)]
     if a.child:
-        print(json.dumps(child(a.length, configs, a.repeats)))
+        print(json.dumps(child(a.length, configs, a.repeats, a.engine)))
         return 0
     srcs = a.srcs.split(",")
     loads = []
     if a.paired:
-        per = paired(srcs, a.length, configs, a.rounds)  # {tree: {decoder: [tok/CPU-s per round]}}
+        per = paired(srcs, a.length, configs, a.rounds, a.engine)  # {tree: {decoder: [tok/CPU-s per round]}}
         loads.append(os.getloadavg()[0])
     else:
         runs = {s: [] for s in srcs}
         for r in range(a.rounds):
             for s in srcs:
                 env = dict(os.environ, PYTHONPATH=os.path.abspath(s), OMP_NUM_THREADS="1")
-                cmd = [sys.executable, __file__, "--child", "--length", str(a.length), "--repeats", str(a.repeats)]
+                cmd = [sys.executable, __file__, "--child", "--length", str(a.length), "--repeats", str(a.repeats),
+                       "--engine", a.engine]  # fmt: skip
                 cmd += ([] if a.only is None else ["--only", a.only]) + ([] if a.batches is None else ["--batches", a.batches])
                 p = subprocess.run(cmd, env=env,
                                    capture_output=True, text=True, check=True)  # fmt: skip

@@ -176,10 +176,20 @@ def test_a_torch_generator_seed_gives_the_first_rows_of_a_bigger_batch():
     assert torch.equal(one[0], many[0])
 
 
+def test_streams_held_on_the_host_derive_the_device_seeds_of_their_forks_and_slices():
+    # a block decoder under the engine seeds per-row generators from forked streams without a device read
+    streams = RowStreams(torch.tensor([2**63 - 1, -(2**63), 0, -1, 12345])).on_host()
+    for tag in (0, 3, -1, -2, 10**6):
+        for s in (streams.fork(tag), streams.fork(tag).select(slice(1, 4)).fork(-1), streams.fork(tag).fork(tag)):
+            assert s._host is not None and s.host_seeds() == s.seeds.tolist()
+    assert streams.select(torch.tensor([0, 2]))._host is None  # (rows chosen on the device: read when asked)
+
+
 def count_host_reads(monkeypatch) -> dict:
-    """Counts host reads of tensor values (bool(), item(), tolist(), nonzero(), int(), float()) into reads["n"]."""
+    """Counts host reads of tensor values (bool(), item(), tolist(), nonzero(), int(), float(), a tensor used as a
+    Python index) into reads["n"]."""
     reads = {"n": 0}
-    for name in ("__bool__", "item", "tolist", "nonzero", "__int__", "__float__"):
+    for name in ("__bool__", "item", "tolist", "nonzero", "__int__", "__float__", "__index__"):
         original = getattr(torch.Tensor, name)
 
         def counted(self, *a, _original=original, **kw):

@@ -219,6 +219,35 @@ def test_the_captured_order_step_reads_nothing_on_the_host_and_two_graphs_serve_
     assert len(graphs) == 2 and all(len(g._entries) == 1 for g in graphs)
 
 
+@pytest.mark.parametrize("chunk_size", [None, 2])
+def test_the_steps_taken_are_counted_on_the_device_and_read_once(chunk_size):
+    """Threshold's steps follow from the threshold: a whole decode reads their device count once at its end into
+    `num_steps`; in a block model's blocks the count stays on the device (`steps_taken`, summed over the blocks and
+    the chunks), the same under both engines."""
+    from tcsm.models.transformer import build_denoiser
+    from tcsm.sampling.settings import sample_settings
+
+    V, L = 5, 16
+    model = _block_model(V, L, time_conditioning=True)
+    out = {}
+    for engine in ("eager", "graph"):
+        settings = sample_settings({"method": "threshold", "steps": 3, "engine": engine, "threshold": 0.3})
+        out[engine] = draw(model, MaskedPath(V, block_length=4), 3, L, settings, chunk_size=chunk_size,
+                           generator=torch.Generator().manual_seed(4))  # fmt: skip
+    (x, st), (xg, sg) = out["eager"], out["graph"]
+    assert torch.equal(x, xg) and isinstance(sg.steps_taken, torch.Tensor)
+    assert int(st.steps_taken) == int(sg.steps_taken) <= st.num_calls < sg.num_calls
+    torch.manual_seed(0)
+    den = build_denoiser("tiny", vocab_size=V, num_states=V + 1, max_len=L).eval()
+    with torch.no_grad():
+        for p in den.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    for engine in ("eager", "graph"):
+        _, s = decode(den, MaskedPath(V), batch_size=3, length=L, num_steps=8, method="threshold", threshold=0.3,
+                      generator=torch.Generator().manual_seed(1), engine=engine)  # fmt: skip
+        assert s.num_steps == int(s.steps_taken) < 8
+
+
 def test_threshold_unmasks_more_per_call_as_it_falls():
     V, L = 4, 32
     path = MaskedPath(V)

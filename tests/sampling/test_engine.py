@@ -453,3 +453,94 @@ def test_hugging_face_block_models_through_the_engine_draw_the_eager_tokens(arch
         assert [b[0].data_ptr() for b in cache.hf.buffers.values()] == buffers
         assert int(cache.position) == cache.length == 8 and cache.hf.fill == 9
         assert all(b[0].shape[2] == 17 + 5 for b in cache.hf.buffers.values())
+
+
+def _uncounted(method, reads):
+    def run(*a, **k):
+        before = reads["n"]
+        try:
+            return method(*a, **k)
+        finally:
+            reads["n"] = before
+
+    return run
+
+
+def _reads_around_the_blocks(monkeypatch, model, path, method, L, *, prompt=0, eos_id=None, steps=2, cpu_only=(),
+                             **kw):  # fmt: skip
+    """(host reads over a whole block decode under the engine, those from the first in-block sampler call's start
+    to the last one's end: the extends of the cache between blocks included); the reads inside the model's methods
+    named in `cpu_only` (checks that read CPU tensors only, skipped on a GPU) are not counted."""
+    from tcsm.sampling.blocks import decode_blocks
+    from tcsm.sampling.registry import sampler_class
+
+    cls = sampler_class(method)
+    reads, marks, call = count_host_reads(monkeypatch), [], cls.__call__
+
+    def spy(self, *a, **k):
+        marks.append(reads["n"])
+        try:
+            return call(self, *a, **k)
+        finally:
+            marks.append(reads["n"])
+
+    monkeypatch.setattr(cls, "__call__", spy)
+    for name in cpu_only:
+        monkeypatch.setattr(model, name, _uncounted(getattr(model, name), reads))
+    fixed = values = None
+    if prompt:
+        fixed = torch.zeros(2, L, dtype=torch.bool)
+        fixed[:, :prompt] = True
+        values = torch.zeros(2, L, dtype=torch.long)
+        values[:, :prompt] = torch.arange(prompt) % path.vocab_size
+    _, stats = decode_blocks(model, path, cls(cls.settings_type(steps=steps, engine="graph", **kw)), 2, L,
+                             fixed=fixed, values=values, generator=torch.Generator().manual_seed(0),
+                             eos_id=eos_id)  # fmt: skip
+    monkeypatch.undo()
+    assert stats.counts["captured_steps"] == stats.num_calls > 0 and marks
+    return reads["n"], marks[-1] - marks[0]
+
+
+@pytest.mark.parametrize("method", ["random", "confidence", "margin", "entropy", "threshold", "ancestral", "analytic"])
+@pytest.mark.parametrize("prompt", [0, 6])
+@pytest.mark.parametrize("eos_id", [None, 2])
+def test_a_block_decode_reads_the_host_before_the_first_block_and_after_the_last_only(monkeypatch, method, prompt,
+                                                                                      eos_id):  # fmt: skip
+    """Under the engine nothing reads a device value on the host between the blocks either (the pins are checked
+    once up front, a stopped row is masked, the output checked once at the end): the reads of a whole decode are
+    the same for 2 and 6 blocks, and none happens from the first block's in-block sampler call to the last's."""
+    from tcsm.paths import MaskedPath, UniformPath
+
+    uniform = method == "analytic"  # (a uniform path's prior is drawn per block from the rows' seeds)
+    model = _block_model(time_conditioning=uniform, check_inputs=False)  # (its id check reads CPU tensors only)
+    path = (UniformPath if uniform else MaskedPath)(7, block_length=4)
+    kw = {"threshold": 0.5} if method == "threshold" else {}
+    short, _ = _reads_around_the_blocks(monkeypatch, model, path, method, 8, prompt=prompt, eos_id=eos_id, **kw)
+    long, between = _reads_around_the_blocks(monkeypatch, model, path, method, 24, prompt=prompt, eos_id=eos_id, **kw)
+    assert short == long and between == 0
+
+
+@pytest.mark.parametrize("model_kind", ["diffusion_gemma", "gpt2"])
+def test_hugging_face_block_decodes_read_the_host_before_the_first_block_and_after_the_last_only(monkeypatch,
+                                                                                                 model_kind):  # fmt: skip
+    """The same for DiffusionGemma (uniform path, self-conditioning) and a Hugging Face causal LM as a block
+    denoiser (masked path, a decoding order), with a prompt and eos_id."""
+    from tcsm.paths import MaskedPath, UniformPath
+
+    if model_kind == "diffusion_gemma":
+        model, path, method = _dgemma(self_conditioning=True), UniformPath(16, block_length=4), "ancestral"
+        cpu_only = ()
+    else:
+        tf = pytest.importorskip("transformers")
+        from tcsm.models.hf_block import HFBlockDenoiser
+
+        config = tf.GPT2Config(vocab_size=40, n_positions=40, n_embd=32, n_layer=2, n_head=2, bos_token_id=1)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            hf = tf.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+            model = HFBlockDenoiser(hf, list(range(10, 18)), block_length=4, num_states=9).eval()
+        path, method, cpu_only = MaskedPath(8, block_length=4), "confidence", ("_check",)  # (its CPU-only id check)
+    short, _ = _reads_around_the_blocks(monkeypatch, model, path, method, 8, prompt=3, eos_id=2, cpu_only=cpu_only)
+    long, between = _reads_around_the_blocks(monkeypatch, model, path, method, 24, prompt=3, eos_id=2,
+                                             cpu_only=cpu_only)  # fmt: skip
+    assert short == long and between == 0

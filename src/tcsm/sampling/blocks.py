@@ -87,6 +87,10 @@ class CachedBlockDenoiser:
     The cache is shared by the whole batch, so an in-block sampler that evaluates some rows only gets them through
     `batch_rows` (`tcsm.sampling.common.denoise_rows`): the model runs on the whole batch, the rows are returned."""
 
+    #: read by the in-block samplers: `decode_blocks` checks the pinned values it hands them once before the first
+    #: block and the output once after the last, so they read nothing on the host to check them
+    caller_checks = True
+
     def __init__(self, model, cache, time_independent: bool, graph=None, steps: dict | None = None):
         self.model, self.cache = model, cache
         #: read by `may_cache`: the in-block sampler may reuse a row's output while its block is unchanged
@@ -139,7 +143,9 @@ def decode_blocks(model, path, inner, num: int, length: int, *, fixed: Tensor | 
     `fixed` / `values` [num, length] pin positions; `callback(step, t, x)` sees x [num, length] after every in-block
     step (undrawn positions hold the path's mask id, or 0 without one). `stats.num_calls` counts `denoise` calls,
     `stats.counts["cache_calls"]` the `extend_cache` calls, `stats.counts["blocks"]` the blocks drawn,
-    `stats.counts["captured_steps"]` (engine only) the in-block steps run as one captured step (call, draws, update)."""
+    `stats.counts["captured_steps"]` (engine only) the in-block steps run as one captured step (call, draws, update),
+    `stats.steps_taken` (decoding orders) the in-block steps that had a position to reveal, a device count. Under the
+    engine the host reads a device value before the first block and after the last only."""
     k = check_block_model(model, inner)
     B, L = int(num), int(length)
     if B < 1 or L < 1 or L % k:
@@ -183,6 +189,8 @@ def decode_blocks(model, path, inner, num: int, length: int, *, fixed: Tensor | 
         # the engine reads no device value inside the loop: which blocks the prompts pin for every row is read once,
         # and a stopped row is masked (pinned to eos_id) instead of ending the decode when every row has stopped
         static = graph is not None
+        if static:  # the rows' seeds held on the host: a block's prior seeded from them reads nothing then
+            streams = streams.on_host()
         steps: dict = {}
         pinned_blocks = fixed.view(B, L // k, k).all(-1).all(0).tolist() if static else None
         for lo in range(0, L, k):
@@ -198,16 +206,18 @@ def decode_blocks(model, path, inner, num: int, length: int, *, fixed: Tensor | 
 
             def on_step(j, t, xb, lo=lo, hi=hi):
                 nonlocal step
-                if j > 0 and callback is not None:
+                if j > 0:
                     step += 1
                     x[:, lo:hi] = xb
                     callback(step, t, x)
 
             denoiser = CachedBlockDenoiser(model, cache, time_independent, graph, steps)
             xb, st = inner(denoiser, block_path, B, k, generator=streams.fork(lo // k), device=device, fixed=pinned,
-                           values=block_values, callback=on_step)  # fmt: skip
+                           values=block_values, callback=None if callback is None else on_step)  # fmt: skip
             x[:, lo:hi] = xb
             stats.num_calls += st.num_calls
+            if st.steps_taken is not None:  # summed on the device
+                stats.steps_taken = st.steps_taken if stats.steps_taken is None else stats.steps_taken + st.steps_taken
             if "captured_steps" in st.counts:
                 stats.counts["captured_steps"] = stats.counts.get("captured_steps", 0) + st.counts["captured_steps"]
             stats.num_rows += B * st.num_calls  # the model evaluates the whole batch at every call

@@ -91,6 +91,14 @@ _GOLDEN = _signed(0x9E3779B97F4A7C15)
 _C1, _C2 = _signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB)
 
 
+def _splitmix_int(z: int) -> int:
+    """`_splitmix` on one Python int, the same signed 64-bit word out as the tensor hash gives."""
+    z &= 2**64 - 1
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & (2**64 - 1)
+    return _signed(z ^ (z >> 31))
+
+
 def _splitmix(z: Tensor) -> Tensor:
     """SplitMix64's finaliser (a bijection of 64-bit words) on int64 tensors: products wrap around 2^64 as the
     unsigned arithmetic does, and the right shifts are made logical by masking off the sign's copies."""
@@ -107,9 +115,10 @@ class RowStreams:
     every draw so that a row's draws depend on its own state only. `fork(tag)` derives the streams of a sub-decode
     (a block), `select(rows)` the streams of some rows."""
 
-    def __init__(self, seeds: Tensor):
+    def __init__(self, seeds: Tensor, host: list[int] | None = None):
         self.seeds = seeds.to(torch.long)
         self.base = _splitmix(self.seeds * _GOLDEN + 0x3C6EF372FE94F82B)
+        self._host = host  # the seeds as Python ints when known: forks then derive theirs without a device read
 
     @classmethod
     def from_generator(cls, generator: torch.Generator | None, batch_size: int, device) -> RowStreams:
@@ -134,10 +143,26 @@ class RowStreams:
         return self.seeds.numel()
 
     def select(self, rows) -> RowStreams:
-        return RowStreams(self.seeds[rows])
+        host = self._host[rows] if self._host is not None and isinstance(rows, slice) else None
+        return RowStreams(self.seeds[rows], host)
 
     def fork(self, tag: int) -> RowStreams:
-        return RowStreams(_splitmix(self.base ^ _splitmix(torch.full_like(self.base, int(tag) + 1) * _GOLDEN)))
+        key = int(tag) + 1
+        host = None
+        if self._host is not None:
+            mixed = _splitmix_int(key * _GOLDEN)
+            host = [_splitmix_int(_splitmix_int(s * _GOLDEN + 0x3C6EF372FE94F82B) ^ mixed) for s in self._host]
+        return RowStreams(_splitmix(self.base ^ _splitmix(torch.full_like(self.base, key) * _GOLDEN)), host)
+
+    def on_host(self) -> RowStreams:
+        """These streams with their seeds also held as Python ints (one read of the device now), so that the seeds
+        of every fork and slice are computed on the host: a decoder that seeds a per-row torch.Generator per block
+        (a uniform path's prior) reads nothing from the device between its blocks."""
+        return RowStreams(self.seeds, self.host_seeds())
+
+    def host_seeds(self) -> list[int]:
+        """The rows' seeds as Python ints: computed on the host when known there (`on_host`), else read."""
+        return list(self._host) if self._host is not None else self.seeds.tolist()
 
     def uniform(self, keys, length: int, rows: Tensor | None = None) -> Tensor:
         """float64 uniforms in (0, 1) with 53 random bits: [n, length] for one key, [n, len(keys), length] for a
@@ -196,9 +221,10 @@ def jump_prob(path: ProbabilityPath, t: Tensor, s: Tensor) -> Tensor:
     return path.jump_prob(t, s)
 
 
-def pinned_positions(fixed, values, batch_size: int, length: int, vocab_size: int, device) -> tuple[Tensor, Tensor]:
+def pinned_positions(fixed, values, batch_size: int, length: int, vocab_size: int, device, *,
+                     checked: bool = False) -> tuple[Tensor, Tensor]:  # fmt: skip
     """(fixed [B, L] bool, values [B, L] long) on `device`: nothing pinned when both are None, broadcast otherwise;
-    pinned values must be clean tokens."""
+    pinned values must be clean tokens (a read of the device; `checked`: the caller has checked them)."""
     B, L, V = int(batch_size), int(length), int(vocab_size)
     if (fixed is None) != (values is None):
         raise ValueError("fixed and values go together")
@@ -207,7 +233,7 @@ def pinned_positions(fixed, values, batch_size: int, length: int, vocab_size: in
         values = torch.zeros(B, L, dtype=torch.long, device=device)
     fixed = torch.as_tensor(fixed, dtype=torch.bool, device=device).expand(B, L)
     values = torch.as_tensor(values, dtype=torch.long, device=device).expand(B, L)
-    if fixed.any() and not ((values[fixed] >= 0) & (values[fixed] < V)).all():
+    if not checked and fixed.any() and not ((values[fixed] >= 0) & (values[fixed] < V)).all():
         raise ValueError(f"fixed values must be clean tokens in [0, {V})")
     return fixed, values
 

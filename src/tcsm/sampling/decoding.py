@@ -206,16 +206,19 @@ def decode(
     """Draw `batch_size` sequences of `length` tokens from a masked model by unmasking positions in the order
     `method` (module docstring), `num_steps` steps in all, block by block when `block_length` is given.
     `fixed` / `values` [B, L] pin positions (prompts, infilling) from the start. Returns (tokens, stats) with
-    `stats.num_calls` the batched denoiser calls, `stats.row_calls` [B] the evaluations of each sequence.
+    `stats.num_calls` the batched denoiser calls, `stats.row_calls` [B] the evaluations of each sequence,
+    `stats.steps_taken` the steps that had a position to reveal (a device count; threshold's `stats.num_steps` is
+    it, read once at the end, except in a block decoder's blocks: `caller_checks`).
 
     With the decode engine (`engine` resolving to "graph", or a denoiser with `static_rows`: the engine's block
     calls) the step loop reads no device value on the host: every step calls the denoiser on every row and updates
     by dense selects, a region runs all its steps (a step with nothing left to reveal changes nothing), and the
-    steps a region really took are counted on the device. The draws are keyed by (block, step, position), so the
-    tokens are those of the eager loop, which evaluates only the rows that need it and stops a region early. A
-    denoiser that captures whole steps (`capture_step`: the engine's block calls) replays each dense step — the
-    call, the draws, the reveal (`_dense_order_step`) — as one captured graph, one per step kind (inner, last);
-    `stats.counts["captured_steps"]` counts them."""
+    steps a region really took are counted on the device. Inside a block decoder (a denoiser with `caller_checks`)
+    neither the pins nor the output are checked again, so a block reads nothing on the host. The draws are keyed by
+    (block, step, position), so the tokens are those of the eager loop, which evaluates only the rows that need it
+    and stops a region early. A denoiser that captures whole steps (`capture_step`: the engine's block calls)
+    replays each dense step — the call, the draws, the reveal (`_dense_order_step`) — as one captured graph, one per
+    step kind (inner, last); `stats.counts["captured_steps"]` counts them."""
     if path.mask_id is None or not path.absorbing:
         raise ValueError(
             f"decoding order {method!r} unmasks positions: it needs a masked path, not {path.kind!r}"
@@ -226,14 +229,18 @@ def decode(
         raise ValueError(f"temperature must be > 0 and top_p in (0, 1], got {temperature}, {top_p}")
     device = torch.device(device if device is not None else _infer_device(denoiser, values))
     V, mask = path.vocab_size, path.mask_id
-    fixed, values = pinned_positions(fixed, values, B, L, V, device)
+    # the block decoder checks the pins it hands an in-block sampler, and its output, once per decode
+    caller_checks = bool(getattr(denoiser, "caller_checks", False))
+    fixed, values = pinned_positions(fixed, values, B, L, V, device, checked=caller_checks)
     streams = row_streams(generator, B, device)
     x = torch.where(fixed, values, torch.full((B, L), mask, dtype=torch.long, device=device))
     bl = L // nb
-    # blocks that are wholly pinned (a prompt) need no steps; the others share the K steps (one host read)
-    free_blocks = (~fixed).view(B, nb, bl).any(-1).any(0).tolist()
-    todo = [b for b in range(nb) if free_blocks[b]]
     dense = bool(getattr(denoiser, "static_rows", False)) or resolve_engine(engine, device) == "graph"
+    if dense and nb == 1:  # one region runs all its steps without a host read: wholly pinned, they change nothing
+        todo = [0]
+    else:  # blocks that are wholly pinned (a prompt) need no steps; the others share the K steps (one host read)
+        free_blocks = (~fixed).view(B, nb, bl).any(-1).any(0).tolist()
+        todo = [b for b in range(nb) if free_blocks[b]]
     if K < len(todo):
         raise ValueError(f"{K} steps for {len(todo)} blocks to decode: every block needs at least one step")
     steps_per_block = {b: K // len(todo) + (j < K % len(todo)) for j, b in enumerate(todo)}
@@ -325,8 +332,9 @@ def decode(
                 step += 1
                 if callback is not None:
                     callback(step, min(1.0, step / max(K, 1)), x)
-    if (x >= V).any():
+    if not caller_checks and (x >= V).any():
         raise RuntimeError("decoding left masks in the output")
-    if method == "threshold":  # its steps follow from the threshold (at most num_steps)
+    stats.steps_taken = taken if dense else torch.tensor(step, device=device)
+    if method == "threshold" and not caller_checks:  # its steps follow from the threshold (at most num_steps)
         stats.num_steps = int(taken) if dense else step
     return (x.clone() if "captured_steps" in stats.counts else x), stats

@@ -68,6 +68,8 @@ class SamplingStats:
     trajectory: dict[int, Tensor] = field(default_factory=dict)
     #: what a particular sampler also counts (SIR: steps with and without SIR, energy rows scored)
     counts: dict[str, int] = field(default_factory=dict)
+    #: the decoding orders' steps that had a position to reveal, a 0-d device count (read it when reporting)
+    steps_taken: Tensor | None = None
 
     @property
     def max_row_calls(self) -> int:
@@ -125,7 +127,7 @@ def _sample_chunk(
     fixed: Tensor,
     values: Tensor,
     grid: Tensor,
-    grid_host: list[float],
+    grid_host: list[float] | None,
     method: str,
     generator,
     temperature: float,
@@ -144,7 +146,7 @@ def _sample_chunk(
 
     x = _prior(path, generator, L)
     # an x̂_1 sampler draws whole batches from a torch.Generator: its rows share one stream (not batch invariant)
-    joint_generator = _generator(int(generator.fork(-2).seeds[0]), device) if method == "joint" else None
+    joint_generator = _generator(generator.fork(-2).host_seeds()[0], device) if method == "joint" else None
     x = torch.where(fixed, values, x)  # conditioning: clean from t = 0 on (masked: simply unmasked tokens)
 
     cache: Tensor | None = None  # denoiser logits [B, L, V] or joint x̂_1 [B, L] for the current x of each row
@@ -295,7 +297,7 @@ def _prior(path: ProbabilityPath, streams, L: int) -> Tensor:
     path's source is its mask state, drawn without randomness (and without reading the seeds on the host)."""
     if path.absorbing:
         return path.prior_sample(len(streams), L, device=streams.device)
-    seeds = streams.fork(-1).seeds.tolist()
+    seeds = streams.fork(-1).host_seeds()  # (computed on the host when the streams hold their seeds there)
     return torch.cat([path.prior_sample(1, L, device=streams.device, generator=_generator(s, streams.device))
                       for s in seeds])  # fmt: skip
 
@@ -380,7 +382,9 @@ def sample(
     if device is None:
         device = _infer_device(denoiser, values)
     device = torch.device(device)
-    fixed, values = pinned_positions(fixed, values, B, L, path.vocab_size, device)
+    # the block decoder checks the pins it hands an in-block sampler once per decode
+    checked = bool(getattr(denoiser, "caller_checks", False))
+    fixed, values = pinned_positions(fixed, values, B, L, path.vocab_size, device, checked=checked)
     if time_independent is None:
         time_independent = may_cache(denoiser, path)
     if generator is None and seed is not None:
@@ -407,6 +411,7 @@ def sample(
     chunk = B if chunk_size is None else max(1, int(chunk_size))
     stats = SamplingStats(method=method, num_steps=K, cached=bool(time_independent), times=times)
     outs, row_calls, trajs = [], [], []
+    grid_host = None if callback is None else host_times.tolist()  # (the callback's times)
     with torch.no_grad():
         for start in range(0, B, chunk):
             sl = slice(start, min(B, start + chunk))
@@ -416,7 +421,7 @@ def sample(
                 fixed=fixed[sl],
                 values=values[sl],
                 grid=times,
-                grid_host=host_times.tolist(),
+                grid_host=grid_host,
                 method=method,
                 generator=streams.select(sl),
                 temperature=float(temperature),

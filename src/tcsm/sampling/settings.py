@@ -210,6 +210,8 @@ def _draw_blocks(model, path, inner, num, length, fixed, values, generator, devi
             stats.num_rows += st.num_rows
             stats.row_calls = torch.cat([stats.row_calls, st.row_calls])
             stats.counts = {key: stats.counts[key] + st.counts[key] for key in stats.counts}
+            if stats.steps_taken is not None:
+                stats.steps_taken = stats.steps_taken + st.steps_taken
     return torch.cat(outs), stats
 
 
