@@ -1,6 +1,6 @@
 """What a joint student's step head has learnt (MATH.md §10.1), on held-out teacher rollouts: the negative
 log-likelihood of the tokens one student step reveals, from x_t at the student's grid point t_j through the teacher's
-r = K/K_s steps to t_{j+1} (`teacher_rollout(..., until=...)`, the round's own target), under
+r = K/K_s steps to t_{j+1} (`StepTarget.reach`, the round's own target), under
 
 - `factorised`: the student's denoiser alone (its head zeroed: the factorised step);
 - `joint`: the denoiser plus the step head, teacher-forced over the reveal set left to right (the round's loss);
@@ -34,23 +34,16 @@ def _args(argv=None):
     return ap.parse_args(argv)
 
 
-def rollout(teacher, path, x1, K: int, Ks: int, g):
-    """(x_t, t_j, reveal set R, tokens at R, the teacher's log conditional each was drawn from) for clean rows x1."""
+def rollout(target, path, x1, g):
+    """(x_t, t_j, reveal set R, tokens at R, the teacher's log conditional each was drawn from) for clean rows x1:
+    the round's own target (`StepTarget.reach`) from x_t at uniform grid points t_j."""
     import torch
 
-    from tcsm.posttrain.fewstep.target import teacher_rollout
-
-    B, L = x1.shape
-    r = K // Ks
+    B, Ks = x1.shape[0], target.student_steps
     j = torch.randint(0, Ks, (B,), generator=g)
     ts = j.to(torch.get_default_dtype()) / Ks
     xt = path.draw_xt(x1, ts, g)
-    xs = xt.clone()
-    log_cond = torch.zeros(B, L, path.vocab_size, dtype=torch.float64)
-    for end in (j + 1).unique().tolist():
-        rows = (j + 1 == end).nonzero().squeeze(1)
-        xs[rows], log_cond[rows], _ = teacher_rollout(teacher, path, xt[rows], j[rows] * r, K, generator=g,
-                                                      until=end * r)  # fmt: skip
+    xs, _, log_cond = target.reach(path, xt, j, path.free(xt), g, conditionals=True)
     reveal = (xt == path.mask_id) & (xs != xt)
     return xt, ts, reveal, torch.where(reveal, xs, 0), log_cond
 
@@ -60,6 +53,7 @@ def main(argv=None) -> None:
     import torch
 
     from tcsm.builders.loading import load_checkpoint
+    from tcsm.posttrain.fewstep.joint import StepTarget
 
     torch.set_num_threads(1)
     K, Ks = args.teacher_steps, args.student_steps
@@ -74,12 +68,13 @@ def main(argv=None) -> None:
     need = args.batches * args.batch_size
     if rows.shape[0] < need:
         raise SystemExit(f"the valid split has {rows.shape[0]} rows, fewer than --batches x --batch-size = {need}")
+    target = StepTarget(teacher, K, Ks)
     g = torch.Generator().manual_seed(args.seed)
     sums = {key: {"factorised": 0.0, "joint": 0.0, "teacher substep": 0.0, "tokens": 0} for key in ("all", "neighbour")}
     with torch.no_grad():
         for b in range(args.batches):
-            xt, ts, reveal, tokens, log_cond = rollout(teacher, path, rows[b * args.batch_size:(b + 1) * args.batch_size],
-                                                       K, Ks, g)  # fmt: skip
+            xt, ts, reveal, tokens, log_cond = rollout(target, path, rows[b * args.batch_size:(b + 1) * args.batch_size],
+                                                       g)  # fmt: skip
             at = tokens[..., None]
             nll = {"factorised": -student(xt, ts).log_softmax(-1).gather(-1, at)[..., 0],
                    "joint": -student(xt, ts, reveal=reveal, tokens=tokens).log_softmax(-1).gather(-1, at)[..., 0],

@@ -12,6 +12,7 @@ whose expectation is KL(teacher's y_R | x_t, R ‖ the student's) + const."""
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from tcsm.core.batch import as_batch
 from tcsm.posttrain.fewstep.target import TeacherRounds, teacher_rollout
@@ -32,19 +33,29 @@ class StepTarget(TeacherRounds):
             raise ValueError("the joint step target needs the masked source and a full-sequence path (one t per row)")
         batch = as_batch(batch)
         j, ts, xt, movable = self.start(batch, t, path, generator)
-        r = self.teacher_steps // self.student_steps
-        # every row stops at its own t_{j+1}: one rollout per end point present in the batch
-        xs, calls = xt.clone(), torch.zeros(xt.shape[0], dtype=torch.long, device=xt.device)
-        for end in (j + 1).unique().tolist():
-            rows = (j + 1 == end).nonzero().squeeze(1)
-            x_end, _, c = teacher_rollout(self.teacher, path, xt[rows], j[rows] * r, self.teacher_steps,
-                                          movable=movable[rows], generator=generator, temperature=self.temperature,
-                                          until=end * r)  # fmt: skip
-            xs[rows], calls[rows] = x_end, c
+        xs, calls, _ = self.reach(path, xt, j, movable, generator)
         reveal = movable & (xs != xt)
         tokens = torch.where(reveal, xs, batch.x1)
         stats = {"teacher_calls": calls.float().mean(), "revealed": reveal.float().sum(-1).mean()}
         return TargetBatch(xt=xt, t=ts, x1=tokens, loss_mask=reveal, reveal=reveal, stats=stats)
+
+    def reach(self, path, xt: Tensor, j: Tensor, movable: Tensor, generator=None, *, conditionals: bool = False):
+        """(x_{t_{j+1}} [B, L], the teacher's calls per row [B], and with `conditionals` the log conditional each
+        revealed token was drawn from [B, L, V] float64, else None): the teacher's r steps from x_t at each row's
+        grid point t_j, every row stopped at its own t_{j+1} (one rollout per end point present in the batch)."""
+        r = self.teacher_steps // self.student_steps
+        xs, calls = xt.clone(), torch.zeros(xt.shape[0], dtype=torch.long, device=xt.device)
+        log_cond = None
+        for end in (j + 1).unique().tolist():
+            rows = (j + 1 == end).nonzero().squeeze(1)
+            x_end, lc, c = teacher_rollout(self.teacher, path, xt[rows], j[rows] * r, self.teacher_steps,
+                                           movable=movable[rows], generator=generator, temperature=self.temperature,
+                                           until=end * r)  # fmt: skip
+            xs[rows], calls[rows] = x_end, c
+            if conditionals:
+                log_cond = lc.new_zeros(*xt.shape, lc.shape[-1]) if log_cond is None else log_cond
+                log_cond[rows] = lc
+        return xs, calls, log_cond
 
     def __repr__(self) -> str:
         return f"StepTarget(teacher_steps={self.teacher_steps}, student_steps={self.student_steps})"
