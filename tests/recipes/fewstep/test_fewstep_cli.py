@@ -80,10 +80,14 @@ def test_a_joint_round_adds_a_step_head_and_its_student_samples_with_the_joint_s
     assert main(["finetune", "fewstep", "--from", str(out), "-o", str(again), "--teacher-steps", "4", "--form",
                  "joint", "--steps", "1", *tiny(*QUIET, synthetic=False)]) in (0, None)  # fmt: skip
     assert load_checkpoint(again).config.sample.steps == 2
-    # model.step_head_only: the round trains the head alone, the denoiser keeps the teacher's weights
-    head_only = tmp_path / "head_only"
-    assert main(["finetune", "fewstep", "--from", str(teacher), "-o", str(head_only), "--teacher-steps", "8",
-                 "--form", "joint", "--steps", "2", *tiny(*QUIET, "model.step_head_only=true", synthetic=False)]) in (0, None)  # fmt: skip
-    student, start = load_checkpoint(head_only).model.state_dict(), load_checkpoint(teacher).model.state_dict()
+    # a joint round trains the head alone unless told: the denoiser keeps the teacher's weights
+    student, start = run.model.state_dict(), load_checkpoint(teacher).model.state_dict()
+    assert run.config.model.step_head_only
     assert all(torch.equal(student[k], v) for k, v in start.items())
     assert student["step_head.out.weight"].abs().sum() > 0  # zero at initialisation: the head was trained
+    both = tmp_path / "both"
+    assert main(["finetune", "fewstep", "--from", str(teacher), "-o", str(both), "--teacher-steps", "8",
+                 "--form", "joint", "--steps", "2", *tiny(*QUIET, "model.step_head_only=false", synthetic=False)]) in (0, None)  # fmt: skip
+    student = load_checkpoint(both).model.state_dict()
+    assert not load_checkpoint(both).config.model.step_head_only
+    assert any(not torch.equal(student[k], v) for k, v in start.items())

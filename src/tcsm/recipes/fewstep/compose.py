@@ -3,7 +3,8 @@ run: the teacher run's config (data, path, model) < the `finetune-fewstep` prese
 (the frozen teacher) and `train.init_from` (the student's start) the teacher's checkpoint, and `sample.steps` the
 student's step count, so that `tcsm sample` of the student uses the steps it was distilled for unless told. With
 `target.form=joint` the student is the teacher's denoiser with a step head (`model.step_head_layers`, 1 unless
-set; the head new) and the target the teacher's steps over one student step (no window)."""
+set; the head new) and the target the teacher's steps over one student step (no window); the head alone is trained
+(`model.step_head_only`) unless an override says otherwise."""
 
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ def fewstep_config(checkpoint, preset: str | None = "finetune-fewstep", override
         start["target.window"] = None
         if not cfg.model.get("step_head_layers"):
             start["model.step_head_layers"] = 1
+        # measured better than training the denoiser too (docs/benchmarks.md, "... joint rounds with the step head
+        # alone trained"), and a round then cannot move the teacher's factorised steps
+        if not any(str(o).partition("=")[0].strip() == "model.step_head_only" for o in overrides):
+            start["model.step_head_only"] = True
     return set_values(cfg, {k: v for k, v in start.items() if k not in (values or {})})
 
 
