@@ -105,3 +105,50 @@ def test_a_fresh_head_learns_a_within_step_copy_in_a_few_dozen_updates():
     # the factorised step reads none of the copy; a head whose token input starts far below the hidden state's
     # scale is still near it after 25 updates (0.7 of its NLL, against 0.03 at unit scale)
     assert after < 0.25 * before, (before, after)
+
+
+def test_a_block_models_head_reads_its_own_block_only_and_its_cached_step_equals_the_one_pass():
+    """On a block model (MATH.md §9) a step reveals positions of one block: the head's correction at block b reads
+    the tokens drawn before it in block b only, the clean prefix through the denoiser (from x1, not from the drawn
+    tokens), and the cached incremental step of block b equals the one pass at b."""
+    from tcsm.models.blocks import build_block_denoiser
+
+    k = 4
+    torch.manual_seed(0)
+    model = build_block_denoiser("tiny", k, vocab_size=V, num_states=V + 1, max_len=L, step_head_layers=1,
+                                 time_conditioning=False)  # fmt: skip
+    for name, p in model.named_parameters():
+        if p.dim() > 1 or name.startswith("step_head.out"):
+            torch.nn.init.normal_(p, std=0.3)
+    model.eval()
+    g = torch.Generator().manual_seed(1)
+    x1 = torch.randint(0, V, (3, L), generator=g)
+    xt = torch.where(torch.rand(3, L, generator=g) < 0.6, torch.full_like(x1, V), x1)
+    reveal = (xt == V) & (torch.rand(3, L, generator=g) < 0.8)
+    tokens = torch.where(reveal, torch.randint(0, V, (3, L), generator=g), x1)
+    with torch.no_grad():
+        forced = denoise(model, xt, None, tokens, reveal, clean=x1)
+        assert torch.equal(forced[~reveal], model(xt, None, x1=x1)[~reveal])
+        # other blocks' drawn tokens change nothing in block 1; its own earlier ones do
+        other = tokens.clone()
+        other[:, :k] = torch.where(reveal[:, :k], (tokens[:, :k] + 1) % V, tokens[:, :k])
+        other[:, 2 * k :] = torch.where(reveal[:, 2 * k :], (tokens[:, 2 * k :] + 1) % V, tokens[:, 2 * k :])
+        again = denoise(model, xt, None, other, reveal, clean=x1)
+        assert torch.allclose(again[:, k : 2 * k], forced[:, k : 2 * k], atol=1e-6)
+        first = reveal[:, k : 2 * k].float().argmax(-1)
+        row = int((reveal[:, k : 2 * k].sum(-1) >= 2).nonzero()[0])
+        own = tokens.clone()
+        own[row, k + first[row]] = (tokens[row, k + first[row]] + 1) % V
+        changed = denoise(model, xt, None, own, reveal, clean=x1)
+        after = reveal[row, k : 2 * k] & (torch.arange(k) > first[row])
+        assert (changed[row, k : 2 * k][after] - forced[row, k : 2 * k][after]).abs().max() > 1e-4
+        # the cached step of block 1 (the clean block 0 in the cache) is the one pass at block 1
+        cache = model.new_cache(3)
+        model.extend_cache(cache, x1[:, :k])
+        R = reveal[:, k : 2 * k]
+        step = model.open_block_step(xt[:, k : 2 * k], None, cache, R)
+        prev, rows = torch.full((3,), V), torch.arange(3)
+        for i in range(step.size):
+            pos, ok = step.positions[:, i], step.valid[:, i]
+            assert torch.allclose(step.logits(i, prev)[ok], forced[rows, k + pos][ok], atol=1e-4)
+            prev = tokens[rows, k + pos]

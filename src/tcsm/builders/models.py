@@ -76,9 +76,6 @@ def build_denoiser_model(node: dict, ctx: BuildContext):
             ctx.data, DataInfo):
         raise ConfigError("a block denoiser on the uniform source needs its time input: set "
                           "model.time_conditioning=true (or use the masked source)")  # fmt: skip
-    if block_length is not None and overrides.get("step_head_layers"):
-        raise ConfigError("model.step_head_layers: a step head (the joint few-step student, MATH.md §10) is built "
-                          "for full-sequence masked denoisers; leave it 0 on a block path")  # fmt: skip
     if overrides.get("step_head_layers") and ctx.path.mask_id is None:
         raise ConfigError("model.step_head_layers: a step head draws a masked step's reveal set jointly; the "
                           "uniform source has none (MATH.md §10): leave it 0 or use path.source=masked")  # fmt: skip

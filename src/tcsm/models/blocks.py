@@ -23,15 +23,17 @@ import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
-from tcsm.models.kinds import BLOCK_DENOISER
+from tcsm.models.kinds import BLOCK_DENOISER, JOINT_STEP_BLOCK_DENOISER
 from tcsm.models.layers import KERNELS, cache_capacity, gate, modulate, row_stable
-from tcsm.models.transformer import Denoiser, DenoiserConfig, _compute_dtype, denoiser_fields
+from tcsm.models.step_head import JointStep
+from tcsm.models.transformer import Denoiser, DenoiserConfig, _compute_dtype, attach_step_head, denoiser_fields
 
 __all__ = [
     "BLOCK_ATTENTION",
     "BlockCache",
     "BlockDenoiser",
     "BlockDenoiserConfig",
+    "JointStepBlockDenoiser",
     "block_attention_mask",
     "block_flops_per_sequence",
     "block_mask_mod",
@@ -199,6 +201,10 @@ class BlockDenoiser(Denoiser):
         return self._masks[key]
 
     def forward(self, xt: Tensor, t: Tensor | None = None, x1: Tensor | None = None) -> Tensor:
+        return self.head(self.block_features(xt, t, x1)).float()
+
+    def block_features(self, xt: Tensor, t: Tensor | None = None, x1: Tensor | None = None) -> Tensor:
+        """The one pass's final hidden states [B, L, d_model] of the noisy half, the logits' linear input."""
         if x1 is None:
             raise ValueError("a block model needs the clean sequence: call it as model(x_t, t, x1=x_1)")
         B, L = self._check_ids(xt, "xt", self.num_states)
@@ -219,7 +225,7 @@ class BlockDenoiser(Denoiser):
         for block in self.blocks[:-1]:
             h = block(h, rope, cond, mask)
         h = _noisy_half(self.blocks[-1], h, rope, cond, noisy_rows, L, nb)
-        return self._logits(h, None if cond is None else cond[:, :nb])
+        return self._final(h, None if cond is None else cond[:, :nb])
 
     def _block_cond(self, t, B: int, L: int, device) -> Tensor | None:
         """Time conditioning per block [B, 2nb−1, cond_dim] (adaLN groups of k positions): each noisy block at its
@@ -247,12 +253,12 @@ class BlockDenoiser(Denoiser):
         tb = torch.cat([tb, torch.ones_like(tb[:, 1:])], 1)
         return self.time_embed(tb.reshape(-1)).view(B, 2 * nb - 1, -1)
 
-    def _logits(self, h: Tensor, cond: Tensor | None) -> Tensor:
+    def _final(self, h: Tensor, cond: Tensor | None) -> Tensor:
         h = self.final_norm(h)
         if self.final_adaLN is not None:
             shift, scale = row_stable(self.final_adaLN, cond).chunk(2, dim=-1)
             h = modulate(h, shift, scale)
-        return self.head(h).float()
+        return h
 
     def _check_ids(self, x: Tensor, name: str, bound: int) -> tuple[int, int]:
         if x.dim() != 2 or x.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.bool):
@@ -318,6 +324,10 @@ class BlockDenoiser(Denoiser):
     def denoise(self, xt_block: Tensor, t, cache: BlockCache) -> Tensor:
         """Logits [B, n, V] of one noisy block x_t [B, n ≤ k] at positions cache.length..+n−1 and time t [B] (or a
         scalar), given the cached clean blocks: the one-pass logits of that block. The cache is not changed."""
+        return self.head(self.denoise_features(xt_block, t, cache)).float()
+
+    def denoise_features(self, xt_block: Tensor, t, cache: BlockCache) -> Tensor:
+        """`denoise`'s final hidden states [B, n, d_model], the logits' linear input."""
         self._check_step(cache, xt_block, "denoise")
         if xt_block.shape[1] > self.block_length:
             raise ValueError(f"denoise takes one block of at most {self.block_length} positions, got {xt_block.shape[1]}")
@@ -335,7 +345,7 @@ class BlockDenoiser(Denoiser):
         cond = self._sequence_cond(t, h)
         for i, block in enumerate(self.blocks):  # the block sees itself and every cached clean block
             h = block(h, rope, cond, mask, cache=cache.layer(i, fixed))
-        return self._logits(h, cond)
+        return self._final(h, cond)
 
     def _sequence_cond(self, t, h: Tensor) -> Tensor | None:
         if self.time_embed is None:
@@ -346,6 +356,39 @@ class BlockDenoiser(Denoiser):
         if t.numel() not in (1, h.shape[0]):
             raise ValueError(f"t must have shape [batch]={h.shape[0]} or be a scalar, got {t.numel()} values")
         return self.time_embed(t.expand(h.shape[0]))
+
+
+class JointStepBlockDenoiser(BlockDenoiser):
+    """The `BlockDenoiser` with a step head (MATH.md §9, §10): `model(x_t, t, x1=x_1)` are its factorised logits,
+    `model(x_t, t, x1=x_1, reveal=R, tokens=y)` add the head's correction at R given the tokens y drawn before each
+    position in its own block's step (training: every block's step at once, teacher-forced), `open_block_step` the
+    cached call and incremental head of one block's sampler step. A sampler step of block b reveals positions of
+    block b only, the blocks before it clean context seen through the hidden states, so the head runs on each block
+    alone (its causal attention never crosses a block; its positions are the block's 0..k−1)."""
+
+    model_kind = JOINT_STEP_BLOCK_DENOISER
+
+    def __init__(self, cfg: BlockDenoiserConfig):
+        super().__init__(cfg)
+        attach_step_head(self, cfg)
+
+    def forward(self, xt: Tensor, t: Tensor | None = None, x1: Tensor | None = None, *, reveal: Tensor | None = None,
+                tokens: Tensor | None = None) -> Tensor:  # fmt: skip
+        h = self.block_features(xt, t, x1)
+        logits = self.head(h).float()
+        if reveal is None:
+            return logits
+        if tokens is None:
+            raise ValueError("a step head reads the tokens drawn at the revealed positions: pass tokens")
+        (B, L, D), k = h.shape, self.block_length
+        R = (reveal & (xt == self.cfg.vocab_size)).reshape(-1, k)
+        corr = self.step_head.correction(h.reshape(-1, k, D), R, tokens.reshape(-1, k))
+        return logits + corr.reshape(B, L, -1).float()
+
+    def open_block_step(self, xt_block: Tensor, t, cache: BlockCache, reveal: Tensor) -> JointStep:
+        """One block's joint step: `denoise`'s call on the cache, then the head over `reveal` [B, n] (incremental)."""
+        h = self.denoise_features(xt_block, t, cache)
+        return JointStep(self.step_head, h, reveal, base=self.head(h).float())
 
 
 @torch.compiler.disable
@@ -376,8 +419,10 @@ def _noisy_half(block, h: Tensor, rope, cond: Tensor | None, mask, L: int, nb: i
 
 
 def build_block_denoiser(preset_or_cfg, block_length: int, **overrides) -> BlockDenoiser:
-    """A `BlockDenoiser` of blocks of `block_length` from what `build_denoiser` takes (a preset name, a dict, a
-    config) and keyword overrides: `build_block_denoiser("tiny", 4, vocab_size=27, num_states=28)`."""
+    """A `BlockDenoiser` of blocks of `block_length` (with `step_head_layers` > 0 a `JointStepBlockDenoiser`) from
+    what `build_denoiser` takes (a preset name, a dict, a config) and keyword overrides:
+    `build_block_denoiser("tiny", 4, vocab_size=27, num_states=28)`."""
     fields = denoiser_fields(preset_or_cfg, **overrides)
     fields["block_length"] = block_length
-    return BlockDenoiser(BlockDenoiserConfig.from_dict(fields))
+    cfg = BlockDenoiserConfig.from_dict(fields)
+    return JointStepBlockDenoiser(cfg) if cfg.step_head_layers else BlockDenoiser(cfg)

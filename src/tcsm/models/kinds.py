@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["BLOCK_DENOISER", "CAUSAL", "DENOISER", "ENERGY", "HF_CAUSAL", "HF_DENOISER", "HF_MLM", "HOLLOW",
-           "JOINT_STEP_DENOISER", "MLM", "ModelKind",
+           "JOINT_STEP_BLOCK_DENOISER", "JOINT_STEP_DENOISER", "MLM", "ModelKind",
            "denoise", "kind_of"]
 
 
@@ -91,6 +91,12 @@ ENERGY = ModelKind(
 JOINT_STEP_DENOISER = ModelKind("denoiser", "path", "joint_step_denoiser", "a few-step denoiser with a step head (draws "
                                 "a step's tokens jointly)", offers=frozenset({"joint_step"}), fresh=("step_head.",))  # fmt: skip
 
+#: a block denoiser with a step head (MATH.md §9, §10): each in-block step's revealed tokens drawn jointly, the head
+#: reading one block at a time
+JOINT_STEP_BLOCK_DENOISER = ModelKind("denoiser", "blocks", "joint_step_denoiser", "a few-step block denoiser with a "
+                                      "step head (draws a step's tokens jointly inside each block)", blocks=True,
+                                      offers=frozenset({"joint_step"}), fresh=("step_head.",))  # fmt: skip
+
 HF_DENOISER = ModelKind("denoiser", "path", "hf_denoiser", "a diffusion denoiser started from a Hugging Face LM")
 HF_MLM = ModelKind("mlm", "none", None, "a Hugging Face masked LM", "nll")
 HF_CAUSAL = ModelKind("causal", "left_to_right", None, "a Hugging Face causal LM", "nll")
@@ -107,12 +113,15 @@ def kind_of(model) -> ModelKind:
     return kind if isinstance(kind, ModelKind) else DENOISER
 
 
-def denoise(model, xt, t, x1, reveal=None):
+def denoise(model, xt, t, x1, reveal=None, clean=None):
     """The denoiser's logits at (x_t, t) for clean sequences x_1 [B, L]: a block denoiser reads the clean blocks
     before each noisy block from x_1 (MATH.md §9); a model with a step head, given a step's reveal set `reveal`
-    [B, L], reads the tokens x_1 drawn there (MATH.md §10, the joint student); any other denoiser sees x_t and t."""
+    [B, L], reads the tokens x_1 drawn there (MATH.md §10, the joint student), a block one its clean prefixes from
+    `clean` (default x_1: the data, where x_1 holds other tokens at R); any other denoiser sees x_t and t."""
     kind = kind_of(model)
     if reveal is not None and "joint_step" in kind.offers:
+        if kind.blocks:
+            return model(xt, t, x1=x1 if clean is None else clean, reveal=reveal, tokens=x1)
         return model(xt, t, reveal=reveal, tokens=x1)
     if kind.blocks:
         return model(xt, t, x1=x1)

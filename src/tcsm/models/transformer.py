@@ -153,12 +153,7 @@ class JointStepDenoiser(Denoiser):
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        self.step_head = StepHead(cfg.vocab_size, cfg.d_model, cfg.n_heads, cfg.step_head_layers, cfg.max_len,
-                                  mlp_ratio=cfg.mlp_ratio, norm=cfg.norm, activation=cfg.activation,
-                                  rope_base=cfg.rope_base)  # fmt: skip
-        if cfg.step_head_only:  # the optimizer takes only what requires a gradient
-            for name, p in self.named_parameters():
-                p.requires_grad_(name.startswith("step_head."))
+        attach_step_head(self, cfg)
 
     def forward(self, xt: Tensor, t: Tensor | None = None, *, reveal: Tensor | None = None,
                 tokens: Tensor | None = None) -> Tensor:  # fmt: skip
@@ -173,6 +168,17 @@ class JointStepDenoiser(Denoiser):
     def open_step(self, xt: Tensor, t: Tensor | None, reveal: Tensor) -> JointStep:
         h = self.features(xt, t)
         return JointStep(self.step_head, h, reveal, base=self.head(h).float())
+
+
+def attach_step_head(model: nn.Module, cfg: DenoiserConfig) -> None:
+    """Give `model` its `step_head` (`cfg.step_head_layers` layers); with `cfg.step_head_only` only the head
+    requires a gradient (the optimizer takes only what does)."""
+    model.step_head = StepHead(cfg.vocab_size, cfg.d_model, cfg.n_heads, cfg.step_head_layers, cfg.max_len,
+                               mlp_ratio=cfg.mlp_ratio, norm=cfg.norm, activation=cfg.activation,
+                               rope_base=cfg.rope_base)  # fmt: skip
+    if cfg.step_head_only:
+        for name, p in model.named_parameters():
+            p.requires_grad_(name.startswith("step_head."))
 
 
 def _compute_dtype(device: torch.device) -> torch.dtype:

@@ -131,7 +131,7 @@ class Objective:
         tb = self.target(batch, t, self.path, generator, model=model)
         if batch.weight is not None:  # targets may expand each sequence into several rows (N^full)
             tb = tb.with_weight(batch.weight.repeat_interleave(tb.xt.shape[0] // batch.x1.shape[0]))
-        logits = denoise(model, tb.xt, tb.t, tb.x1, tb.reveal)
+        logits = denoise(model, tb.xt, tb.t, tb.x1, tb.reveal, tb.clean)
         loss, metrics = self.loss_from_batch(logits, tb)
         return loss, {**metrics, **{f"target/{k}": v for k, v in tb.stats.items()}}
 

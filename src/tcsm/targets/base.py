@@ -35,6 +35,9 @@ class TargetBatch:
     # BoolTensor[B, L]: a sampler step's reveal set R whose tokens `x1` were drawn jointly (MATH.md §10); a model
     # with a step head reads them, left to right over R (`models.kinds.denoise`)
     reveal: Tensor | None = None
+    # LongTensor[B, L]: the clean sequences a block model reads its prefixes from where `x1` is not them (the joint
+    # student on a block path: x1 holds the teacher's draws at R; `models.kinds.denoise`); None: x1
+    clean: Tensor | None = None
 
     @property
     def explicit(self) -> bool:

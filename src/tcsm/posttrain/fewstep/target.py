@@ -30,16 +30,17 @@ FORMS = ("conditionals", "draws")
 @torch.no_grad()
 def teacher_rollout(teacher, path, xt: Tensor, start: Tensor, num_steps: int, *, movable: Tensor | None = None,
                     window: int | None = None, generator: torch.Generator | None = None, temperature: float = 1.0,
-                    x1: Tensor | None = None, until: int | None = None) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+                    x1: Tensor | None = None, until: int | Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """(x̂_1 [B, L], log conditionals [B, L, V] float64, teacher calls per row [B]): the teacher's sampler on the
     uniform grid of `num_steps` steps from x_t = `xt` at t_{start} to 1 (MATH.md §10). `start` is per row [B], or on a
-    block path per position [B, L] (constant within a block): every block runs its own rollout, all in lock step, the
-    block model reading each block's clean prefix from `x1` (MATH.md §9). `movable` [B, L]: positions the sampler may
+    block path per position [B, L] (constant within a block): every block runs its own rollout, all in lock step (the
+    i-th steps of all blocks in one call), the block model reading each block's clean prefix from `x1` (MATH.md §9). `movable` [B, L]: positions the sampler may
     change (default `path.free(xt)`; conditioning positions are not). `window`: at most this many steps of the grid,
     then the step to t = 1 (SDTT's window is 2; None: the whole remaining grid). `until`: stop at the grid point
     t_until instead (the state x_{t_until}, masks kept: one student step's worth of teacher steps, MATH.md §10 "The
-    joint student"). Off `movable` the conditionals are uniform (no loss is taken there). A teacher with a step head
-    (a previous round's joint student) draws each step's revealed tokens jointly (`sampling.joint_step`)."""
+    joint student"); like `start` an int, per row [B] or on a block path per position [B, L]: each block stopped at
+    its own point). Off `movable` the conditionals are uniform (no loss is taken there). A full-sequence teacher with
+    a step head (a previous round's joint student) draws each step's revealed tokens jointly (`sampling.joint_step`)."""
     B, L = xt.shape
     V = path.vocab_size
     K = int(num_steps)
@@ -51,28 +52,39 @@ def teacher_rollout(teacher, path, xt: Tensor, start: Tensor, num_steps: int, *,
     if blocks and x1 is None:
         raise ValueError("a block teacher reads each block's clean prefix: pass x1")
     start = start.reshape(B, -1).expand(B, L) if start.dim() == 2 else start.reshape(B, 1).expand(B, L)
-    if until is not None and (window is not None or not 0 < int(until) <= K or bool((start >= int(until)).any())):
-        raise ValueError(f"until ({until}) takes no window and must lie after every start, at most {K}")
+    if until is not None:
+        until = torch.as_tensor(until, device=xt.device, dtype=torch.long)
+        until = until.reshape(B, -1).expand(B, L) if until.dim() == 2 else until.reshape(-1, 1).expand(B, L)
+        if window is not None or bool(((until <= 0) | (until > K) | (start >= until)).any()):
+            raise ValueError(f"until ({until.unique().tolist()}) takes no window and must lie after every start, at "
+                             f"most {K}")  # fmt: skip
     if window is not None:
         end = torch.clamp(start + int(window) + 1, max=K)
     else:
-        end = torch.full_like(start, K if until is None else int(until))
+        end = torch.full_like(start, K) if until is None else until.clone()
     joint = "joint_step" in kind_of(teacher).offers
+    if joint and blocks:
+        raise ValueError("a block teacher with a step head (a chained joint round on a block model) is not supported: "
+                         "distil one round of the whole ratio from the factorised teacher")  # fmt: skip
     movable = path.free(xt) if movable is None else movable & path.free(xt)
     x = xt.clone()
     log_cond = torch.full((B, L, V), -float(torch.log(torch.tensor(float(V)))), dtype=torch.float64, device=xt.device)
     calls = torch.zeros(B, dtype=torch.long, device=xt.device)
     time_dtype = torch.get_default_dtype()
-    for k in range(int(start.min()), K):
+    # a block model reads each block at its own time, so every block takes its i-th step in the same call (calls per
+    # row: the longest block rollout); rows of a full-sequence model take grid step k together
+    steps = range(int((end - start).max())) if blocks else range(int(start.min()), K)
+    for i in steps:
+        k = start + i if blocks else torch.full_like(start, i)  # [B, L]: the grid step each position would take
         on = (start <= k) & (k < end)  # [B, L]: the positions whose rollout takes step k
         rows = on.any(-1).nonzero().squeeze(1)
         if rows.numel() == 0:
             continue
-        on_r, st_r, en_r = on[rows], start[rows], end[rows]
+        on_r, st_r, en_r, k_r = on[rows], start[rows], end[rows], k[rows]
         # the rollout's last step: to t = 1, where every movable token takes its draw (`until`: to t_until)
-        last = (en_r == k + 1) & ((until is None) | (en_r == K))
-        t = grid[torch.clamp(torch.full_like(st_r, k), st_r, en_r - 1)]  # off `on`: any time of that block's grid
-        s = torch.where(last, torch.ones_like(t), grid[min(k + 1, K)])
+        last = (en_r == k_r + 1) & ((en_r == K) if until is not None else True)
+        t = grid[torch.clamp(k_r, st_r, en_r - 1)]  # off `on`: any time of that block's grid
+        s = torch.where(last, torch.ones_like(t), grid[(k_r + 1).clamp(max=K)])
         xr = x[rows]
         t_in = t if blocks else t[:, 0]
         calls[rows] += 1
