@@ -26,7 +26,13 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 from tcsm.models.kinds import BLOCK_DENOISER, JOINT_STEP_BLOCK_DENOISER
 from tcsm.models.layers import KERNELS, cache_capacity, gate, modulate, row_stable
 from tcsm.models.step_head import JointStep
-from tcsm.models.transformer import Denoiser, DenoiserConfig, _compute_dtype, attach_step_head, denoiser_fields
+from tcsm.models.transformer import (
+    Denoiser,
+    DenoiserConfig,
+    _compute_dtype,
+    attach_step_head,
+    denoiser_fields,
+)
 
 __all__ = [
     "BLOCK_ATTENTION",

@@ -90,7 +90,7 @@ def block_laws(teacher, states, prefix, Ks, joint: bool):
 
 @pytest.mark.parametrize("Ks", [2, 1])
 def test_one_exact_round_gives_the_teacher_k_step_per_block_law_at_k_over_r(setup, Ks):
-    d, _, teacher, states = setup
+    _, _, teacher, states = setup
     clean = states.all[states.clean]  # one block's clean states
     laws = {}
     for joint in (False, True):
