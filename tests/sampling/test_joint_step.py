@@ -46,3 +46,32 @@ def test_the_joint_step_refuses_the_uniform_source_and_blocks():
         sample_joint_steps(joint, UniformPath(V), 2, L, 4)
     with pytest.raises(ConfigError, match="semi_ar_block"):
         draw(joint, MaskedPath(V), 2, L, sample_settings({}, steps=4, semi_ar_block=4))
+
+
+@pytest.mark.parametrize("steps", [1, 2, 4])
+def test_at_initialisation_a_block_models_joint_sampler_draws_the_factorised_block_tokens(steps):
+    """A block model with a zero head draws, block by block through its KV cache, the tokens of the block model
+    without a head for the same seed (a prompt pins a block and a half); the in-block steps are joint ones."""
+    from tcsm.models.blocks import build_block_denoiser
+
+    k = 4
+    torch.manual_seed(2)
+    joint = build_block_denoiser("tiny", k, vocab_size=V, num_states=V + 1, max_len=L, step_head_layers=1)
+    for name, p in joint.named_parameters():
+        if p.dim() > 1 and not name.startswith("step_head."):
+            torch.nn.init.normal_(p, std=0.2)
+    plain = build_block_denoiser("tiny", k, vocab_size=V, num_states=V + 1, max_len=L)
+    plain.load_state_dict({n: v for n, v in joint.state_dict().items() if not n.startswith("step_head.")})
+    joint.eval(), plain.eval()
+    path = MaskedPath(V, block_length=k)
+    fixed = torch.zeros(16, L, dtype=torch.bool)
+    fixed[:8, :6] = True
+    values = torch.randint(0, V, (16, L), generator=torch.Generator().manual_seed(0))
+    out = {}
+    with torch.no_grad():
+        for name, model in (("joint", joint), ("plain", plain)):
+            out[name] = draw(model, path, 16, L, sample_settings({}, steps=steps), fixed=fixed, values=values,
+                             generator=torch.Generator().manual_seed(3))  # fmt: skip
+    (a, sa), (b, sb) = out["joint"], out["plain"]
+    assert torch.equal(a, b) and torch.equal(a[fixed], values[fixed])
+    assert sa.counts["head_calls"] >= steps and sa.counts["blocks"] == sb.counts["blocks"] == L // k

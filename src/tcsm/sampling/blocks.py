@@ -27,12 +27,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from tcsm.models.kinds import kind_of
+from tcsm.models.kinds import JOINT_STEP_DENOISER, kind_of
 from tcsm.sampling.common import as_grid, pinned_positions, row_streams
 from tcsm.sampling.engine import StepGraph, autocast_weight_cache, resolve_engine
 from tcsm.sampling.samplers import SamplingStats, _infer_device, may_cache
 
-__all__ = ["BlockDecodeSettings", "CachedBlockDenoiser", "check_block_model", "decode_blocks"]
+__all__ = ["BlockDecodeSettings", "CachedBlockDenoiser", "CachedJointBlockDenoiser", "check_block_model",
+           "decode_blocks"]
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,24 @@ class CachedBlockDenoiser:
         return self._denoise(x, t_all)[rows]
 
 
+class CachedJointBlockDenoiser(CachedBlockDenoiser):
+    """The in-block denoiser of a block model with a step head (MATH.md §9, §10): to the in-block sampler one block of
+    one sequence is a full-sequence model with a step head, so its masked ancestral steps draw their revealed tokens
+    jointly (`sampling.joint_step`), each step one `denoise` call on the cache and the head over the block. Its calls
+    run eagerly on the whole batch (the joint step reads each step's reveal count on the host)."""
+
+    model_kind = JOINT_STEP_DENOISER
+    #: read by `sampling.joint_step`: every call evaluates the whole batch over the shared cache
+    whole_batch = True
+
+    def __init__(self, model, cache, time_independent: bool):
+        super().__init__(model, cache, time_independent)
+        self.cfg = model.cfg
+
+    def open_step(self, xt: Tensor, t: Tensor, reveal: Tensor):
+        return self.model.open_block_step(xt, t, self.cache, reveal)
+
+
 def decode_blocks(model, path, inner, num: int, length: int, *, fixed: Tensor | None = None,
                   values: Tensor | None = None, generator: torch.Generator | None = None, device=None,
                   eos_id: int | None = None, callback=None) -> tuple[Tensor, SamplingStats]:  # fmt: skip
@@ -144,8 +163,10 @@ def decode_blocks(model, path, inner, num: int, length: int, *, fixed: Tensor | 
     step (undrawn positions hold the path's mask id, or 0 without one). `stats.num_calls` counts `denoise` calls,
     `stats.counts["cache_calls"]` the `extend_cache` calls, `stats.counts["blocks"]` the blocks drawn,
     `stats.counts["captured_steps"]` (engine only) the in-block steps run as one captured step (call, draws, update),
+    `stats.counts["head_calls"]` (a step head) the head's batched calls,
     `stats.steps_taken` (decoding orders) the in-block steps that had a position to reveal, a device count. Under the
-    engine the host reads a device value before the first block and after the last only."""
+    engine the host reads a device value before the first block and after the last only. A model with a step head
+    (`offers` "joint_step") is decoded eagerly, its in-block steps joint (`CachedJointBlockDenoiser`)."""
     k = check_block_model(model, inner)
     B, L = int(num), int(length)
     if B < 1 or L < 1 or L % k:
@@ -179,7 +200,8 @@ def decode_blocks(model, path, inner, num: int, length: int, *, fixed: Tensor | 
     engine = resolve_engine(getattr(inner.settings, "engine", "auto"), device)
     graph = None
     with torch.no_grad(), autocast_weight_cache():
-        if engine == "graph" and getattr(model, "fixed_shape_cache", False):
+        joint = "joint_step" in kind_of(model).offers  # a step head: the joint in-block step, eager
+        if engine == "graph" and getattr(model, "fixed_shape_cache", False) and not joint:
             cache = model.new_cache(B, fixed_shape=True, capacity=L)  # one buffer of the decode's length
             graph = StepGraph(lambda xt, t: model.denoise(xt, t, cache), device,
                               strict=getattr(inner.settings, "engine", "auto") == "graph",
@@ -211,15 +233,19 @@ def decode_blocks(model, path, inner, num: int, length: int, *, fixed: Tensor | 
                     x[:, lo:hi] = xb
                     callback(step, t, x)
 
-            denoiser = CachedBlockDenoiser(model, cache, time_independent, graph, steps)
+            if joint:
+                denoiser = CachedJointBlockDenoiser(model, cache, time_independent)
+            else:
+                denoiser = CachedBlockDenoiser(model, cache, time_independent, graph, steps)
             xb, st = inner(denoiser, block_path, B, k, generator=streams.fork(lo // k), device=device, fixed=pinned,
                            values=block_values, callback=None if callback is None else on_step)  # fmt: skip
             x[:, lo:hi] = xb
             stats.num_calls += st.num_calls
             if st.steps_taken is not None:  # summed on the device
                 stats.steps_taken = st.steps_taken if stats.steps_taken is None else stats.steps_taken + st.steps_taken
-            if "captured_steps" in st.counts:
-                stats.counts["captured_steps"] = stats.counts.get("captured_steps", 0) + st.counts["captured_steps"]
+            for key in ("captured_steps", "head_calls"):  # the engine's captured steps; a step head's calls
+                if key in st.counts:
+                    stats.counts[key] = stats.counts.get(key, 0) + st.counts[key]
             stats.num_rows += B * st.num_calls  # the model evaluates the whole batch at every call
             stats.counts["blocks"] += 1
             if eos_id is not None:

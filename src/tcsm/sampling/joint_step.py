@@ -45,7 +45,9 @@ def sample_joint_steps(model, path, num: int, length: int, num_steps: int, *, gr
                        device=None, callback=None):  # fmt: skip
     """(tokens [num, length], SamplingStats) of the joint K-step sampler of a step-head model on a masked path:
     per step one denoiser call on every row with a masked position, then the joint draw of R (`joint_reveal`).
-    `stats.counts["head_calls"]` counts the head's batched calls (one per revealed position index of a step)."""
+    `stats.counts["head_calls"]` counts the head's batched calls (one per revealed position index of a step). A
+    model that runs on the whole batch (`whole_batch`: a block model's in-block denoiser over its shared cache) is
+    called on every row of a step in which any row reveals."""
     if path.mask_id is None:
         raise ValueError("the joint step reveals masked positions: it needs the masked source")
     device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -68,6 +70,8 @@ def sample_joint_steps(model, path, num: int, length: int, num_steps: int, *, gr
         last = k == K - 1
         move = free if last else free & (u[:, 0] < path.jump_prob(times[k : k + 1], times[k + 1 : k + 2]))
         rows = move.any(-1).nonzero().squeeze(1)
+        if rows.numel() and getattr(model, "whole_batch", False):  # a shared cache: the model runs on every row
+            rows = torch.arange(B, device=device)
         if rows.numel():
             t = times[k].to(dtype).expand(rows.numel())
             new, calls, _ = joint_reveal(model, x[rows], t, move[rows], u[rows, 1], temperature=temperature,

@@ -2,7 +2,8 @@
 V = 2, L = 4 in blocks of 2, the exact block posterior as teacher: (a) the block `StepTarget` draws, per block, the
 teacher's r-step law from that block's x_t at its own grid point given its clean prefix, and hands the student the
 clean data as its prefixes; (b) one round from the exact teacher with an exact joint table per (prefix, block step)
-gives a K/r-step-per-block sampler with the teacher's K-step-per-block law (TV 0)."""
+gives a K/r-step-per-block sampler with the teacher's K-step-per-block law (TV 0), and the block decoder's joint
+in-block step (`sampling.blocks`, through the cache) draws that law (TV at the sampling floor)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import pytest
 import torch
 
 from tcsm.core.batch import Batch
-from tcsm.evaluation.exact import EnumerableDistribution, ExactBlockDenoiser
+from tcsm.evaluation.exact import EnumerableDistribution, ExactBlockDenoiser, PrefixCache
+from tcsm.models.kinds import JOINT_STEP_BLOCK_DENOISER
+from tcsm.models.step_head import reveal_order
 from tcsm.paths import make_path
 from tcsm.posttrain.fewstep.joint import StepTarget
 from tcsm.sampling.common import time_grid
@@ -78,31 +81,94 @@ def test_a_block_step_target_refuses_one_time_per_row(setup):
         StepTarget(teacher, K, 2)(Batch(x1=d.sample(4)), torch.full((4,), 0.5), path)
 
 
-def block_laws(teacher, states, prefix, Ks, joint: bool):
+def block_laws(teacher, states, prefix, Ks=None, joint: bool = False):
     """The law over one block's clean states given `prefix`: the teacher's K-step sampler, or (`joint`) the K/Ks
     joint student whose table is exact for the teacher's r steps per student step."""
     denoiser = block_teacher(teacher, prefix)
     if not joint:
-        return states.clean_law(states.law(denoiser, states.prior(), time_grid(K)))
+        return states.clean_law(states.law(denoiser, states.prior(), time_grid(K if Ks is None else Ks)))
     table = exact_joint_table(states, [teacher_step_matrix(states, denoiser, K, Ks, j) for j in range(Ks)], Ks)
     return joint_law(states, TabularJointStudent(states, Ks, table), Ks)
+
+
+def teacher_law(teacher, states, Ks=None, joint=False):
+    """The law over the L = 4 clean sequences (index 4·block 0 + block 1) of the teacher's K steps per block (`Ks`:
+    its Ks steps, or with `joint` the exact joint student's Ks)."""
+    clean = states.all[states.clean]  # one block's clean states
+    first = block_laws(teacher, states, clean[:0, 0], Ks, joint)
+    law = torch.zeros(len(clean), len(clean), dtype=torch.float64)
+    for a, prefix in enumerate(clean):
+        law[a] = first[a] * block_laws(teacher, states, prefix, Ks, joint)
+    return law.reshape(-1)
 
 
 @pytest.mark.parametrize("Ks", [2, 1])
 def test_one_exact_round_gives_the_teacher_k_step_per_block_law_at_k_over_r(setup, Ks):
     _, _, teacher, states = setup
-    clean = states.all[states.clean]  # one block's clean states
-    laws = {}
-    for joint in (False, True):
-        first = block_laws(teacher, states, clean[:0, 0], Ks, joint)
-        law = torch.zeros(len(clean), len(clean), dtype=torch.float64)
-        for a, prefix in enumerate(clean):
-            law[a] = first[a] * block_laws(teacher, states, prefix, Ks, joint)
-        laws[joint] = law.reshape(-1)
-    assert tv(laws[True], laws[False]) < 1e-12
-    own = torch.zeros_like(laws[False])  # the teacher's own K/r steps per block: the factorisation error
-    first = states.clean_law(states.law(block_teacher(teacher, clean[:0, 0]), states.prior(), time_grid(Ks)))
-    for a, prefix in enumerate(clean):
-        own[a * len(clean) : (a + 1) * len(clean)] = first[a] * states.clean_law(
-            states.law(block_teacher(teacher, prefix), states.prior(), time_grid(Ks)))  # fmt: skip
-    assert tv(own, laws[False]) > 0.01
+    law = teacher_law(teacher, states)
+    assert tv(teacher_law(teacher, states, Ks, joint=True), law) < 1e-12
+    assert tv(teacher_law(teacher, states, Ks), law) > 0.01  # the teacher's own K/r steps: the factorisation error
+
+
+class TabularJointBlockStudent:
+    """A block model with a step head whose in-block steps are exact joint tables, one per clean prefix: declared as
+    a network would declare it (`JOINT_STEP_BLOCK_DENOISER`), with the block model's cache API (the cache is the
+    prefix) and `open_block_step`."""
+
+    model_kind = JOINT_STEP_BLOCK_DENOISER
+    time_independent = False
+
+    def __init__(self, students: dict, block_length: int):
+        self.students, self.block_length = students, int(block_length)
+        self.cfg = students[()].cfg
+
+    def new_cache(self, batch_size):
+        return PrefixCache(torch.zeros(int(batch_size), 0, dtype=torch.long))
+
+    def extend_cache(self, cache, x_clean):
+        cache.tokens = torch.cat([cache.tokens, x_clean.long()], 1)
+
+    def open_block_step(self, xt, t, cache, reveal):
+        return _PrefixSteps(self, xt, t, cache.tokens, reveal)
+
+
+class _PrefixSteps:
+    def __init__(self, model, xt, t, prefix, reveal):
+        self.positions, self.valid = reveal_order(reveal)
+        self.size, self.calls = self.positions.shape[1], 0
+        keys = [tuple(p.tolist()) for p in prefix]
+        self.groups = []
+        for key in set(keys):
+            rows = torch.tensor([i for i, other in enumerate(keys) if other == key])
+            self.groups.append((rows, model.students[key].open_step(xt[rows], t[rows], reveal[rows])))
+        self.V = model.cfg.vocab_size
+
+    def logits(self, k, prev):
+        out = torch.zeros(prev.shape[0], self.V, dtype=torch.float64)
+        for rows, step in self.groups:
+            if k < step.size:
+                out[rows] = step.logits(k, prev[rows])
+        self.calls += 1
+        return out
+
+
+def test_the_block_decoders_joint_step_draws_the_teacher_k_step_law_at_k_over_r(setup):
+    from tcsm.sampling.settings import draw, sample_settings
+
+    _, path, teacher, states = setup
+    Ks, n = 1, 20000  # one joint step per block for K = 4 teacher steps
+    clean = states.all[states.clean]
+    students = {}
+    for prefix in [clean[:0, 0], *clean]:
+        denoiser = block_teacher(teacher, prefix)
+        T = [teacher_step_matrix(states, denoiser, K, Ks, j) for j in range(Ks)]
+        students[tuple(prefix.tolist())] = TabularJointStudent(states, Ks, exact_joint_table(states, T, Ks))
+    student = TabularJointBlockStudent(students, k)
+    with torch.no_grad():
+        x, stats = draw(student, path, n, L, sample_settings({}, steps=Ks), generator=torch.Generator().manual_seed(0))
+    assert stats.counts["blocks"] == L // k and stats.counts["head_calls"] >= Ks * L // k
+    radix = V ** torch.arange(L - 1, -1, -1)
+    empirical = torch.bincount((x * radix).sum(-1), minlength=V**L).double() / n
+    law = teacher_law(teacher, states)
+    own = teacher_law(teacher, states, Ks)  # the teacher's own Ks steps per block
+    assert tv(empirical, law) < _floor(law, n) < tv(own, law)
