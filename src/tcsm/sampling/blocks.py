@@ -191,7 +191,9 @@ def decode_blocks(model, path, inner, num: int, length: int, *, fixed: Tensor | 
     stopped = torch.zeros(B, dtype=torch.bool, device=device)
     eos = torch.full((B, k), filler if eos_id is None else int(eos_id), dtype=torch.long, device=device)
     K = int(inner.settings.steps)
-    stats = SamplingStats(method=f"blocks+{inner.name}", num_steps=K, cached=time_independent,
+    joint = "joint_step" in kind_of(model).offers  # a step head: the joint in-block step, eager
+    stats = SamplingStats(method=f"blocks+{inner.name}" + (" (joint step)" if joint else ""), num_steps=K,
+                          cached=time_independent and not joint,
                           times=as_grid(inner.settings.grid, K, device))  # fmt: skip
     stats.counts.update(blocks=0, cache_calls=0)
     step = 0
@@ -200,7 +202,6 @@ def decode_blocks(model, path, inner, num: int, length: int, *, fixed: Tensor | 
     engine = resolve_engine(getattr(inner.settings, "engine", "auto"), device)
     graph = None
     with torch.no_grad(), autocast_weight_cache():
-        joint = "joint_step" in kind_of(model).offers  # a step head: the joint in-block step, eager
         if engine == "graph" and getattr(model, "fixed_shape_cache", False) and not joint:
             cache = model.new_cache(B, fixed_shape=True, capacity=L)  # one buffer of the decode's length
             graph = StepGraph(lambda xt, t: model.denoise(xt, t, cache), device,

@@ -63,6 +63,34 @@ def test_a_block_model_round_distils_k_steps_per_block(block_teacher, tmp_path):
     assert _sampled_steps(tmp_path / "fs", tmp_path / "s3.jsonl", "--steps", "3") == (3, B)  # unless told
 
 
+def test_a_joint_round_on_a_block_model_gives_a_block_student_with_a_step_head(block_teacher, tmp_path, capsys):
+    """`--form joint` on a block teacher (MATH.md §10.1, §9): the student is the block denoiser with a step head,
+    trained on every block's r teacher steps (all blocks' i-th steps in one call: r calls per row), the head alone;
+    `tcsm sample` decodes it block by block with the joint in-block step and its distilled steps per block. The
+    uniform source is refused in one line."""
+    from tcsm.models.kinds import kind_of
+
+    out = tmp_path / "joint"
+    argv = ("finetune", "fewstep", "--from", block_teacher, "-o", out, "--teacher-steps", "4", "--steps", "2",
+            "--form", "joint", *tiny(*QUIET, synthetic=False))  # fmt: skip
+    if block_teacher.name == "uniform":
+        assert _main(*argv) != 0
+        assert "uniform source" in capsys.readouterr().err
+        return
+    assert _main(*argv) == 0
+    run = load_checkpoint(out)
+    kind = kind_of(run.model)
+    assert kind.blocks and "joint_step" in kind.offers and run.config.model.step_head_only
+    assert run.config.sample.steps == 2 and run.config.path.block_length == B
+    assert set(_teacher_calls(out)) == {2.0}
+    student, start = run.model.state_dict(), final_weights(block_teacher, "ema")
+    assert all(torch.equal(student[k], v) for k, v in start.items())  # the head alone was trained
+    assert student["step_head.out.weight"].abs().sum() > 0
+    capsys.readouterr()
+    assert _sampled_steps(out, tmp_path / "s.jsonl") == (2, B)
+    assert "joint step" in capsys.readouterr().err
+
+
 def _sampled_steps(run, dest, *extra) -> tuple[int, int]:
     """(steps, block length) `tcsm sample` of `run` reports for its samples."""
     assert _main("sample", run, "-n", "2", "--seed", "0", "--no-progress", "-o", dest, *extra) == 0

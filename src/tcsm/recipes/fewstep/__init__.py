@@ -22,7 +22,8 @@ A round's teacher is the previous round's student:
     tcsm finetune fewstep --from runs/teacher --teacher-steps 16 --window 2 --form draws --loss score
 
 `--form joint` trains the joint student (MATH.md §10.1): the teacher's denoiser with a new step head that draws a
-step's revealed tokens jointly, on the teacher's steps over each student step (masked full-sequence models).
+step's revealed tokens jointly, on the teacher's steps over each student step (masked source; full-sequence and
+block models, a block model's head drawing within one block, its steps per block).
 
 Masked and uniform sources; full-sequence and block models (K steps per block, each block's rollout given its clean
 prefix), a DiffusionGemma run among them (teacher and student in the model's own class, K steps per canvas).

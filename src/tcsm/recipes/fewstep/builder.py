@@ -27,7 +27,7 @@ class FewStepTargetConfig:
         "help": "conditionals (the teacher's conditional of each reached token: explicit q, any divergence) | draws "
                 "(the reached tokens: Monte Carlo, distrib KL or the score losses) | joint (the joint student: the "
                 "teacher's steps over one student step, their revealed tokens learnt jointly by a step head, "
-                "model.step_head_layers; masked full-sequence models, distrib KL, no window)",
+                "model.step_head_layers; masked source, full-sequence or block models, distrib KL, no window)",
         "choices": (*FORMS, "joint")})
     temperature: float = field(default=1.0, metadata={"help": "the teacher sampler's temperature"})
 
