@@ -527,8 +527,8 @@ MUTANTS: list[Mutant] = [
       "after k acceptances the bonus token is drawn from a residual, not from row k's p", T_SPEC),
     M("few.grid_floor", FEW, "(t.double() * Ks).floor()", "(t.double() * Ks).ceil()",
       "t snapped up to the student's next grid point", T_FEW),
-    M("few.window_last", FEW, "s = torch.where(last, torch.ones_like(t), grid[min(k + 1, K)])",
-      "s = grid[min(k + 1, K)]", "a windowed rollout's last step does not jump to t = 1", T_FEW),
+    M("few.window_last", FEW, "s = torch.where(last, torch.ones_like(t), grid[(k_r + 1).clamp(max=K)])",
+      "s = grid[(k_r + 1).clamp(max=K)]", "a windowed rollout's last step does not jump to t = 1", T_FEW),
     M("few.record_moved", FEW, "rec[move] = lp[move]", "rec[free] = lp[free]",
       "the conditional recorded for tokens the step did not set", T_FEW,
       equivalent="every free position moves at its own last step (λ = 1 there; the bridge branch moves every free "
