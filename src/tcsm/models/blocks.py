@@ -388,13 +388,13 @@ class JointStepBlockDenoiser(BlockDenoiser):
             raise ValueError("a step head reads the tokens drawn at the revealed positions: pass tokens")
         (B, L, D), k = h.shape, self.block_length
         R = (reveal & (xt == self.cfg.vocab_size)).reshape(-1, k)
-        corr = self.step_head.correction(h.reshape(-1, k, D), R, tokens.reshape(-1, k))
+        corr = self.step_head.correction(h.reshape(-1, k, D), R, tokens.reshape(-1, k), self.embed, self.head.weight)
         return logits + corr.reshape(B, L, -1).float()
 
     def open_block_step(self, xt_block: Tensor, t, cache: BlockCache, reveal: Tensor) -> JointStep:
         """One block's joint step: `denoise`'s call on the cache, then the head over `reveal` [B, n] (incremental)."""
         h = self.denoise_features(xt_block, t, cache)
-        return JointStep(self.step_head, h, reveal, base=self.head(h).float())
+        return JointStep(self.step_head, h, reveal, base=self.head(h).float(), embed=self.embed, unembed=self.head.weight)
 
 
 @torch.compiler.disable

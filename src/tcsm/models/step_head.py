@@ -6,8 +6,9 @@ tokens independently from m^{r_k}(· | x_t); the joint student draws them left t
 
     y_{r_k} ~ p_θ(· | x_t, R, y_{r_1..r_{k−1}}),   log p_θ = logits of the denoiser at r_k + the head's correction,
 
-where the head reads at r_k the denoiser's hidden state there, the embedding of the token drawn at r_{k−1} (a start
-token for k = 1) and of the gap r_k − r_{k−1}, and attends causally over r_1..r_k with rotary positions. Its
+where the head reads at r_k the denoiser's hidden state there, the token drawn at r_{k−1} (the mask token for k = 1)
+through the denoiser's own input embedding, the gap r_k − r_{k−1}, and attends causally over r_1..r_k with rotary
+positions. Its
 output projection is zero-initialised: at initialisation the joint step is the factorised one, token for token.
 
 `StepHead.correction` is the teacher-forced form (training: every r_k in one pass); `JointStep` the incremental form
@@ -67,7 +68,11 @@ class StepHead(nn.Module):
                  mlp_ratio: float = 4, norm: str = "layernorm", activation: str = "gelu", rope_base: float = 10000.0):  # fmt: skip
         super().__init__()
         self.vocab_size = int(vocab_size)
-        self.token = nn.Embedding(self.vocab_size + 1, d_model)  # id V: no token drawn before in this step
+        # the token drawn before is read through the denoiser's trained input embedding (passed in as `embed`; id V,
+        # the mask token, stands for none): a table of its own would have to learn what each of V tokens is from
+        # the few thousand steps a round gives it
+        self.token_norm = make_norm(norm, d_model)
+        self.token = nn.Linear(d_model, d_model, bias=False)
         # how far back that token sits (0: none before): attention alone would not say it, since a position's own
         # input carries its predecessor's token, whose distance rotary angles between the two never see
         self.gap = nn.Embedding(max_len + 1, d_model)
@@ -77,22 +82,28 @@ class StepHead(nn.Module):
         self.apply(init_weights)
         # the token and gap inputs join a normalised hidden state of unit scale: at GPT-2's 0.02 they would be 2 % of
         # it after the head's first norm, and the head would take thousands of steps to start reading them
-        nn.init.normal_(self.token.weight, std=1.0)
+        nn.init.eye_(self.token.weight)
         nn.init.normal_(self.gap.weight, std=1.0)
-        self.out = zero_init_(nn.Linear(d_model, self.vocab_size, bias=True))  # at init: the factorised step
+        # the correction is a shift of the denoiser's final hidden state read through its own output layer
+        # (`unembed`, [V, d]): d × d weights to learn instead of a fresh d × V, whose V-way noise a round's few
+        # tokens per update do not average out; zero: at init the factorised step
+        self.out = zero_init_(nn.Linear(d_model, d_model, bias=False))
 
-    def _before(self, prev: Tensor, gap: Tensor) -> Tensor:
+    def _before(self, prev: Tensor, gap: Tensor, embed) -> Tensor:
         """The input a revealed position adds to its hidden state: the token drawn at the revealed position before
-        it (`prev`, V: none) and how far back that is (`gap`, 0 for the first)."""
-        return self.token(prev) + self.gap(gap.clamp(0, self.gap.num_embeddings - 1))
+        it (`prev`, V: none) through the denoiser's input embedding `embed`, and how far back that is (`gap`, 0 for
+        the first)."""
+        token = self.token(self.token_norm(embed(prev).to(self.token.weight.dtype)))
+        return token + self.gap(gap.clamp(0, self.gap.num_embeddings - 1))
 
     def _tables(self, positions: Tensor, dtype) -> tuple[Tensor, Tensor]:
         cos, sin = self.rotary(int(positions.max()) + 1 if positions.numel() else 1, dtype=dtype)
         return cos[positions], sin[positions]
 
-    def correction(self, h: Tensor, reveal: Tensor, tokens: Tensor) -> Tensor:
+    def correction(self, h: Tensor, reveal: Tensor, tokens: Tensor, embed, unembed: Tensor) -> Tensor:
         """[B, L, V]: the correction at every revealed position given the tokens `tokens` [B, L] at the revealed
-        positions before it (teacher forcing), 0 elsewhere. h [B, L, D]: the denoiser's final hidden states."""
+        positions before it (teacher forcing), 0 elsewhere. h [B, L, D]: the denoiser's final hidden states; `embed`:
+        its input embedding (ids 0..V, V the mask); `unembed` [V, D]: its output layer's weight."""
         B, L, D = h.shape
         pos, valid = reveal_order(reveal)
         out = h.new_zeros(B, L, self.vocab_size)
@@ -101,12 +112,12 @@ class StepHead(nn.Module):
         drawn = tokens.gather(1, pos).clamp(0, self.vocab_size - 1)
         prev = torch.cat([torch.full_like(drawn[:, :1], self.vocab_size), drawn[:, :-1]], 1)
         gap = pos.diff(dim=1, prepend=pos[:, :1])
-        x = h.gather(1, pos[..., None].expand(-1, -1, D)) + self._before(prev, gap).to(h.dtype)
+        x = h.gather(1, pos[..., None].expand(-1, -1, D)) + self._before(prev, gap, embed).to(h.dtype)
         cos, sin = self._tables(pos, x.dtype)
         for layer in self.layers:
             q, k, v = layer.qkv_of(x, cos, sin)
             x = layer.finish(x, F.scaled_dot_product_attention(q, k, v, is_causal=True))
-        corr = self.out(self.norm(x)) * valid[..., None]
+        corr = F.linear(self.out(self.norm(x)), unembed.to(x.dtype)) * valid[..., None]
         return out.scatter_add(1, pos[..., None].expand(-1, -1, self.vocab_size), corr.to(out.dtype))
 
 
@@ -116,8 +127,8 @@ class JointStep:
     full logits there given the token `prev` [B] drawn at its (k−1)-th (call k = 0, 1, … in order; keys and values
     of earlier positions are cached)."""
 
-    def __init__(self, head: StepHead, h: Tensor, reveal: Tensor, base: Tensor):
-        self.head, self.h, self.base = head, h, base
+    def __init__(self, head: StepHead, h: Tensor, reveal: Tensor, base: Tensor, embed, unembed: Tensor):
+        self.head, self.h, self.base, self.embed, self.unembed = head, h, base, embed, unembed
         self.positions, self.valid = reveal_order(reveal)
         B, n = self.positions.shape
         dh = head.layers[0].dh if len(head.layers) else 0
@@ -132,12 +143,12 @@ class JointStep:
         head, D = self.head, self.h.shape[-1]
         pos = self.positions[:, k : k + 1]  # [B, 1]
         gap = pos - self.positions[:, k - 1 : k] if k else torch.zeros_like(pos)
-        x = self.h.gather(1, pos[..., None].expand(-1, -1, D)) + head._before(prev[:, None], gap).to(self.h.dtype)
+        x = self.h.gather(1, pos[..., None].expand(-1, -1, D)) + head._before(prev[:, None], gap, self.embed).to(self.h.dtype)
         cos, sin = head._tables(pos, x.dtype)
         for layer, (keys, values) in zip(head.layers, self.cache, strict=True):
             q, kk, vv = layer.qkv_of(x, cos, sin)
             keys[:, :, k : k + 1], values[:, :, k : k + 1] = kk, vv
             x = layer.finish(x, F.scaled_dot_product_attention(q, keys[:, :, : k + 1], values[:, :, : k + 1]))
         self.calls += 1
-        corr = head.out(head.norm(x))[:, 0].float()
+        corr = F.linear(head.out(head.norm(x)), self.unembed.to(x.dtype))[:, 0].float()
         return self.base.gather(1, pos[..., None].expand(-1, -1, self.base.shape[-1]))[:, 0] + corr

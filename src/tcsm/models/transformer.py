@@ -163,11 +163,11 @@ class JointStepDenoiser(Denoiser):
             return logits
         if tokens is None:
             raise ValueError("a step head reads the tokens drawn at the revealed positions: pass tokens")
-        return logits + self.step_head.correction(h, reveal & (xt == self.cfg.vocab_size), tokens).float()
+        return logits + self.step_head.correction(h, reveal & (xt == self.cfg.vocab_size), tokens, self.embed, self.head.weight).float()
 
     def open_step(self, xt: Tensor, t: Tensor | None, reveal: Tensor) -> JointStep:
         h = self.features(xt, t)
-        return JointStep(self.step_head, h, reveal, base=self.head(h).float())
+        return JointStep(self.step_head, h, reveal, base=self.head(h).float(), embed=self.embed, unembed=self.head.weight)
 
 
 def attach_step_head(model: nn.Module, cfg: DenoiserConfig) -> None:
