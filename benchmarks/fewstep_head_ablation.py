@@ -55,8 +55,8 @@ def main(argv=None) -> None:
             raise SystemExit(f"{d} is not a joint student (its model has no step head)")
         # the head's output corrects the denoiser's logits: zeroed, the step is the factorised one
         with torch.no_grad():
-            head.out.weight.zero_()
-            head.out.bias.zero_()
+            for p in head.out.parameters():
+                p.zero_()
         models[f"{name} head zeroed"] = ablated
     judge = load_scorer_lm(args.judge, device)
     steps = [int(k) for k in args.eval_steps.split(",")]

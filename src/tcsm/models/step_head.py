@@ -7,9 +7,12 @@ tokens independently from m^{r_k}(· | x_t); the joint student draws them left t
     y_{r_k} ~ p_θ(· | x_t, R, y_{r_1..r_{k−1}}),   log p_θ = logits of the denoiser at r_k + the head's correction,
 
 where the head reads at r_k the denoiser's hidden state there, the token drawn at r_{k−1} (the mask token for k = 1)
-through the denoiser's own input embedding, the gap r_k − r_{k−1}, and attends causally over r_1..r_k with rotary
-positions. Its
-output projection is zero-initialised: at initialisation the joint step is the factorised one, token for token.
+through the denoiser's own input embedding, and the gap r_k − r_{k−1}, attends causally over r_1..r_k with rotary
+positions, and corrects the logits by a shift Δ of the denoiser's final hidden state read through the denoiser's own
+output layer W: correction = W Δ. Δ's projection is zero-initialised: at initialisation the joint step is the
+factorised one, token for token. The head thus learns d × d maps around the teacher's trained embedding and output
+layer, not a V-way table of its own (so a denoiser whose output layer is still zero gives it nothing to correct
+through: it is a head for a trained denoiser).
 
 `StepHead.correction` is the teacher-forced form (training: every r_k in one pass); `JointStep` the incremental form
 a sampler uses (one position per row per call, keys and values cached), which
