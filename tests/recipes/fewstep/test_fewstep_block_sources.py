@@ -89,6 +89,13 @@ def test_a_joint_round_on_a_block_model_gives_a_block_student_with_a_step_head(b
     capsys.readouterr()
     assert _sampled_steps(out, tmp_path / "s.jsonl") == (2, B)
     assert "joint step" in capsys.readouterr().err
+    # exported and loaded back as the same block model with its head
+    exported = tmp_path / "export"
+    assert _main("export", out, "-o", exported) == 0
+    back = load_checkpoint(exported).model
+    assert kind_of(back) == kind
+    loaded, saved = back.state_dict(), run.model.state_dict()
+    assert loaded.keys() == saved.keys() and all(torch.equal(loaded[k], saved[k]) for k in saved)
 
 
 def _sampled_steps(run, dest, *extra) -> tuple[int, int]:
