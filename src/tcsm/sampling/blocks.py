@@ -144,8 +144,6 @@ class CachedJointBlockDenoiser(CachedBlockDenoiser):
     run eagerly on the whole batch (the joint step reads each step's reveal count on the host)."""
 
     model_kind = JOINT_STEP_DENOISER
-    #: read by `sampling.joint_step`: every call evaluates the whole batch over the shared cache
-    whole_batch = True
 
     def __init__(self, model, cache, time_independent: bool):
         super().__init__(model, cache, time_independent)

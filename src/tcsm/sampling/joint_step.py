@@ -46,8 +46,9 @@ def sample_joint_steps(model, path, num: int, length: int, num_steps: int, *, gr
     """(tokens [num, length], SamplingStats) of the joint K-step sampler of a step-head model on a masked path:
     per step one denoiser call on every row with a masked position, then the joint draw of R (`joint_reveal`).
     `stats.counts["head_calls"]` counts the head's batched calls (one per revealed position index of a step). A
-    model that runs on the whole batch (`whole_batch`: a block model's in-block denoiser over its shared cache) is
-    called on every row of a step in which any row reveals."""
+    model whose rows share state with the whole batch (a block model's in-block denoiser over its KV cache, which
+    says so by a `batch_rows` method, `sampling.common.denoise_rows`) is called on every row of a step in which any
+    row reveals."""
     if path.mask_id is None:
         raise ValueError("the joint step reveals masked positions: it needs the masked source")
     device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -70,7 +71,7 @@ def sample_joint_steps(model, path, num: int, length: int, num_steps: int, *, gr
         last = k == K - 1
         move = free if last else free & (u[:, 0] < path.jump_prob(times[k : k + 1], times[k + 1 : k + 2]))
         rows = move.any(-1).nonzero().squeeze(1)
-        if rows.numel() and getattr(model, "whole_batch", False):  # a shared cache: the model runs on every row
+        if rows.numel() and callable(getattr(model, "batch_rows", None)):  # a shared cache: it runs on every row
             rows = torch.arange(B, device=device)
         if rows.numel():
             t = times[k].to(dtype).expand(rows.numel())

@@ -9,6 +9,7 @@ set; the head new) and the target the teacher's steps over one student step (no 
 from __future__ import annotations
 
 from tcsm.builders.config import load_config, set_values
+from tcsm.builders.overrides import parse_overrides
 from tcsm.builders.source import source_run
 from tcsm.core.errors import ConfigError
 from tcsm.recipes.fewstep.builder import student_steps_of
@@ -36,7 +37,7 @@ def fewstep_config(checkpoint, preset: str | None = "finetune-fewstep", override
             start["model.step_head_layers"] = 1
         # measured better than training the denoiser too (docs/benchmarks.md, "... joint rounds with the step head
         # alone trained"), and a round then cannot move the teacher's factorised steps
-        if not any(str(o).partition("=")[0].strip() == "model.step_head_only" for o in overrides):
+        if "step_head_only" not in parse_overrides(list(overrides)).get("model", {}):
             start["model.step_head_only"] = True
     return set_values(cfg, {k: v for k, v in start.items() if k not in (values or {})})
 
