@@ -81,6 +81,26 @@ def test_a_rollout_until_t_next_draws_the_teacher_r_step_law(setup):
         teacher_rollout(teacher, path, x0, torch.zeros(n, dtype=torch.long), K, until=2, window=1)
 
 
+def test_rows_at_different_grid_points_share_each_call_and_keep_their_own_laws(setup):
+    _, path, states, teacher, _ = setup
+    n, x0, x2 = 20000, torch.full((L,), V), torch.tensor([V, 1, V])
+    xt = torch.cat([x0.expand(n, L), x2.expand(n, L)])
+    start = torch.cat([torch.zeros(n, dtype=torch.long), torch.full((n,), 2)])
+    calls = []
+
+    def counted(x, t):
+        calls.append(x.shape[0])
+        return teacher(x, t)
+
+    xs, _, per_row = teacher_rollout(counted, path, xt, start, K, until=start + 2,
+                                     generator=torch.Generator().manual_seed(1))  # fmt: skip
+    assert calls == [2 * n, 2 * n] and (per_row == 2).all()  # r calls of the whole batch, not one per grid point
+    for rows, x, j in ((slice(0, n), x0, 0), (slice(n, None), x2, 1)):
+        exact = teacher_step_matrix(states, teacher, K, 2, j)[states.index(x.reshape(1, -1))[0]]
+        empirical = torch.bincount(states.index(xs[rows]), minlength=len(states.all)).double() / n
+        assert tv(empirical, exact) < _floor(exact, n)
+
+
 def test_the_step_nll_is_minimal_with_zero_gradient_at_the_teacher_step_law(setup):
     _, path, states, teacher, _ = setup
     Ks, j = 2, 1

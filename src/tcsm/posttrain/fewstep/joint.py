@@ -50,28 +50,14 @@ class StepTarget(TeacherRounds):
               x1: Tensor | None = None):
         """(x_{t_{j+1}} [B, L], the teacher's calls per row [B], and with `conditionals` the log conditional each
         revealed token was drawn from [B, L, V] float64, else None): the teacher's r steps from x_t at each row's
-        grid point t_j, every row stopped at its own t_{j+1} (one rollout per end point present in the batch). A block
+        grid point t_j, every row stopped at its own t_{j+1}, all in one rollout of r calls. A block
         teacher (j [B, L] per position, its clean sequences `x1`): every block from its own t_j to its own t_{j+1},
         all in one rollout."""
         r = self.teacher_steps // self.student_steps
-        if x1 is not None:
-            x_end, lc, calls = teacher_rollout(self.teacher, path, xt, j * r, self.teacher_steps, movable=movable,
-                                               generator=generator, temperature=self.temperature, x1=x1,
-                                               until=(j + 1) * r)  # fmt: skip
-            return x_end, calls, lc if conditionals else None
-
-        xs, calls = xt.clone(), torch.zeros(xt.shape[0], dtype=torch.long, device=xt.device)
-        log_cond = None
-        for end in (j + 1).unique().tolist():
-            rows = (j + 1 == end).nonzero().squeeze(1)
-            x_end, lc, c = teacher_rollout(self.teacher, path, xt[rows], j[rows] * r, self.teacher_steps,
-                                           movable=movable[rows], generator=generator, temperature=self.temperature,
-                                           until=end * r)  # fmt: skip
-            xs[rows], calls[rows] = x_end, c
-            if conditionals:
-                log_cond = lc.new_zeros(*xt.shape, lc.shape[-1]) if log_cond is None else log_cond
-                log_cond[rows] = lc
-        return xs, calls, log_cond
+        x_end, lc, calls = teacher_rollout(self.teacher, path, xt, j * r, self.teacher_steps, movable=movable,
+                                           generator=generator, temperature=self.temperature, x1=x1,
+                                           until=(j + 1) * r, conditionals=conditionals)  # fmt: skip
+        return x_end, calls, lc
 
     def __repr__(self) -> str:
         return f"StepTarget(teacher_steps={self.teacher_steps}, student_steps={self.student_steps})"

@@ -30,7 +30,8 @@ FORMS = ("conditionals", "draws")
 @torch.no_grad()
 def teacher_rollout(teacher, path, xt: Tensor, start: Tensor, num_steps: int, *, movable: Tensor | None = None,
                     window: int | None = None, generator: torch.Generator | None = None, temperature: float = 1.0,
-                    x1: Tensor | None = None, until: int | Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+                    x1: Tensor | None = None, until: int | Tensor | None = None,
+                    conditionals: bool = True) -> tuple[Tensor, Tensor | None, Tensor]:  # fmt: skip
     """(x̂_1 [B, L], log conditionals [B, L, V] float64, teacher calls per row [B]): the teacher's sampler on the
     uniform grid of `num_steps` steps from x_t = `xt` at t_{start} to 1 (MATH.md §10). `start` is per row [B], or on a
     block path per position [B, L] (constant within a block): every block runs its own rollout, all in lock step (the
@@ -39,8 +40,11 @@ def teacher_rollout(teacher, path, xt: Tensor, start: Tensor, num_steps: int, *,
     then the step to t = 1 (SDTT's window is 2; None: the whole remaining grid). `until`: stop at the grid point
     t_until instead (the state x_{t_until}, masks kept: one student step's worth of teacher steps, MATH.md §10 "The
     joint student"); like `start` an int, per row [B] or on a block path per position [B, L]: each block stopped at
-    its own point). Off `movable` the conditionals are uniform (no loss is taken there). A full-sequence teacher with
-    a step head (a previous round's joint student) draws each step's revealed tokens jointly (`sampling.joint_step`)."""
+    its own point). Off `movable` the conditionals are uniform (no loss is taken there); `conditionals=False`
+    returns None for them and skips their [B, L, V] record. Every row takes the i-th step of its own rollout in the
+    i-th call, so a batch of rows at different grid points costs the longest rollout's calls, not the grid's. A
+    full-sequence teacher with a step head (a previous round's joint student) draws each step's revealed tokens
+    jointly (`sampling.joint_step`)."""
     B, L = xt.shape
     V = path.vocab_size
     K = int(num_steps)
@@ -68,15 +72,17 @@ def teacher_rollout(teacher, path, xt: Tensor, start: Tensor, num_steps: int, *,
                          "distil one round of the whole ratio from the factorised teacher")  # fmt: skip
     movable = path.free(xt) if movable is None else movable & path.free(xt)
     x = xt.clone()
-    log_cond = torch.full((B, L, V), -float(torch.log(torch.tensor(float(V)))), dtype=torch.float64, device=xt.device)
+    log_cond = None
+    if conditionals:
+        log_cond = torch.full((B, L, V), -float(torch.log(torch.tensor(float(V)))), dtype=torch.float64,
+                              device=xt.device)  # fmt: skip
     calls = torch.zeros(B, dtype=torch.long, device=xt.device)
     time_dtype = torch.get_default_dtype()
-    # a block model reads each block at its own time, so every block takes its i-th step in the same call (calls per
-    # row: the longest block rollout); rows of a full-sequence model take grid step k together
-    steps = range(int((end - start).max())) if blocks else range(int(start.min()), K)
-    for i in steps:
-        k = start + i if blocks else torch.full_like(start, i)  # [B, L]: the grid step each position would take
-        on = (start <= k) & (k < end)  # [B, L]: the positions whose rollout takes step k
+    # the denoiser reads a time per row (per position on a block path), so the i-th steps of every row's (every
+    # block's) rollout share one call whatever their grid points
+    for i in range(int((end - start).max())):
+        k = start + i  # [B, L]: the grid step each position takes in this call
+        on = k < end  # [B, L]: the positions whose rollout is not over
         rows = on.any(-1).nonzero().squeeze(1)
         if rows.numel() == 0:
             continue
@@ -103,16 +109,17 @@ def teacher_rollout(teacher, path, xt: Tensor, start: Tensor, num_steps: int, *,
                 lam = path.jump_prob(t, s)
                 u = torch.rand(xr.shape, dtype=torch.float64, device=xt.device, generator=generator)
                 move = free & (u < lam)
-                new = torch.where(move, categorical(lp, generator), xr)
+                new = xr.clone()
+                new[move] = categorical(lp[move], generator)  # drawn where revealed only: a step reveals few
             else:
                 # the analytic bridge x_s^i ~ Σ_a m^i(a) B(· | x_t^i, a) (MATH.md §6.2); rows at their last step take x̂
                 bridge = path.bridge(xr, t if blocks else t[:, 0], s if blocks else s[:, 0], lp.exp())
                 new = torch.where(free, categorical(torch.log(bridge), generator), xr)
                 move = free & last  # the last step redraws every movable token; earlier ones are overwritten
-        # the conditional a token was drawn from at the last step that set it: that step's m^i
-        rec = log_cond[rows]
-        rec[move] = lp[move]
-        log_cond[rows] = rec
+        if log_cond is not None:  # the conditional a token was drawn from at the last step that set it: its m^i
+            moved = torch.zeros_like(movable)
+            moved[rows] = move
+            log_cond[moved] = lp[move]
         x[rows] = new
     if until is None and (x >= V).any():
         raise RuntimeError("the teacher's rollout left noise-only ids (masks): its grid must end at t = 1")
@@ -174,9 +181,9 @@ class MultiStepTarget(TeacherRounds):
         ratio = self.teacher_steps // self.student_steps
         x1, log_cond, calls = teacher_rollout(self.teacher, path, xt, j * ratio, self.teacher_steps, movable=movable,
                                               window=self.window, generator=generator, temperature=self.temperature,
-                                              x1=batch.x1)  # fmt: skip
+                                              x1=batch.x1, conditionals=self.form == "conditionals")  # fmt: skip
         x1 = torch.where(movable, x1, batch.x1)
-        log_q = log_cond.float() if self.form == "conditionals" else None
+        log_q = None if log_cond is None else log_cond.float()
         stats = {"teacher_calls": calls.float().mean().detach()}
         return TargetBatch(xt=xt, t=ts, x1=x1, loss_mask=movable, log_q=log_q, stats=stats)
 
