@@ -391,6 +391,15 @@ class JointStepBlockDenoiser(BlockDenoiser):
         corr = self.step_head.correction(h.reshape(-1, k, D), R, tokens.reshape(-1, k), self.embed, self.head.weight)
         return logits + corr.reshape(B, L, -1).float()
 
+    def open_blocks_step(self, xt: Tensor, t: Tensor, x1: Tensor, reveal: Tensor) -> JointStep:
+        """Every block's joint step at once, each block of each row a row of its own ([B·nb] rows of k positions):
+        the one pass's hidden states given the clean prefixes of `x1` (at the times t [B, L]), then the head over
+        each block's reveal `reveal` [B·nb, k] (incremental). A rollout of the block sampler in training steps all
+        blocks together this way (`posttrain.fewstep.teacher_rollout`)."""
+        h = self.block_features(xt, t, x1)
+        h = h.reshape(-1, self.block_length, h.shape[-1])
+        return JointStep(self.step_head, h, reveal, base=self.head(h).float(), embed=self.embed, unembed=self.head.weight)
+
     def open_block_step(self, xt_block: Tensor, t, cache: BlockCache, reveal: Tensor) -> JointStep:
         """One block's joint step: `denoise`'s call on the cache, then the head over `reveal` [B, n] (incremental)."""
         h = self.denoise_features(xt_block, t, cache)

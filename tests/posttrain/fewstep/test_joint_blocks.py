@@ -3,7 +3,9 @@ V = 2, L = 4 in blocks of 2, the exact block posterior as teacher: (a) the block
 teacher's r-step law from that block's x_t at its own grid point given its clean prefix, and hands the student the
 clean data as its prefixes; (b) one round from the exact teacher with an exact joint table per (prefix, block step)
 gives a K/r-step-per-block sampler with the teacher's K-step-per-block law (TV 0), and the block decoder's joint
-in-block step (`sampling.blocks`, through the cache) draws that law (TV at the sampling floor)."""
+in-block step (`sampling.blocks`, through the cache) draws that law (TV at the sampling floor); (c) that joint
+student as the teacher of a chained round: its rollout draws, per block given the clean prefix, its own law, the
+teacher's K-step-per-block law (TV at the sampling floor)."""
 
 from __future__ import annotations
 
@@ -129,14 +131,18 @@ class TabularJointBlockStudent:
         cache.tokens = torch.cat([cache.tokens, x_clean.long()], 1)
 
     def open_block_step(self, xt, t, cache, reveal):
-        return _PrefixSteps(self, xt, t, cache.tokens, reveal)
+        return _PrefixSteps(self, xt, t, [tuple(p.tolist()) for p in cache.tokens], reveal)
+
+    def open_blocks_step(self, xt, t, x1, reveal):
+        k = self.block_length
+        keys = [tuple(row[: b * k].tolist()) for row in x1 for b in range(x1.shape[1] // k)]
+        return _PrefixSteps(self, xt.reshape(-1, k), t[:, ::k].reshape(-1), keys, reveal)
 
 
 class _PrefixSteps:
-    def __init__(self, model, xt, t, prefix, reveal):
+    def __init__(self, model, xt, t, keys, reveal):
         self.positions, self.valid = reveal_order(reveal)
         self.size, self.calls = self.positions.shape[1], 0
-        keys = [tuple(p.tolist()) for p in prefix]
         self.groups = []
         for key in set(keys):
             rows = torch.tensor([i for i, other in enumerate(keys) if other == key])
@@ -172,3 +178,31 @@ def test_the_block_decoders_joint_step_draws_the_teacher_k_step_law_at_k_over_r(
     law = teacher_law(teacher, states)
     own = teacher_law(teacher, states, Ks)  # the teacher's own Ks steps per block
     assert tv(empirical, law) < _floor(law, n) < tv(own, law)
+
+
+def test_a_chained_round_rolls_a_block_joint_student_out_at_its_own_law_per_block():
+    # each block's two tokens nearly always equal, block 1's following block 0's: the teacher's own 2 steps per
+    # block, which reveal both tokens of a block together at times, are far from its 4
+    x = torch.cartesian_prod(*[torch.arange(V)] * L)
+    probs = torch.where(x[:, 0] == x[:, 1], 1.0, 0.05) * torch.where(x[:, 2] == x[:, 3], 1.0, 0.05)
+    probs = probs * torch.where(x[:, 2] == x[:, 0], 2.0, 1.0) * (1 + 0.5 * x[:, 0])
+    path = make_path("masked", V, block_length=k)
+    teacher = ExactBlockDenoiser(EnumerableDistribution(probs, V, L), path, k)
+    states = NoisyStates(make_path("masked", V), k)
+    Ks, n = 2, 20000
+    clean = states.all[states.clean]
+    students = {}
+    for prefix in [clean[:0, 0], *clean]:
+        denoiser = block_teacher(teacher, prefix)
+        T = [teacher_step_matrix(states, denoiser, K, Ks, j) for j in range(Ks)]
+        students[tuple(prefix.tolist())] = TabularJointStudent(states, Ks, exact_joint_table(states, T, Ks))
+    student = TabularJointBlockStudent(students, k)
+    x1 = torch.tensor([1, 1, 0, 0])
+    # round 2: the Ks-step student's Ks steps are one step of its student; t = 0: every block from all masks
+    tb = StepTarget(student, Ks, 1)(Batch(x1=x1.expand(n, L).clone()), torch.zeros(n, L), path,
+                                     torch.Generator().manual_seed(2))  # fmt: skip
+    assert float(tb.stats["teacher_calls"]) == Ks and bool(tb.reveal.all())  # both blocks' steps in each call
+    for b in range(L // k):
+        got = torch.bincount(states.index(tb.x1[:, b * k : (b + 1) * k]), minlength=len(states.all)).double() / n
+        law = block_laws(teacher, states, x1[: b * k])  # the teacher's K steps of this block given its prefix
+        assert tv(got[states.clean], law) < _floor(law, n) < 0.5 * tv(law, block_laws(teacher, states, x1[: b * k], Ks))

@@ -96,6 +96,12 @@ def test_a_joint_round_on_a_block_model_gives_a_block_student_with_a_step_head(b
     assert kind_of(back) == kind
     loaded, saved = back.state_dict(), run.model.state_dict()
     assert loaded.keys() == saved.keys() and all(torch.equal(loaded[k], saved[k]) for k in saved)
+    # a chained round: the block joint student is the teacher of a 1-step-per-block student, its two joint steps
+    # per block rolled out for all blocks at once (2 calls per row)
+    chained = tmp_path / "chained"
+    assert _main("finetune", "fewstep", "--from", out, "-o", chained, "--teacher-steps", "2", "--steps", "1",
+                 "--form", "joint", *tiny(*QUIET, synthetic=False)) == 0  # fmt: skip
+    assert set(_teacher_calls(chained)) == {2.0} and load_checkpoint(chained).config.sample.steps == 1
 
 
 def _sampled_steps(run, dest, *extra) -> tuple[int, int]:

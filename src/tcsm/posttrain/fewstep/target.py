@@ -67,9 +67,6 @@ def teacher_rollout(teacher, path, xt: Tensor, start: Tensor, num_steps: int, *,
     else:
         end = torch.full_like(start, K) if until is None else until.clone()
     joint = "joint_step" in kind_of(teacher).offers
-    if joint and blocks:
-        raise ValueError("a block teacher with a step head (a chained joint round on a block model) is not supported: "
-                         "distil one round of the whole ratio from the factorised teacher")  # fmt: skip
     movable = path.free(xt) if movable is None else movable & path.free(xt)
     x = xt.clone()
     log_cond = None
@@ -99,8 +96,15 @@ def teacher_rollout(teacher, path, xt: Tensor, start: Tensor, num_steps: int, *,
             lam = path.jump_prob(t, s)
             u = torch.rand((2, *xr.shape), dtype=torch.float64, device=xt.device, generator=generator)
             move = free & (u[0] < lam)
-            new, _, lp = joint_reveal(teacher, xr, t_in.to(time_dtype), move, u[1], temperature=temperature,
-                                      keep_log_probs=True)  # fmt: skip
+            if blocks:  # every block of every row a row of its own, all blocks' steps in one pass
+                k_len, rows_x1 = teacher.block_length, x1[rows]
+                new, _, lp = joint_reveal(_EveryBlock(teacher, rows_x1), xr.reshape(-1, k_len), t_in.to(time_dtype),
+                                          move.reshape(-1, k_len), u[1].reshape(-1, k_len), temperature=temperature,
+                                          keep_log_probs=True)  # fmt: skip
+                new, lp = new.reshape(xr.shape), lp.reshape(*xr.shape, -1)
+            else:
+                new, _, lp = joint_reveal(teacher, xr, t_in.to(time_dtype), move, u[1], temperature=temperature,
+                                          keep_log_probs=True)  # fmt: skip
         else:
             logits = denoise(teacher, xr, t_in.to(time_dtype), x1[rows] if blocks else None)
             lp = adjust_log_probs(logits, temperature)  # float64 log m^i(· | x_t)
@@ -124,6 +128,17 @@ def teacher_rollout(teacher, path, xt: Tensor, start: Tensor, num_steps: int, *,
     if until is None and (x >= V).any():
         raise RuntimeError("the teacher's rollout left noise-only ids (masks): its grid must end at t = 1")
     return x, log_cond, calls
+
+
+class _EveryBlock:
+    """A block model with a step head as `joint_reveal` sees a full-sequence one: rows of one block each ([B·nb, k]),
+    every block's step opened in one pass over the whole rows (`open_blocks_step`), its clean prefixes from `x1`."""
+
+    def __init__(self, model, x1: Tensor):
+        self.model, self.x1, self.cfg = model, x1, model.cfg
+
+    def open_step(self, x_blocks: Tensor, t: Tensor, reveal: Tensor):
+        return self.model.open_blocks_step(x_blocks.reshape(self.x1.shape), t, self.x1, reveal)
 
 
 def grid_start(t: Tensor, student_steps: int) -> Tensor:
