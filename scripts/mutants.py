@@ -529,7 +529,7 @@ MUTANTS: list[Mutant] = [
       "t snapped up to the student's next grid point", T_FEW),
     M("few.window_last", FEW, "s = torch.where(last, torch.ones_like(t), grid[(k_r + 1).clamp(max=K)])",
       "s = grid[(k_r + 1).clamp(max=K)]", "a windowed rollout's last step does not jump to t = 1", T_FEW),
-    M("few.record_moved", FEW, "rec[move] = lp[move]", "rec[free] = lp[free]",
+    M("few.record_moved", FEW, "moved[rows] = move", "moved[rows] = free",
       "the conditional recorded for tokens the step did not set", T_FEW,
       equivalent="every free position moves at its own last step (λ = 1 there; the bridge branch moves every free "
                  "token at its last step), which overwrites whatever an earlier step recorded for it"),

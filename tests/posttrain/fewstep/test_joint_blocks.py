@@ -158,18 +158,24 @@ class _PrefixSteps:
         return out
 
 
-def test_the_block_decoders_joint_step_draws_the_teacher_k_step_law_at_k_over_r(setup):
-    from tcsm.sampling.settings import draw, sample_settings
-
-    _, path, teacher, states = setup
-    Ks, n = 1, 20000  # one joint step per block for K = 4 teacher steps
+def exact_block_student(teacher, states, Ks):
+    """The block joint student with Ks steps per block whose table is exact for the teacher's K/Ks steps per
+    student step, for every clean prefix."""
     clean = states.all[states.clean]
     students = {}
     for prefix in [clean[:0, 0], *clean]:
         denoiser = block_teacher(teacher, prefix)
         T = [teacher_step_matrix(states, denoiser, K, Ks, j) for j in range(Ks)]
         students[tuple(prefix.tolist())] = TabularJointStudent(states, Ks, exact_joint_table(states, T, Ks))
-    student = TabularJointBlockStudent(students, k)
+    return TabularJointBlockStudent(students, k)
+
+
+def test_the_block_decoders_joint_step_draws_the_teacher_k_step_law_at_k_over_r(setup):
+    from tcsm.sampling.settings import draw, sample_settings
+
+    _, path, teacher, states = setup
+    Ks, n = 1, 20000  # one joint step per block for K = 4 teacher steps
+    student = exact_block_student(teacher, states, Ks)
     with torch.no_grad():
         x, stats = draw(student, path, n, L, sample_settings({}, steps=Ks), generator=torch.Generator().manual_seed(0))
     assert stats.counts["blocks"] == L // k and stats.counts["head_calls"] >= Ks * L // k
@@ -190,13 +196,7 @@ def test_a_chained_round_rolls_a_block_joint_student_out_at_its_own_law_per_bloc
     teacher = ExactBlockDenoiser(EnumerableDistribution(probs, V, L), path, k)
     states = NoisyStates(make_path("masked", V), k)
     Ks, n = 2, 20000
-    clean = states.all[states.clean]
-    students = {}
-    for prefix in [clean[:0, 0], *clean]:
-        denoiser = block_teacher(teacher, prefix)
-        T = [teacher_step_matrix(states, denoiser, K, Ks, j) for j in range(Ks)]
-        students[tuple(prefix.tolist())] = TabularJointStudent(states, Ks, exact_joint_table(states, T, Ks))
-    student = TabularJointBlockStudent(students, k)
+    student = exact_block_student(teacher, states, Ks)
     x1 = torch.tensor([1, 1, 0, 0])
     # round 2: the Ks-step student's Ks steps are one step of its student; t = 0: every block from all masks
     tb = StepTarget(student, Ks, 1)(Batch(x1=x1.expand(n, L).clone()), torch.zeros(n, L), path,

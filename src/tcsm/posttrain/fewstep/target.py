@@ -123,7 +123,7 @@ def teacher_rollout(teacher, path, xt: Tensor, start: Tensor, num_steps: int, *,
         if log_cond is not None:  # the conditional a token was drawn from at the last step that set it: its m^i
             moved = torch.zeros_like(movable)
             moved[rows] = move
-            log_cond[moved] = lp[move]
+            log_cond[moved] = lp[moved[rows]]
         x[rows] = new
     if until is None and (x >= V).any():
         raise RuntimeError("the teacher's rollout left noise-only ids (masks): its grid must end at t = 1")
