@@ -398,12 +398,12 @@ class JointStepBlockDenoiser(BlockDenoiser):
         blocks together this way (`posttrain.fewstep.teacher_rollout`)."""
         h = self.block_features(xt, t, x1)
         h = h.reshape(-1, self.block_length, h.shape[-1])
-        return JointStep(self.step_head, h, reveal, base=self.head(h).float(), embed=self.embed, unembed=self.head.weight)
+        return JointStep(self.step_head, h, reveal, project=self.head, embed=self.embed, unembed=self.head.weight)
 
     def open_block_step(self, xt_block: Tensor, t, cache: BlockCache, reveal: Tensor) -> JointStep:
         """One block's joint step: `denoise`'s call on the cache, then the head over `reveal` [B, n] (incremental)."""
         h = self.denoise_features(xt_block, t, cache)
-        return JointStep(self.step_head, h, reveal, base=self.head(h).float(), embed=self.embed, unembed=self.head.weight)
+        return JointStep(self.step_head, h, reveal, project=self.head, embed=self.embed, unembed=self.head.weight)
 
 
 @torch.compiler.disable

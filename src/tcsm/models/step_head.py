@@ -125,15 +125,17 @@ class StepHead(nn.Module):
 
 
 class JointStep:
-    """One sampler step's joint draw, incremental, on the denoiser's hidden states h and logits `base` [B, L, V]:
-    `positions[:, k]` is each row's k-th revealed position (valid where `valid[:, k]`), and `logits(k, prev)` the
-    full logits there given the token `prev` [B] drawn at its (k−1)-th (call k = 0, 1, … in order; keys and values
-    of earlier positions are cached)."""
+    """One sampler step's joint draw, incremental, on the denoiser's hidden states h [B, L, D] and its output layer
+    `project` (hidden states → logits): `positions[:, k]` is each row's k-th revealed position (valid where
+    `valid[:, k]`), and `logits(k, prev)` the full logits there given the token `prev` [B] drawn at its (k−1)-th (call
+    k = 0, 1, … in order; keys and values of earlier positions are cached). The denoiser's own logits are taken at
+    the revealed positions only: a step reveals few, and the output layer is a large share of a call."""
 
-    def __init__(self, head: StepHead, h: Tensor, reveal: Tensor, base: Tensor, embed, unembed: Tensor):
-        self.head, self.h, self.base, self.embed, self.unembed = head, h, base, embed, unembed
+    def __init__(self, head: StepHead, h: Tensor, reveal: Tensor, project, embed, unembed: Tensor):
+        self.head, self.h, self.embed, self.unembed = head, h, embed, unembed
         self.positions, self.valid = reveal_order(reveal)
         B, n = self.positions.shape
+        self.base = project(h.gather(1, self.positions[..., None].expand(-1, -1, h.shape[-1]))).float()  # [B, n, V]
         dh = head.layers[0].dh if len(head.layers) else 0
         self.cache = [(h.new_zeros(B, layer.heads, n, dh), h.new_zeros(B, layer.heads, n, dh)) for layer in head.layers]
         self.calls = 0  # head evaluations (one per revealed position index of the batch)
@@ -154,4 +156,4 @@ class JointStep:
             x = layer.finish(x, F.scaled_dot_product_attention(q, keys[:, :, : k + 1], values[:, :, : k + 1]))
         self.calls += 1
         corr = F.linear(head.out(head.norm(x)), self.unembed.to(x.dtype))[:, 0].float()
-        return self.base.gather(1, pos[..., None].expand(-1, -1, self.base.shape[-1]))[:, 0] + corr
+        return self.base[:, k] + corr

@@ -167,7 +167,7 @@ class JointStepDenoiser(Denoiser):
 
     def open_step(self, xt: Tensor, t: Tensor | None, reveal: Tensor) -> JointStep:
         h = self.features(xt, t)
-        return JointStep(self.step_head, h, reveal, base=self.head(h).float(), embed=self.embed, unembed=self.head.weight)
+        return JointStep(self.step_head, h, reveal, project=self.head, embed=self.embed, unembed=self.head.weight)
 
 
 def attach_step_head(model: nn.Module, cfg: DenoiserConfig) -> None:
