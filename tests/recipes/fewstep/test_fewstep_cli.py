@@ -91,3 +91,23 @@ def test_a_joint_round_adds_a_step_head_and_its_student_samples_with_the_joint_s
     student = load_checkpoint(both).model.state_dict()
     assert not load_checkpoint(both).config.model.step_head_only
     assert any(not torch.equal(student[k], v) for k, v in start.items())
+
+
+def test_a_round_with_pooled_rollouts_resumes_exactly(teacher, tmp_path):
+    """`target.reuse=2` (`posttrain.fewstep.replay`): half of each batch after the first from the pool of earlier
+    rollouts; a run stopped after 2 steps and resumed to 4 ends with the weights of one run of 4 (the pool is in
+    the checkpoint)."""
+    from tests.train_helpers import assert_same_weights, final_weights
+
+    def run(out, steps, *extra):
+        assert main(["finetune", "fewstep", "--from", str(teacher), "-o", str(out), "--teacher-steps", "4",
+                     "--window", "1", *extra, *tiny("train.eval_every=0", "train.sample_every=0", "train.save_every=1",
+                                                    f"train.steps={steps}", "target.reuse=2",
+                                                    synthetic=False)]) in (0, None)  # fmt: skip
+
+    run(tmp_path / "whole", 4)
+    run(tmp_path / "parts", 2)
+    run(tmp_path / "parts", 4, "--resume")
+    assert_same_weights(final_weights(tmp_path / "whole"), final_weights(tmp_path / "parts"))
+    reused = [r["target/reused"] for r in read_metrics(tmp_path / "whole") if "target/reused" in r]
+    assert reused and reused[0] == 0.0 and reused[-1] == 0.5

@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from tcsm.builders.registry import TARGETS, ReferenceUse
 from tcsm.core.errors import ConfigError
 from tcsm.posttrain.fewstep.joint import StepTarget
+from tcsm.posttrain.fewstep.replay import Replayed
 from tcsm.posttrain.fewstep.target import FORMS, MultiStepTarget
+from tcsm.targets.base import Target
 
 __all__ = ["FewStepTargetConfig", "build_fewstep_target", "student_steps_of"]
 
@@ -30,6 +32,10 @@ class FewStepTargetConfig:
                 "model.step_head_layers; masked source, full-sequence or block models, distrib KL, no window)",
         "choices": (*FORMS, "joint")})
     temperature: float = field(default=1.0, metadata={"help": "the teacher sampler's temperature"})
+    reuse: int = field(default=1, metadata={
+        "help": "updates each teacher rollout serves on average: a batch rolls out 1/reuse of its rows and takes the "
+                "others from a pool of earlier rollouts (unbiased: the target does not depend on the student; 1: "
+                "every row rolled out fresh)"})
 
 
 def student_steps_of(node) -> int:
@@ -39,7 +45,7 @@ def student_steps_of(node) -> int:
     return K // 2 if Ks is None else int(Ks)
 
 
-def build_fewstep_target(node: dict, ctx) -> MultiStepTarget:
+def build_fewstep_target(node: dict, ctx) -> Target:
     """`target.name: fewstep`: p^{T,K}_{1|t} of the frozen teacher at the student's grid times, or with `form:
     joint` the teacher's transition over one student step (MATH.md §10)."""
     teacher = ctx.reference
@@ -47,13 +53,18 @@ def build_fewstep_target(node: dict, ctx) -> MultiStepTarget:
         raise ConfigError("reference.path must name the teacher run (tcsm finetune fewstep --from RUN)")
     if int(node["teacher_steps"]) < 2:
         raise ConfigError(f"target.teacher_steps must be >= 2, got {node['teacher_steps']}")
+    reuse = int(node.get("reuse") or 1)
+    if reuse < 1:
+        raise ConfigError(f"target.reuse must be >= 1, got {reuse}")
     if node["form"] == "joint":
         if node["window"] is not None:
             raise ConfigError("target.form=joint learns one student step of teacher steps: set target.window=null")
-        return StepTarget(teacher, int(node["teacher_steps"]), student_steps_of(node),
-                          temperature=float(node["temperature"]))  # fmt: skip
-    return MultiStepTarget(teacher, int(node["teacher_steps"]), student_steps_of(node), window=node["window"],
-                           form=node["form"], temperature=float(node["temperature"]))  # fmt: skip
+        target = StepTarget(teacher, int(node["teacher_steps"]), student_steps_of(node),
+                            temperature=float(node["temperature"]))  # fmt: skip
+    else:
+        target = MultiStepTarget(teacher, int(node["teacher_steps"]), student_steps_of(node), window=node["window"],
+                                 form=node["form"], temperature=float(node["temperature"]))  # fmt: skip
+    return Replayed(target, reuse) if reuse > 1 else target
 
 
 TARGETS.register(
