@@ -53,7 +53,7 @@ def build_fewstep_target(node: dict, ctx) -> Target:
         raise ConfigError("reference.path must name the teacher run (tcsm finetune fewstep --from RUN)")
     if int(node["teacher_steps"]) < 2:
         raise ConfigError(f"target.teacher_steps must be >= 2, got {node['teacher_steps']}")
-    reuse = int(node.get("reuse") or 1)
+    reuse = int(node.get("reuse", 1))  # a run saved before the option: no pool
     if reuse < 1:
         raise ConfigError(f"target.reuse must be >= 1, got {reuse}")
     if node["form"] == "joint":
