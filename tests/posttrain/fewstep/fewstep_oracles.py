@@ -109,3 +109,15 @@ def fit(objective, student, dist, steps: int = 150, lr: float = 0.2, batch: int 
         opt.step()
         decay.step()
     return metrics
+
+
+def check_calls(calls, steps: int, masked: bool, *, to_end: bool = True) -> None:
+    """The teacher calls a rollout reports per row [B]: on a masked path one per step that reveals something in the
+    row (at least one when it runs to t = 1 from a masked state, fewer than `steps` in some row of a large batch),
+    on a uniform one every step."""
+    if not masked:
+        assert (calls == steps).all()
+        return
+    assert (calls <= steps).all() and (calls < steps).any()
+    if to_end:
+        assert (calls >= 1).all()

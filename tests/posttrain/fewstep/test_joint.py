@@ -20,7 +20,14 @@ from tcsm.posttrain.fewstep.joint import StepTarget
 from tcsm.posttrain.fewstep.target import teacher_rollout
 from tcsm.sampling.common import time_grid
 from tcsm.targets.base import TargetBatch
-from tests.posttrain.fewstep.fewstep_oracles import NoisyStates, TableDenoiser, fit, target_table, tv
+from tests.posttrain.fewstep.fewstep_oracles import (
+    NoisyStates,
+    TableDenoiser,
+    check_calls,
+    fit,
+    target_table,
+    tv,
+)
 from tests.posttrain.fewstep.joint_oracles import (
     TabularJointStudent,
     exact_joint_table,
@@ -71,7 +78,7 @@ def test_a_rollout_until_t_next_draws_the_teacher_r_step_law(setup):
     xs, _, calls = teacher_rollout(teacher, path, x.expand(n, L).clone(), torch.full((n,), 2), K, until=4, generator=g)
     empirical = torch.bincount(states.index(xs), minlength=len(states.all)).double() / n
     assert tv(empirical, exact) < _floor(exact, n)
-    assert (calls == 2).all()
+    check_calls(calls, 2, True, to_end=False)
     x0 = torch.full((n, L), V)
     xs, _, _ = teacher_rollout(teacher, path, x0, torch.zeros(n, dtype=torch.long), K, until=2, generator=g)
     exact = teacher_step_matrix(states, teacher, K, 2, 0)[states.index(x0[:1])[0]]
@@ -94,7 +101,8 @@ def test_rows_at_different_grid_points_share_each_call_and_keep_their_own_laws(s
 
     xs, _, per_row = teacher_rollout(counted, path, xt, start, K, until=start + 2,
                                      generator=torch.Generator().manual_seed(1))  # fmt: skip
-    assert calls == [2 * n, 2 * n] and (per_row == 2).all()  # r calls of the whole batch, not one per grid point
+    # r calls of the whole batch (less its rows that reveal nothing in a step), not one per grid point
+    assert len(calls) == 2 and sum(calls) == int(per_row.sum()) and (per_row <= 2).all()
     for rows, x, j in ((slice(0, n), x0, 0), (slice(n, None), x2, 1)):
         exact = teacher_step_matrix(states, teacher, K, 2, j)[states.index(x.reshape(1, -1))[0]]
         empirical = torch.bincount(states.index(xs[rows]), minlength=len(states.all)).double() / n
@@ -163,7 +171,7 @@ def test_a_round_trained_on_sampled_rollouts_reaches_the_teacher_k_step_law(setu
     learned = joint_law(states, student, Ks)
     own = states.clean_law(states.law(teacher, states.prior(), time_grid(Ks)))
     assert tv(learned, law) < 0.2 * tv(own, law)
-    assert float(metrics["target/teacher_calls"]) == K // Ks and float(metrics["target/revealed"]) > 0
+    assert 0 < float(metrics["target/teacher_calls"]) <= K // Ks and float(metrics["target/revealed"]) > 0
 
 
 def test_the_joint_sampler_draws_a_joint_teacher_and_a_rollout_of_one_matches_its_law(setup):
@@ -183,4 +191,5 @@ def test_the_joint_sampler_draws_a_joint_teacher_and_a_rollout_of_one_matches_it
         xs, _, calls = teacher_rollout(student, path, torch.full((n, L), V), torch.zeros(n, dtype=torch.long), Ks,
                                        generator=torch.Generator().manual_seed(1))  # fmt: skip
     empirical = torch.bincount(states.index(xs), minlength=len(states.all)).double()[states.clean] / n
-    assert tv(empirical, law) < _floor(law, n) and (calls == Ks).all()
+    assert tv(empirical, law) < _floor(law, n)
+    check_calls(calls, Ks, True)

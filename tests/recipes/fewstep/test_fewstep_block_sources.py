@@ -82,7 +82,7 @@ def test_a_joint_round_on_a_block_model_gives_a_block_student_with_a_step_head(b
     kind = kind_of(run.model)
     assert kind.blocks and "joint_step" in kind.offers and run.config.model.step_head_only
     assert run.config.sample.steps == 2 and run.config.path.block_length == B
-    assert set(_teacher_calls(out)) == {2.0}
+    assert all(0 < c <= 2 for c in _teacher_calls(out))
     student, start = run.model.state_dict(), final_weights(block_teacher, "ema")
     assert all(torch.equal(student[k], v) for k, v in start.items())  # the head alone was trained
     assert student["step_head.out.weight"].abs().sum() > 0

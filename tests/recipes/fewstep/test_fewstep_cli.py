@@ -63,7 +63,7 @@ def test_a_joint_round_adds_a_step_head_and_its_student_samples_with_the_joint_s
     assert "joint_step" in kind_of(run.model).offers and run.config.target.window is None
     assert run.config.sample.steps == 4 and run.config.model.step_head_layers == 1
     rows = [r for r in read_metrics(out) if "target/teacher_calls" in r]
-    assert rows and all(r["target/teacher_calls"] == 2 for r in rows) and rows[-1]["target/revealed"] > 0
+    assert rows and all(0 < r["target/teacher_calls"] <= 2 for r in rows) and rows[-1]["target/revealed"] > 0
     capsys.readouterr()
     assert main(["sample", str(out), "-n", "2"]) in (0, None)
     assert "ancestral (joint step) sampler, 4 steps" in capsys.readouterr().err

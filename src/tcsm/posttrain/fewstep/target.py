@@ -42,7 +42,9 @@ def teacher_rollout(teacher, path, xt: Tensor, start: Tensor, num_steps: int, *,
     joint student"); like `start` an int, per row [B] or on a block path per position [B, L]: each block stopped at
     its own point). Off `movable` the conditionals are uniform (no loss is taken there); `conditionals=False`
     returns None for them and skips their [B, L, V] record. Every row takes the i-th step of its own rollout in the
-    i-th call, so a batch of rows at different grid points costs the longest rollout's calls, not the grid's. A
+    i-th call, so a batch of rows at different grid points costs the longest rollout's calls, not the grid's; on a
+    masked path a row whose step reveals nothing is left out of that call (its state does not change), and the calls
+    returned are those each row took part in. A
     full-sequence teacher with a step head (a previous round's joint student) draws each step's revealed tokens
     jointly (`sampling.joint_step`)."""
     B, L = xt.shape
@@ -90,40 +92,50 @@ def teacher_rollout(teacher, path, xt: Tensor, start: Tensor, num_steps: int, *,
         s = torch.where(last, torch.ones_like(t), grid[(k_r + 1).clamp(max=K)])
         xr = x[rows]
         t_in = t if blocks else t[:, 0]
-        calls[rows] += 1
         free = movable[rows] & path.free(xr) & on_r
-        if joint:  # the masked step with its tokens drawn jointly over the reveal set
+        if joint or path.absorbing or bool(last[on_r].all()):
+            # reveal with probability λ_{t→s} (λ = 1 at s = 1), the drawn token from m^i (MATH.md §6.1 = §6.2); the
+            # reveal set is drawn before the call, so a row that reveals nothing in this step makes none
             lam = path.jump_prob(t, s)
-            u = torch.rand((2, *xr.shape), dtype=torch.float64, device=xt.device, generator=generator)
-            move = free & (u[0] < lam)
-            if blocks:  # every block of every row a row of its own, all blocks' steps in one pass
-                k_len, rows_x1 = teacher.block_length, x1[rows]
-                new, _, lp = joint_reveal(_EveryBlock(teacher, rows_x1), xr.reshape(-1, k_len), t_in.to(time_dtype),
-                                          move.reshape(-1, k_len), u[1].reshape(-1, k_len), temperature=temperature,
-                                          keep_log_probs=True)  # fmt: skip
-                new, lp = new.reshape(xr.shape), lp.reshape(*xr.shape, -1)
+            u = torch.rand((2, *xr.shape) if joint else xr.shape, dtype=torch.float64, device=xt.device,
+                           generator=generator)  # fmt: skip
+            move = free & ((u[0] if joint else u) < lam)
+            act = move.any(-1).nonzero().squeeze(1)
+            if act.numel() == 0:
+                continue
+            calls[rows[act]] += 1
+            xa, ta, ma = xr[act], t_in[act].to(time_dtype), move[act]
+            if joint:  # the masked step with its tokens drawn jointly over the reveal set
+                if blocks:  # every block of every row a row of its own, all blocks' steps in one pass
+                    k_len = teacher.block_length
+                    drawn, _, lp = joint_reveal(_EveryBlock(teacher, x1[rows[act]]), xa.reshape(-1, k_len), ta,
+                                                ma.reshape(-1, k_len), u[1][act].reshape(-1, k_len),
+                                                temperature=temperature, keep_log_probs=True)  # fmt: skip
+                    drawn, lp = drawn.reshape(xa.shape), lp.reshape(*xa.shape, -1)
+                else:
+                    drawn, _, lp = joint_reveal(teacher, xa, ta, ma, u[1][act], temperature=temperature,
+                                                keep_log_probs=True)  # fmt: skip
+                lp = lp[ma]
+                drawn = drawn[ma]
             else:
-                new, _, lp = joint_reveal(teacher, xr, t_in.to(time_dtype), move, u[1], temperature=temperature,
-                                          keep_log_probs=True)  # fmt: skip
+                logits = denoise(teacher, xa, ta, x1[rows[act]] if blocks else None)
+                lp = adjust_log_probs(logits[ma], temperature)  # float64 log m^i(· | x_t), where revealed only
+                drawn = categorical(lp, generator)
+            new = xr.clone()
+            new[move] = drawn
         else:
+            # the analytic bridge x_s^i ~ Σ_a m^i(a) B(· | x_t^i, a) (MATH.md §6.2); rows at their last step take x̂
+            calls[rows] += 1
             logits = denoise(teacher, xr, t_in.to(time_dtype), x1[rows] if blocks else None)
-            lp = adjust_log_probs(logits, temperature)  # float64 log m^i(· | x_t)
-            if path.absorbing or bool(last[on_r].all()):
-                # reveal with probability λ_{t→s} (λ = 1 at s = 1), the drawn token from m^i (MATH.md §6.1 = §6.2)
-                lam = path.jump_prob(t, s)
-                u = torch.rand(xr.shape, dtype=torch.float64, device=xt.device, generator=generator)
-                move = free & (u < lam)
-                new = xr.clone()
-                new[move] = categorical(lp[move], generator)  # drawn where revealed only: a step reveals few
-            else:
-                # the analytic bridge x_s^i ~ Σ_a m^i(a) B(· | x_t^i, a) (MATH.md §6.2); rows at their last step take x̂
-                bridge = path.bridge(xr, t if blocks else t[:, 0], s if blocks else s[:, 0], lp.exp())
-                new = torch.where(free, categorical(torch.log(bridge), generator), xr)
-                move = free & last  # the last step redraws every movable token; earlier ones are overwritten
+            lp = adjust_log_probs(logits, temperature)
+            bridge = path.bridge(xr, t if blocks else t[:, 0], s if blocks else s[:, 0], lp.exp())
+            new = torch.where(free, categorical(torch.log(bridge), generator), xr)
+            move = free & last  # the last step redraws every movable token; earlier ones are overwritten
+            lp = lp[move]
         if log_cond is not None:  # the conditional a token was drawn from at the last step that set it: its m^i
             moved = torch.zeros_like(movable)
             moved[rows] = move
-            log_cond[moved] = lp[moved[rows]]
+            log_cond[moved] = lp
         x[rows] = new
     if until is None and (x >= V).any():
         raise RuntimeError("the teacher's rollout left noise-only ids (masks): its grid must end at t = 1")
