@@ -105,17 +105,19 @@ def teacher_rollout(teacher, path, xt: Tensor, start: Tensor, num_steps: int, *,
                 continue
             calls[rows[act]] += 1
             xa, ta, ma = xr[act], t_in[act].to(time_dtype), move[act]
+            keep = log_cond is not None  # the joint step's [n, L, V] record only when a loss reads it
             if joint:  # the masked step with its tokens drawn jointly over the reveal set
                 if blocks:  # every block of every row a row of its own, all blocks' steps in one pass
                     k_len = teacher.block_length
                     drawn, _, lp = joint_reveal(_EveryBlock(teacher, x1[rows[act]]), xa.reshape(-1, k_len), ta,
                                                 ma.reshape(-1, k_len), u[1][act].reshape(-1, k_len),
-                                                temperature=temperature, keep_log_probs=True)  # fmt: skip
-                    drawn, lp = drawn.reshape(xa.shape), lp.reshape(*xa.shape, -1)
+                                                temperature=temperature, keep_log_probs=keep)  # fmt: skip
+                    drawn = drawn.reshape(xa.shape)
+                    lp = lp.reshape(*xa.shape, -1) if keep else None
                 else:
                     drawn, _, lp = joint_reveal(teacher, xa, ta, ma, u[1][act], temperature=temperature,
-                                                keep_log_probs=True)  # fmt: skip
-                lp = lp[ma]
+                                                keep_log_probs=keep)  # fmt: skip
+                lp = lp[ma] if keep else None
                 drawn = drawn[ma]
             else:
                 logits = denoise(teacher, xa, ta, x1[rows[act]] if blocks else None)
