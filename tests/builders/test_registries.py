@@ -23,7 +23,7 @@ from tcsm.builders.registry import (
     model_families,
 )
 from tcsm.core.errors import ConfigError
-from tcsm.models.kinds import DENOISER, ModelKind
+from tcsm.models.kinds import DENOISER, UNDECLARED, ModelKind
 
 
 @dataclass
@@ -130,8 +130,8 @@ def test_a_model_entry_declares_the_kind_its_name_builds(monkeypatch):
     MODELS.register("toy_lm", lambda node, ctx: None, kind=kind)
     assert family_of_name("toy_lm") is kind and model_families()["toy_lm"] is kind
     MODELS.register("toy_plain", lambda node, ctx: None)  # declares nothing: a denoiser, and in no family table
-    assert family_of_name("toy_plain") is DENOISER and "toy_plain" not in model_families()
-    assert family_of_name(None) is DENOISER and family_of_name("no_such_model") is DENOISER
+    assert family_of_name("toy_plain") is UNDECLARED and "toy_plain" not in model_families()
+    assert family_of_name(None) is DENOISER and family_of_name("no_such_model") is UNDECLARED
 
 
 def test_every_family_module_is_a_home_of_the_model_registry():

@@ -15,7 +15,7 @@ from tcsm.builders.registry import family_of_name, model_families
 from tcsm.models import Denoiser, DenoiserConfig
 from tcsm.models.causal import CausalLM
 from tcsm.models.hollow import HollowTransformer
-from tcsm.models.kinds import DENOISER, ModelKind, kind_of
+from tcsm.models.kinds import DENOISER, UNDECLARED, ModelKind, kind_of
 from tcsm.models.lm_families import build_lm
 from tcsm.models.mlm import MaskedLM
 from tcsm.posttrain.dre.energy import EnergyModel
@@ -38,7 +38,9 @@ def test_every_family_declares_every_field():
         assert kind.likelihood in ("bound", "nll", "estimate"), name
         assert kind.is_denoiser == (kind.sampler in ("path", "blocks")), name
         assert kind.blocks == (kind.sampler == "blocks"), name
-    assert family_of_name(None) is DENOISER and family_of_name("a.plugin:model") is DENOISER
+    # tcsm's own denoiser by default; a user's model that declares nothing is a denoiser that offers nothing more
+    assert family_of_name(None) is DENOISER and family_of_name("a.plugin:model") is UNDECLARED
+    assert "positions" in DENOISER.offers and not UNDECLARED.offers and UNDECLARED.is_denoiser
 
 
 def test_each_model_class_answers_what_the_special_cases_answered():
@@ -49,8 +51,8 @@ def test_each_model_class_answers_what_the_special_cases_answered():
         assert (kind_of(model).family, kind_of(model).sampler, kind_of(model).export) == (family, sampler, None)
     energy = EnergyModel.model_kind  # the class declares it; building one needs a trained reference
     assert (energy.family, energy.sampler, energy.export) == ("energy", "sir", "energy")
-    # wrappers (torch.compile, DDP) answer for the model inside; a bare callable is a denoiser
-    assert kind_of(torch.nn.Module()) is DENOISER and kind_of(lambda x, t: x) is DENOISER
+    # wrappers (torch.compile, DDP) answer for the model inside; a bare callable is a denoiser that offers nothing
+    assert kind_of(torch.nn.Module()) is UNDECLARED and kind_of(lambda x, t: x) is UNDECLARED
     wrapped = torch.nn.Module()
     wrapped._orig_mod = build_lm("causal", "tiny", vocab_size=5, max_len=4)
     assert kind_of(wrapped).family == "causal"

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tcsm.core.errors import ConfigError, TCSMError
-from tcsm.models.kinds import DENOISER, ModelKind
+from tcsm.models.kinds import UNDECLARED, ModelKind
 
 __all__ = ["FAMILY_MODULES", "MODELS", "OBJECTIVES", "TARGETS", "BuildContext", "Entry", "ReferenceUse", "Registry",
            "family_of_name", "import_plugins", "model_families"]
@@ -188,8 +188,8 @@ def family_of_name(name: str | None) -> ModelKind:
     try:
         kind = MODELS.get(name or "denoiser").kind
     except ConfigError:
-        return DENOISER
-    return kind or DENOISER
+        return UNDECLARED
+    return kind or UNDECLARED
 
 
 def model_families() -> dict[str, ModelKind]:

@@ -30,6 +30,7 @@ from tcsm.models.transformer import (
     Denoiser,
     DenoiserConfig,
     _compute_dtype,
+    at_positions,
     attach_step_head,
     denoiser_fields,
 )
@@ -206,8 +207,9 @@ class BlockDenoiser(Denoiser):
             self._masks[key] = _build_masks(int(length), self.block_length, device, flex)
         return self._masks[key]
 
-    def forward(self, xt: Tensor, t: Tensor | None = None, x1: Tensor | None = None) -> Tensor:
-        return self.head(self.block_features(xt, t, x1)).float()
+    def forward(self, xt: Tensor, t: Tensor | None = None, x1: Tensor | None = None, *,
+                at: Tensor | None = None) -> Tensor:  # fmt: skip
+        return at_positions(self.block_features(xt, t, x1), at, self.head).float()
 
     def block_features(self, xt: Tensor, t: Tensor | None = None, x1: Tensor | None = None) -> Tensor:
         """The one pass's final hidden states [B, L, d_model] of the noisy half, the logits' linear input."""
@@ -379,17 +381,16 @@ class JointStepBlockDenoiser(BlockDenoiser):
         attach_step_head(self, cfg)
 
     def forward(self, xt: Tensor, t: Tensor | None = None, x1: Tensor | None = None, *, reveal: Tensor | None = None,
-                tokens: Tensor | None = None) -> Tensor:  # fmt: skip
+                tokens: Tensor | None = None, at: Tensor | None = None) -> Tensor:  # fmt: skip
         h = self.block_features(xt, t, x1)
-        logits = self.head(h).float()
         if reveal is None:
-            return logits
+            return at_positions(h, at, self.head).float()
         if tokens is None:
             raise ValueError("a step head reads the tokens drawn at the revealed positions: pass tokens")
         (B, L, D), k = h.shape, self.block_length
         R = (reveal & (xt == self.cfg.vocab_size)).reshape(-1, k)
         corr = self.step_head.correction(h.reshape(-1, k, D), R, tokens.reshape(-1, k), self.embed, self.head.weight)
-        return logits + corr.reshape(B, L, -1).float()
+        return at_positions(self.head(h).float() + corr.reshape(B, L, -1).float(), at)
 
     def open_blocks_step(self, xt: Tensor, t: Tensor, x1: Tensor, reveal: Tensor) -> JointStep:
         """Every block's joint step at once, each block of each row a row of its own ([B·nb] rows of k positions):

@@ -29,12 +29,13 @@ from tcsm.models.layers import (
     KERNELS,
     build_trunk,
     init_weights,
+    row_stable,
     run_trunk,
     zero_init_,
 )
 from tcsm.models.step_head import JointStep, StepHead
 
-__all__ = ["PRESETS", "Denoiser", "DenoiserConfig", "JointStepDenoiser", "build_denoiser", "count_parameters", "denoiser_fields", "flops_per_token"]
+__all__ = ["PRESETS", "Denoiser", "DenoiserConfig", "JointStepDenoiser", "at_positions", "build_denoiser", "count_parameters", "denoiser_fields", "flops_per_token"]
 
 
 @dataclass
@@ -137,9 +138,9 @@ class Denoiser(nn.Module):
         rope = self.rotary(xt.shape[1], dtype=_compute_dtype(xt.device))
         return run_trunk(self, x, rope, t)
 
-    def forward(self, xt: Tensor, t: Tensor | None = None) -> Tensor:
+    def forward(self, xt: Tensor, t: Tensor | None = None, *, at: Tensor | None = None) -> Tensor:
         # float32 logits: losses take log-softmax over V, which bf16 would quantise badly.
-        return self.head(self.features(xt, t)).float()
+        return at_positions(self.features(xt, t), at, self.head).float()
 
 
 class JointStepDenoiser(Denoiser):
@@ -156,18 +157,31 @@ class JointStepDenoiser(Denoiser):
         attach_step_head(self, cfg)
 
     def forward(self, xt: Tensor, t: Tensor | None = None, *, reveal: Tensor | None = None,
-                tokens: Tensor | None = None) -> Tensor:  # fmt: skip
+                tokens: Tensor | None = None, at: Tensor | None = None) -> Tensor:  # fmt: skip
         h = self.features(xt, t)
-        logits = self.head(h).float()
         if reveal is None:
-            return logits
+            return at_positions(h, at, self.head).float()
         if tokens is None:
             raise ValueError("a step head reads the tokens drawn at the revealed positions: pass tokens")
-        return logits + self.step_head.correction(h, reveal & (xt == self.cfg.vocab_size), tokens, self.embed, self.head.weight).float()
+        logits = self.head(h).float()
+        logits = logits + self.step_head.correction(h, reveal & (xt == self.cfg.vocab_size), tokens, self.embed, self.head.weight).float()
+        return at_positions(logits, at)
 
     def open_step(self, xt: Tensor, t: Tensor | None, reveal: Tensor) -> JointStep:
         h = self.features(xt, t)
         return JointStep(self.step_head, h, reveal, project=self.head, embed=self.embed, unembed=self.head.weight)
+
+
+def at_positions(h: Tensor, at: Tensor | None, fn=None) -> Tensor:
+    """h [B, L, ...] at the positions `at` [B, L] (boolean): [N, ...] in row-major order (None: all of h); with `fn`
+    (the output layer), fn of them, row-stable (`layers.row_stable`): a position's logits have the bits of the full
+    call's, however few positions are asked for."""
+    if at is None:
+        return h if fn is None else fn(h)
+    if at.shape != h.shape[:2] or at.dtype != torch.bool:
+        raise ValueError(f"at must be a boolean [batch, length]={list(h.shape[:2])} mask, got {at.dtype} "
+                         f"{list(at.shape)}")  # fmt: skip
+    return h[at] if fn is None else row_stable(fn, h[at])
 
 
 def attach_step_head(model: nn.Module, cfg: DenoiserConfig) -> None:

@@ -22,7 +22,7 @@ after its first generated `eos_id` becomes `eos_id` — and decoding ends when e
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -143,7 +143,7 @@ class CachedJointBlockDenoiser(CachedBlockDenoiser):
     jointly (`sampling.joint_step`), each step one `denoise` call on the cache and the head over the block. Its calls
     run eagerly on the whole batch (the joint step reads each step's reveal count on the host)."""
 
-    model_kind = JOINT_STEP_DENOISER
+    model_kind = replace(JOINT_STEP_DENOISER, offers=frozenset({"joint_step"}))  # its calls take no `at`
 
     def __init__(self, model, cache, time_independent: bool):
         super().__init__(model, cache, time_independent)

@@ -120,8 +120,8 @@ def teacher_rollout(teacher, path, xt: Tensor, start: Tensor, num_steps: int, *,
                 lp = lp[ma] if keep else None
                 drawn = drawn[ma]
             else:
-                logits = denoise(teacher, xa, ta, x1[rows[act]] if blocks else None)
-                lp = adjust_log_probs(logits[ma], temperature)  # float64 log m^i(· | x_t), where revealed only
+                # float64 log m^i(· | x_t), where revealed only (a teacher that offers "positions" projects only there)
+                lp = adjust_log_probs(denoise(teacher, xa, ta, x1[rows[act]] if blocks else None, at=ma), temperature)
                 drawn = categorical(lp, generator)
             new = xr.clone()
             new[move] = drawn
