@@ -35,9 +35,9 @@ CONFIGS = [("full", 1, 64), ("block", 1, 4), ("ar", 1, 0), ("confidence", 1, 64)
 #: without that switch, plain AR
 
 
-def decoders(length: int, engine: str = "auto"):
+def decoders(length: int, engine: str = "auto", vocab: int = 27):
     """run(decoder, batch, steps, seed) → tokens, for the `tcsm` that imports now (random weights, seeded), the
-    diffusion decoders under `sample.engine=engine`."""
+    diffusion decoders under `sample.engine=engine`, over a vocabulary of `vocab` tokens."""
     import torch
 
     import tcsm
@@ -47,7 +47,7 @@ def decoders(length: int, engine: str = "auto"):
     from tcsm.sampling.settings import draw, sample_settings
     from tcsm.targets.ar import sample_ar
 
-    V, L, k = 27, length, 16
+    V, L, k = int(vocab), length, 16
     kw = {"vocab_size": V, "num_states": V + 1, "time_conditioning": False, "max_len": L}
     torch.manual_seed(0)
     full = build_denoiser("small", **kw).eval()
@@ -74,11 +74,11 @@ def decoders(length: int, engine: str = "auto"):
     return run
 
 
-def child(length: int, configs, repeats: int, engine: str = "auto") -> dict:
+def child(length: int, configs, repeats: int, engine: str = "auto", vocab: int = 27) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    run = decoders(length, engine)
+    run = decoders(length, engine, vocab)
     out = {}
     for c in configs:
         run(*c, seed=0)
@@ -93,7 +93,7 @@ def child(length: int, configs, repeats: int, engine: str = "auto") -> dict:
     return out
 
 
-def paired(srcs, length: int, configs, rounds: int, engine: str = "auto") -> dict:
+def paired(srcs, length: int, configs, rounds: int, engine: str = "auto", vocab: int = 27) -> dict:
     """Tokens per CPU-second of every tree in this one process, decode by decode: for each configuration the trees
     take turns (their order reversed every round), the `tcsm` modules swapped between them, so that machine load and
     allocator state hit them alike. Round 0 warms each tree up first."""
@@ -107,7 +107,7 @@ def paired(srcs, length: int, configs, rounds: int, engine: str = "auto") -> dic
                 for name in [m for m in sys.modules if m == "tcsm" or m.startswith("tcsm.")]:
                     del sys.modules[name]
                 sys.path[:] = [os.path.abspath(s)] + [p for p in sys.path if p not in map(os.path.abspath, srcs)]
-                run = decoders(length, engine)
+                run = decoders(length, engine, vocab)
                 if r == 0:
                     run(*c, seed=0)
                 c0 = time.process_time()
@@ -131,6 +131,7 @@ def main(argv=None):
     ap.add_argument("--engine", default="auto", choices=["auto", "eager", "graph"],
                     help="sample.engine of the diffusion decoders (auto: eager on the CPU; graph: the engine's "
                          "fixed-shape calls, run eagerly on the CPU)")
+    ap.add_argument("--vocab", type=int, default=27, help="vocabulary size of the random models (27: text8's)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
@@ -138,12 +139,12 @@ def main(argv=None):
     sizes = None if a.batches is None else [int(b) for b in a.batches.split(",")]
     configs = [c for c in CONFIGS if (only is None or c[0] in only) and (sizes is None or c[1] in sizes)]
     if a.child:
-        print(json.dumps(child(a.length, configs, a.repeats, a.engine)))
+        print(json.dumps(child(a.length, configs, a.repeats, a.engine, a.vocab)))
         return 0
     srcs = a.srcs.split(",")
     loads = []
     if a.paired:
-        per = paired(srcs, a.length, configs, a.rounds, a.engine)  # {tree: {decoder: [tok/CPU-s per round]}}
+        per = paired(srcs, a.length, configs, a.rounds, a.engine, a.vocab)  # {tree: {decoder: [tok/CPU-s per round]}}
         loads.append(os.getloadavg()[0])
     else:
         runs = {s: [] for s in srcs}
@@ -151,7 +152,7 @@ def main(argv=None):
             for s in srcs:
                 env = dict(os.environ, PYTHONPATH=os.path.abspath(s), OMP_NUM_THREADS="1")
                 cmd = [sys.executable, __file__, "--child", "--length", str(a.length), "--repeats", str(a.repeats),
-                       "--engine", a.engine]  # fmt: skip
+                       "--engine", a.engine, "--vocab", str(a.vocab)]  # fmt: skip
                 cmd += ([] if a.only is None else ["--only", a.only]) + ([] if a.batches is None else ["--batches", a.batches])
                 p = subprocess.run(cmd, env=env,
                                    capture_output=True, text=True, check=True)  # fmt: skip

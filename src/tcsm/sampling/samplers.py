@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from tcsm.models.kinds import denoise, kind_of
 from tcsm.paths import ProbabilityPath
 from tcsm.sampling.common import (
     RowStreams,
@@ -157,6 +158,9 @@ def _sample_chunk(
     # a denoiser that evaluates the whole batch at static shapes (the engine's block calls) is called every step on
     # every row, and every update is a dense select: the same draws (keyed by position), no host read in the loop
     dense = bool(getattr(denoiser, "static_rows", False)) and method != "joint"
+    # a denoiser that projects chosen positions alone is called, per step, on the moving positions only
+    positional = (not dense and method in ("ancestral", "euler") and "positions" in kind_of(denoiser).offers
+                  and not callable(getattr(denoiser, "batch_rows", None)))  # fmt: skip
 
     def emit(k: int):
         if k in record:
@@ -202,6 +206,10 @@ def _sample_chunk(
         free = ~fixed & path.free(x)
         # the reveal's and the token's uniform of every position
         u = ahead[:, k] if ahead is not None else generator.uniform([2 * k, 2 * k + 1], L)
+        if positional:
+            x = _positional_step(denoiser, path, x, free, u, t, s, last, temperature, top_p, final_argmax, stats)
+            emit(k + 1)
+            continue
         active = free.any(-1)  # rows with nothing left to resolve need no network call
 
         need = active & ~valid if use_cache else active
@@ -265,6 +273,27 @@ def _sample_chunk(
     if not dense and (x >= V).any():  # (the dense path reads nothing on the host: its caller checks once)
         raise RuntimeError("sampler left noise-only ids (masks) in the output; the time grid must end at t = 1")
     return (x.clone() if "captured_steps" in stats else x), stats, trajectory
+
+
+def _positional_step(denoiser, path, x, free, u, t, s, last, temperature, top_p, final_argmax, stats) -> Tensor:
+    """The sparse step (§6.1; absorbing §6.2) of a denoiser that offers "positions": the moving positions are drawn
+    first (they do not depend on its output), then it is called on the rows that move, projected at their moving
+    positions alone. The draws are the cached step's (the same uniforms, the same bits of the logits); a row that
+    moves nothing makes no call, whether or not the denoiser reads t."""
+    move = free if last else free & (u[:, 0] < path.jump_prob(t.reshape(1), s.reshape(1)))
+    rows = move.any(-1).nonzero().squeeze(1)
+    if rows.numel() == 0:
+        return x
+    at = move[rows]
+    t_rows = torch.full((rows.numel(),), float(t), dtype=torch.get_default_dtype(), device=x.device)
+    lp = adjust_log_probs(denoise(denoiser, x[rows], t_rows, None, at=at), temperature, top_p)
+    x = x.clone()
+    pos = move.nonzero(as_tuple=True)
+    x[pos] = lp.argmax(-1) if (last and final_argmax) else inverse_cdf(lp, u[:, 1][pos])
+    stats["calls"] += 1
+    stats["rows"] += rows.numel()
+    stats["row_calls"][rows] += 1
+    return x
 
 
 def _dense_step(denoiser, path, x, fixed, grid, grid_host, k, method, streams, temperature, top_p, final_argmax):
