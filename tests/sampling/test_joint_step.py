@@ -40,6 +40,22 @@ def test_at_initialisation_the_joint_sampler_draws_the_factorised_tokens(steps):
     assert sa.num_calls == sb.num_calls and sa.counts["head_calls"] >= steps
 
 
+def test_the_joint_sampler_draws_the_same_tokens_in_chunks_of_rows():
+    joint, _ = _pair(4)
+    with torch.no_grad():
+        for p in joint.step_head.parameters():  # a head that corrects: its draws depend on the rows' own tokens
+            p.add_(0.3 * torch.randn_like(p))
+    path = MaskedPath(V)
+    with torch.no_grad():
+        whole, sw = draw(joint, path, 10, L, sample_settings({}, steps=4), generator=torch.Generator().manual_seed(5))
+        parts, sp = draw(joint, path, 10, L, sample_settings({}, steps=4), generator=torch.Generator().manual_seed(5),
+                         chunk_size=3)  # fmt: skip
+    assert torch.equal(whole, parts) and (whole < V).all()
+    assert torch.equal(sw.row_calls, sp.row_calls) and sp.num_rows == sw.num_rows and sp.num_calls > sw.num_calls
+    with pytest.raises(ValueError, match="one chunk"):
+        sample_joint_steps(joint, path, 10, L, 4, chunk_size=3, callback=lambda k, t, x: None)
+
+
 def test_the_joint_step_refuses_the_uniform_source_and_blocks():
     joint, _ = _pair()
     with pytest.raises(ValueError, match="masked source"):

@@ -42,13 +42,14 @@ def joint_reveal(model, x: Tensor, t: Tensor, reveal: Tensor, u: Tensor, *, temp
 @torch.no_grad()
 def sample_joint_steps(model, path, num: int, length: int, num_steps: int, *, grid="uniform", temperature: float = 1.0,
                        top_p: float = 1.0, final_argmax: bool = False, fixed=None, values=None, generator=None,
-                       device=None, callback=None):  # fmt: skip
+                       device=None, callback=None, chunk_size: int | None = None):  # fmt: skip
     """(tokens [num, length], SamplingStats) of the joint K-step sampler of a step-head model on a masked path:
     per step one denoiser call on every row with a masked position, then the joint draw of R (`joint_reveal`).
     `stats.counts["head_calls"]` counts the head's batched calls (one per revealed position index of a step). A
     model whose rows share state with the whole batch (a block model's in-block denoiser over its KV cache, which
     says so by a `batch_rows` method, `sampling.common.denoise_rows`) is called on every row of a step in which any
-    row reveals."""
+    row reveals. `chunk_size`: at most this many rows a call, the chunks drawn one after another (each row's draws
+    come from its own stream, so the tokens do not change; `callback` is then not taken)."""
     if path.mask_id is None:
         raise ValueError("the joint step reveals masked positions: it needs the masked source")
     device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -58,10 +59,25 @@ def sample_joint_steps(model, path, num: int, length: int, num_steps: int, *, gr
     host = as_grid(grid.cpu() if isinstance(grid, Tensor) else grid, int(num_steps), "cpu")
     times = host.to(device)
     K = times.numel() - 1
-    x = torch.where(fixed, values, _prior(path, streams, L))
     stats = SamplingStats(method="ancestral (joint step)", num_steps=K, cached=False, times=times,
                           row_calls=torch.zeros(B, dtype=torch.long, device=device))  # fmt: skip
     stats.counts["head_calls"] = 0
+    chunk = B if chunk_size is None else max(1, int(chunk_size))
+    if chunk < B and callback is not None:
+        raise ValueError("a callback sees every row at every step: sample in one chunk (chunk_size null)")
+    out = []
+    for lo in range(0, B, chunk):
+        rows = slice(lo, min(B, lo + chunk))
+        out.append(_joint_chunk(model, path, fixed[rows], values[rows], streams.select(rows), times, host, temperature,
+                                top_p, final_argmax, callback, stats, stats.row_calls[rows]))  # fmt: skip
+    return torch.cat(out), stats
+
+
+def _joint_chunk(model, path, fixed, values, streams, times, host, temperature, top_p, final_argmax, callback, stats,
+                 row_calls):  # fmt: skip
+    """The joint sampler's tokens for the rows of `streams`, its counts added to `stats` (`row_calls`: their view)."""
+    (B, L), device, K = fixed.shape, fixed.device, times.numel() - 1
+    x = torch.where(fixed, values, _prior(path, streams, L))
     dtype = torch.get_default_dtype()
     if callback is not None:
         callback(0, float(host[0]), x)
@@ -80,10 +96,10 @@ def sample_joint_steps(model, path, num: int, length: int, num_steps: int, *, gr
             x[rows] = new
             stats.num_calls += 1
             stats.num_rows += rows.numel()
-            stats.row_calls[rows] += 1
+            row_calls[rows] += 1
             stats.counts["head_calls"] += calls
         if callback is not None:
             callback(k + 1, float(host[k + 1]), x)
     if (x >= path.vocab_size).any():
         raise RuntimeError("sampler left masks in the output; the time grid must end at t = 1")
-    return x, stats
+    return x

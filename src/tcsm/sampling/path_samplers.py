@@ -44,7 +44,8 @@ class _PathSampler(Sampler):
                                   "no record_steps, masked source only")  # fmt: skip
             return sample_joint_steps(model, path, num, length, s.steps, grid=s.grid, temperature=s.temperature,
                                       top_p=s.top_p, final_argmax=s.final_argmax, fixed=fixed, values=values,
-                                      generator=generator, device=device, callback=callback)  # fmt: skip
+                                      generator=generator, device=device, callback=callback,
+                                      chunk_size=chunk_size)  # fmt: skip
         if s.semi_ar_block is not None:
             _no_trajectory(self, record_steps)  # blocks run the path sampler's law as "ancestral" (masked: §6.1 = §6.2)
             return decode(
