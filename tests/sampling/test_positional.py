@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tcsm.models import build_denoiser
-from tcsm.paths import MaskedPath
+from tcsm.paths import MaskedPath, UniformPath
 from tcsm.sampling import sample
 
 V, L = 6, 12
@@ -37,15 +37,19 @@ class Counting(torch.nn.Module):
         return self.model(xt, t, at=at)
 
 
+def _random(model):
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    return model.eval()
+
+
 @pytest.mark.parametrize("time_conditioning", [False, True])
 @pytest.mark.parametrize("method,steps", [("ancestral", 20), ("euler", 7)])
 def test_the_positional_step_draws_what_the_full_call_draws(time_conditioning, method, steps):
     torch.manual_seed(3)
-    model = build_denoiser("tiny", vocab_size=V, num_states=V + 1, max_len=L, time_conditioning=time_conditioning)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.5 * torch.randn_like(p))
-    model.eval()
+    model = _random(build_denoiser("tiny", vocab_size=V, num_states=V + 1, max_len=L,
+                                   time_conditioning=time_conditioning))  # fmt: skip
     path = MaskedPath(V)
     counting = Counting(model)
     kw = {"batch_size": 9, "length": L, "num_steps": steps, "method": method, "seed": 11, "return_stats": True}
@@ -58,3 +62,13 @@ def test_the_positional_step_draws_what_the_full_call_draws(time_conditioning, m
     assert bool((st.row_calls <= st_full.row_calls).all())
     if time_conditioning:  # the full call runs every unfinished row each step; ours only the rows that move
         assert int(st.row_calls.sum()) < int(st_full.row_calls.sum())
+
+
+def test_the_euler_step_on_the_uniform_path_draws_what_the_full_call_draws():
+    torch.manual_seed(4)
+    model = _random(build_denoiser("tiny", vocab_size=V, num_states=V, max_len=L, time_conditioning=True))
+    path = UniformPath(V)
+    kw = {"batch_size": 5, "length": L, "num_steps": 9, "method": "euler", "seed": 2, "return_stats": True}
+    ours, st = sample(model, path, **kw)
+    full, st_full = sample(Declares(model), path, **kw)
+    assert torch.equal(ours, full) and int(st.row_calls.sum()) <= int(st_full.row_calls.sum())
