@@ -366,7 +366,9 @@ def sample(
 
     Args:
         denoiser: (x_t LongTensor[b, L], t FloatTensor[b]) -> logits [b, L, V] over clean tokens. Unused
-            (may be None) with `x1_sampler`.
+            (may be None) with `x1_sampler`. One that offers "positions" (`ModelKind.offers`) is called, in the
+            sparse steps (ancestral on an absorbing path, Euler), on the rows that move and at their moving
+            positions only (`_positional_step`: the same draws, no cache needed).
         path: any `ProbabilityPath`: its schedule defines λ, and it supplies the bridge and free positions.
         method: "ancestral" (default; sparse reveal for an absorbing path such as the masked one, otherwise
             the "analytic" `path.bridge`), "analytic", "euler", or "joint" (default when `x1_sampler` is given).
