@@ -44,7 +44,9 @@ class SamplerSettings(Settings):
 
     steps: int = field(default=128, metadata=_help("sampler steps (block models: steps per block)"))
     grid: str = field(default="uniform", metadata=_help("time grid: uniform | cosine"))
-    cache: bool = field(default=True, metadata=_help("MDLM's cache where the model and path allow it"))
+    cache: bool = field(default=True, metadata=_help(
+        "MDLM's cache where the model and path allow it (a model that offers \"positions\", as tcsm's denoisers "
+        "do, is called only in the steps that reveal, with or without it)"))  # fmt: skip
     engine: str = field(default="auto", metadata=_help(
         "decode engine (sampling.engine) of block and AR models and the decoding orders: auto (CUDA graphs on a "
         "GPU, eager elsewhere) | eager | graph"))  # fmt: skip
