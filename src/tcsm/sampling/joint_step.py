@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from tcsm.sampling.common import adjust_log_probs, as_grid, inverse_cdf, pinned_positions, row_streams
-from tcsm.sampling.samplers import SamplingStats, _prior
+from tcsm.sampling.samplers import SamplingStats, _prior, in_row_chunks
 
 __all__ = ["joint_reveal", "sample_joint_steps"]
 
@@ -59,25 +59,16 @@ def sample_joint_steps(model, path, num: int, length: int, num_steps: int, *, gr
     host = as_grid(grid.cpu() if isinstance(grid, Tensor) else grid, int(num_steps), "cpu")
     times = host.to(device)
     K = times.numel() - 1
+    if chunk_size is not None and int(chunk_size) < B:
+        if callback is not None:
+            raise ValueError("a callback sees every row at every step: sample in one chunk (chunk_size null)")
+        return in_row_chunks(lambda n, rows, pins: sample_joint_steps(
+            model, path, n, L, num_steps, grid=grid, temperature=temperature, top_p=top_p, final_argmax=final_argmax,
+            generator=rows, device=device, **pins), B, L, chunk_size, streams, fixed, values)  # fmt: skip
+    x = torch.where(fixed, values, _prior(path, streams, L))
     stats = SamplingStats(method="ancestral (joint step)", num_steps=K, cached=False, times=times,
                           row_calls=torch.zeros(B, dtype=torch.long, device=device))  # fmt: skip
     stats.counts["head_calls"] = 0
-    chunk = B if chunk_size is None else max(1, int(chunk_size))
-    if chunk < B and callback is not None:
-        raise ValueError("a callback sees every row at every step: sample in one chunk (chunk_size null)")
-    out = []
-    for lo in range(0, B, chunk):
-        rows = slice(lo, min(B, lo + chunk))
-        out.append(_joint_chunk(model, path, fixed[rows], values[rows], streams.select(rows), times, host, temperature,
-                                top_p, final_argmax, callback, stats, stats.row_calls[rows]))  # fmt: skip
-    return torch.cat(out), stats
-
-
-def _joint_chunk(model, path, fixed, values, streams, times, host, temperature, top_p, final_argmax, callback, stats,
-                 row_calls):  # fmt: skip
-    """The joint sampler's tokens for the rows of `streams`, its counts added to `stats` (`row_calls`: their view)."""
-    (B, L), device, K = fixed.shape, fixed.device, times.numel() - 1
-    x = torch.where(fixed, values, _prior(path, streams, L))
     dtype = torch.get_default_dtype()
     if callback is not None:
         callback(0, float(host[0]), x)
@@ -96,10 +87,10 @@ def _joint_chunk(model, path, fixed, values, streams, times, host, temperature, 
             x[rows] = new
             stats.num_calls += 1
             stats.num_rows += rows.numel()
-            row_calls[rows] += 1
+            stats.row_calls[rows] += 1
             stats.counts["head_calls"] += calls
         if callback is not None:
             callback(k + 1, float(host[k + 1]), x)
     if (x >= path.vocab_size).any():
         raise RuntimeError("sampler left masks in the output; the time grid must end at t = 1")
-    return x
+    return x, stats

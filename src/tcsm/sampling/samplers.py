@@ -72,10 +72,40 @@ class SamplingStats:
     #: the decoding orders' steps that had a position to reveal, a 0-d device count (read it when reporting)
     steps_taken: Tensor | None = None
 
+    def add_chunk(self, other: SamplingStats) -> None:
+        """Add the counts of a later chunk of rows (`in_row_chunks`): its rows follow this one's."""
+        self.num_calls += other.num_calls
+        self.num_rows += other.num_rows
+        self.row_calls = torch.cat([self.row_calls, other.row_calls])
+        self.counts = {key: self.counts[key] + other.counts[key] for key in self.counts}
+        if self.steps_taken is not None:
+            self.steps_taken = self.steps_taken + other.steps_taken
+
     @property
     def max_row_calls(self) -> int:
         """Most evaluations of any one sequence: ≤ min(K, L) for the cached masked sampler (MATH.md §6.2)."""
         return int(self.row_calls.max()) if self.row_calls is not None and self.row_calls.numel() else 0
+
+
+def in_row_chunks(draw_rows, num: int, length: int, chunk_size: int | None, streams: RowStreams,
+                  fixed: Tensor | None = None, values: Tensor | None = None):  # fmt: skip
+    """(tokens [num, length], SamplingStats) of a whole decode run over chunks of at most `chunk_size` rows, one after
+    another: `draw_rows(n, streams, pins)` draws n rows from their streams (`pins`: their `fixed` / `values`, or
+    none). Each row draws from its own stream, so the tokens do not depend on the chunks; the stats are summed."""
+    chunk = num if chunk_size is None else max(1, int(chunk_size))
+    outs, stats = [], None
+    for lo in range(0, num, chunk):
+        rows = slice(lo, min(num, lo + chunk))
+        pins = {}
+        if fixed is not None:
+            pins = {"fixed": fixed.expand(num, length)[rows], "values": values.expand(num, length)[rows]}
+        x, st = draw_rows(rows.stop - lo, streams.select(rows), pins)
+        outs.append(x)
+        if stats is None:
+            stats = st
+        else:
+            stats.add_chunk(st)
+    return torch.cat(outs), stats
 
 
 # --- the sampler's cache rule ---------------------------------------------------------------------

@@ -34,7 +34,7 @@ from tcsm.sampling.registry import (
     sampler_class,
     sampler_names,
 )
-from tcsm.sampling.samplers import _infer_device
+from tcsm.sampling.samplers import _infer_device, in_row_chunks
 
 __all__ = [
     "DEFAULT_METHOD", "RunSampler", "SampleSettings", "build_sampler", "draw", "draw_pool", "make_sampler",
@@ -192,27 +192,10 @@ def draw_pool(model, path, num: int, length: int, steps: int, *, prompt: Tensor 
 
 def _draw_blocks(model, path, inner, num, length, fixed, values, generator, device, eos_id, callback, chunk_size):
     """`decode_blocks` over chunks of at most `chunk_size` rows (one after another), its stats summed."""
-    chunk = num if chunk_size is None else max(1, int(chunk_size))
     streams = row_streams(generator, num, device if device is not None else _infer_device(model, values))
-    outs, stats = [], None
-    for lo in range(0, num, chunk):
-        rows = slice(lo, min(num, lo + chunk))
-        part = {}
-        if fixed is not None:
-            part = {"fixed": fixed.expand(num, length)[rows], "values": values.expand(num, length)[rows]}
-        x, st = decode_blocks(model, path, inner, rows.stop - lo, length, generator=streams.select(rows), device=device,
-                              eos_id=eos_id, callback=callback, **part)  # fmt: skip
-        outs.append(x)
-        if stats is None:
-            stats = st
-        else:
-            stats.num_calls += st.num_calls
-            stats.num_rows += st.num_rows
-            stats.row_calls = torch.cat([stats.row_calls, st.row_calls])
-            stats.counts = {key: stats.counts[key] + st.counts[key] for key in stats.counts}
-            if stats.steps_taken is not None:
-                stats.steps_taken = stats.steps_taken + st.steps_taken
-    return torch.cat(outs), stats
+    return in_row_chunks(lambda n, rows, pins: decode_blocks(model, path, inner, n, length, generator=rows, device=device,
+                                                             eos_id=eos_id, callback=callback, **pins),
+                         num, length, chunk_size, streams, fixed, values)  # fmt: skip
 
 
 @dataclass
