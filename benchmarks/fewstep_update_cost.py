@@ -24,6 +24,8 @@ def _args(argv=None):
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--updates", type=int, default=20, help="timed updates, after one untimed warm-up update")
     ap.add_argument("--reuse", type=int, default=1, help="target.reuse: updates each rollout serves on average")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a further override of the round's config (repeatable), e.g. target.fill=left_to_right")
     ap.add_argument("--label", default="", help="a name for this tree in the output")
     ap.add_argument("--out", default=None, help="JSON lines file to append the result to")
     return ap.parse_args(argv)
@@ -43,7 +45,7 @@ def main(argv=None) -> dict:
                  f"target.form={args.form}", f"train.steps={1 + args.updates}", f"train.batch_size={args.batch_size}",
                  "train.precision=fp32", "train.threads=1", "train.device=cpu", "sample.num=0", "train.save_every=0",
                  "train.eval_every=0", "train.progress=false", "train.tensorboard=false",
-                 f"target.reuse={args.reuse}"]  # fmt: skip
+                 f"target.reuse={args.reuse}", *args.set]  # fmt: skip
     trainer = Trainer.from_config(fewstep_config(args.teacher, overrides=overrides), None, log=lambda *a: None)
     target = type(trainer.objective.target)  # a pooled target (target.reuse) is timed whole, its pool included
     if not isinstance(getattr(trainer.objective.target, "target", trainer.objective.target), TeacherRounds):
@@ -68,7 +70,7 @@ def main(argv=None) -> dict:
     result = {"label": args.label, "tree": os.path.dirname(os.path.dirname(tcsm.__file__)), "updates": n,
               "cpu_s_per_update": (c1 - c0) / n, "target_cpu_s_per_update": (r1 - r0) / n,
               "teacher_steps": args.teacher_steps, "student_steps": args.student_steps, "form": args.form, "reuse": args.reuse,
-              "batch_size": args.batch_size, "loadavg_start": load, "loadavg_end": os.getloadavg()}  # fmt: skip
+              "batch_size": args.batch_size, "set": args.set, "loadavg_start": load, "loadavg_end": os.getloadavg()}  # fmt: skip
     print(json.dumps(result))
     if args.out:
         with open(args.out, "a") as f:

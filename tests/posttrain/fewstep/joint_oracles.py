@@ -142,3 +142,34 @@ def joint_law(states, student, Ks: int):
     for j in range(Ks):
         p = p @ joint_step_matrix(states, student, Ks, j)
     return states.clean_law(p)
+
+
+def sequential_conditionals(states, teacher, xt, R, y):
+    """[L, V] float64: at each position i of R, the teacher's conditional at x_t with R's positions left of i set to
+    y (its left-to-right fill's conditional there); 0 off R."""
+    L = states.L
+    out = torch.zeros(L, states.V, dtype=torch.float64)
+    for i in R.nonzero().squeeze(1).tolist():
+        partial = torch.where(R & (torch.arange(L) < i), y, xt)
+        out[i] = torch.softmax(teacher(partial[None], torch.full((1,), 0.5, dtype=torch.float64)).double()[0, i], -1)
+    return out
+
+
+def sequential_step_matrix(states, teacher, Ks: int, j: int):
+    """[N, N]: the teacher's left-to-right fill of one student step t_j → t_{j+1}: R with the student step's
+    independent λ, then y_R one position at a time, left to right, each from the teacher's conditional at x_t with
+    R's earlier positions set (MATH.md §10.1, "The teacher's left-to-right fill")."""
+    g = time_grid(Ks)
+    lam = 1.0 if j == Ks - 1 else float((g[j + 1] - g[j]) / (1 - g[j]))
+    N, L, V = len(states.all), states.L, states.V
+    codes = reveal_of(states)
+    bits = 2 ** torch.arange(L - 1, -1, -1)
+    T = torch.zeros(N, N, dtype=torch.float64)
+    for n in range(N):
+        pr = reveal_law(states, n, lam)
+        for m in (codes[n] >= 0).nonzero().squeeze(1).tolist():
+            R = (int(codes[n, m]) & bits) > 0
+            y = states.all[m].clamp_max(V - 1)
+            q = sequential_conditionals(states, teacher, states.all[n], R, y)
+            T[n, m] = pr[int(codes[n, m])] * float(torch.where(R, q.gather(1, y[:, None])[:, 0], torch.ones(L)).prod())
+    return T

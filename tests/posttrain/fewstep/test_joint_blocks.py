@@ -24,6 +24,7 @@ from tests.posttrain.fewstep.joint_oracles import (
     TabularJointStudent,
     exact_joint_table,
     joint_law,
+    sequential_step_matrix,
     teacher_step_matrix,
 )
 
@@ -75,6 +76,29 @@ def test_the_block_step_target_draws_each_block_s_r_step_law_given_its_clean_pre
         exact = (pair.sum(1, keepdim=True) * T).reshape(-1)  # the drawn x_t's, then the teacher's r steps
         assert tv(pair.reshape(-1), exact) < _floor(exact, n), b
     assert (after[:, 2:] == V).any() and not (after[:, :2] == V).any()  # block 1 kept masks at t = 1/2
+
+
+def test_the_left_to_right_fill_draws_each_block_s_sequential_law_all_blocks_in_lock_step(setup):
+    """`fill="left_to_right"` on a block path (MATH.md §10.1, "The teacher's left-to-right fill"): each block's R with
+    its own step's λ, filled left to right within the block given its clean prefix; the k-th position of every
+    block in the k-th call."""
+    _, path, teacher, states = setup
+    Ks, n = 2, 20000
+    x1 = torch.tensor([1, 0, 0, 1])
+    t = torch.tensor([0.6, 0.6, 0.3, 0.3]).expand(n, L)
+    g = torch.Generator().manual_seed(2)
+    tb = StepTarget(teacher, K, Ks, fill="left_to_right")(Batch(x1=x1.expand(n, L).clone()), t, path, g)
+    assert tb.log_q is not None and torch.equal(tb.reveal, tb.loss_mask) and torch.equal(tb.clean, x1.expand(n, L))
+    assert float(tb.stats["teacher_calls"]) <= k  # a block's k-th position with every other block's, in one call
+    after = torch.where(tb.reveal, tb.x1, tb.xt)
+    for b, j in ((0, 1), (1, 0)):
+        T = sequential_step_matrix(states, block_teacher(teacher, x1[: b * k]), Ks, j)
+        lo, hi = b * k, (b + 1) * k
+        start, end = states.index(tb.xt[:, lo:hi]), states.index(after[:, lo:hi])
+        N = len(states.all)
+        pair = torch.bincount(start * N + end, minlength=N * N).double().view(N, N) / n
+        exact = (pair.sum(1, keepdim=True) * T).reshape(-1)
+        assert tv(pair.reshape(-1), exact) < _floor(exact, n), b
 
 
 def test_a_block_step_target_refuses_one_time_per_row(setup):

@@ -93,6 +93,25 @@ def test_a_joint_round_adds_a_step_head_and_its_student_samples_with_the_joint_s
     assert any(not torch.equal(student[k], v) for k, v in start.items())
 
 
+def test_a_left_to_right_fill_round_learns_from_one_teacher_call_per_revealed_token(teacher, tmp_path, capsys):
+    """`--fill left_to_right` (MATH.md §10.1): the teacher fills each student step's reveal set one token a call and
+    the head learns its conditionals; a fill without `--form joint` is refused in one line."""
+    if teacher.name == "uniform":
+        pytest.skip("the joint student is the masked source's")
+    out = tmp_path / "l2r"
+    assert main(["finetune", "fewstep", "--from", str(teacher), "-o", str(out), "--form", "joint", "--fill",
+                 "left_to_right", "--student-steps", "2", "--teacher-steps", "4", "--steps", "3",
+                 *tiny(*QUIET, "train.log_every=1", synthetic=False)]) in (0, None)  # fmt: skip
+    run = load_checkpoint(out)
+    assert run.config.target.fill == "left_to_right" and run.config.sample.steps == 2
+    rows = [r for r in read_metrics(out) if "target/teacher_calls" in r]
+    assert rows and all(r["target/teacher_calls"] == pytest.approx(r["target/revealed"]) for r in rows)
+    assert main(["finetune", "fewstep", "--from", str(teacher), "-o", str(tmp_path / "bad"), "--fill",
+                 "left_to_right", "--steps", "1", *tiny(*QUIET, synthetic=False)]) not in (0, None)  # fmt: skip
+    err = capsys.readouterr().err
+    assert "target.form=joint" in err and not (tmp_path / "bad" / "checkpoints").exists()
+
+
 def test_a_round_with_pooled_rollouts_resumes_exactly(teacher, tmp_path):
     """`target.reuse=2` (`posttrain.fewstep.replay`): half of each batch after the first from the pool of earlier
     rollouts; a run stopped after 2 steps and resumed to 4 ends with the weights of one run of 4 (the pool is in

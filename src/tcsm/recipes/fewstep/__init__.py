@@ -23,7 +23,11 @@ A round's teacher is the previous round's student:
 
 `--form joint` trains the joint student (MATH.md §10.1): the teacher's denoiser with a new step head that draws a
 step's revealed tokens jointly, on the teacher's steps over each student step (masked source; full-sequence and
-block models, a block model's head drawing within one block, its steps per block).
+block models, a block model's head drawing within one block, its steps per block). With `--fill left_to_right`
+the teacher fills each student step's reveal set one token a call, left to right as the head reads it, and the
+head learns the teacher's whole conditional at every token (MATH.md §10.1, "The teacher's left-to-right fill"):
+
+    tcsm finetune fewstep --from runs/teacher --form joint --fill left_to_right --student-steps 4 -o runs/fs4
 
 Masked and uniform sources; full-sequence and block models (K steps per block, each block's rollout given its clean
 prefix), a DiffusionGemma run among them (teacher and student in the model's own class, K steps per canvas).
@@ -37,6 +41,7 @@ RECIPE = RecipeSpec(
         Flag("target.student_steps", minimum=1),
         Flag("target.window", minimum=1),
         Flag("target.form"),
+        Flag("target.fill"),
         Flag("objective.loss"),
         Flag("objective.divergence"),
     ),

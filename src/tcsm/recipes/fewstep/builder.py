@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from tcsm.builders.registry import TARGETS, ReferenceUse
 from tcsm.core.errors import ConfigError
-from tcsm.posttrain.fewstep.joint import StepTarget
+from tcsm.posttrain.fewstep.joint import FILLS, StepTarget
 from tcsm.posttrain.fewstep.replay import Replayed
 from tcsm.posttrain.fewstep.target import FORMS, MultiStepTarget
 from tcsm.targets.base import Target
@@ -31,6 +31,12 @@ class FewStepTargetConfig:
                 "teacher's steps over one student step, their revealed tokens learnt jointly by a step head, "
                 "model.step_head_layers; masked source, full-sequence or block models, distrib KL, no window)",
         "choices": (*FORMS, "joint")})
+    fill: str = field(default="sampler", metadata={
+        "help": "form joint: how the teacher fills a student step's reveal set — sampler (its teacher_steps-step "
+                "sampler over the step: that sampler's law, learnt from its drawn tokens) | left_to_right (one token a "
+                "teacher call in the head's order: the law of the teacher filling each student step left to right, "
+                "learnt from the teacher's whole conditionals; teacher_steps is not read)",
+        "choices": FILLS})
     temperature: float = field(default=1.0, metadata={"help": "the teacher sampler's temperature"})
     reuse: int = field(default=1, metadata={
         "help": "updates each teacher rollout serves on average: a batch rolls out 1/reuse of its rows and takes the "
@@ -60,8 +66,10 @@ def build_fewstep_target(node: dict, ctx) -> Target:
         if node["window"] is not None:
             raise ConfigError("target.form=joint learns one student step of teacher steps: set target.window=null")
         target = StepTarget(teacher, int(node["teacher_steps"]), student_steps_of(node),
-                            temperature=float(node["temperature"]))  # fmt: skip
+                            temperature=float(node["temperature"]), fill=node.get("fill", "sampler"))  # fmt: skip
     else:
+        if node.get("fill", "sampler") != "sampler":
+            raise ConfigError(f"target.fill={node['fill']} fills a joint student's step: it needs target.form=joint")
         target = MultiStepTarget(teacher, int(node["teacher_steps"]), student_steps_of(node), window=node["window"],
                                  form=node["form"], temperature=float(node["temperature"]))  # fmt: skip
     return Replayed(target, reuse) if reuse > 1 else target
