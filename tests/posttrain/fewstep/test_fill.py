@@ -158,6 +158,8 @@ def test_a_student_trained_on_the_fill_reaches_the_teacher_s_sequential_law(setu
 
 
 def test_the_fill_is_refused_where_it_does_not_apply(setup):
-    teacher = setup[3]
+    _, _, states, teacher = setup
     with pytest.raises(ValueError, match="fill"):
         StepTarget(teacher, 4, 2, fill="right_to_left")
+    with pytest.raises(ValueError, match="head would be ignored"):  # a chained round's joint teacher
+        StepTarget(TabularJointStudent(states, 2), 4, 2, fill="left_to_right")

@@ -84,6 +84,11 @@ class StepTarget(TeacherRounds):
         super().__init__(teacher, teacher_steps, student_steps, temperature)
         if fill not in FILLS:
             raise ValueError(f"fill must be one of {list(FILLS)}, got {fill!r}")
+        if fill == "left_to_right" and "joint_step" in kind_of(teacher).offers:
+            # the fill reads factorised conditionals: a joint teacher's head would not be read, and its left-to-right
+            # law is its denoiser's, the earlier round's teacher's, not the K_s-step law a chain would distil
+            raise ValueError("fill=left_to_right reads the teacher's factorised conditionals; a joint-step teacher's "
+                             "head would be ignored: fill from the factorised teacher, or use fill=sampler")  # fmt: skip
         self.fill = fill
 
     def __call__(self, batch, t, path, generator=None, *, model=None):
