@@ -116,6 +116,7 @@ T_DRE, T_LIK = ("tests/posttrain/dre/test_dre_objective.py",), ("tests/evaluatio
 SPEC, FEW, ENG = S + "sampling/speculative.py", S + "posttrain/fewstep/target.py", S + "sampling/engine.py"
 T_SPEC, T_FEW = ("tests/sampling/test_speculative.py",), ("tests/posttrain/fewstep/test_target.py",)
 T_ENG = ("tests/sampling/test_engine.py",)
+FILL, T_FILL = S + "posttrain/fewstep/joint.py", ("tests/posttrain/fewstep/test_fill.py",)
 
 # One row per mutant (the formatter's one argument per line would make the table five times as long).
 MUTANTS: list[Mutant] = [
@@ -533,6 +534,13 @@ MUTANTS: list[Mutant] = [
       "the conditional recorded for tokens the step did not set", T_FEW,
       equivalent="every free position moves at its own last step (λ = 1 there; the bridge branch moves every free "
                  "token at its last step), which overwrites whatever an earlier step recorded for it"),
+    M("fill.reads_xt", FILL, "lp = adjust_log_probs(denoise(teacher, x[rows], tk,",
+      "lp = adjust_log_probs(denoise(teacher, xt[rows], tk,",
+      "the left-to-right fill reads x_t, not x_t with the step's earlier tokens set", T_FILL),
+    M("fill.step_lambda", FILL, "s = (j + 1).double() / self.student_steps", "s = (j + 2).double() / self.student_steps",
+      "the fill's reveal set drawn with two student steps' λ", T_FILL),
+    M("fill.no_conditionals", FILL, "            log_q = log_q.float()", "            log_q = None",
+      "the fill's conditionals not handed to the loss (its drawn tokens' NLL instead)", T_FILL),
     M("eng.stale_inputs", ENG, "                s.copy_(t)", "                pass",
       "a replayed call reads the inputs of its first call", T_ENG),
     M("dec.captured_last_kind", S + "sampling/decoding.py",
