@@ -539,7 +539,7 @@ MUTANTS: list[Mutant] = [
       "the left-to-right fill reads x_t, not x_t with the step's earlier tokens set", T_FILL),
     M("fill.step_lambda", FILL, "s = (j + 1).double() / self.student_steps", "s = (j + 2).double() / self.student_steps",
       "the fill's reveal set drawn with two student steps' λ", T_FILL),
-    M("fill.no_conditionals", FILL, "            log_q = log_q.float()", "            log_q = None",
+    M("fill.no_conditionals", FILL, "        log_q[at] = lp.float()", "        log_q[at] = -math.log(vocab_size)",
       "the fill's conditionals not handed to the loss (its drawn tokens' NLL instead)", T_FILL),
     M("eng.stale_inputs", ENG, "                s.copy_(t)", "                pass",
       "a replayed call reads the inputs of its first call", T_ENG),

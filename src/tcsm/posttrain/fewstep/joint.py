@@ -39,8 +39,8 @@ FILLS = ("sampler", "left_to_right")
 def fill_left_to_right(teacher, xt: Tensor, t: Tensor, s: Tensor, reveal: Tensor, vocab_size: int, *,
                        group: int | None = None, generator: torch.Generator | None = None, temperature: float = 1.0,
                        x1: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-    """(x_t with R = `reveal` filled [B, L], the log conditional each token of R was drawn from [B, L, V] float64,
-    uniform off R, and the teacher's calls per row [B]): the k-th position of R in each group of `group` positions
+    """(x_t with R = `reveal` filled [B, L], the log conditional each token of R was drawn from [B, L, V] (float32, what
+    a loss reads: the draws themselves use float64), uniform off R, and the teacher's calls per row [B]): the k-th position of R in each group of `group` positions
     (a block; None: the whole row) drawn in the k-th call from the teacher's conditional there at the state with the
     group's earlier positions of R set. The teacher reads the (k+1)-th draw's state at t + (k + 1)(s − t) / (n + 1),
     the mean (k+1)-th of the group's n reveal times, uniform on (t, s] under the linear schedule. t and s are x_t's
@@ -54,7 +54,7 @@ def fill_left_to_right(teacher, xt: Tensor, t: Tensor, s: Tensor, reveal: Tensor
     per_position = t.dim() == 2
     t, s = t.double().reshape(B, -1).expand(B, L), s.double().reshape(B, -1).expand(B, L)
     x = xt.clone()
-    log_q = torch.full((B, L, vocab_size), -math.log(vocab_size), dtype=torch.float64, device=xt.device)
+    log_q = torch.full((B, L, vocab_size), -math.log(vocab_size), dtype=torch.float32, device=xt.device)
     calls = torch.zeros(B, dtype=torch.long, device=xt.device)
     for k in range(int(rank.max()) + 1 if reveal.any() else 0):
         at = rank == k
@@ -65,7 +65,7 @@ def fill_left_to_right(teacher, xt: Tensor, t: Tensor, s: Tensor, reveal: Tensor
         lp = adjust_log_probs(denoise(teacher, x[rows], tk, None if x1 is None else x1[rows], at=at[rows]),
                               temperature)  # fmt: skip
         x[at] = categorical(lp, generator)  # `at`'s positions in row-major order, as `denoise(at=)` returns them
-        log_q[at] = lp
+        log_q[at] = lp.float()
     return x, log_q, calls
 
 
@@ -111,7 +111,6 @@ class StepTarget(TeacherRounds):
                                                   group=path.block_length if blocks else None,
                                                   generator=generator, temperature=self.temperature,
                                                   x1=batch.x1 if blocks else None)  # fmt: skip
-            log_q = log_q.float()
         tokens = torch.where(reveal, xs, batch.x1)
         stats = {"teacher_calls": calls.float().mean(), "revealed": reveal.float().sum(-1).mean()}
         # a block student reads each block's prefix from the data, as the teacher's rollout did, not from the
