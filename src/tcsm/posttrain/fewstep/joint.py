@@ -39,13 +39,14 @@ FILLS = ("sampler", "left_to_right")
 def fill_left_to_right(teacher, xt: Tensor, t: Tensor, s: Tensor, reveal: Tensor, vocab_size: int, *,
                        group: int | None = None, generator: torch.Generator | None = None, temperature: float = 1.0,
                        x1: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-    """(x_t with R = `reveal` filled [B, L], the log conditional each token of R was drawn from [B, L, V] (float32, what
-    a loss reads: the draws themselves use float64), uniform off R, and the teacher's calls per row [B]): the k-th position of R in each group of `group` positions
-    (a block; None: the whole row) drawn in the k-th call from the teacher's conditional there at the state with the
-    group's earlier positions of R set. The teacher reads the (k+1)-th draw's state at t + (k + 1)(s − t) / (n + 1),
-    the mean (k+1)-th of the group's n reveal times, uniform on (t, s] under the linear schedule. t and s are x_t's
-    time and the step's end, [B], or per position [B, L] on a block path, whose clean prefixes come from `x1`. Only
-    the rows with a k-th position take the k-th call, and the teacher's logits are asked for there alone."""
+    """(x_t with R = `reveal` filled [B, L], the log conditional each token of R was drawn from [B, L, V] float32 (what
+    a loss reads; the draws use float64), uniform off R, and the teacher's calls per row [B]): the k-th position of R
+    in each group of `group` positions (a block; None: the whole row) drawn in the k-th call from the teacher's
+    conditional there at the state with the group's earlier positions of R set. The teacher reads the (k+1)-th draw's
+    state at t + (k + 1)(s − t) / (n + 1), the mean (k+1)-th of the group's n reveal times, uniform on (t, s] under the
+    linear schedule. t and s are x_t's time and the step's end, [B], or per position [B, L] on a block path, whose
+    clean prefixes come from `x1`. Only the rows with a k-th position take the k-th call, and the teacher's logits are
+    asked for there alone."""
     B, L = xt.shape
     g = L if group is None else int(group)
     rank = (reveal.reshape(B, -1, g).long().cumsum(-1) - 1).reshape(B, L)
